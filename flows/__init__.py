@@ -1,0 +1,1 @@
+"""Prefect flows: ``skill-train`` (with its epoch subflow) and ``skill-eval``."""

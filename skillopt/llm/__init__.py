@@ -1,0 +1,1 @@
+"""Model access: backends, structured output parsing, usage accounting (see BACKENDS.md)."""

@@ -1,0 +1,106 @@
+"""The `skillopt` command as a user runs it: config show/validate and the schedule planner."""
+
+from __future__ import annotations
+
+import io
+import re
+import subprocess
+import sys
+from collections import Counter
+
+import pytest
+
+from skillopt.cli import main
+
+
+def run(*argv: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    code = main(list(argv), stdout=out, stderr=err)
+    return code, out.getvalue(), err.getvalue()
+
+
+@pytest.fixture(autouse=True)
+def _no_skillopt_environment(monkeypatch):
+    for name in list(__import__("os").environ):
+        if name.startswith("SKILLOPT_"):
+            monkeypatch.delenv(name)
+
+
+def test_config_show_prints_resolved_yaml_with_the_override_and_its_source():
+    code, out, err = run("config", "show", "searchqa", "-o", "optimizer.learning_rate=8")
+    assert code == 0, err
+    assert re.search(r"^optimizer:\n(  .*\n)*?  learning_rate: 8$", out, re.M)
+    assert "# optimizer.learning_rate: -o optimizer.learning_rate" in out
+    assert "# benchmark.split_dir: shipped:configs/searchqa.yaml" in out
+
+
+def test_config_show_reports_credential_presence_only(monkeypatch):
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-SENTINEL-0123456789abcdef")
+    code, out, _ = run("config", "show", "qa", "-o", "model.target.backend=anthropic")
+    assert code == 0
+    assert "# model.target: set (env:ANTHROPIC_API_KEY)" in out
+    assert "SENTINEL" not in out
+
+
+@pytest.mark.parametrize(
+    "override,expected",
+    [
+        ("optimizer.learning_rate=abc", "optimizer.learning_rate: Input should be a valid integer"),
+        ("optimizer.learnin_rate=8", "optimizer.learnin_rate: unknown key; did you mean 'learning_rate'?"),
+    ],
+)
+def test_config_show_rejects_bad_overrides_naming_the_key(override, expected):
+    code, out, err = run("config", "show", "searchqa", "-o", override)
+    assert code != 0
+    assert out == ""
+    assert expected in err
+    assert "Traceback" not in err
+
+
+def test_config_validate_accepts_a_good_file_and_rejects_a_bad_one(tmp_path):
+    good = tmp_path / "good.yaml"
+    good.write_text("_base_: searchqa.yaml\noptimizer: {learning_rate: 6}\n", encoding="utf-8")
+    code, out, _ = run("config", "validate", str(good))
+    assert code == 0 and "valid (benchmark: " not in out and "good.yaml: valid" in out
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("optimizer: {lr_schedule: cosine}\n", encoding="utf-8")
+    code, _, err = run("config", "validate", str(bad))
+    assert code == 2
+    assert "optimizer.lr_schedule: unknown key; did you mean 'lr_scheduler'?" in err
+    assert "bad.yaml" in err
+
+
+def test_schedule_cosine_4_to_2_over_40_steps():
+    code, out, _ = run("schedule", "--kind", "cosine", "--max", "4", "--min", "2", "--steps", "40")
+    assert code == 0
+    step_lines = [line for line in out.splitlines() if line.startswith("step ")]
+    assert [line.split()[1] for line in step_lines] == [f"{s}:" for s in range(1, 41)]
+    budgets = [int(line.split()[-1]) for line in step_lines]
+    assert Counter(budgets) == {4: 13, 3: 13, 2: 14}
+    assert budgets == sorted(budgets, reverse=True)
+
+
+def test_schedule_cosine_8_to_2_over_8_steps():
+    _, out, _ = run("schedule", "--kind", "cosine", "--max", "8", "--min", "2", "--steps", "8")
+    budgets = [int(line.split()[-1]) for line in out.splitlines() if line.startswith("step ")]
+    assert budgets == [8, 7, 6, 5, 4, 3, 2, 2]
+
+
+def test_schedule_rejects_min_above_max():
+    code, _, err = run("schedule", "--kind", "linear", "--max", "2", "--min", "4", "--steps", "3")
+    assert code == 2
+    assert "min_learning_rate" in err
+
+
+def test_installed_command_runs_as_a_subprocess():
+    proc = subprocess.run(
+        [sys.executable, "-m", "skillopt.cli", "config", "show", "qa", "--no-sources"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "split_mode: ratio" in proc.stdout
+    help_proc = subprocess.run([sys.executable, "-m", "skillopt.cli", "--help"], capture_output=True, text=True,
+                               timeout=60)
+    assert help_proc.returncode == 0
+    for command in ("config", "schedule"):
+        assert command in help_proc.stdout
