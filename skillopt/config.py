@@ -639,8 +639,7 @@ def _environment_layer(env: Mapping[str, str]) -> list[tuple[Path_, str, str]]:
 def _format_validation_error(exc: ValidationError, sources: Mapping[Path_, str]) -> ConfigError:
     lines = []
     for error in exc.errors(include_input=False, include_url=False):
-        loc = tuple(str(p) for p in error["loc"] if not str(p).startswith(("function-", "literal[")))
-        loc = _drop_union_tags(loc)
+        loc = tuple(str(p) for p in error["loc"])
         dotted = _dotted(loc) or "(top level)"
         source = _source_for(loc, sources)
         if error["type"] == "extra_forbidden":
@@ -652,11 +651,6 @@ def _format_validation_error(exc: ValidationError, sources: Mapping[Path_, str])
     header = "invalid configuration" if len(lines) > 1 else lines[0]
     body = "\n".join(f"  - {line}" for line in lines) if len(lines) > 1 else ""
     return ConfigError(f"{header}\n{body}" if body else header)
-
-
-def _drop_union_tags(loc: Path_) -> Path_:
-    # pydantic adds the union member's class name to the location (e.g. "JudgeSpec"); hide it.
-    return tuple(p for p in loc if not (p[:1].isupper() and p.endswith("Spec")))
 
 
 def _clean_message(msg: str) -> str:
