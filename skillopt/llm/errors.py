@@ -11,7 +11,12 @@ from skillopt.errors import SkillOptError
 
 
 class BackendError(SkillOptError):
-    """A model call failed. Subclasses name the cause; ``retryable`` says whether to try again."""
+    """A model call failed. Subclasses name the cause; ``retryable`` says whether to try again.
+
+    The context fields may be filled in after the error is raised (the client knows the role
+    and the attempt count, the backend knows the HTTP status); ``str(error)`` always renders the
+    current state: ``[<role>] <backend>/<model> (stage <stage>): <reason> after N attempts - <hint>``.
+    """
 
     retryable: bool = False
 
@@ -27,7 +32,10 @@ class BackendError(SkillOptError):
         request_id: str | None = None,
         attempts: int | None = None,
         hint: str | None = None,
+        retry_after: float | None = None,
     ) -> None:
+        super().__init__(message)
+        self.reason = message
         self.role = role
         self.backend = backend
         self.model = model
@@ -36,17 +44,18 @@ class BackendError(SkillOptError):
         self.request_id = request_id
         self.attempts = attempts
         self.hint = hint
-        self.reason = message
-        super().__init__(self._format(message))
+        self.retry_after = retry_after
 
-    def _format(self, message: str) -> str:
+    def __str__(self) -> str:
         prefix = ""
         if self.role or self.backend or self.model:
             prefix = f"[{self.role or '?'}] {self.backend or '?'}/{self.model or '?'}"
             if self.stage:
                 prefix += f" (stage {self.stage})"
             prefix += ": "
-        text = prefix + message
+        text = prefix + self.reason
+        if self.attempts:
+            text += f" after {self.attempts} attempt{'s' if self.attempts != 1 else ''}"
         if self.hint:
             text += f" - {self.hint}"
         return text

@@ -1,0 +1,103 @@
+"""The retry policy: the one layer that repeats failed model calls (BACKENDS.md §4.2).
+
+Only errors marked ``retryable`` (429, 5xx, 529, timeouts, connection resets, empty exec answers)
+are repeated, with exponential backoff and equal jitter: ``d = min(cap, base * 2**(n-1))``, sleep
+``d/2 + U(0, d/2)``. A server's ``Retry-After`` sets a minimum delay; a requested wait longer than
+``max_server_wait_s`` fails at once. SDK retries are always off, so a fake server sees exactly the
+attempts made here. ``sleep``, ``clock`` and the random source are injectable for tests.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import logging
+import random
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+from skillopt.config import RetryPolicy
+from skillopt.llm.errors import BackendError, RateLimited
+
+log = logging.getLogger("skillopt.llm.retry")
+
+T = TypeVar("T")
+
+
+def parse_retry_after(headers: Mapping[str, str], *, now: float | None = None) -> float | None:
+    """Seconds to wait from ``retry-after-ms`` or ``Retry-After`` (seconds or an HTTP date)."""
+    lowered = {k.lower(): v for k, v in headers.items()}
+    millis = lowered.get("retry-after-ms")
+    if millis:
+        try:
+            return max(0.0, float(millis) / 1000)
+        except ValueError:
+            pass
+    value = lowered.get("retry-after")
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    current = time.time() if now is None else now
+    return max(0.0, when.timestamp() - current)
+
+
+@dataclass
+class Retrier:
+    """Runs one call with the retry policy; ``on_retry(error, delay)`` hears about every retry."""
+
+    policy: RetryPolicy
+    sleep: Callable[[float], None] = time.sleep
+    clock: Callable[[], float] = time.monotonic
+    rng: random.Random = field(default_factory=random.Random)
+
+    def delay(self, attempt: int, retry_after: float | None = None) -> float:
+        """The wait before attempt ``attempt + 1`` (``attempt`` counts from 1)."""
+        ceiling = min(self.policy.cap, self.policy.base * 2 ** (attempt - 1))
+        wait = ceiling / 2 + self.rng.uniform(0, ceiling / 2)
+        if retry_after is not None:
+            wait = max(wait, retry_after)
+        return wait
+
+    def run(
+        self,
+        call: Callable[[int], T],
+        *,
+        on_retry: Callable[[BackendError, float], None] | None = None,
+    ) -> tuple[T, int]:
+        """``call(attempt)`` until it succeeds; returns its value and the number of attempts.
+
+        A non-retryable error, the last attempt's error, or a wait that would pass the per-call
+        deadline is raised with ``attempts`` set.
+        """
+        started = self.clock()
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                return call(attempt), attempt
+            except BackendError as error:
+                error.attempts = attempt
+                if not error.retryable or attempt >= self.policy.max_attempts:
+                    raise
+                asked = error.retry_after if isinstance(error, RateLimited) else None
+                if asked is not None and asked > self.policy.max_server_wait_s:
+                    error.hint = (
+                        f"the server asked to wait {asked:.0f} s, more than "
+                        f"model.retry.max_server_wait_s ({self.policy.max_server_wait_s:.0f} s)"
+                    )
+                    raise
+                wait = self.delay(attempt, error.retry_after)
+                if self.clock() - started + wait > self.policy.deadline_s:
+                    error.hint = f"giving up: the next retry would pass model.retry.deadline_s ({self.policy.deadline_s:.0f} s)"
+                    raise
+                if on_retry is not None:
+                    on_retry(error, wait)
+                self.sleep(wait)

@@ -1,0 +1,277 @@
+"""Resolving the three model roles (BACKENDS.md §1.1–§1.4).
+
+``resolve_roles`` is the one function that turns a loaded config, the named CLI options and the
+environment into three ``ResolvedRole`` objects (the judge may be unresolvable), each with the
+provenance of every field. ``train``, ``eval``, ``demo``, ``--dry-run``, ``backends check`` and the
+deployments all call it; none keeps its own copy.
+
+Precedence per field: named CLI options > ``-o`` overrides > YAML > environment > the backend's
+defaults, which are looked up only after the backend is known. The global ``--backend`` /
+``--model`` fill only roles that get no per-role CLI option and no ``-o model.<role>.backend|model``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+from urllib.parse import urlparse
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from skillopt.config import ROLES, LoadedConfig, RoleSpec
+from skillopt.errors import ConfigError
+from skillopt.llm.base import BackendInfo, BackendRegistry
+
+RoleName = Literal["target", "optimizer", "judge"]
+
+#: Fields the judge inherits from the optimizer when it has no block of its own (§1.1).
+JUDGE_INHERITED = ("backend", "model", "price_model", "base_url", "api_key_env", "api_key_secret", "options")
+_EFFORTS = ("none", "minimal", "low", "medium", "high", "max")
+
+
+@dataclass(frozen=True)
+class CliRoleOptions:
+    """The named CLI options of §1.4 layer 1."""
+
+    backend: str | None = None
+    model: str | None = None
+    role_backend: Mapping[str, str] = field(default_factory=dict)
+    role_model: Mapping[str, str] = field(default_factory=dict)
+    effort: Mapping[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def parse_efforts(cls, items: list[str]) -> dict[str, str]:
+        """``["target=low", "optimizer=high"]`` → a mapping, checked."""
+        efforts = {}
+        for item in items:
+            role, _, level = item.partition("=")
+            if role not in ROLES or level not in _EFFORTS:
+                raise ConfigError(
+                    f"--effort {role!r}: expected ROLE=LEVEL with ROLE in {', '.join(ROLES)} "
+                    f"and LEVEL in {', '.join(_EFFORTS)}"
+                )
+            efforts[role] = level
+        return efforts
+
+
+class ResolvedRole(BaseModel):
+    """One role, fully resolved: a backend, a model, validated options and where each came from.
+
+    It holds no secret, only the name of the variable or Secret block that does, so it can be
+    pickled, logged and written into ``config.yaml``.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    role: RoleName
+    backend: str
+    model: str | None
+    price_model: str | None
+    reasoning_effort: str | None
+    max_tokens: int | None
+    temperature: float | None
+    seed: int | None
+    timeout_s: float
+    base_url: str | None
+    api_key_env: str | None
+    api_key_secret: str | None
+    key_required: bool
+    rate_limit_key: str
+    extra_body: dict[str, Any]
+    options: dict[str, Any]
+    capabilities: dict[str, Any]
+    strict_params: bool
+    provenance: dict[str, str]
+
+    def label(self) -> str:
+        """``backend(preset)/model`` as error messages show it."""
+        preset = self.options.get("preset")
+        backend = f"{self.backend}({preset})" if preset and preset != "generic" else self.backend
+        return f"{backend}/{self.model or '?'}"
+
+    def fingerprint(self) -> str:
+        """A hash of what changes a reply (never secrets): part of every task's cache key."""
+        host = urlparse(self.base_url).netloc if self.base_url else None
+        payload = {
+            "backend": self.backend, "model": self.model, "price_model": self.price_model,
+            "effort": self.reasoning_effort, "max_tokens": self.max_tokens, "temperature": self.temperature,
+            "seed": self.seed, "host": host, "preset": self.options.get("preset"), "extra_body": self.extra_body,
+            "options": {k: v for k, v in sorted(self.options.items()) if k not in ("workspace_root",)},
+        }
+        return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class ResolvedRoles:
+    target: ResolvedRole
+    optimizer: ResolvedRole
+    judge: ResolvedRole | None
+    #: Why the judge cannot be resolved (None when it can).
+    judge_problem: str | None = None
+
+    def get(self, role: str) -> ResolvedRole | None:
+        return getattr(self, role)
+
+
+def resolve_roles(
+    loaded: LoadedConfig,
+    *,
+    cli: CliRoleOptions | None = None,
+    env: Mapping[str, str],
+    registry: BackendRegistry,
+) -> ResolvedRoles:
+    """Resolve target, optimizer and judge. Raises ``ConfigError`` for an unusable target or optimizer."""
+    cli = cli or CliRoleOptions()
+    target = _resolve_one("target", loaded, cli, env, registry, inherited=None)
+    optimizer = _resolve_one("optimizer", loaded, cli, env, registry, inherited=None)
+
+    judge_spec = loaded.config.model.judge
+    if judge_spec is None and "judge" not in cli.role_backend:
+        return ResolvedRoles(target, optimizer, None, "model.judge is null (the judge is switched off)")
+    has_block = any(k.startswith("model.judge.") for k in loaded.sources) or "judge" in cli.role_backend
+    inherited = None if has_block else optimizer
+    try:
+        judge = _resolve_one("judge", loaded, cli, env, registry, inherited=inherited)
+    except ConfigError as exc:
+        return ResolvedRoles(target, optimizer, None, str(exc))
+    problem = None
+    if judge.key_required and not (judge.api_key_secret or env.get(judge.api_key_env or "")):
+        problem = (
+            f"[judge] {judge.label()}: no credential: set {judge.api_key_env} or give the judge its own "
+            "model.judge block"
+        )
+    return ResolvedRoles(target, optimizer, judge, problem)
+
+
+def _resolve_one(
+    role: str,
+    loaded: LoadedConfig,
+    cli: CliRoleOptions,
+    env: Mapping[str, str],
+    registry: BackendRegistry,
+    *,
+    inherited: ResolvedRole | None,
+) -> ResolvedRole:
+    spec: RoleSpec | None = getattr(loaded.config.model, role)
+    values: dict[str, Any] = spec.model_dump() if spec is not None else {}
+    provenance: dict[str, str] = {name: loaded.source_of(f"model.{role}.{name}") for name in values}
+
+    if inherited is not None:
+        for name in JUDGE_INHERITED:
+            values[name] = getattr(inherited, name)
+            provenance[name] = "inherited:optimizer"
+
+    # Layer 1: named CLI options.
+    backend_from_override = provenance.get("backend", "").startswith("-o ")
+    model_from_override = provenance.get("model", "").startswith("-o ")
+    if role in cli.role_backend:
+        values["backend"], provenance["backend"] = cli.role_backend[role], "cli"
+    elif cli.backend and not backend_from_override and inherited is None:
+        values["backend"], provenance["backend"] = cli.backend, "cli"
+    if role in cli.role_model:
+        values["model"], provenance["model"] = cli.role_model[role], "cli"
+    elif cli.model and not model_from_override and inherited is None:
+        values["model"], provenance["model"] = cli.model, "cli"
+    if role in cli.effort:
+        values["reasoning_effort"], provenance["reasoning_effort"] = cli.effort[role], "cli"
+
+    backend_name = RoleSpec.model_validate({"backend": values.get("backend") or "openai"}).backend
+    info = registry.get(backend_name)
+    if role not in info.roles:
+        raise ConfigError(f"model.{role}.backend: {backend_name} can serve only {', '.join(info.roles)}")
+    values["backend"] = backend_name
+
+    # Layer 4: the backend's conventional environment variables, where nothing above set a value.
+    for name, variable in info.env_fields.items():
+        if name.startswith("options."):
+            key = name.split(".", 1)[1]
+            if values["options"].get(key) is None and env.get(variable):
+                values["options"] = {**values["options"], key: env[variable]}
+                provenance[name] = f"env:{variable}"
+        elif values.get(name) is None and env.get(variable):
+            values[name], provenance[name] = env[variable], f"env:{variable}"
+
+    options = _validate_options(role, info, values.get("options") or {})
+    values["options"] = options.model_dump(exclude_none=False)
+    if info.adjust is not None:
+        for name, value in info.adjust(values, options, env).items():
+            if values.get(name) is None or name == "options":
+                values[name] = value
+                provenance.setdefault(name, "default")
+
+    # Layer 5: backend defaults, looked up only now that the backend is known.
+    if values.get("model") is None:
+        values["model"], provenance["model"] = info.default_model, "default"
+    if values.get("base_url") is None:
+        values["base_url"] = info.default_base_url
+    if values.get("api_key_env") is None:
+        values["api_key_env"] = info.key_env
+    if values.get("timeout_s") is None:
+        values["timeout_s"] = info.default_timeout_s
+    if values.get("price_model") is None:
+        values["price_model"] = values["model"]
+    if values.get("rate_limit_key") is None:
+        host = urlparse(values["base_url"]).netloc if values.get("base_url") else "local"
+        values["rate_limit_key"] = f"{backend_name}:{host}"
+
+    return ResolvedRole(
+        role=role,  # type: ignore[arg-type]
+        backend=backend_name,
+        model=values["model"],
+        price_model=values["price_model"],
+        reasoning_effort=values.get("reasoning_effort"),
+        max_tokens=values.get("max_tokens"),
+        temperature=values.get("temperature"),
+        seed=values.get("seed"),
+        timeout_s=float(values["timeout_s"]),
+        base_url=values.get("base_url"),
+        api_key_env=values.get("api_key_env"),
+        api_key_secret=values.get("api_key_secret"),
+        key_required=bool(values.get("key_required", info.key_required)),
+        rate_limit_key=values["rate_limit_key"],
+        extra_body=dict(values.get("extra_body") or {}),
+        options=values["options"],
+        capabilities=dict(values.get("capabilities") or {}),
+        strict_params=bool(values.get("strict_params")),
+        provenance={k: v for k, v in provenance.items() if k in ResolvedRole.model_fields},
+    )
+
+
+def _validate_options(role: str, info: BackendInfo, options: Mapping[str, Any]) -> BaseModel:
+    try:
+        return info.options_model.model_validate(dict(options))
+    except ValidationError as exc:
+        problems = []
+        for error in exc.errors(include_input=False, include_url=False):
+            loc = ".".join(str(p) for p in error["loc"])
+            message = "unknown option" if error["type"] == "extra_forbidden" else error["msg"]
+            problems.append(f"model.{role}.options.{loc}: {message} (backend {info.name})")
+        raise ConfigError("; ".join(problems)) from None
+
+
+def provenance_table(roles: ResolvedRoles, env: Mapping[str, str]) -> list[tuple[str, str, str, str]]:
+    """Rows (role, field, value, source) for the start-up table; secrets show as set/missing only."""
+    rows = []
+    for role_name in ROLES:
+        role = roles.get(role_name)
+        if role is None:
+            rows.append((role_name, "-", "unresolved", roles.judge_problem or ""))
+            continue
+        for name in ("backend", "model", "price_model", "reasoning_effort", "max_tokens", "temperature", "seed",
+                     "timeout_s", "base_url", "rate_limit_key"):
+            rows.append((role_name, name, str(getattr(role, name)), role.provenance.get(name, "default")))
+        rows.append((role_name, "credential", credential_state(role, env), ""))
+    return rows
+
+
+def credential_state(role: ResolvedRole, env: Mapping[str, str]) -> str:
+    """``set (env:VAR)``, ``missing (env:VAR)``, ``Secret block NAME`` or ``not needed``; never the value."""
+    if role.api_key_secret:
+        return f"Secret block {role.api_key_secret}"
+    if not role.api_key_env:
+        return "not needed"
+    state = "set" if env.get(role.api_key_env) else ("missing" if role.key_required else "optional, missing")
+    return f"{state} (env:{role.api_key_env})"

@@ -1,0 +1,113 @@
+"""Resolving the three roles: precedence, judge inheritance, backend defaults, provenance."""
+
+from __future__ import annotations
+
+import pytest
+
+from skillopt.config import load_config
+from skillopt.errors import ConfigError
+from skillopt.llm import anthropic, azure_openai, openai, openai_compatible
+from skillopt.llm.base import BackendRegistry
+from skillopt.llm.roles import CliRoleOptions, credential_state, resolve_roles
+
+REGISTRY = BackendRegistry([openai.INFO, anthropic.INFO, openai_compatible.INFO, azure_openai.INFO])
+
+
+def roles(*overrides: str, env: dict | None = None, cli: CliRoleOptions | None = None, benchmark: str = "qa"):
+    env = env or {}
+    loaded = load_config(benchmark, overrides=list(overrides), env=env)
+    return resolve_roles(loaded, cli=cli, env=env, registry=REGISTRY)
+
+
+def test_defaults_resolve_to_openai_with_its_default_model_and_key_variable():
+    resolved = roles()
+    assert resolved.target.backend == "openai"
+    assert resolved.target.model == "gpt-4.1-mini"
+    assert resolved.target.api_key_env == "OPENAI_API_KEY"
+    assert resolved.target.rate_limit_key == "openai:api.openai.com"
+    assert resolved.target.max_tokens == 4096 and resolved.optimizer.max_tokens == 16384
+    assert resolved.target.provenance["model"] == "default"
+
+
+def test_a_backend_named_explicitly_brings_its_own_default_model():
+    resolved = roles("model.target.backend=anthropic")
+    assert (resolved.target.backend, resolved.target.model) == ("anthropic", "claude-sonnet-4-6")
+    assert resolved.target.provenance["backend"] == "-o model.target.backend"
+
+
+def test_global_backend_yields_to_a_per_role_override():
+    cli = CliRoleOptions(backend="anthropic")
+    resolved = roles("model.optimizer.backend=openai", cli=cli)
+    assert resolved.target.backend == "anthropic"
+    assert resolved.optimizer.backend == "openai"
+    assert resolved.target.provenance["backend"] == "cli"
+
+
+def test_per_role_cli_option_beats_everything():
+    cli = CliRoleOptions(backend="openai", role_backend={"target": "anthropic"}, role_model={"target": "claude-x"},
+                         effort={"target": "low"})
+    resolved = roles("model.target.backend=openai", cli=cli)
+    assert (resolved.target.backend, resolved.target.model, resolved.target.reasoning_effort) == (
+        "anthropic", "claude-x", "low")
+
+
+def test_environment_applies_when_yaml_is_null_and_conventional_variables_fill_the_endpoint():
+    env = {"SKILLOPT_TARGET_BACKEND": "openai_compatible", "OPENAI_COMPATIBLE_BASE_URL": "http://127.0.0.1:9/v1",
+           "SKILLOPT_TARGET_MODEL": "m"}
+    resolved = roles(env=env)
+    assert resolved.target.backend == "openai_compatible"
+    assert resolved.target.base_url == "http://127.0.0.1:9/v1"
+    assert resolved.target.provenance["base_url"] == "env:OPENAI_COMPATIBLE_BASE_URL"
+    assert resolved.target.provenance["backend"] == "env:SKILLOPT_TARGET_BACKEND"
+
+
+def test_judge_without_a_block_inherits_only_the_connection_of_the_optimizer():
+    resolved = roles("model.optimizer.backend=anthropic", "model.optimizer.model=claude-opus-4",
+                     "model.optimizer.max_tokens=9000", env={"ANTHROPIC_API_KEY": "x" * 20})
+    judge = resolved.judge
+    assert judge is not None and resolved.judge_problem is None
+    assert (judge.backend, judge.model) == ("anthropic", "claude-opus-4")
+    assert judge.provenance["backend"] == "inherited:optimizer"
+    assert judge.max_tokens == 512 and judge.temperature == 0.0
+
+
+def test_judge_without_a_credential_cannot_be_resolved_and_says_why():
+    resolved = roles()
+    assert resolved.judge_problem is not None
+    assert "OPENAI_API_KEY" in resolved.judge_problem
+
+
+def test_judge_switched_off():
+    resolved = roles("model.judge=null")
+    assert resolved.judge is None
+    assert "switched off" in resolved.judge_problem
+
+
+def test_presets_give_endpoint_and_key_variable():
+    resolved = roles("model.target.backend=openai_compatible", "model.target.options.preset=vllm",
+                     "model.target.model=Qwen/Qwen3-8B")
+    target = resolved.target
+    assert target.base_url == "http://127.0.0.1:8000/v1"
+    assert target.api_key_env == "VLLM_API_KEY"
+    assert target.key_required is False
+    assert target.label() == "openai_compatible(vllm)/Qwen/Qwen3-8B"
+    qwen = roles("model.target.backend=openai_compatible", "model.target.options.preset=qwen").target
+    assert qwen.key_required is True and qwen.api_key_env == "DASHSCOPE_API_KEY"
+
+
+def test_unknown_backend_option_is_an_error_naming_its_path():
+    with pytest.raises(ConfigError, match=r"model\.target\.options\.temprature: unknown option \(backend openai\)"):
+        roles("model.target.options.temprature=1")
+
+
+def test_fingerprint_changes_with_what_changes_a_reply_and_never_holds_secrets():
+    base = roles().target
+    assert base.fingerprint() == roles().target.fingerprint()
+    assert base.fingerprint() != roles("model.target.temperature=0.5").target.fingerprint()
+    assert base.fingerprint() == roles("model.target.api_key_env=OTHER_KEY").target.fingerprint()
+
+
+def test_credential_state_never_shows_the_value():
+    target = roles().target
+    assert credential_state(target, {"OPENAI_API_KEY": "sk-SENTINEL-abcdefgh"}) == "set (env:OPENAI_API_KEY)"
+    assert credential_state(target, {}) == "missing (env:OPENAI_API_KEY)"
