@@ -1,0 +1,19 @@
+"""Shared fixtures: the loopback fake servers (tests/fakes) and a clean skillopt environment."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+pytest_plugins = ["tests.fakes.fixtures"]
+
+
+@pytest.fixture(autouse=True)
+def _isolated_skillopt_environment(monkeypatch):
+    """No test depends on the developer's own SKILLOPT_* settings or provider keys."""
+    for name in list(os.environ):
+        if name.startswith("SKILLOPT_") or name.endswith("_API_KEY") or name in (
+            "OPENAI_BASE_URL", "ANTHROPIC_BASE_URL", "AZURE_OPENAI_ENDPOINT", "OPENAI_COMPATIBLE_BASE_URL",
+        ):
+            monkeypatch.delenv(name, raising=False)

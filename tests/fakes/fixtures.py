@@ -1,0 +1,31 @@
+"""Pytest fixtures for the loopback fakes; a conftest imports them (``from tests.fakes.fixtures import *``).
+
+- ``openai_server``: a started ``FakeOpenAIServer``, fresh for each test, stopped (threads joined) at teardown.
+- ``anthropic_server``: the same for ``FakeAnthropicServer``.
+- ``socket_guard``: the test runs with non-loopback connections refused; yields the ``SocketGuard``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from .http_fakes import FakeAnthropicServer, FakeOpenAIServer
+from .socket_guard import socket_guard
+
+__all__ = ["anthropic_server", "openai_server", "socket_guard"]
+
+
+@pytest.fixture
+def openai_server() -> Iterator[FakeOpenAIServer]:
+    """A fresh OpenAI/Azure fake on 127.0.0.1; point SDKs at ``.openai_base_url`` (Azure: ``.url``)."""
+    with FakeOpenAIServer() as server:
+        yield server
+
+
+@pytest.fixture
+def anthropic_server() -> Iterator[FakeAnthropicServer]:
+    """A fresh Anthropic fake on 127.0.0.1; point the SDK at ``.url``."""
+    with FakeAnthropicServer() as server:
+        yield server
