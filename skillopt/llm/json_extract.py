@@ -553,3 +553,12 @@ def _allows_null(prop: dict[str, Any]) -> bool:
         return True
     branches: list[Any] = prop.get("anyOf", []) + prop.get("oneOf", [])
     return any(isinstance(b, dict) and _allows_null(b) for b in branches)
+
+
+def schema_instruction(model: type[BaseModel]) -> str:
+    """The sentence that carries a response schema in the prompt, for servers without structured output."""
+    schema = json.dumps(strict_json_schema(model), ensure_ascii=False, separators=(",", ":"))
+    return (
+        "Reply with one JSON object and nothing else. It must match this JSON schema "
+        f"(every listed key present; null where a value does not apply):\n{schema}"
+    )

@@ -1,0 +1,299 @@
+"""Clients: one object per role, bundled per run (BACKENDS.md §2.2).
+
+A ``RoleClient`` owns the one retry loop, takes the shared rate limiter before every attempt,
+accounts every call in the shared ``UsageLedger`` (errors included), and turns replies into
+validated objects for structured stages with exactly one re-ask. ``ModelClients`` bundles the
+three roles with their limiter and ledger; it is built once per flow run and passed explicitly to
+every task. Nothing here is module-level state, and no Prefect import happens in this package.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+from skillopt.config import LoadedConfig
+from skillopt.errors import ConfigError
+from skillopt.llm.base import BackendContext, BackendInfo, BackendRegistry, EnvSecrets, SecretSource
+from skillopt.llm.chat import ChatRequest, ChatResponse, assistant, user
+from skillopt.llm.errors import BackendError, ParseError, RateLimited
+from skillopt.llm.json_extract import extract_json, schema_instruction
+from skillopt.llm.limiter import LocalRateLimiter, NoLimits, RateLimiter
+from skillopt.llm.pricing import PriceTable
+from skillopt.llm.retry import Retrier
+from skillopt.llm.roles import CliRoleOptions, ResolvedRole, ResolvedRoles, resolve_roles
+from skillopt.llm.usage import UsageLedger
+from skillopt.redact import Redactor
+
+log = logging.getLogger("skillopt.llm")
+
+M = TypeVar("M", bound=BaseModel)
+
+#: Replies to a re-ask may need more room than the first try; never more than this.
+MAX_REASK_TOKENS = 65536
+
+
+class RoleClient:
+    """All calls of one role. Thread-safe; the backend object is built on first use."""
+
+    def __init__(
+        self,
+        role: ResolvedRole,
+        info: BackendInfo,
+        *,
+        secrets: SecretSource,
+        context: BackendContext,
+        limiter: RateLimiter,
+        ledger: UsageLedger,
+        retrier: Retrier,
+        redactor: Redactor,
+    ) -> None:
+        self.role = role
+        self.info = info
+        self.secrets = secrets
+        self.context = context
+        self.limiter = limiter
+        self.ledger = ledger
+        self.retrier = retrier
+        self.redactor = redactor
+        self._backend: Any = None
+        self._lock = threading.Lock()
+
+    @property
+    def backend(self) -> Any:
+        """The backend object (built once; a missing credential or extra raises ``ConfigError`` here)."""
+        with self._lock:
+            if self._backend is None:
+                self._backend = self.info.factory(self.role, self.secrets, self.context)
+            return self._backend
+
+    # -- plain calls ------------------------------------------------------------------------
+
+    def chat(self, request: ChatRequest) -> ChatResponse:
+        """One call with retries, rate limits and accounting. Raises ``BackendError`` naming the role."""
+        backend = self.backend
+        timeout_s = request.timeout_s or self.role.timeout_s
+        cap = request.max_tokens or self.role.max_tokens or 1024
+        estimate = request.prompt_chars() // 4 + cap
+        try:
+            self.ledger.before_call()
+        except BackendError as error:
+            raise self._with_context(error, request) from None
+
+        def once(attempt: int) -> ChatResponse:
+            with self.limiter.acquire(self.role.rate_limit_key, tokens=estimate):
+                return backend.attempt(request, timeout_s=timeout_s)
+
+        def on_retry(error: BackendError, wait: float) -> None:
+            self._with_context(error, request)
+            log.warning("[%s] retrying stage %s after %s (status %s) in %.1f s", self.role.role, request.stage,
+                        type(error).__name__, error.status, wait)
+            if isinstance(error, RateLimited):
+                self.limiter.pause(self.role.rate_limit_key, max(wait, error.retry_after or 0.0))
+
+        try:
+            response, attempts = self.retrier.run(once, on_retry=on_retry)
+        except BackendError as error:
+            self._with_context(error, request)
+            self.ledger.record(
+                role=self.role.role, backend=self.role.backend, model_requested=self.role.model,
+                model_served=None, stage=request.stage, usage=None, latency_s=0.0,
+                attempts=error.attempts or 1, status="error", error_class=type(error).__name__,
+                tags=request.tags, price_model=self.role.price_model,
+            )
+            raise
+        record = self.ledger.record(
+            role=self.role.role, backend=self.role.backend, model_requested=self.role.model,
+            model_served=response.model, stage=request.stage, usage=response.usage, latency_s=response.latency_s,
+            attempts=attempts, status="ok", tags=request.tags, price_model=self.role.price_model,
+        )
+        return response.model_copy(update={"attempts": attempts, "cost_usd": record.cost_usd,
+                                           "backend": self.role.backend})
+
+    def _with_context(self, error: BackendError, request: ChatRequest) -> BackendError:
+        error.role = error.role or self.role.role
+        error.backend = error.backend or self.role.label().split("/", 1)[0]
+        error.model = error.model or self.role.model
+        error.stage = error.stage or request.stage
+        error.reason = self.redactor(error.reason)
+        return error
+
+    # -- structured calls -------------------------------------------------------------------
+
+    def structured(self, request: ChatRequest, schema: type[M], *, repair: bool | None = None) -> tuple[M, ChatResponse]:
+        """A validated ``schema`` object from the reply, with one re-ask on a parse failure.
+
+        The re-ask repeats the conversation with the bad reply and a user message stating the
+        problem, the schema and "reply with JSON only"; ``max_tokens`` doubles if the first reply
+        was cut off. A second failure raises ``ParseError``; the caller applies its stage's fallback.
+        """
+        if repair is None:
+            repair = self.role.role == "optimizer"
+        request = request.model_copy(update={"response_schema": schema})
+        first = self.chat(request)
+        try:
+            return self._parse(first, schema, request, repair), first
+        except ParseError as error:
+            problem = error.reason
+        cap = request.max_tokens or self.role.max_tokens or 1024
+        if first.truncated:
+            cap = min(cap * 2, MAX_REASK_TOKENS)
+        reask = user(
+            f"Your reply could not be used: {problem}.\n{schema_instruction(schema)}\nReply with JSON only."
+        )
+        second_request = request.model_copy(update={
+            "messages": [*request.messages, assistant(first.text or "(empty)"), reask], "max_tokens": cap,
+        })
+        second = self.chat(second_request)
+        return self._parse(second, schema, second_request, repair), second
+
+    def _parse(self, response: ChatResponse, schema: type[M], request: ChatRequest, repair: bool) -> M:
+        context = {"role": self.role.role, "backend": self.role.backend, "model": self.role.model,
+                   "stage": request.stage}
+        if response.truncated:
+            raise ParseError("the reply was cut off at max_tokens", excerpt=response.text[-300:], **context)
+        if response.parsed is not None:
+            try:
+                return schema.model_validate(response.parsed)
+            except ValidationError as exc:
+                problems = "; ".join(
+                    f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors(include_input=False)
+                )
+                raise ParseError(f"validation failed: {problems}", excerpt=json.dumps(response.parsed)[:300],
+                                 **context) from None
+        try:
+            result = extract_json(response.text, schema, repair=repair, stage=request.stage)
+        except ParseError as error:
+            error.role, error.backend, error.model = self.role.role, self.role.backend, self.role.model
+            raise
+        assert isinstance(result, schema)
+        return result
+
+    # -- exec targets -----------------------------------------------------------------------
+
+    def run_exec(self, task: Any) -> Any:
+        """Run one item on an agentic CLI (``codex_exec`` / ``claude_code_exec``), accounted like a chat."""
+        backend = self.backend
+        self.ledger.before_call()
+        with self.limiter.acquire(f"exec:{self.role.backend}", tokens=0):
+            try:
+                result = backend.run(task)
+            except BackendError as error:
+                error.role, error.backend, error.model = self.role.role, self.role.backend, self.role.model
+                error.stage = error.stage or "rollout"
+                self.ledger.record(
+                    role=self.role.role, backend=self.role.backend, model_requested=self.role.model,
+                    model_served=None, stage="rollout", usage=None, latency_s=0.0, attempts=error.attempts or 1,
+                    status="error", error_class=type(error).__name__, tags=task.tags,
+                    price_model=self.role.price_model,
+                )
+                raise
+        self.ledger.record(
+            role=self.role.role, backend=self.role.backend, model_requested=self.role.model,
+            model_served=result.model, stage="rollout", usage=result.usage, latency_s=result.latency_s,
+            attempts=result.attempts, status="ok", tags=task.tags, price_model=self.role.price_model,
+            cost_usd=result.cost_usd,
+        )
+        return result
+
+
+@dataclass
+class ModelClients:
+    """The three role clients of one run, sharing one limiter and one ledger."""
+
+    roles: ResolvedRoles
+    target: RoleClient
+    optimizer: RoleClient
+    judge: RoleClient | None
+    ledger: UsageLedger
+    limiter: RateLimiter
+
+    def get(self, role: str) -> RoleClient:
+        client = getattr(self, role)
+        if client is None:
+            raise ConfigError(f"the judge role cannot be used: {self.roles.judge_problem}")
+        return client
+
+    @classmethod
+    def build(
+        cls,
+        roles: ResolvedRoles,
+        *,
+        loaded: LoadedConfig,
+        registry: BackendRegistry,
+        secrets: SecretSource,
+        context: BackendContext | None = None,
+        ledger: UsageLedger | None = None,
+        limiter: RateLimiter | None = None,
+        usage_path: Path | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> ModelClients:
+        model = loaded.config.model
+        context = context or BackendContext()
+        if ledger is None:
+            ledger = UsageLedger(usage_path, PriceTable.load(_path_or_none(model.pricing_file)),
+                                 loaded.config.budget)
+        if limiter is None:
+            if model.rate_limit_mode == "off":
+                limiter = NoLimits()
+            elif model.rate_limit_mode == "prefect":
+                raise ConfigError(
+                    "model.rate_limit_mode: prefect needs the Prefect limiter from the tasks package; "
+                    "build ModelClients through the flows (or pass limiter=...)"
+                )
+            else:
+                limiter = LocalRateLimiter(model.providers, clock=clock, sleep=sleep,
+                                           defaults=_exec_defaults(roles))
+        redactor = Redactor.from_environment(secrets.env if isinstance(secrets, EnvSecrets) else None)
+
+        def client(role: ResolvedRole | None) -> RoleClient | None:
+            if role is None:
+                return None
+            return RoleClient(role, registry.get(role.backend), secrets=secrets, context=context, limiter=limiter,
+                              ledger=ledger, retrier=Retrier(model.retry, sleep=sleep, clock=clock),
+                              redactor=redactor)
+
+        target, optimizer = client(roles.target), client(roles.optimizer)
+        assert target is not None and optimizer is not None
+        judge = client(roles.judge) if roles.judge_problem is None else None
+        return cls(roles, target, optimizer, judge, ledger, limiter)
+
+    @classmethod
+    def from_config(
+        cls,
+        loaded: LoadedConfig,
+        *,
+        env: Mapping[str, str],
+        cli: CliRoleOptions | None = None,
+        registry: BackendRegistry | None = None,
+        **kwargs: Any,
+    ) -> ModelClients:
+        """Resolve the roles of ``loaded`` and build their clients (credentials from ``env``)."""
+        registry = registry or BackendRegistry.default()
+        roles = resolve_roles(loaded, cli=cli, env=env, registry=registry)
+        return cls.build(roles, loaded=loaded, registry=registry, secrets=EnvSecrets(env), **kwargs)
+
+
+def _path_or_none(value: str | None) -> Path | None:
+    return Path(value) if value else None
+
+
+def _exec_defaults(roles: ResolvedRoles) -> dict[str, Any]:
+    from skillopt.config import ProviderLimits
+
+    defaults = {}
+    for role in (roles.target, roles.optimizer, roles.judge):
+        if role is not None and role.options.get("max_parallel"):
+            defaults[f"exec:{role.backend}"] = ProviderLimits(max_concurrency=int(role.options["max_parallel"]))
+        if role is not None and role.backend == "openai_compatible" and role.options.get("preset") == "ollama":
+            defaults.setdefault(role.rate_limit_key, ProviderLimits(max_concurrency=1))
+    return defaults

@@ -1,0 +1,185 @@
+"""Pieces the HTTP backends share: error classification, deadline-bound reads, warn-once.
+
+Provider bodies appear in errors only redacted and cut to 500 characters (BACKENDS.md §4.1).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from urllib.parse import urlparse
+
+from skillopt.errors import ConfigError
+from skillopt.llm.errors import (
+    AuthError,
+    BackendError,
+    BadRequest,
+    CallTimeout,
+    ConnectionFailed,
+    ContextLengthExceeded,
+    ModelNotFound,
+    PermissionDenied,
+    RateLimited,
+    ServerError,
+)
+from skillopt.llm.retry import parse_retry_after
+from skillopt.llm.roles import ResolvedRole
+from skillopt.redact import Redactor
+
+log = logging.getLogger("skillopt.llm")
+
+_CONTEXT_WORDS = ("context_length", "context length", "maximum context", "prompt is too long", "too many tokens")
+
+
+def host_of(url: str | None) -> str:
+    return urlparse(url).netloc if url else "the default endpoint"
+
+
+def classify_status(
+    status: int,
+    *,
+    headers: Mapping[str, str],
+    body: str,
+    role: ResolvedRole,
+    redactor: Redactor,
+) -> BackendError:
+    """The ``BackendError`` for an HTTP error status, with the provider's message and a hint."""
+    message, code = _provider_message(body)
+    excerpt = redactor(message or body)[:500]
+    where = f"HTTP {status} from {host_of(role.base_url)}"
+    reason = f"{where}: {excerpt}" if excerpt else where
+    context = {"status": status, "request_id": headers.get("x-request-id") or headers.get("request-id")}
+    lowered = f"{code or ''} {message or ''}".lower()
+    if status == 401:
+        return AuthError(reason, hint=_key_hint(role), **context)
+    if status == 403:
+        return PermissionDenied(reason, hint="the credential has no access to this model or endpoint", **context)
+    if status == 429:
+        return RateLimited(reason, retry_after=parse_retry_after(headers), **context)
+    if status in (408,):
+        return CallTimeout(reason, **context)
+    if status in (409, 500, 502, 503, 504, 529) or status >= 500:
+        return ServerError(reason, **context)
+    if any(word in lowered for word in _CONTEXT_WORDS):
+        return ContextLengthExceeded(reason, hint="shorten the prompt or lower max_tokens", **context)
+    if status == 404:
+        if "model" in lowered or "deployment" in lowered:
+            return ModelNotFound(reason, hint=f"check model.{role.role}.model", **context)
+        return BadRequest(reason, hint=f"check model.{role.role}.base_url", **context)
+    return BadRequest(reason, **context)
+
+
+def _provider_message(body: str) -> tuple[str | None, str | None]:
+    try:
+        data = json.loads(body)
+    except (ValueError, TypeError):
+        return None, None
+    if isinstance(data, dict):
+        error = data.get("error", data)
+        if isinstance(error, dict):
+            message = error.get("message")
+            code = error.get("code") or error.get("type")
+            return (str(message) if message else None), (str(code) if code else None)
+        if isinstance(error, str):
+            return error, None
+    return None, None
+
+
+def _key_hint(role: ResolvedRole) -> str:
+    variable = role.api_key_env or "the key variable"
+    if role.api_key_secret:
+        return f"check the Prefect Secret block {role.api_key_secret!r} or model.{role.role}.api_key_secret"
+    return f"the server rejected the key; set {variable} or model.{role.role}.api_key_env"
+
+
+def split_sdk_kwargs(method: Callable[..., object], body: dict[str, object]) -> dict[str, object]:
+    """Keyword arguments for an SDK method: the fields it names, the rest under ``extra_body``.
+
+    SDK releases add and drop named parameters; sending unknown fields through ``extra_body``
+    keeps the wire body exactly what the backend built, whatever the installed version.
+    """
+    import inspect
+
+    named = set(inspect.signature(method).parameters) - {"self", "extra_body", "extra_headers", "extra_query",
+                                                          "timeout"}
+    kwargs = {k: v for k, v in body.items() if k in named}
+    extra = {k: v for k, v in body.items() if k not in named}
+    if extra:
+        kwargs["extra_body"] = extra
+    return kwargs
+
+
+def transport_error(exc: BaseException, *, timeout_s: float) -> BackendError | None:
+    """The ``BackendError`` for an HTTP-client error raised while the body streams, else None.
+
+    The SDKs sit on ``httpx`` or its fork ``httpx2``; both name their classes the same, so the
+    class names along the MRO decide (a timeout of any kind, else any transport failure).
+    """
+    names = {cls.__name__ for cls in type(exc).__mro__
+             if str(getattr(cls, "__module__", "")).partition(".")[0] in ("httpx", "httpx2")}
+    if "TimeoutException" in names:
+        return CallTimeout(f"no complete response within {timeout_s:g} s")
+    if "TransportError" in names:
+        return ConnectionFailed(f"the connection broke while reading the response ({type(exc).__name__})")
+    return None
+
+
+def read_with_deadline(chunks: Iterable[bytes], *, deadline: float, clock: Callable[[], float] = time.monotonic,
+                       timeout_s: float) -> bytes:
+    """Join a response body, raising ``CallTimeout`` once ``deadline`` passes between chunks."""
+    parts = []
+    for chunk in chunks:
+        parts.append(chunk)
+        if clock() > deadline:
+            raise CallTimeout(f"no complete response within {timeout_s:g} s (the body was still arriving)")
+    return b"".join(parts)
+
+
+class WarnOnce:
+    """Logs each distinct message once per owner (a backend object serving one role)."""
+
+    def __init__(self) -> None:
+        self._seen: set[str] = set()
+        self._lock = threading.Lock()
+        self.notes: list[str] = []
+
+    def __call__(self, message: str) -> None:
+        with self._lock:
+            if message in self._seen:
+                return
+            self._seen.add(message)
+            self.notes.append(message)
+        log.warning(message)
+
+
+def drop_unsupported(role: ResolvedRole, param: str, why: str, warn: WarnOnce) -> None:
+    """Leave out a parameter the model cannot take: a warning, or a ConfigError with strict_params."""
+    message = f"[{role.role}] {role.label()}: {param} is not sent ({why})"
+    if role.strict_params:
+        raise ConfigError(f"{message}; model.{role.role}.strict_params is on")
+    warn(message)
+
+
+def require_key(role: ResolvedRole, key: str | None) -> str:
+    """The credential, or a ConfigError naming where to put it."""
+    if key:
+        return key
+    if role.api_key_secret:
+        raise ConfigError(
+            f"[{role.role}] {role.label()}: the Prefect Secret block {role.api_key_secret!r} could not be read"
+        )
+    raise ConfigError(
+        f"[{role.role}] {role.label()}: no credential; export {role.api_key_env} or set model.{role.role}.api_key_env"
+    )
+
+
+def resolve_key(role: ResolvedRole, secrets) -> str | None:  # noqa: ANN001 - SecretSource protocol
+    """The key from a Secret block (wins) or the named environment variable."""
+    if role.api_key_secret:
+        return secrets.get_block(role.api_key_secret)
+    if role.api_key_env:
+        return secrets.get(role.api_key_env)
+    return None

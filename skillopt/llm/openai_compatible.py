@@ -1,0 +1,230 @@
+"""The ``openai_compatible`` backend: any Chat Completions server (BACKENDS.md §3.4).
+
+Presets carry what differs between servers: the default endpoint, the key variable, how thinking
+is switched on or off on the wire, whether a JSON schema can be sent, and quirks (``<think>``
+blocks, ``reasoning_content``, streamed thinking calls). Thinking has three states:
+``server_default`` sends nothing (warned once: results then depend on how the server was launched),
+``on`` and ``off`` send the preset's wire form. Unset, it follows the reasoning effort: ``none`` →
+off, any other level → on, null → server default.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from skillopt.errors import ConfigError
+from skillopt.llm.base import BackendContext, BackendInfo, SecretSource
+from skillopt.llm.capabilities import Capabilities
+from skillopt.llm.chat import ChatRequest, ChatResponse, Usage
+from skillopt.llm.errors import CallTimeout, ServerError
+from skillopt.llm.openai import OpenAIWire, import_openai, sdk_timeout, split_think_tags
+from skillopt.llm.roles import ResolvedRole
+from skillopt.redact import Redactor
+
+#: Sent when a server needs no key: the SDK insists on one.
+PLACEHOLDER_KEY = "no-key-needed"
+
+ThinkingWire = Literal["none", "chat_template_kwargs", "enable_thinking", "model_id"]
+
+
+@dataclass(frozen=True)
+class Preset:
+    base_url: str | None
+    key_env: str | None
+    key_required: bool
+    thinking_wire: ThinkingWire
+    structured: Literal["json_schema", "json_object"]
+    strip_think_tags: bool = False
+    stream_thinking: bool = False
+    max_concurrency: int | None = None
+
+
+PRESETS: dict[str, Preset] = {
+    "generic": Preset(None, "OPENAI_COMPATIBLE_API_KEY", False, "none", "json_object"),
+    "vllm": Preset("http://127.0.0.1:8000/v1", "VLLM_API_KEY", False, "chat_template_kwargs", "json_schema",
+                   strip_think_tags=True),
+    "ollama": Preset("http://127.0.0.1:11434/v1", None, False, "none", "json_schema", max_concurrency=1),
+    "llamacpp": Preset("http://127.0.0.1:8080/v1", None, False, "none", "json_schema"),
+    "qwen": Preset("https://dashscope-intl.aliyuncs.com/compatible-mode/v1", "DASHSCOPE_API_KEY", True,
+                   "enable_thinking", "json_object", stream_thinking=True),
+    "deepseek": Preset("https://api.deepseek.com", "DEEPSEEK_API_KEY", True, "model_id", "json_object"),
+}
+PRESETS["dashscope"] = PRESETS["qwen"]
+_DASHSCOPE_CN = "https://dashscope.aliyuncs.com/compatible-mode/v1"
+
+
+class CompatibleOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    preset: Literal["generic", "vllm", "ollama", "llamacpp", "qwen", "dashscope", "deepseek"] = "generic"
+    thinking: Literal["server_default", "on", "off"] | None = None
+    max_tokens_field: Literal["max_tokens", "max_completion_tokens"] = "max_tokens"
+    structured: Literal["json_schema", "json_object", "none"] | None = None
+    strip_think_tags: bool | None = None
+    region: Literal["intl", "cn"] = "intl"
+    thinking_budget: int | None = None
+
+
+def resolve_thinking(options: CompatibleOptions, effort: str | None) -> str:
+    if options.thinking is not None:
+        return options.thinking
+    if effort is None:
+        return "server_default"
+    return "off" if effort == "none" else "on"
+
+
+class CompatibleWire(OpenAIWire):
+    def __init__(self, role: ResolvedRole, client: Any, options: CompatibleOptions, redactor: Redactor) -> None:
+        super().__init__(role, client, api="chat", redactor=redactor)
+        self.options = options
+        self.preset = PRESETS[options.preset]
+        overrides = {"structured": options.structured or self.preset.structured,
+                     "max_tokens_field": options.max_tokens_field, "api": "chat", "temperature": True,
+                     "reasoning": True, "vision": True}
+        self.capabilities = Capabilities.model_validate({**overrides, **role.capabilities})
+        self.thinking = resolve_thinking(options, role.reasoning_effort)
+        if self.thinking != "server_default" and self.preset.thinking_wire == "none":
+            raise ConfigError(
+                f"model.{role.role}.options.thinking: the {options.preset} preset has no on/off switch; "
+                f"send the server's own field with model.{role.role}.extra_body"
+            )
+        if self.thinking == "server_default":
+            self.warn(f"[{role.role}] {role.label()}: thinking is the server's default; results depend on how the "
+                      "server was launched (set options.thinking: on|off to pin it)")
+
+    def effort(self, request: ChatRequest) -> str | None:
+        # Compatible servers take thinking through the preset's switch, not reasoning_effort.
+        if self.options.preset == "deepseek" and (request.reasoning_effort or self.role.reasoning_effort):
+            self.warn(f"[{self.role.role}] {self.role.label()}: DeepSeek picks reasoning by model id; "
+                      "reasoning_effort is ignored")
+        return None
+
+    def chat_body_extras(self, request: ChatRequest) -> dict[str, Any]:
+        extras: dict[str, Any] = {}
+        if self.thinking in ("on", "off"):
+            enabled = self.thinking == "on"
+            if self.preset.thinking_wire == "chat_template_kwargs":
+                extras["chat_template_kwargs"] = {"enable_thinking": enabled}
+            elif self.preset.thinking_wire == "enable_thinking":
+                extras["enable_thinking"] = enabled
+                if enabled and self.options.thinking_budget:
+                    extras["thinking_budget"] = self.options.thinking_budget
+        extras.update(self.role.extra_body)
+        return extras
+
+    def chat_reply_hook(self, response: ChatResponse) -> ChatResponse:
+        strip = self.options.strip_think_tags
+        if strip is None:
+            strip = self.preset.strip_think_tags
+        if strip:
+            text, thoughts = split_think_tags(response.text)
+            if thoughts:
+                joined = "\n".join(t for t in (response.reasoning_text, thoughts) if t)
+                response = response.model_copy(update={"text": text, "reasoning_text": joined})
+        return response
+
+    def attempt(self, request: ChatRequest, *, timeout_s: float) -> ChatResponse:
+        if self.preset.stream_thinking and self.thinking == "on":
+            return self._streamed(request, timeout_s=timeout_s)
+        return super().attempt(request, timeout_s=timeout_s)
+
+    def _streamed(self, request: ChatRequest, *, timeout_s: float) -> ChatResponse:
+        """Thinking calls on DashScope must stream; reassemble text, reasoning and usage."""
+        body = self.chat_body(request)
+        body["stream"] = True
+        body["stream_options"] = {"include_usage": True}
+        started = time.monotonic()
+        raw, headers = self.post(self.client.chat.completions.with_streaming_response.create, body,
+                                 timeout_s=timeout_s, started=started)
+        texts, thoughts, usage, model, finish = [], [], None, None, None
+        for line in raw.decode("utf-8", "replace").splitlines():
+            if not line.startswith("data:"):
+                continue
+            data = line[5:].strip()
+            if data == "[DONE]":
+                break
+            try:
+                chunk = json.loads(data)
+            except ValueError:
+                raise ServerError("malformed stream chunk") from None
+            model = chunk.get("model", model)
+            usage = chunk.get("usage") or usage
+            for choice in chunk.get("choices") or []:
+                delta = choice.get("delta") or {}
+                texts.append(delta.get("content") or "")
+                thoughts.append(delta.get("reasoning_content") or "")
+                finish = choice.get("finish_reason") or finish
+        if time.monotonic() - started > timeout_s:
+            raise CallTimeout(f"no complete response within {timeout_s:g} s")
+        usage = usage or {}
+        return ChatResponse(
+            text="".join(texts),
+            reasoning_text="".join(thoughts) or None,
+            usage=Usage(
+                prompt_tokens=usage.get("prompt_tokens"),
+                completion_tokens=usage.get("completion_tokens"),
+                reasoning_tokens=(usage.get("completion_tokens_details") or {}).get("reasoning_tokens"),
+                cached_prompt_tokens=(usage.get("prompt_tokens_details") or {}).get("cached_tokens"),
+            ),
+            latency_s=time.monotonic() - started,
+            model=model,
+            backend=self.role.backend,
+            finish_reason=finish,
+            truncated=finish == "length",
+            request_id=headers.get("x-request-id"),
+        )
+
+
+def _adjust(values: dict[str, Any], options: BaseModel, env: Mapping[str, str]) -> dict[str, Any]:
+    """Preset defaults: endpoint, key variable, whether a key is required."""
+    assert isinstance(options, CompatibleOptions)
+    preset = PRESETS[options.preset]
+    base_url = preset.base_url
+    if options.preset in ("qwen", "dashscope") and options.region == "cn":
+        base_url = _DASHSCOPE_CN
+    updates: dict[str, Any] = {"key_required": preset.key_required}
+    if values.get("base_url") is None and base_url is not None:
+        updates["base_url"] = base_url
+    if values.get("api_key_env") is None:
+        updates["api_key_env"] = preset.key_env
+    return updates
+
+
+def _factory(role: ResolvedRole, secrets: SecretSource, context: BackendContext) -> CompatibleWire:
+    openai = import_openai()
+    options = CompatibleOptions.model_validate(role.options)
+    if not role.base_url:
+        raise ConfigError(
+            f"[{role.role}] openai_compatible/{role.model or '?'}: no endpoint; set model.{role.role}.base_url "
+            "or OPENAI_COMPATIBLE_BASE_URL, or choose a preset (vllm, ollama, llamacpp, qwen, deepseek)"
+        )
+    key = None
+    if role.api_key_secret:
+        key = secrets.get_block(role.api_key_secret)
+    elif role.api_key_env:
+        key = secrets.get(role.api_key_env)
+    if not key and role.key_required:
+        raise ConfigError(f"[{role.role}] {role.label()}: no credential; export {role.api_key_env} or set "
+                          f"model.{role.role}.api_key_env")
+    client = openai.OpenAI(api_key=key or PLACEHOLDER_KEY, base_url=role.base_url, max_retries=0,
+                           timeout=sdk_timeout(role.timeout_s))
+    return CompatibleWire(role, client, options, Redactor([key] if key else []))
+
+
+INFO = BackendInfo(
+    name="openai_compatible",
+    factory=_factory,
+    options_model=CompatibleOptions,
+    default_model=None,
+    key_env="OPENAI_COMPATIBLE_API_KEY",
+    key_required=False,
+    env_fields={"base_url": "OPENAI_COMPATIBLE_BASE_URL"},
+    adjust=_adjust,
+    summary="any Chat Completions server: vLLM, Ollama, llama.cpp server, Qwen/DashScope, DeepSeek, gateways",
+)
