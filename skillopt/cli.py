@@ -69,6 +69,23 @@ def _build_parser() -> argparse.ArgumentParser:
         help="override one value, e.g. -o optimizer.learning_rate=8 (repeatable)",
     )
 
+    backends = commands.add_parser(
+        "backends",
+        help="list the model backends and how each role resolves",
+        description="List the registered backends, then each role's resolved backend, model and credential state.",
+    )
+    _add_role_options(backends)
+    backend_commands = backends.add_subparsers(dest="backends_command", metavar="SUBCOMMAND")
+    check = backend_commands.add_parser(
+        "check",
+        help="check each role: credential, endpoint, and one tiny real call",
+        description="Preflight before a long job: for each role (or --role), check the credential, reach the "
+        "endpoint and make one counted one-token call; print the served model, latency and tokens.",
+    )
+    check.add_argument("--role", choices=["target", "optimizer", "judge"], help="check only this role")
+    check.add_argument("--no-call", action="store_true", help="skip the model call (checks only)")
+    _add_role_options(check)
+
     schedule = commands.add_parser(
         "schedule",
         help="print the edit budget (learning rate) of every step",
@@ -89,6 +106,81 @@ def _add_config_options(parser: argparse.ArgumentParser) -> None:
         "-o", "--override", action="append", default=[], metavar="KEY=VALUE",
         help="override one value, e.g. -o optimizer.learning_rate=8 (repeatable, applied in order)",
     )
+
+
+def _add_role_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("-b", "--benchmark", metavar="NAME", help="start from this benchmark's config")
+    _add_config_options(parser)
+    parser.add_argument("--backend", help="backend for every role without its own setting")
+    parser.add_argument("--model", help="model for every role without its own setting")
+    for role in ("target", "optimizer", "judge"):
+        parser.add_argument(f"--{role}-backend", dest=f"{role}_backend", metavar="NAME")
+        parser.add_argument(f"--{role}-model", dest=f"{role}_model", metavar="ID")
+    parser.add_argument("--effort", action="append", default=[], metavar="ROLE=LEVEL",
+                        help="reasoning effort of one role, e.g. --effort optimizer=high (repeatable)")
+
+
+def _resolve(args: argparse.Namespace):  # noqa: ANN202 - returns (loaded, roles, registry)
+    from skillopt.config import load_config
+    from skillopt.llm.base import BackendRegistry
+    from skillopt.llm.roles import CliRoleOptions, resolve_roles
+
+    loaded = load_config(args.benchmark, config_file=args.config, overrides=args.override, env=os.environ)
+    cli = CliRoleOptions(
+        backend=args.backend,
+        model=args.model,
+        role_backend={r: getattr(args, f"{r}_backend") for r in ("target", "optimizer", "judge")
+                      if getattr(args, f"{r}_backend")},
+        role_model={r: getattr(args, f"{r}_model") for r in ("target", "optimizer", "judge")
+                    if getattr(args, f"{r}_model")},
+        effort=CliRoleOptions.parse_efforts(args.effort),
+    )
+    registry = BackendRegistry.default()
+    return loaded, resolve_roles(loaded, cli=cli, env=os.environ, registry=registry), registry
+
+
+def _cmd_backends(args: argparse.Namespace, out: _Output) -> int:
+    from skillopt.llm.roles import provenance_table
+
+    loaded, roles, registry = _resolve(args)
+    out.print("registered backends:")
+    for name in registry.names():
+        info = registry.get(name)
+        key = f"key {info.key_env}" if info.key_env else "no key"
+        out.print(f"  {name:<18} {info.kind:<5} {key:<32} {info.summary}")
+    out.print()
+    out.print("roles (value, source):")
+    for role, field_name, value, source in provenance_table(roles, os.environ):
+        out.print(f"  {role:<10} {field_name:<17} {value:<40} {source}")
+    return EXIT_OK
+
+
+def _cmd_backends_check(args: argparse.Namespace, out: _Output) -> int:
+    from skillopt.llm.base import EnvSecrets
+    from skillopt.llm.clients import ModelClients
+    from skillopt.llm.preflight import check_role
+
+    loaded, roles, registry = _resolve(args)
+    clients = ModelClients.build(roles, loaded=loaded, registry=registry, secrets=EnvSecrets(os.environ))
+    wanted = [args.role] if args.role else ["target", "optimizer", "judge"]
+    failed = False
+    for role in wanted:
+        client = getattr(clients, role)
+        if client is None:
+            message = f"{role}: cannot be resolved: {roles.judge_problem}"
+            if args.role:
+                out.error(message)
+                return EXIT_FAILURE
+            out.print(f"{role}: skipped ({roles.judge_problem})")
+            continue
+        result = check_role(client, os.environ, call=not args.no_call)
+        out.print(f"{role}: {result.label} {'ok' if result.ok else 'FAILED'}")
+        for line in result.lines:
+            out.print(f"  {line}")
+        if not result.ok:
+            failed = True
+            out.error(f"{role}: {result.problem}")
+    return EXIT_FAILURE if failed else EXIT_OK
 
 
 def _cmd_config_show(args: argparse.Namespace, out: _Output) -> int:
@@ -144,8 +236,10 @@ def main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = None, std
         ("config", "show"): _cmd_config_show,
         ("config", "validate"): _cmd_config_validate,
         ("schedule", None): _cmd_schedule,
+        ("backends", None): _cmd_backends,
+        ("backends", "check"): _cmd_backends_check,
     }
-    key = (args.command, getattr(args, "config_command", None))
+    key = (args.command, getattr(args, "config_command", None) or getattr(args, "backends_command", None))
     handler = handlers.get(key)
     if handler is None:
         if args.command == "config":

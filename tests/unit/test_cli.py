@@ -19,13 +19,6 @@ def run(*argv: str) -> tuple[int, str, str]:
     return code, out.getvalue(), err.getvalue()
 
 
-@pytest.fixture(autouse=True)
-def _no_skillopt_environment(monkeypatch):
-    for name in list(__import__("os").environ):
-        if name.startswith("SKILLOPT_"):
-            monkeypatch.delenv(name)
-
-
 def test_config_show_prints_resolved_yaml_with_the_override_and_its_source():
     code, out, err = run("config", "show", "searchqa", "-o", "optimizer.learning_rate=8")
     assert code == 0, err
