@@ -161,7 +161,13 @@ def _cmd_backends_check(args: argparse.Namespace, out: _Output) -> int:
     from skillopt.llm.preflight import check_role
 
     loaded, roles, registry = _resolve(args)
-    clients = ModelClients.build(roles, loaded=loaded, registry=registry, secrets=EnvSecrets(os.environ))
+    limiter = None
+    if loaded.config.model.rate_limit_mode == "prefect":
+        from tasks.limits import PrefectRateLimiter
+
+        limiter = PrefectRateLimiter(loaded.config.model.providers)
+    clients = ModelClients.build(roles, loaded=loaded, registry=registry, secrets=EnvSecrets(os.environ),
+                                 limiter=limiter)
     wanted = [args.role] if args.role else ["target", "optimizer", "judge"]
     failed = False
     for role in wanted:

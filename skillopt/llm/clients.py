@@ -247,8 +247,8 @@ class ModelClients:
                 limiter = NoLimits()
             elif model.rate_limit_mode == "prefect":
                 raise ConfigError(
-                    "model.rate_limit_mode: prefect needs the Prefect limiter from the tasks package; "
-                    "build ModelClients through the flows (or pass limiter=...)"
+                    "model.rate_limit_mode: prefect needs the Prefect limiter (tasks.limits.PrefectRateLimiter); "
+                    "pass it as limiter=..."
                 )
             else:
                 limiter = LocalRateLimiter(model.providers, clock=clock, sleep=sleep,

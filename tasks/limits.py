@@ -1,0 +1,68 @@
+"""Prefect global concurrency limits as the provider rate limiter (``model.rate_limit_mode: prefect``).
+
+For several processes (runs, deployments, workers) that share one provider quota. Each call takes
+``rate_limit("skillopt-<key>-rpm", occupy=1)``, then ``rate_limit("skillopt-<key>-tpm",
+occupy=<estimate>)``, then holds ``concurrency("skillopt-<key>-conc")`` while it runs, all with
+``strict=True``: a limit that does not exist fails the call, naming it. The limits are created by
+the user with Prefect's CLI, for example::
+
+    prefect gcl create skillopt-openai-api-openai-com-rpm --limit 500 --slot-decay-per-second 8.33
+
+Prefect's limits are coarse (PREFECT_NOTES.md): use the in-process limiter unless processes
+really share a quota. A 429 pauses the key inside this process; other processes learn of it from
+their own 429s.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+
+from prefect.concurrency.sync import concurrency, rate_limit
+
+from skillopt.config import ProviderLimits
+
+
+def limit_name(key: str, kind: str) -> str:
+    """``skillopt-<key>-<kind>`` with the key slugged to ``[a-z0-9-]``."""
+    slug = re.sub(r"[^a-z0-9-]+", "-", key.lower()).strip("-")
+    return f"skillopt-{slug}-{kind}"
+
+
+class PrefectRateLimiter:
+    """The ``RateLimiter`` protocol over Prefect global concurrency limits."""
+
+    def __init__(self, providers: Mapping[str, ProviderLimits], *, clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        self.providers = providers
+        self.clock = clock
+        self.sleep = sleep
+        self._paused_until: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    @contextmanager
+    def acquire(self, key: str, *, tokens: int) -> Iterator[None]:
+        with self._lock:
+            wait = self._paused_until.get(key, 0.0) - self.clock()
+        if wait > 0:
+            self.sleep(wait)
+        limits = self.providers.get(key)
+        if limits is None:
+            yield
+            return
+        if limits.rpm:
+            rate_limit(limit_name(key, "rpm"), occupy=1, strict=True)
+        if limits.tpm:
+            rate_limit(limit_name(key, "tpm"), occupy=max(1, min(tokens, limits.tpm)), strict=True)
+        if limits.max_concurrency:
+            with concurrency(limit_name(key, "conc"), occupy=1, strict=True):
+                yield
+        else:
+            yield
+
+    def pause(self, key: str, seconds: float) -> None:
+        with self._lock:
+            self._paused_until[key] = max(self._paused_until.get(key, 0.0), self.clock() + seconds)

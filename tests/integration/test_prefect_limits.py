@@ -1,0 +1,76 @@
+"""`model.rate_limit_mode: prefect`: calls go through Prefect global concurrency limits.
+
+One Prefect test harness (a real local API) serves the module; it takes ~20-40 s to start here.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def prefect_api():
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield
+
+
+def create_limit(name: str, limit: int, decay: float = 0.0) -> None:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
+
+    with get_client(sync_client=True) as client:
+        client.create_global_concurrency_limit(
+            GlobalConcurrencyLimitCreate(name=name, limit=limit, slot_decay_per_second=decay))
+
+
+def test_concurrency_limit_holds_calls_in_flight_across_threads(prefect_api):
+    from skillopt.config import ProviderLimits
+    from tasks.limits import PrefectRateLimiter, limit_name
+
+    key = "openai_compatible:127.0.0.1:9999"
+    assert limit_name(key, "conc") == "skillopt-openai-compatible-127-0-0-1-9999-conc"
+    create_limit(limit_name(key, "conc"), 1)
+    limiter = PrefectRateLimiter({key: ProviderLimits(max_concurrency=1)})
+    in_flight, peak = 0, 0
+    lock = threading.Lock()
+
+    def call() -> None:
+        nonlocal in_flight, peak
+        with limiter.acquire(key, tokens=10):
+            with lock:
+                in_flight += 1
+                peak = max(peak, in_flight)
+            time.sleep(0.3)
+            with lock:
+                in_flight -= 1
+
+    threads = [threading.Thread(target=call) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert peak == 1
+
+
+def test_a_missing_limit_fails_the_call_naming_it(prefect_api):
+    from skillopt.config import ProviderLimits
+    from tasks.limits import PrefectRateLimiter
+
+    limiter = PrefectRateLimiter({"anthropic:api.anthropic.com": ProviderLimits(rpm=50)})
+    with pytest.raises(Exception, match="skillopt-anthropic-api-anthropic-com-rpm"), \
+            limiter.acquire("anthropic:api.anthropic.com", tokens=100):
+        pass
+
+
+def test_keys_without_configured_limits_pass_straight_through(prefect_api):
+    from tasks.limits import PrefectRateLimiter
+
+    with PrefectRateLimiter({}).acquire("anything", tokens=1):
+        pass
