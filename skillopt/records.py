@@ -1,0 +1,131 @@
+"""The records training passes around and writes down (DESIGN.md §3).
+
+``ItemResult`` is one rollout's outcome with its trajectory; ``Patch`` is what one optimizer call
+proposes; ``StepRecord`` is one line of ``history.jsonl``; ``RunSummary`` is ``summary.json``.
+Everything here is a pydantic model, so it serialises to JSON for Prefect's result store and the
+run directory alike.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from skillopt.gate import GateResult
+from skillopt.skill import ApplyReport, Edit
+
+#: A row is a failure when its hard score is below this.
+FAILURE_EPSILON = 1e-9
+
+Phase = Literal["done", "timeout", "error"]
+
+
+class ItemResult(BaseModel):
+    """One rollout (BENCHMARKS.md §1.5). ``trajectory`` events are plain dicts (§1.6); the last one
+    is always the ``evaluation`` event, the only place gold reaches the optimizer."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str
+    task_type: str
+    hard: float
+    soft: float
+    fail_reason: str = ""
+    task_description: str = ""
+    predicted_answer: str = ""
+    trajectory: list[dict[str, Any]] = Field(default_factory=list)
+    n_turns: int = 0
+    answered: bool = False
+    phase: Phase = "done"
+    usage: dict[str, Any] = Field(default_factory=dict)
+    extras: dict[str, Any] = Field(default_factory=dict)
+    #: The target's prompts without the skill, for people reading ``predictions/`` (not for the analyst).
+    target_system_prompt: str = ""
+    target_user_prompt: str = ""
+
+    @property
+    def failed(self) -> bool:
+        return self.hard < FAILURE_EPSILON
+
+
+class Diagnosis(BaseModel):
+    """An analyst's explanation of some items: which ids, what kind of problem, in a sentence."""
+
+    ids: list[str] = Field(default_factory=list)
+    kind: str = "other"
+    description: str = ""
+
+
+class Patch(BaseModel):
+    """What one optimizer call proposes (patch mode: edits)."""
+
+    reasoning: str = ""
+    edits: list[Edit] = Field(default_factory=list)
+    diagnosis: list[Diagnosis] = Field(default_factory=list)
+    execution_notes: list[str] = Field(default_factory=list)
+    source: Literal["failure", "success"] = "failure"
+    #: Number of trajectories this patch was drawn from (the support its edits start with).
+    support: int = 0
+    merge_level: int = 0
+    #: Why this patch is a fallback (a parse failure, a merge that fell back to concatenation), if it is.
+    fallback: str | None = None
+
+
+class StageTiming(BaseModel):
+    seconds: float = 0.0
+    calls: int = 0
+
+
+class StepRecord(BaseModel):
+    """One line of ``history.jsonl``."""
+
+    step: int
+    epoch: int
+    step_in_epoch: int
+    budget: int
+    kind: Literal["step", "slow_update", "final"] = "step"
+    decision: str
+    batch_ids: list[str] = Field(default_factory=list)
+    n_fail: int = 0
+    n_total: int = 0
+    rollout_hard: float | None = None
+    rollout_soft: float | None = None
+    patches_proposed: int = 0
+    patches_parsed: int = 0
+    edits_proposed: int = 0
+    edits_selected: int = 0
+    edits_applied: int = 0
+    apply_report: ApplyReport | None = None
+    gate: GateResult | None = None
+    current_score: float = 0.0
+    best_score: float = 0.0
+    skill_sha: str = ""
+    skill_chars: int = 0
+    warnings: list[str] = Field(default_factory=list)
+    usage: dict[str, Any] = Field(default_factory=dict)
+    wall_s: dict[str, float] = Field(default_factory=dict)
+
+
+class SplitScores(BaseModel):
+    hard: float
+    soft: float
+
+
+class PhaseScores(BaseModel):
+    selection: SplitScores | None = None
+    test: SplitScores | None = None
+
+
+class RunSummary(BaseModel):
+    """``summary.json`` (DESIGN.md §3): scores always numeric in this shape."""
+
+    run_name: str
+    benchmark: str
+    scores: dict[str, PhaseScores]
+    counts: dict[str, Any] = Field(default_factory=dict)
+    usage: dict[str, Any] = Field(default_factory=dict)
+    wall_s: float = 0.0
+    stopped_by: str | None = None
+    best_skill_sha: str = ""
+    config: dict[str, Any] = Field(default_factory=dict)

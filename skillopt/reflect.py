@@ -1,0 +1,230 @@
+"""Reflect: the analyst calls of one step (DESIGN.md §4.3 step 2, patch mode).
+
+Failures and successes are shuffled and cut into minibatches (``split_and_batch``); each
+minibatch becomes one analyst request (``analyst_request``); the flow sends it with
+``client.structured(request, AnalystReply)`` and turns the validated reply into a ``Patch``
+(``patch_from_reply``), or, when the call failed after its one re-ask, records
+``analyst_fallback``. Nothing here calls a model.
+
+The user message, section by section (a section other than the first three appears only when
+it has text)::
+
+    ## Current skill
+    <skill, or "(empty)">
+
+    ## Edit budget
+    You may propose at most L edits.
+
+    ## Step buffer
+    <StepBuffer.format()>
+
+    ## Optimizer memory
+    <meta skill>
+
+    ## Trajectories
+    <format_trajectory block 1>
+
+    <format_trajectory block 2> ...
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from typing import Any, Literal
+
+from pydantic import Field, field_validator
+
+from skillopt.llm.chat import ChatRequest, system, user
+from skillopt.prompts import ReplyModel, optimizer_prompt
+from skillopt.records import Diagnosis, ItemResult, Patch
+from skillopt.skill import Edit
+from skillopt.trajectory import format_trajectory
+
+Kind = Literal["failure", "success"]
+
+
+# --------------------------------------------------------------------------------------------------
+# Minibatches
+
+
+def minibatches(rows: Sequence[ItemResult], *, size: int, seed: int) -> list[list[ItemResult]]:
+    """A copy of ``rows`` shuffled with ``random.Random(seed)``, cut into chunks of ``size`` (the
+    last may be shorter); ``[]`` for no rows. Raises ``ValueError`` for ``size < 1``."""
+    if size < 1:
+        raise ValueError(f"minibatch size must be at least 1, got {size}")
+    shuffled = list(rows)
+    random.Random(seed).shuffle(shuffled)
+    return [shuffled[start : start + size] for start in range(0, len(shuffled), size)]
+
+
+def split_and_batch(
+    rows: Sequence[ItemResult], *, size: int, seed: int, failure_only: bool
+) -> tuple[list[list[ItemResult]], list[list[ItemResult]]]:
+    """``(failure minibatches, success minibatches)`` of one batch's rows (DESIGN.md §4.3 step 2).
+
+    Failures (``hard < 1e-9``) are shuffled with ``seed``, successes with ``seed + 1``; the input
+    order is the batch order, so the result depends only on the rows and the seed. With
+    ``failure_only`` there are no success minibatches.
+    """
+    failures = [row for row in rows if row.failed]
+    successes = [] if failure_only else [row for row in rows if not row.failed]
+    return minibatches(failures, size=size, seed=seed), minibatches(successes, size=size, seed=seed + 1)
+
+
+# --------------------------------------------------------------------------------------------------
+# The request
+
+
+def format_budget(budget: int) -> str:
+    """The edit-budget sentence analysts read: ``You may propose at most L edits.``"""
+    return f"You may propose at most {budget} edits."
+
+
+def skill_or_empty(skill: str) -> str:
+    """The skill as a prompt section shows it: its text without surrounding blank lines, or ``(empty)``."""
+    text = skill.strip("\n")
+    return text if text.strip() else "(empty)"
+
+
+def format_analyst_message(
+    *,
+    skill: str,
+    budget: int,
+    rows: Sequence[ItemResult],
+    step_buffer: str = "",
+    meta_skill: str = "",
+    trajectory_chars: int = 6000,
+) -> str:
+    """The analyst's user message (format in the module docstring); trajectories numbered from 1."""
+    sections = [f"## Current skill\n{skill_or_empty(skill)}", f"## Edit budget\n{format_budget(budget)}"]
+    if step_buffer.strip():
+        sections.append(f"## Step buffer\n{step_buffer.strip()}")
+    if meta_skill.strip():
+        sections.append(f"## Optimizer memory\n{meta_skill.strip()}")
+    blocks = [format_trajectory(row, index=i, max_chars=trajectory_chars) for i, row in enumerate(rows, 1)]
+    sections.append("## Trajectories\n" + ("\n\n".join(blocks) if blocks else "(none)"))
+    return "\n\n".join(sections) + "\n"
+
+
+def analyst_system_prompt(*, kind: Kind, benchmark_guidance: str = "", use_appendix: bool = False) -> str:
+    """The analyst's instructions and output keys: the ``analyst_<kind>`` template, then (failure
+    analysts with ``use_appendix``) the execution-notes instructions, then the benchmark's guidance
+    under ``## Benchmark guidance``."""
+    parts = [optimizer_prompt(f"analyst_{kind}")]
+    if use_appendix and kind == "failure":
+        parts.append(optimizer_prompt("analyst_execution_notes"))
+    if benchmark_guidance.strip():
+        parts.append(f"## Benchmark guidance\n{benchmark_guidance.strip()}")
+    return "\n\n".join(parts) + "\n"
+
+
+def analyst_request(
+    *,
+    kind: Kind,
+    skill: str,
+    budget: int,
+    rows: Sequence[ItemResult],
+    step_buffer: str = "",
+    meta_skill: str = "",
+    benchmark_guidance: str = "",
+    use_appendix: bool = False,
+    trajectory_chars: int = 6000,
+) -> ChatRequest:
+    """One analyst call on one minibatch: stage ``analyst``, tags ``{"kind", "item_ids"}``.
+
+    ``rows`` must be train rows (the flow guarantees it). Success analysts never get the
+    execution-notes instructions. Raises ``ValueError`` for a negative budget.
+    """
+    if budget < 0:
+        raise ValueError(f"edit budget must be >= 0, got {budget}")
+    message = format_analyst_message(skill=skill, budget=budget, rows=rows, step_buffer=step_buffer,
+                                     meta_skill=meta_skill, trajectory_chars=trajectory_chars)
+    return ChatRequest(
+        messages=[system(analyst_system_prompt(kind=kind, benchmark_guidance=benchmark_guidance,
+                                               use_appendix=use_appendix)), user(message)],
+        stage="analyst",
+        tags={"kind": kind, "item_ids": [row.id for row in rows]},
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# The reply
+
+
+class EditReply(ReplyModel):
+    """One edit as an analyst writes it; ``op`` is checked when the edit is applied."""
+
+    op: str
+    target: str = ""
+    content: str = ""
+
+
+class DiagnosisReply(ReplyModel):
+    """One failure pattern (or, from success analysts, ``kind: success_pattern``) and its item ids."""
+
+    ids: list[str] = Field(default_factory=list)
+    kind: str = "other"
+    description: str = ""
+
+    @field_validator("ids", mode="before")
+    @classmethod
+    def _ids_as_strings(cls, value: Any) -> Any:
+        # Models write numeric ids as numbers and a single id as a bare string.
+        if isinstance(value, str | int):
+            value = [value]
+        if isinstance(value, list):
+            return [str(item) for item in value if item is not None]
+        return value
+
+
+class PatchReply(ReplyModel):
+    reasoning: str = ""
+    edits: list[EditReply]
+
+
+class AnalystReply(ReplyModel):
+    """``{"diagnosis": [...], "patch": {"reasoning", "edits"}, "execution_notes": [...]}`` (§4.11)."""
+
+    diagnosis: list[DiagnosisReply]
+    patch: PatchReply
+    execution_notes: list[str] = Field(default_factory=list)
+
+
+def normalise_id(text: str) -> str:
+    """An item id as a model may quote it (`` `q-1` ``, ``"q-1"``) reduced to the id itself."""
+    return text.strip().strip("`'\"").strip()
+
+
+def patch_from_reply(reply: AnalystReply, *, kind: Kind, rows: Sequence[ItemResult], budget: int) -> Patch:
+    """The ``Patch`` one analyst reply proposes.
+
+    - edits: the first ``budget`` edits in the analyst's order (``budget`` 0 keeps none), each
+      with ``source=kind``, ``support_count=1`` (one analyst proposed it; merges add up agreement)
+      and ``merge_level=0``;
+    - ``support``: ``len(rows)``, the trajectories the patch was drawn from;
+    - diagnosis: ids not among ``rows`` (or repeated) are dropped, and so is an entry left with none;
+    - execution notes: stripped, blank and repeated ones dropped (the flow reads them only with
+      ``optimizer.use_appendix``).
+    """
+    if budget < 0:
+        raise ValueError(f"edit budget must be >= 0, got {budget}")
+    known = {row.id for row in rows}
+    diagnosis = []
+    for entry in reply.diagnosis:
+        ids = list(dict.fromkeys(i for i in map(normalise_id, entry.ids) if i in known))
+        if ids:
+            diagnosis.append(Diagnosis(ids=ids, kind=entry.kind.strip() or "other",
+                                       description=entry.description.strip()))
+    edits = [
+        Edit(op=edit.op, target=edit.target, content=edit.content, support_count=1, source=kind)
+        for edit in reply.patch.edits[:budget]
+    ]
+    notes = list(dict.fromkeys(note.strip() for note in reply.execution_notes if note.strip()))
+    return Patch(reasoning=reply.patch.reasoning.strip(), edits=edits, diagnosis=diagnosis,
+                 execution_notes=notes, source=kind, support=len(rows))
+
+
+def analyst_fallback(*, kind: Kind, rows: Sequence[ItemResult], reason: str) -> Patch:
+    """The recorded outcome of an analyst call that gave no usable reply: no edits, ``fallback=reason``."""
+    return Patch(source=kind, support=len(rows), fallback=reason)

@@ -1,0 +1,116 @@
+"""Select ("gradient clipping"): keep at most B edits of the merged pool (DESIGN.md §4.3 step 4).
+
+When the pool holds more than B edits (``needs_ranking``), one ranking call returns the indices
+of the B most important; ``select_edits`` turns its reply (or its failure, ``None``) into the
+selection. The user message::
+
+    ## Current skill
+    <skill, or "(empty)">
+
+    ## Optimizer memory            (only when there is a meta skill)
+    <meta skill>
+
+    ## Candidate edits (budget = B)
+    [0] {"op": "append", "target": "", "content": "...", "support_count": 3, "source": "failure"}
+    [1] {...}
+
+Each pool line is ``[<i>] `` and the edit's compact one-line JSON (0-based ``i``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+
+from pydantic import BaseModel, Field
+
+from skillopt.llm.chat import ChatRequest, system, user
+from skillopt.merge import edit_json
+from skillopt.prompts import ReplyModel, optimizer_prompt
+from skillopt.reflect import skill_or_empty
+from skillopt.skill import Edit
+
+
+def format_pool_line(index: int, edit: Edit) -> str:
+    """``[<index>] {"op": …, "target": …, "content": …, "support_count": …, "source": …}`` on one line."""
+    return f"[{index}] {json.dumps(edit_json(edit), ensure_ascii=False)}"
+
+
+def format_ranking_message(*, skill: str, pool: Sequence[Edit], budget: int, meta_skill: str = "") -> str:
+    """The ranking user message (format in the module docstring)."""
+    sections = [f"## Current skill\n{skill_or_empty(skill)}"]
+    if meta_skill.strip():
+        sections.append(f"## Optimizer memory\n{meta_skill.strip()}")
+    lines = [format_pool_line(i, edit) for i, edit in enumerate(pool)]
+    sections.append(f"## Candidate edits (budget = {budget})\n" + "\n".join(lines))
+    return "\n\n".join(sections) + "\n"
+
+
+def needs_ranking(pool: Sequence[Edit], budget: int) -> bool:
+    """Whether a ranking call is needed: only when the pool holds more than a positive budget."""
+    return budget > 0 and len(pool) > budget
+
+
+def ranking_request(*, skill: str, pool: Sequence[Edit], budget: int, meta_skill: str = "") -> ChatRequest:
+    """The ranking call: stage ``ranking``, tags ``{"budget", "n_pool"}``."""
+    return ChatRequest(
+        messages=[system(optimizer_prompt("ranking") + "\n"),
+                  user(format_ranking_message(skill=skill, pool=pool, budget=budget, meta_skill=meta_skill))],
+        stage="ranking",
+        tags={"budget": budget, "n_pool": len(pool)},
+    )
+
+
+class RankingReply(ReplyModel):
+    """``{"reasoning": str, "selected_indices": [int, ...]}`` (§4.11), priority order."""
+
+    reasoning: str = ""
+    selected_indices: list[int]
+
+
+class Selection(BaseModel):
+    """The selected edits in priority order, their pool indices, the indices of the reply that were
+    ignored (out of range or repeated) and why the selection is a fallback, if it is."""
+
+    edits: list[Edit] = Field(default_factory=list)
+    indices: list[int] = Field(default_factory=list)
+    ignored_indices: list[int] = Field(default_factory=list)
+    fallback: str | None = None
+
+
+def select_edits(pool: Sequence[Edit], budget: int, reply: RankingReply | None) -> Selection:
+    """At most ``budget`` edits of ``pool``.
+
+    - ``budget`` 0 selects nothing; a pool no larger than the budget is kept whole (no call needed,
+      ``reply`` is not read);
+    - otherwise the reply's indices in its order: out-of-range ones (negative included) and repeats
+      are ignored, the rest cut to ``budget``; fewer than ``budget`` valid indices select fewer;
+    - ``reply`` None (the call failed) or no valid index at all keeps the first ``budget`` edits,
+      with a ``fallback`` that says so.
+
+    Raises ``ValueError`` for a negative budget.
+    """
+    if budget < 0:
+        raise ValueError(f"edit budget must be >= 0, got {budget}")
+    if budget == 0:
+        return Selection()
+    if not needs_ranking(pool, budget):
+        return Selection(edits=list(pool), indices=list(range(len(pool))))
+    if reply is None:
+        return _first(pool, budget, f"ranking failed: kept the first {budget}")
+    chosen: list[int] = []
+    ignored: list[int] = []
+    for index in reply.selected_indices:
+        if 0 <= index < len(pool) and index not in chosen:
+            chosen.append(index)
+        else:
+            ignored.append(index)
+    if not chosen:
+        selection = _first(pool, budget, f"ranking selected no valid index: kept the first {budget}")
+        return selection.model_copy(update={"ignored_indices": ignored})
+    chosen = chosen[:budget]
+    return Selection(edits=[pool[i] for i in chosen], indices=chosen, ignored_indices=ignored)
+
+
+def _first(pool: Sequence[Edit], budget: int, reason: str) -> Selection:
+    return Selection(edits=list(pool[:budget]), indices=list(range(min(budget, len(pool)))), fallback=reason)
