@@ -69,6 +69,26 @@ def _build_parser() -> argparse.ArgumentParser:
         help="override one value, e.g. -o optimizer.learning_rate=8 (repeatable)",
     )
 
+    train = commands.add_parser(
+        "train", help="train a skill on a benchmark",
+        description="Train a skill: baseline, epochs of rollout -> reflect -> update -> gate, final test evaluation.",
+    )
+    train.add_argument("benchmark", metavar="BENCHMARK")
+    _add_run_options(train)
+
+    demo = commands.add_parser(
+        "demo", help="run the whole pipeline offline on the built-in demo (a simulation, no key needed)",
+        description="Train on the built-in demo benchmark with the deterministic scripted backend, offline.",
+    )
+    _add_run_options(demo, data=False)
+
+    evaluate = commands.add_parser("eval", help="score a skill file on a split",
+                                   description="Evaluate a skill file on a benchmark split.")
+    evaluate.add_argument("benchmark", metavar="BENCHMARK")
+    evaluate.add_argument("--skill", required=True, metavar="FILE", help="the skill markdown file")
+    evaluate.add_argument("--split", default="test", help="train, val (selection) or test (default)")
+    _add_run_options(evaluate, cache=False)
+
     backends = commands.add_parser(
         "backends",
         help="list the model backends and how each role resolves",
@@ -100,6 +120,17 @@ def _build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _add_run_options(parser: argparse.ArgumentParser, *, data: bool = True, cache: bool = True) -> None:
+    _add_config_options(parser)
+    if data:
+        parser.add_argument("--data", metavar="PATH",
+                            help="a folder with train/ val/ test/ (split_dir mode) or one data file (ratio mode)")
+    parser.add_argument("--run-name", metavar="NAME", help="run directory name; re-use one to resume")
+    if cache:
+        parser.add_argument("--no-cache", action="store_true", help="recompute every call (refresh the cache)")
+    _add_role_flags(parser)
+
+
 def _add_config_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-c", "--config", metavar="FILE", help="your YAML file, merged over the benchmark's")
     parser.add_argument(
@@ -111,6 +142,10 @@ def _add_config_options(parser: argparse.ArgumentParser) -> None:
 def _add_role_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-b", "--benchmark", metavar="NAME", help="start from this benchmark's config")
     _add_config_options(parser)
+    _add_role_flags(parser)
+
+
+def _add_role_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backend", help="backend for every role without its own setting")
     parser.add_argument("--model", help="model for every role without its own setting")
     for role in ("target", "optimizer", "judge"):
@@ -126,17 +161,103 @@ def _resolve(args: argparse.Namespace):  # noqa: ANN202 - returns (loaded, roles
     from skillopt.llm.roles import CliRoleOptions, resolve_roles
 
     loaded = load_config(args.benchmark, config_file=args.config, overrides=args.override, env=os.environ)
-    cli = CliRoleOptions(
-        backend=args.backend,
-        model=args.model,
-        role_backend={r: getattr(args, f"{r}_backend") for r in ("target", "optimizer", "judge")
-                      if getattr(args, f"{r}_backend")},
-        role_model={r: getattr(args, f"{r}_model") for r in ("target", "optimizer", "judge")
-                    if getattr(args, f"{r}_model")},
-        effort=CliRoleOptions.parse_efforts(args.effort),
-    )
+    cli = CliRoleOptions(**_cli_roles(args))
     registry = BackendRegistry.default()
     return loaded, resolve_roles(loaded, cli=cli, env=os.environ, registry=registry), registry
+
+
+def _cli_roles(args: argparse.Namespace) -> dict:
+    """The named role options as plain data (``CliRoleOptions`` fields), e.g. for a flow parameter."""
+    from skillopt.llm.roles import CliRoleOptions
+
+    roles = ("target", "optimizer", "judge")
+    return {
+        "backend": args.backend,
+        "model": args.model,
+        "role_backend": {r: getattr(args, f"{r}_backend") for r in roles if getattr(args, f"{r}_backend")},
+        "role_model": {r: getattr(args, f"{r}_model") for r in roles if getattr(args, f"{r}_model")},
+        "effort": CliRoleOptions.parse_efforts(args.effort),
+    }
+
+
+def _data_overrides(data: str | None) -> list[str]:
+    """``--data PATH``: a folder with train/val/test is split_dir mode, anything else ratio mode (DESIGN §7)."""
+    from pathlib import Path
+
+    from skillopt.errors import ConfigError
+
+    if not data:
+        return []
+    path = Path(data)
+    if not path.exists():
+        raise ConfigError(f"--data: nothing at {data}")
+    if path.is_dir() and all((path / s).is_dir() for s in ("train", "val", "test")):
+        return ["benchmark.split_mode=split_dir", f"benchmark.split_dir={data}", f"benchmark.data_root={data}"]
+    return ["benchmark.split_mode=ratio", f"benchmark.data_path={data}"]
+
+
+def _cmd_train(args: argparse.Namespace, out: _Output) -> int:
+    from flows.run import run_flow
+
+    overrides = [*_data_overrides(args.data), *args.override]
+    if args.no_cache:
+        overrides.append("run.refresh_cache=true")
+    summary = run_flow("train", out, benchmark=args.benchmark, config_file=args.config, overrides=overrides,
+                       run_name=args.run_name, cli_roles=_cli_roles(args))
+    _print_summary(summary, out)
+    return EXIT_OK
+
+
+def _cmd_demo(args: argparse.Namespace, out: _Output) -> int:
+    from flows.run import run_flow
+
+    out.print("skillopt demo: a simulated run on the built-in demo benchmark with the deterministic `scripted`")
+    out.print("backend (no model, no key, no network). Every number below comes from that simulation.")
+    overrides = [*args.override, *(["run.refresh_cache=true"] if args.no_cache else [])]
+    summary = run_flow("train", out, benchmark="demo", config_file=args.config, overrides=overrides,
+                       run_name=args.run_name, cli_roles=_cli_roles(args))
+    _print_summary(summary, out)
+    out.print()
+    out.print("Next: train on your own data with a real model, for example")
+    out.print("  export OPENAI_API_KEY=...            # or ANTHROPIC_API_KEY, or a local server (docs/backends.md)")
+    out.print("  skillopt backends check              # check the credential and endpoint first")
+    out.print("  skillopt train qa --data my_items.jsonl --backend openai --model gpt-4.1-mini")
+    out.print("Or run this demo with a local GGUF model: skillopt demo --backend local "
+              "-o model.target.options.model_path=PATH.gguf")
+    return EXIT_OK
+
+
+def _cmd_eval(args: argparse.Namespace, out: _Output) -> int:
+    from flows.run import run_flow
+
+    result = run_flow("eval", out, benchmark=args.benchmark, skill_file=args.skill, split=args.split,
+                      config_file=args.config, overrides=[*_data_overrides(args.data), *args.override],
+                      run_name=args.run_name, cli_roles=_cli_roles(args))
+    out.print(f"{args.benchmark} {result['split']}: hard {result['hard']:.3f}  soft {result['soft']:.3f}  "
+              f"(n={result['n']}, skill {result['skill_sha'][:12]})")
+    for task_type, row in result["per_task_type"].items():
+        out.print(f"  {task_type:<20} hard {row['hard']:.3f}  soft {row['soft']:.3f}  n={row['n']}")
+    out.print(f"results: {result['run_dir']}")
+    return EXIT_OK
+
+
+def _print_summary(summary: dict, out: _Output) -> None:
+    scores = summary["scores"]
+    out.print()
+    out.print(f"run {summary['run_name']} finished" + (f" (stopped by {summary['stopped_by']})"
+                                                       if summary.get("stopped_by") else ""))
+    for phase in ("baseline", "best"):
+        parts = [f"{split} hard {v['hard']:.3f} soft {v['soft']:.3f}" for split, v in scores[phase].items()]
+        out.print(f"  {phase:<9} " + "; ".join(parts))
+    total = summary.get("counts", {}).get("total", {})
+    if total:
+        out.print(f"  steps {total.get('n', 0)}: {total.get('accepts', 0)} accepted, {total.get('rejects', 0)} "
+                  f"rejected, {total.get('skips', 0)} skipped")
+    usage = summary.get("usage", {}).get("total", {})
+    if usage:
+        cost = usage.get("usd")
+        out.print(f"  model calls {usage.get('calls', 0)}, cost " + (f"${cost:.4f}" if cost is not None else "n/a"))
+    out.print(f"  run directory: {summary.get('run_dir', '')}")
 
 
 def _cmd_backends(args: argparse.Namespace, out: _Output) -> int:
@@ -242,6 +363,9 @@ def main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = None, std
         ("config", "show"): _cmd_config_show,
         ("config", "validate"): _cmd_config_validate,
         ("schedule", None): _cmd_schedule,
+        ("train", None): _cmd_train,
+        ("demo", None): _cmd_demo,
+        ("eval", None): _cmd_eval,
         ("backends", None): _cmd_backends,
         ("backends", "check"): _cmd_backends_check,
     }

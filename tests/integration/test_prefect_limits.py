@@ -1,6 +1,6 @@
 """`model.rate_limit_mode: prefect`: calls go through Prefect global concurrency limits.
 
-One Prefect test harness (a real local API) serves the module; it takes ~20-40 s to start here.
+They use the session's Prefect server (tests/integration/conftest.py).
 """
 
 from __future__ import annotations
@@ -13,12 +13,9 @@ import pytest
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def prefect_api():
-    from prefect.testing.utilities import prefect_test_harness
-
-    with prefect_test_harness(server_startup_timeout=120):
-        yield
+@pytest.fixture(autouse=True)
+def _api(prefect_settings):
+    """Every test here talks to the session's Prefect server (tests/integration/conftest.py)."""
 
 
 def create_limit(name: str, limit: int, decay: float = 0.0) -> None:
@@ -30,7 +27,7 @@ def create_limit(name: str, limit: int, decay: float = 0.0) -> None:
             GlobalConcurrencyLimitCreate(name=name, limit=limit, slot_decay_per_second=decay))
 
 
-def test_concurrency_limit_holds_calls_in_flight_across_threads(prefect_api):
+def test_concurrency_limit_holds_calls_in_flight_across_threads():
     from skillopt.config import ProviderLimits
     from tasks.limits import PrefectRateLimiter, limit_name
 
@@ -59,7 +56,7 @@ def test_concurrency_limit_holds_calls_in_flight_across_threads(prefect_api):
     assert peak == 1
 
 
-def test_a_missing_limit_fails_the_call_naming_it(prefect_api):
+def test_a_missing_limit_fails_the_call_naming_it():
     from skillopt.config import ProviderLimits
     from tasks.limits import PrefectRateLimiter
 
@@ -69,7 +66,7 @@ def test_a_missing_limit_fails_the_call_naming_it(prefect_api):
         pass
 
 
-def test_keys_without_configured_limits_pass_straight_through(prefect_api):
+def test_keys_without_configured_limits_pass_straight_through():
     from tasks.limits import PrefectRateLimiter
 
     with PrefectRateLimiter({}).acquire("anything", tokens=1):

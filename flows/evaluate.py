@@ -1,0 +1,44 @@
+"""The ``skill-eval`` flow: score any skill file on any split of a benchmark (DESIGN.md §5.2)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from prefect import flow
+from prefect.task_runners import ThreadPoolTaskRunner
+
+from skillopt.config import load_config
+from skillopt.data import resolve_split
+from skillopt.errors import ConfigError
+from skillopt.llm.roles import CliRoleOptions
+from skillopt.runs import per_task_type
+from skillopt.skill import skill_hash
+from tasks.context import build_run_context
+from tasks.rollout import PartialEvaluation, evaluate_skill
+
+
+@flow(name="skill-eval", task_runner=ThreadPoolTaskRunner(max_workers=16))
+def skill_eval(benchmark: str, skill_file: str, split: str = "test", config_file: str | None = None,
+               overrides: list[str] | None = None, run_name: str | None = None,
+               cli_roles: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Evaluate ``skill_file`` on ``split``; writes ``eval/<split>/`` in the run directory and returns the scores."""
+    path = Path(skill_file)
+    if not path.is_file():
+        raise ConfigError(f"--skill: no file at {skill_file}")
+    skill = path.read_text(encoding="utf-8")
+    split = resolve_split(split)
+    loaded = load_config(benchmark, config_file=config_file, overrides=overrides or [], env=os.environ)
+    ctx = build_run_context(loaded, run_name=run_name, cli=CliRoleOptions(**(cli_roles or {})),
+                            prefix="eval")
+    ids = ctx.split_ids[split]
+    try:
+        evaluation = ctx.bind(evaluate_skill)(ctx, skill, split, ids)
+    except PartialEvaluation as partial:
+        evaluation = partial.evaluation
+    ctx.run.write_evaluation(split, evaluation.rows, split=split, skill_sha=evaluation.skill_sha,
+                             scores=evaluation.scores)
+    return {"run_dir": str(ctx.run.path), "split": split, "skill_sha": skill_hash(skill),
+            "hard": evaluation.scores.hard, "soft": evaluation.scores.soft, "n": evaluation.scores.n,
+            "per_task_type": per_task_type(evaluation.rows)}

@@ -1,0 +1,62 @@
+"""Running a flow from the command line: Prefect defaults for local use, and progress lines.
+
+Prefect settings are only ever changed through ``temporary_settings(set_defaults=...)``, so a value
+the user set (environment or profile) always wins: the ephemeral API start-up timeout is raised to
+120 s (the 20 s default often fails on a new database on two cores), Prefect's own INFO logs are
+quietened, and Prefect's telemetry (its only outbound connection) is off. ``PREFECT_API_URL`` and
+the active profile are never touched.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any, Protocol
+
+PROGRESS_LOGGER = "skillopt.progress"
+
+
+class _Printer(Protocol):
+    def print(self, text: str = "") -> None: ...
+
+
+class _ProgressHandler(logging.Handler):
+    def __init__(self, out: _Printer) -> None:
+        super().__init__(logging.INFO)
+        self.out = out
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.out.print(f"  {record.getMessage()}")
+
+
+def run_flow(kind: str, out: _Printer, **parameters: Any) -> dict[str, Any]:
+    """Run ``skill-train`` (``kind="train"``) or ``skill-eval`` (``"eval"``) in this process."""
+    from prefect.settings import (
+        PREFECT_LOGGING_LEVEL,
+        PREFECT_SERVER_ANALYTICS_ENABLED,
+        PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS,
+        temporary_settings,
+    )
+
+    defaults = {
+        PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS: 120,
+        PREFECT_LOGGING_LEVEL: "WARNING",
+        PREFECT_SERVER_ANALYTICS_ENABLED: False,
+    }
+    progress = logging.getLogger(PROGRESS_LOGGER)
+    handler = _ProgressHandler(out)
+    progress.addHandler(handler)
+    progress.setLevel(logging.INFO)
+    progress.propagate = False
+    try:
+        with temporary_settings(set_defaults=defaults):
+            if kind == "train":
+                from flows.train import skill_train
+
+                return skill_train(**parameters)
+            from flows.evaluate import skill_eval
+
+            return skill_eval(**parameters)
+    finally:
+        progress.removeHandler(handler)
+        sys.stdout.flush()

@@ -1,0 +1,444 @@
+"""The ``skill-train`` flow: train a skill the way one trains a network (DESIGN.md §4, §5.2).
+
+Read it top to bottom like a training script: set up the run, score the initial skill (baseline),
+then for each epoch (a ``skill-epoch`` subflow) walk its seeded batches, one step each:
+
+    rollout -> reflect -> aggregate -> select -> update -> gate -> record
+
+and at the epoch boundary write the slow update and the optimizer's memory. Finally check the
+last skill against the best, evaluate the initial and best skills on the test split and write
+``summary.json``. Every model call is a cached task, so re-running the same command after a crash
+resumes without repeating a finished call.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import Any
+
+from prefect import flow
+from prefect.task_runners import ThreadPoolTaskRunner
+from pydantic import BaseModel, Field
+
+from skillopt.config import load_config
+from skillopt.gate import Scores, decide, gate_score
+from skillopt.llm.roles import CliRoleOptions
+from skillopt.llm.usage import Totals, check_budget, projection_from_history
+from skillopt.merge import merge_groups
+from skillopt.records import ItemResult, Patch, StepRecord
+from skillopt.reflect import split_and_batch
+from skillopt.schedule import EditBudgetSchedule
+from skillopt.select import needs_ranking, select_edits
+from skillopt.skill import SLOW_UPDATE, inject_block, replace_block, skill_hash
+from skillopt.slow_update import pair_by_id, select_pairs
+from skillopt.step_buffer import StepBuffer, StepBufferEntry, failure_patterns
+from tasks.artifacts import publish_progress, publish_step
+from tasks.context import RunContext, build_run_context
+from tasks.epoch import meta_skill, plan_epoch_task, slow_update
+from tasks.optimize import apply_update, merge_patches, rank_edits, reflect_minibatch
+from tasks.rollout import Evaluation, PartialEvaluation, evaluate_skill
+
+progress = logging.getLogger("skillopt.progress")
+
+# --------------------------------------------------------------------------------------------
+# State carried from step to step (all of it can be rebuilt from the cache on resume)
+
+
+class TrainState(BaseModel):
+    initial_skill: str
+    current_skill: str
+    current_score: float
+    best_skill: str
+    best_score: float
+    best_step: int = 0
+    step: int = 0
+    total_steps: int
+    baseline: Scores
+    meta_memory: str = ""
+    guidance: str = ""
+    epoch_last_skills: list[str] = Field(default_factory=list)
+    history: list[StepRecord] = Field(default_factory=list)
+    step_totals: list[Totals] = Field(default_factory=list)
+    stopped_by: str | None = None
+
+
+# --------------------------------------------------------------------------------------------
+# The flow
+
+
+@flow(name="skill-train", task_runner=ThreadPoolTaskRunner(max_workers=16), log_prints=False)
+def skill_train(benchmark: str, config_file: str | None = None, overrides: list[str] | None = None,
+                run_name: str | None = None, cli_roles: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Train a skill for ``benchmark``; returns the run summary (also written to ``summary.json``).
+
+    ``cli_roles`` holds the named role options of the command line (``CliRoleOptions`` fields).
+    """
+    loaded = load_config(benchmark, config_file=config_file, overrides=overrides or [], env=os.environ)
+    ctx = build_run_context(loaded, run_name=run_name, cli=CliRoleOptions(**(cli_roles or {})))
+    cfg = ctx.config
+    started = time.monotonic()
+    progress.info("run directory: %s", ctx.run.path)
+
+    state = baseline(ctx)
+    for epoch in range(1, cfg.train.epochs + 1):
+        state = skill_epoch(ctx, state, epoch)
+        if state.stopped_by:
+            break
+    return finish(ctx, state, wall_s=time.monotonic() - started)
+
+
+def baseline(ctx: RunContext) -> TrainState:
+    """Score the initial skill on the selection split: it is both the current and the best skill."""
+    cfg = ctx.config
+    skill = ctx.initial_skill
+    if cfg.optimizer.use_slow_update:
+        skill = inject_block(skill, SLOW_UPDATE, "")  # empty: invisible to the target and to the hash
+    evaluation = evaluate(ctx, skill, "val")
+    score = _gate_value(ctx, evaluation.scores)
+    ctx.run.write_skill_snapshot(0, skill)
+    ctx.run.write_best_skill(skill)
+    ctx.run.write_evaluation("baseline_selection", evaluation.rows, split="val", skill_sha=evaluation.skill_sha,
+                             scores=evaluation.scores)
+    steps_per_epoch = len(plan_epoch_task(ctx.split_ids["train"], cfg.train.seed, 1, cfg.train.batch_size,
+                                          cfg.train.accumulation).steps)
+    state = TrainState(initial_skill=skill, current_skill=skill, current_score=score, best_skill=skill, best_score=score,
+                       total_steps=cfg.train.epochs * steps_per_epoch, baseline=evaluation.scores)
+    publish_progress(ctx, state.step, state.total_steps, 0, cfg.train.epochs, state.current_score, state.best_score)
+    progress.info("baseline on the selection split: %.3f (%d items); %d steps to go", score,
+                  len(evaluation.rows), state.total_steps)
+    return state
+
+
+@flow(name="skill-epoch", validate_parameters=False)
+def skill_epoch(ctx: Any, state: TrainState, epoch: int) -> TrainState:
+    """One pass over the train split, then the epoch boundary.
+
+    ``ctx`` is the run's ``RunContext`` (typed ``Any``: Prefect builds a parameter schema from the
+    annotations, and the context holds clients and locks that have none).
+    """
+    cfg = ctx.config
+    schedule = EditBudgetSchedule.from_config(cfg.optimizer.lr_scheduler, cfg.optimizer.learning_rate,
+                                              cfg.optimizer.min_learning_rate, state.total_steps)
+    plan = plan_epoch_task(ctx.split_ids["train"], cfg.train.seed, epoch, cfg.train.batch_size,
+                           cfg.train.accumulation)
+    epoch_start_skill = state.current_skill
+    buffer = StepBuffer()  # memory of this epoch only
+    for step_plan in plan.steps:
+        if _budget_stop(ctx, state, epoch, step_plan.index + 1):
+            return state
+        state.step += 1
+        record = train_step(ctx, state, buffer, epoch=epoch, step_in_epoch=step_plan.index + 1,
+                            batches=[(b.seed, b.item_ids) for b in step_plan.batches],
+                            budget=schedule.budget(state.step))
+        state.history.append(record)
+        ctx.run.record_step(record)
+        ctx.run.write_skill_snapshot(state.step, state.current_skill)
+        progress.info("epoch %d step %d/%d (budget %d): %d/%d failed, %d edits proposed, %d selected -> %s; "
+                      "current %.3f, best %.3f", epoch, state.step, state.total_steps, record.budget, record.n_fail,
+                      record.n_total, record.edits_proposed, record.edits_selected, record.decision,
+                      state.current_score, state.best_score)
+        publish_step(ctx, record, state.history)
+        publish_progress(ctx, state.step, state.total_steps, epoch, cfg.train.epochs, state.current_score,
+                         state.best_score)
+    state.epoch_last_skills.append(state.current_skill)
+    if epoch >= 2:
+        epoch_boundary(ctx, state, epoch, epoch_start_skill)
+    return state
+
+
+# --------------------------------------------------------------------------------------------
+# One step
+
+
+def train_step(ctx: RunContext, state: TrainState, buffer: StepBuffer, *, epoch: int, step_in_epoch: int,
+               batches: list[tuple[int, list[str]]], budget: int) -> StepRecord:
+    timer = _Timer()
+    mark = ctx.clients.ledger.mark()
+    skill = state.current_skill
+
+    # 1. Rollout, 2. Reflect — for each batch of the step (more than one with accumulation).
+    rows: list[ItemResult] = []
+    failure_patches: list[Patch] = []
+    success_patches: list[Patch] = []
+    for seed, item_ids in batches:
+        with timer("rollout"):
+            batch_rows = evaluate(ctx, skill, "train", item_ids, training=True).rows
+        rows.extend(batch_rows)
+        with timer("reflect"):
+            f, s = reflect(ctx, skill, batch_rows, seed=seed, budget=budget, buffer=buffer.format(),
+                           meta_skill=state.meta_memory)
+        failure_patches += f
+        success_patches += s
+    n_fail = sum(r.failed for r in rows)
+    record = StepRecord(step=state.step, epoch=epoch, step_in_epoch=step_in_epoch, budget=budget, decision="",
+                        batch_ids=[r.id for r in rows], n_fail=n_fail, n_total=len(rows),
+                        rollout_hard=sum(r.hard for r in rows) / len(rows),
+                        rollout_soft=sum(r.soft for r in rows) / len(rows),
+                        patches_proposed=len(failure_patches) + len(success_patches),
+                        patches_parsed=sum(p.fallback is None for p in failure_patches + success_patches))
+    ctx.run.write_json(f"steps/{state.step:04d}/patches.json", {"failure": failure_patches,
+                                                                "success": success_patches})
+    ctx.run.write_jsonl(f"steps/{state.step:04d}/trajectories.jsonl", rows)
+
+    # 3. Aggregate: merge the failure and success trees, then one final merge (failures first).
+    with timer("merge"):
+        merged = aggregate(ctx, skill, failure_patches, success_patches, meta_skill=state.meta_memory)
+    record.warnings += [p.fallback for p in failure_patches + success_patches + [merged] if p.fallback]
+    pool = merged.edits
+    record.edits_proposed = len(pool)
+    ctx.run.write_json(f"steps/{state.step:04d}/merged.json", merged)
+    if not pool:
+        return _finish_step(ctx, state, buffer, record, "skip_no_patches", rows, failure_patches, timer, mark)
+
+    # 4. Select (gradient clipping): at most `budget` edits.
+    with timer("ranking"):
+        if needs_ranking(pool, budget):
+            selection = ctx.bind(rank_edits)(ctx, skill, pool, budget, state.meta_memory)
+        else:
+            selection = select_edits(pool, budget, None)
+    record.edits_selected = len(selection.edits)
+    if selection.fallback:
+        record.warnings.append(selection.fallback)
+    ctx.run.write_json(f"steps/{state.step:04d}/selection.json", selection)
+    if not selection.edits:
+        return _finish_step(ctx, state, buffer, record, "skip_zero_budget", rows, failure_patches, timer, mark)
+
+    # 5. Update.
+    update = ctx.bind(apply_update)(skill, selection.edits)
+    record.apply_report = update.report
+    record.edits_applied = update.report.n_applied
+    if skill_hash(update.candidate) == skill_hash(skill):
+        return _finish_step(ctx, state, buffer, record, "skip_identical", rows, failure_patches, timer, mark,
+                            rejected=selection.edits)
+
+    # 6. Gate on the selection split (an identical skill is never re-run: evaluations are cached by hash).
+    with timer("gate"):
+        gate = gate_candidate(ctx, state, update.candidate)
+    record.gate = gate
+    ctx.run.write_json(f"steps/{state.step:04d}/gate.json", gate)
+    if gate.decision != "reject":
+        accept(ctx, state, update.candidate, gate.candidate_gate, new_best=gate.new_best)
+        return _finish_step(ctx, state, buffer, record, gate.decision, rows, failure_patches, timer, mark,
+                            previous_skill=skill)
+    return _finish_step(ctx, state, buffer, record, "reject", rows, failure_patches, timer, mark,
+                        rejected=selection.edits, scores=(gate.current_gate, gate.candidate_gate))
+
+
+def reflect(ctx: RunContext, skill: str, rows: list[ItemResult], *, seed: int, budget: int, buffer: str,
+            meta_skill: str) -> tuple[list[Patch], list[Patch]]:
+    """One analyst call per minibatch of failures and of successes, all in parallel."""
+    cfg = ctx.config
+    failures, successes = split_and_batch(rows, size=cfg.gradient.minibatch_size, seed=seed,
+                                          failure_only=cfg.gradient.failure_only)
+    task = ctx.bind(reflect_minibatch)
+    futures = [(kind, task.submit(ctx, kind, skill, batch, budget, buffer, meta_skill))
+               for kind, groups in (("failure", failures), ("success", successes)) for batch in groups]
+    patches = [(kind, future.result()) for kind, future in futures]
+    return [p for k, p in patches if k == "failure"], [p for k, p in patches if k == "success"]
+
+
+def aggregate(ctx: RunContext, skill: str, failures: list[Patch], successes: list[Patch], *,
+              meta_skill: str) -> Patch:
+    """Hierarchical merge of each tree, then the final merge that gives failure-driven edits priority."""
+    trees = [merge_tree(ctx, kind, skill, patches, meta_skill=meta_skill)
+             for kind, patches in (("failure", failures), ("success", successes)) if patches]
+    trees = [t for t in trees if t.edits]
+    if not trees:
+        return Patch(reasoning="no edits proposed")
+    if len(trees) == 1:
+        return trees[0]
+    return ctx.bind(merge_patches)(ctx, "final", skill, trees, max(t.merge_level for t in trees) + 1, meta_skill)
+
+
+def merge_tree(ctx: RunContext, kind: str, skill: str, patches: list[Patch], *, meta_skill: str) -> Patch:
+    """Merge groups of ``merge_batch_size`` level by level until one patch is left."""
+    level = 0
+    task = ctx.bind(merge_patches)
+    while len(patches) > 1:
+        level += 1
+        groups = merge_groups(patches, ctx.config.gradient.merge_batch_size)
+        futures = [task.submit(ctx, kind, skill, g, level, meta_skill) if len(g) > 1 else g[0] for g in groups]
+        patches = [f if isinstance(f, Patch) else f.result() for f in futures]
+    return patches[0]
+
+
+def gate_candidate(ctx: RunContext, state: TrainState, candidate: str) -> Any:
+    cfg = ctx.config.evaluation
+    current = evaluate(ctx, state.current_skill, "val")
+    proposed = evaluate(ctx, candidate, "val")
+    return decide(proposed.rows, current.rows, current_score=state.current_score, best_score=state.best_score,
+                  metric=cfg.gate_metric, mixed_weight=cfg.gate_mixed_weight, use_gate=cfg.use_gate,
+                  test=cfg.gate_test, alpha=cfg.gate_alpha, seed=ctx.config.train.seed + state.step)
+
+
+def accept(ctx: RunContext, state: TrainState, candidate: str, score: float, *, new_best: bool) -> None:
+    state.current_skill, state.current_score = candidate, score
+    if new_best:
+        state.best_skill, state.best_score, state.best_step = candidate, score, state.step
+        ctx.run.write_best_skill(candidate)
+
+
+def _finish_step(ctx: RunContext, state: TrainState, buffer: StepBuffer, record: StepRecord, decision: str,
+                 rows: list[ItemResult], failure_patches: list[Patch], timer: Any, mark: int, *,
+                 rejected: list | None = None, scores: tuple[float, float] | None = None,
+                 previous_skill: str | None = None) -> StepRecord:
+    record.decision = decision
+    record.current_score, record.best_score = state.current_score, state.best_score
+    record.skill_sha, record.skill_chars = skill_hash(state.current_skill), len(state.current_skill)
+    record.usage = ctx.clients.ledger.summary(since=mark)["total"]
+    state.step_totals.append(ctx.clients.ledger.totals(since=mark))
+    record.wall_s = dict(timer.seconds)
+    diagnoses = [d for p in failure_patches for d in p.diagnosis]
+    buffer.add(StepBufferEntry(
+        step=state.step, decision=decision, n_fail=record.n_fail, n_total=record.n_total,
+        failure_patterns=failure_patterns(rows, diagnoses), rejected_edits=rejected or [],
+        score_before=scores[0] if scores else None, score_after=scores[1] if scores else None,
+    ))
+    if previous_skill is not None:
+        ctx.run.write_json(f"steps/{state.step:04d}/accepted.json", {"previous": previous_skill,
+                                                                     "current": state.current_skill})
+    return record
+
+
+# --------------------------------------------------------------------------------------------
+# Epoch boundary
+
+
+def epoch_boundary(ctx: RunContext, state: TrainState, epoch: int, epoch_start_skill: str) -> None:
+    """Slow update (new guidance for the target) and meta skill (memory for the optimizer)."""
+    cfg = ctx.config
+    if not (cfg.optimizer.use_slow_update or cfg.optimizer.use_meta_skill):
+        return
+    import random
+
+    train_ids = sorted(ctx.split_ids["train"])
+    sample = random.Random(cfg.train.seed + 2000 * epoch).sample(
+        train_ids, min(cfg.optimizer.slow_update_samples, len(train_ids)))
+    before = evaluate(ctx, epoch_start_skill, "train", sample, training=True).rows
+    after = evaluate(ctx, state.current_skill, "train", sample, training=True).rows
+    pairs = select_pairs(pair_by_id(before, after), cfg.optimizer.longitudinal_pair_policy)
+    ctx.run.write_json(f"epochs/{epoch:02d}/pairs.json", pairs)
+
+    if cfg.optimizer.use_meta_skill and len(state.epoch_last_skills) >= 2:
+        reply = ctx.bind(meta_skill)(ctx, state.epoch_last_skills[-2], state.epoch_last_skills[-1],
+                                     state.meta_memory, pairs)
+        if reply is not None:
+            state.meta_memory = reply.memory
+        ctx.run.write_json(f"epochs/{epoch:02d}/meta_skill.json", {"reply": reply, "memory": state.meta_memory})
+
+    if cfg.optimizer.use_slow_update:
+        reply = ctx.bind(slow_update)(ctx, epoch_start_skill, state.current_skill, state.guidance, pairs)
+        ctx.run.write_json(f"epochs/{epoch:02d}/slow_update.json", {"reply": reply})
+        if reply is None or not reply.guidance.strip():
+            return
+        candidate = replace_block(state.current_skill, SLOW_UPDATE, reply.guidance)
+        state.guidance = reply.guidance
+        record = StepRecord(step=state.step, epoch=epoch, step_in_epoch=0, budget=0, kind="slow_update",
+                            decision="")
+        if cfg.optimizer.slow_update_gate:
+            gate = gate_candidate(ctx, state, candidate)
+            record.gate, record.decision = gate, gate.decision
+            if gate.decision != "reject":
+                accept(ctx, state, candidate, gate.candidate_gate, new_best=gate.new_best)
+        else:
+            # The current skill changes; the best stays a validated snapshot. Re-score so later gates
+            # compare against a true score.
+            state.current_skill = candidate
+            state.current_score = _gate_value(ctx, evaluate(ctx, candidate, "val").scores)
+            record.decision = "slow_update"
+        progress.info("epoch %d boundary: slow update -> %s; current %.3f, best %.3f", epoch, record.decision,
+                      state.current_score, state.best_score)
+        record.current_score, record.best_score = state.current_score, state.best_score
+        record.skill_sha, record.skill_chars = skill_hash(state.current_skill), len(state.current_skill)
+        state.history.append(record)
+        ctx.run.record_step(record)
+
+
+# --------------------------------------------------------------------------------------------
+# Final evaluation
+
+
+def finish(ctx: RunContext, state: TrainState, *, wall_s: float) -> dict[str, Any]:
+    """Promote the last skill if it beats the best, evaluate on test, write ``summary.json``."""
+    from skillopt.runs import build_summary, summary_dict
+
+    cfg = ctx.config
+    final_selection = evaluate(ctx, state.current_skill, "val")
+    if skill_hash(state.current_skill) != skill_hash(state.best_skill):
+        final_score = _gate_value(ctx, final_selection.scores)
+        if final_score > state.best_score:
+            state.best_skill, state.best_score, state.best_step = state.current_skill, final_score, state.step
+            ctx.run.write_best_skill(state.best_skill)
+    ctx.run.write_evaluation("final_selection", final_selection.rows, split="val",
+                             skill_sha=final_selection.skill_sha, scores=final_selection.scores)
+    best_selection = evaluate(ctx, state.best_skill, "val")
+    tests: dict[str, Evaluation] = {}
+    if cfg.evaluation.eval_test:
+        for name, skill in (("baseline", state.initial_skill), ("best", state.best_skill)):
+            tests[name] = evaluate(ctx, skill, "test")
+            ctx.run.write_evaluation(f"{name}_test", tests[name].rows, split="test", skill_sha=tests[name].skill_sha,
+                                     scores=tests[name].scores)
+    summary = build_summary(
+        run_name=ctx.run_name, benchmark=ctx.benchmark.id, baseline_selection=state.baseline,
+        baseline_test=tests["baseline"].scores if tests else None, best_selection=best_selection.scores,
+        best_test=tests["best"].scores if tests else None, final_selection=final_selection.scores,
+        history=state.history, usage=ctx.clients.ledger.summary(), wall_s=wall_s, stopped_by=state.stopped_by,
+        best_skill_sha=skill_hash(state.best_skill), config=ctx.loaded.config,
+    )
+    ctx.run.write_summary(summary)
+    progress.info("wrote %s", ctx.run.summary_path)
+    return {**summary_dict(summary), "run_dir": str(ctx.run.path)}
+
+
+# --------------------------------------------------------------------------------------------
+# Helpers
+
+
+def evaluate(ctx: RunContext, skill: str, split: str, item_ids: list[str] | None = None, *,
+             training: bool = False) -> Evaluation:
+    """Scores of ``skill`` on a split (the selection split honours ``evaluation.sel_size``)."""
+    if item_ids is None:
+        item_ids = ctx.split_ids[split]
+        size = {"val": ctx.config.evaluation.sel_size, "test": ctx.config.evaluation.test_size}.get(split, 0)
+        if size:
+            item_ids = item_ids[:size]
+    try:
+        return ctx.bind(evaluate_skill)(ctx, skill, split, list(item_ids), training=training)
+    except PartialEvaluation as partial:
+        return partial.evaluation
+
+
+def _gate_value(ctx: RunContext, scores: Scores) -> float:
+    cfg = ctx.config.evaluation
+    return gate_score(scores.hard, scores.soft, cfg.gate_metric, cfg.gate_mixed_weight)
+
+
+def _budget_stop(ctx: RunContext, state: TrainState, epoch: int, step_in_epoch: int) -> bool:
+    budget = ctx.config.budget
+    if budget.max_usd is None and budget.max_tokens is None and budget.max_calls is None:
+        return False
+    verdict = check_budget(budget, ctx.clients.ledger.totals(), projection_from_history(state.step_totals, None),
+                           f"epoch {epoch} step {step_in_epoch}")
+    if verdict.stop:
+        state.stopped_by = "budget"
+        ctx.run.write_text("STOPPED", verdict.message + "\n")
+    return verdict.stop
+
+
+class _Timer:
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    def __call__(self, stage: str) -> Any:
+        timer = self
+
+        class _Span:
+            def __enter__(self) -> None:
+                self.start = time.monotonic()
+
+            def __exit__(self, *exc: object) -> None:
+                timer.seconds[stage] = timer.seconds.get(stage, 0.0) + time.monotonic() - self.start
+
+        return _Span()

@@ -1,0 +1,123 @@
+"""The benchmark plug-in contract (BENCHMARKS.md §1.1) and the registry of plug-ins.
+
+A benchmark is one small package that implements ``Benchmark``. It supplies only what differs
+between benchmarks — how to load items, how to prompt, how to score — and the shared runner
+(``skillopt.benchmarks.runner``) does everything rollouts share. Plug-ins register under the
+entry-point group ``skillopt.benchmarks``; the entry-point name is the benchmark id.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from skillopt.data import Item
+from skillopt.errors import ConfigError, SkillOptError
+from skillopt.llm.chat import Message
+
+ENTRY_POINT_GROUP = "skillopt.benchmarks"
+
+
+class BenchmarkSetupError(SkillOptError):
+    """A benchmark's external requirement is missing (data, images, a judge, a tool); the message says how to fix it."""
+
+
+class RolloutInfrastructureError(SkillOptError):
+    """A whole rollout produced no model answer at all: an outage, not a score of zero (DESIGN.md §8)."""
+
+
+class Score(BaseModel):
+    """What ``Benchmark.score`` returns for one item."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    hard: float
+    soft: float
+    predicted_answer: str = ""
+    fail_reason: str = ""
+    extras: dict[str, Any] = Field(default_factory=dict)
+    #: The gold answer(s) as the evaluation event shows them to the optimizer.
+    expected: str = ""
+    #: Benchmark detail for the evaluation event (judge reason, per-cell table ...).
+    detail: str = ""
+
+
+#: ``judge(item, prediction) -> (correct, reason)``; backed by the judge role. Raises on failure.
+Judge = Callable[[Item, str], tuple[bool, str]]
+
+
+@runtime_checkable
+class Benchmark(Protocol):
+    """One benchmark.
+
+    - ``load_split(cfg, split, *, run_dir)`` returns the items of ``train``, ``val`` or ``test`` using the
+      shared split machinery (``skillopt.data``); bad data raises ``DataError`` naming file and row.
+    - ``build_messages(item, skill, cfg)`` returns ``[system, user]``. The skill goes into the system
+      message as ``## Skill`` (omitted when blank); nothing else changes between candidates, and no
+      field in ``GOLD_FIELDS`` is ever read.
+    - ``score(item, response_text, judge)`` is pure apart from the injected judge: it never raises for
+      a bad answer (that is a scored row); it raises only for a broken judge or a bug.
+    - ``task_types(items)`` lists the task types; ``preflight(cfg)`` raises ``BenchmarkSetupError``.
+    - ``scripted_rules`` are the target rules the ``scripted`` backend uses for this benchmark.
+    - ``needs_judge(cfg)`` says whether scoring calls the judge role.
+    - ``version`` changes whenever scoring or prompting changes (it is part of every cache key).
+    """
+
+    id: str
+    version: str
+    GOLD_FIELDS: tuple[str, ...]
+    Config: type[BaseModel]
+    prompts_dir: Path
+    scripted_rules: Sequence[Mapping[str, Any]]
+    default_split_mode: str
+
+    def load_split(self, cfg: BaseModel, split: str, *, run_dir: Path) -> list[Item]: ...
+
+    def build_messages(self, item: Item, skill: str, cfg: BaseModel) -> list[Message]: ...
+
+    def score(self, item: Item, response_text: str, judge: Judge | None) -> Score: ...
+
+    def task_types(self, items: Sequence[Item]) -> list[str]: ...
+
+    def preflight(self, cfg: BaseModel) -> None: ...
+
+    def needs_judge(self, cfg: BaseModel) -> bool: ...
+
+
+def skill_section(skill: str) -> str:
+    """The system-prompt slot of the skill: ``## Skill`` and the skill, or nothing for a blank skill."""
+    text = skill.strip()
+    return f"## Skill\n{text}\n\n" if text else ""
+
+
+def load_benchmark(name: str) -> Benchmark:
+    """The plug-in registered as ``name``; an unknown name lists the registered ones."""
+    found = {entry.name: entry for entry in entry_points(group=ENTRY_POINT_GROUP)}
+    if name not in found:
+        known = ", ".join(sorted(found)) or "none (is skillopt installed?)"
+        raise ConfigError(f"unknown benchmark {name!r}; registered benchmarks: {known}")
+    plugin = found[name].load()
+    benchmark = plugin() if callable(plugin) and not isinstance(plugin, Benchmark) else plugin
+    if not isinstance(benchmark, Benchmark):
+        raise ConfigError(f"entry point {ENTRY_POINT_GROUP}:{name} does not implement the Benchmark protocol")
+    return benchmark
+
+
+def benchmark_config(benchmark: Benchmark, section: BaseModel) -> BaseModel:
+    """Validate the ``benchmark:`` section (common keys plus extras) with the plug-in's own model."""
+    from pydantic import ValidationError
+
+    data = section.model_dump()
+    try:
+        return benchmark.Config.model_validate(data)
+    except ValidationError as exc:
+        problems = []
+        for error in exc.errors(include_input=False, include_url=False):
+            loc = ".".join(str(p) for p in error["loc"])
+            message = "unknown key" if error["type"] == "extra_forbidden" else error["msg"]
+            problems.append(f"benchmark.{loc}: {message} (benchmark {benchmark.id})")
+        raise ConfigError("\n".join(problems)) from None

@@ -1,0 +1,161 @@
+"""The shared rollout runner: what every benchmark's rollouts have in common (BENCHMARKS.md §1.1, §1.8, §1.9).
+
+``run_item`` builds the target's prompt from the benchmark (the skill as the target sees it: empty
+protected blocks left out), calls the ``target`` role, runs self-check turns, records the
+trajectory, scores the reply, appends the evaluation event (the only way gold reaches the
+optimizer) and returns the ``ItemResult``. A model-call error propagates (the Prefect task then
+fails and nothing is cached); a bad answer is a scored row. ``check_infrastructure`` turns a
+rollout in which no item got any answer into ``RolloutInfrastructureError`` instead of a zero score.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from pydantic import BaseModel
+
+from skillopt.benchmarks.base import Benchmark, Judge, RolloutInfrastructureError, Score
+from skillopt.data import Item
+from skillopt.llm.chat import ChatRequest, Message, TextPart, assistant, user
+from skillopt.llm.clients import RoleClient
+from skillopt.records import ItemResult
+from skillopt.skill import target_text
+
+TASK_DESCRIPTION_CHARS = 2000
+SELF_CHECK = (
+    "Re-check your answer against the question. Then restate your final answer in the required format."
+)
+FORMAT_ONLY = "Your reply has no answer in the required format. Give only your final answer in that format."
+READOUT_HEADING = "## Training readout"
+
+
+def run_item(
+    benchmark: Benchmark,
+    item: Item,
+    skill: str,
+    cfg: BaseModel,
+    *,
+    target: RoleClient,
+    judge: Judge | None,
+    probe_instruction: str | None = None,
+    sample: int = 0,
+    tags: dict[str, Any] | None = None,
+) -> ItemResult:
+    """Roll out one item with ``skill`` and score it."""
+    started = time.monotonic()
+    exec_timeout = float(getattr(cfg, "exec_timeout", 120))
+    deadline = max(float(getattr(cfg, "task_timeout", 0) or 0), exec_timeout + 60)
+    messages = list(benchmark.build_messages(item, target_text(skill), cfg))
+    if probe_instruction:
+        messages = _with_readout(messages, probe_instruction)
+    system_text = "\n\n".join(m.text() for m in messages if m.role == "system")
+    user_text = "\n\n".join(m.text() for m in messages if m.role == "user")
+    trajectory: list[dict[str, Any]] = [
+        {"type": "message", "role": m.role, "turn": 0, "content": m.text()} for m in messages
+    ]
+    call_tags = {"item_id": item.id, "sample": sample, **(tags or {})}
+    max_turns = int(getattr(cfg, "max_turns", 1) or 1)
+    extract = getattr(benchmark, "extract_answer", None)
+
+    text, answered, previous = "", False, None
+    turn = 0
+    for turn in range(1, max_turns + 1):
+        if time.monotonic() - started > deadline:
+            return _timeout_row(item, deadline, trajectory, turn - 1, answered, text)
+        response = target.chat(ChatRequest(messages=messages, stage="rollout", tags={**call_tags, "turn": turn}))
+        text, answered = response.text, True
+        trajectory.append({"type": "message", "role": "assistant", "turn": turn, "content": text})
+        if turn == max_turns or extract is None:
+            break
+        answer = extract(text)
+        if answer is not None and answer == previous:
+            break
+        previous = answer
+        feedback = SELF_CHECK if answer is not None else FORMAT_ONLY
+        trajectory.append({"type": "feedback", "role": "user", "turn": turn, "content": feedback})
+        messages = [*messages, assistant(text), user(feedback)]
+    if time.monotonic() - started > deadline:
+        return _timeout_row(item, deadline, trajectory, turn, answered, text)
+
+    score = benchmark.score(item, text, judge)
+    trajectory.append({"type": "evaluation", "content": evaluation_event(item, score)})
+    return ItemResult(
+        id=item.id,
+        task_type=str(item.get("task_type") or "default"),
+        hard=score.hard,
+        soft=score.soft,
+        fail_reason=score.fail_reason,
+        task_description=_task_description(item, messages),
+        predicted_answer=score.predicted_answer,
+        trajectory=trajectory,
+        n_turns=turn,
+        answered=answered,
+        phase="done",
+        extras=score.extras,
+        target_system_prompt=system_text,
+        target_user_prompt=user_text,
+    )
+
+
+def evaluation_event(item: Item, score: Score) -> str:
+    """The text of the evaluation event: task, predicted vs expected, metrics, verdict, detail."""
+    verdict = "correct" if score.hard >= 1.0 else "incorrect"
+    lines = [
+        "[EVALUATION RESULT]",
+        f"Predicted: {score.predicted_answer or '(none)'}",
+        f"Expected: {score.expected or '(not shown)'}",
+        f"Metrics: hard={score.hard:.3f} soft={score.soft:.3f}",
+        f"Verdict: {verdict}" + (f" ({score.fail_reason})" if score.fail_reason else ""),
+    ]
+    if score.detail:
+        lines.append(score.detail)
+    return "\n".join(lines)
+
+
+def error_row(item: Item, error: BaseException) -> ItemResult:
+    """The row recorded for an item whose task ended Failed (model-call error or plug-in bug)."""
+    message = str(error).splitlines()[0] if str(error) else ""
+    return ItemResult(
+        id=item.id, task_type=str(item.get("task_type") or "default"), hard=0.0, soft=0.0,
+        fail_reason=f"error: {type(error).__name__}: {message}"[:500], phase="error", answered=False,
+    )
+
+
+def check_infrastructure(rows: Sequence[ItemResult], *, role_label: str) -> None:
+    """Raise when a rollout had items but none of them got a model answer (an outage, not a zero)."""
+    if not rows or any(row.answered for row in rows):
+        return
+    reasons = [row.fail_reason for row in rows[:3]]
+    raise RolloutInfrastructureError(
+        f"[target] {role_label}: none of {len(rows)} items got a model answer; stopping instead of recording a "
+        f"score of 0. First errors: {reasons}"
+    )
+
+
+def _with_readout(messages: list[Message], instruction: str) -> list[Message]:
+    """Append the deep-probe instruction to the last user message as a training readout section."""
+    *head, last = messages
+    readout = f"\n\n{READOUT_HEADING}\n{instruction.strip()}"
+    if isinstance(last.content, str):
+        return [*head, Message(role=last.role, content=last.content + readout)]
+    return [*head, Message(role=last.role, content=[*last.content, TextPart(text=readout)])]
+
+
+def _task_description(item: Item, messages: Sequence[Message]) -> str:
+    for key in ("question", "task", "instruction", "prompt"):
+        value = item.get(key)
+        if isinstance(value, str) and value.strip():
+            return value[:TASK_DESCRIPTION_CHARS]
+    users = [m.text() for m in messages if m.role == "user"]
+    return (users[0] if users else "")[:TASK_DESCRIPTION_CHARS]
+
+
+def _timeout_row(item: Item, deadline: float, trajectory: list[dict[str, Any]], turns: int, answered: bool,
+                 text: str) -> ItemResult:
+    return ItemResult(
+        id=item.id, task_type=str(item.get("task_type") or "default"), hard=0.0, soft=0.0,
+        fail_reason=f"timeout: item exceeded {deadline:.0f}s", phase="timeout", trajectory=trajectory,
+        n_turns=turns, answered=answered, predicted_answer="",
+    )

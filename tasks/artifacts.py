@@ -1,0 +1,59 @@
+"""Publishing what a person sees in the Prefect UI (DESIGN.md §5.4).
+
+The content is built by ``skillopt.artifacts`` (pure); this module only hands it to Prefect under
+stable keys ``<bench>-<run>-<kind>``, so each key shows its latest version and its history.
+Artifacts are a view: failing to publish one is logged, never fatal to training.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
+
+from skillopt.artifacts import artifact_key, edits_table, gate_table, progress_markdown, skill_diff_markdown
+from skillopt.records import StepRecord
+from tasks.context import RunContext
+
+log = logging.getLogger("skillopt.artifacts")
+
+
+def _key(ctx: RunContext, kind: str) -> str:
+    return artifact_key(ctx.benchmark.id, ctx.run_name, kind)
+
+
+def _publish(kind: str, create: Any, **kwargs: Any) -> None:
+    try:
+        create(**kwargs)
+    except Exception as error:  # noqa: BLE001 - a view must not stop training; the run dir has everything
+        log.warning("could not publish the %s artifact: %s", kind, error)
+
+
+def publish_progress(ctx: RunContext, step: int, total_steps: int, epoch: int, epochs: int, current: float,
+                     best: float) -> None:
+    markdown = progress_markdown(epoch, epochs, step, total_steps, current, best)
+    _publish("progress", create_markdown_artifact, key=_key(ctx, "progress"), markdown=markdown,
+             description=f"training progress of {ctx.run_name}")
+
+
+def publish_step(ctx: RunContext, record: StepRecord, history: list[StepRecord]) -> None:
+    """The step's gate table row, its edits and, for an accepted candidate, the skill diff."""
+    _publish("gates", create_table_artifact, key=_key(ctx, "gates"), table=gate_table(history),
+             description="gate decisions per step")
+    selection_path = ctx.run.path / "steps" / f"{record.step:04d}" / "selection.json"
+    if selection_path.is_file():
+        from skillopt.select import Selection
+
+        selection = Selection.model_validate_json(selection_path.read_text(encoding="utf-8"))
+        _publish("edits", create_table_artifact, key=_key(ctx, "edits"),
+                 table=edits_table(selection.edits, record.apply_report, record.decision),
+                 description=f"edits of step {record.step}")
+    accepted_path = ctx.run.path / "steps" / f"{record.step:04d}" / "accepted.json"
+    if record.gate is not None and accepted_path.is_file():
+        import json
+
+        accepted = json.loads(accepted_path.read_text(encoding="utf-8"))
+        _publish("diff", create_markdown_artifact, key=_key(ctx, "skill-diff"),
+                 markdown=skill_diff_markdown(record.step, accepted["previous"], accepted["current"], record.gate),
+                 description=f"accepted skill change at step {record.step}")

@@ -1,0 +1,71 @@
+"""Cache keys and result storage for skillopt's tasks (DESIGN.md §5.1).
+
+Keys are content addresses: the hash of everything that decides a result (ids, skill hashes, role
+fingerprints, prompt-template hashes, the package and benchmark versions, the sample index) and
+nothing else — never the run id or the flow-run id. So re-running a command, retrying a flow run or
+restarting after a crash finds every finished call in the store. Results are JSON files under the
+run's ``cache_dir``, in a Prefect ``LocalFileSystem`` block saved under a name derived from its path.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from skillopt import __version__
+from skillopt.llm.errors import BackendError
+
+
+def content_key(label: str, /, **parts: Any) -> str:
+    """``skillopt-<label>-<sha256 of the parts>``; parts are JSON-serialised with sorted keys."""
+    payload = json.dumps({"version": __version__, **parts}, sort_keys=True, default=_default, ensure_ascii=False)
+    return f"skillopt-{label}-{hashlib.sha256(payload.encode('utf-8')).hexdigest()[:40]}"
+
+
+def digest(value: Any) -> str:
+    """A short hash of any JSON-able value (pydantic models included)."""
+    payload = json.dumps(value, sort_keys=True, default=_default, ensure_ascii=False)
+    return hashlib.sha256(payload.encode("utf-8")).hexdigest()[:24]
+
+
+def _default(value: Any) -> Any:
+    if hasattr(value, "model_dump"):
+        return value.model_dump(mode="json")
+    if isinstance(value, Path):
+        return str(value)
+    raise TypeError(f"cannot hash a {type(value).__name__} into a cache key")
+
+
+def keyed(fn: Callable[[dict[str, Any]], str]) -> Callable[[Any, dict[str, Any]], str]:
+    """Adapt ``fn(parameters) -> key`` to Prefect's ``cache_key_fn(context, parameters)``."""
+
+    def cache_key_fn(context: Any, parameters: dict[str, Any]) -> str:
+        return fn(parameters)
+
+    return cache_key_fn
+
+
+def retry_only_retryable(task: Any, task_run: Any, state: Any) -> bool:
+    """Prefect ``retry_condition_fn``: retry a task only for errors the backends mark retryable."""
+    try:
+        state.result()
+    except BackendError as error:
+        return error.retryable
+    except Exception:  # noqa: BLE001 - anything else (bugs, config errors) must not be retried
+        return False
+    return False
+
+
+def result_storage(cache_dir: Path) -> Any:
+    """A saved ``LocalFileSystem`` block for ``cache_dir`` (Prefect needs result storage persisted)."""
+    from prefect.filesystems import LocalFileSystem
+
+    resolved = cache_dir.resolve()
+    resolved.mkdir(parents=True, exist_ok=True)
+    name = f"skillopt-cache-{hashlib.sha256(str(resolved).encode()).hexdigest()[:12]}"
+    storage = LocalFileSystem(basepath=str(resolved))
+    storage.save(name, overwrite=True)
+    return storage

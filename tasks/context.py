@@ -1,0 +1,139 @@
+"""Everything one training or evaluation run shares, built once at the start of a flow.
+
+``RunContext`` is passed to every task explicitly (and left out of every cache key): the resolved
+config, the benchmark plug-in and its validated config, the model clients, the run directory, the
+items of all splits, the content hashes that go into cache keys, and the result storage.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+from skillopt.benchmarks.base import Benchmark, BenchmarkSetupError, benchmark_config, load_benchmark
+from skillopt.config import LoadedConfig, SkillOptConfig
+from skillopt.data import Item, check_train_size
+from skillopt.errors import ConfigError
+from skillopt.llm.base import BackendContext, BackendRegistry, EnvSecrets
+from skillopt.llm.clients import ModelClients
+from skillopt.llm.roles import CliRoleOptions, resolve_roles
+from skillopt.runs import RunDir, config_hash, default_run_name
+from tasks.cache import digest, result_storage
+
+SPLITS = ("train", "val", "test")
+
+
+@dataclass
+class RunContext:
+    loaded: LoadedConfig
+    benchmark: Benchmark
+    bench_cfg: BaseModel
+    clients: ModelClients
+    run: RunDir
+    run_name: str
+    items: dict[str, Item]
+    split_ids: dict[str, list[str]]
+    data_hash: str
+    bench_prompt_hash: str
+    storage: Any
+    initial_skill: str
+    benchmark_guidance: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def config(self) -> SkillOptConfig:
+        return self.loaded.config
+
+    def rows_of(self, ids: Sequence[str]) -> list[Item]:
+        return [self.items[i] for i in ids]
+
+    def bind(self, task: Any, **options: Any) -> Any:
+        """``task`` with this run's result storage and cache refresh setting."""
+        return task.with_options(result_storage=self.storage, refresh_cache=self.config.run.refresh_cache, **options)
+
+
+def build_run_context(
+    loaded: LoadedConfig,
+    *,
+    env: Mapping[str, str] | None = None,
+    cli: CliRoleOptions | None = None,
+    run_name: str | None = None,
+    registry: BackendRegistry | None = None,
+    prefix: str | None = None,
+) -> RunContext:
+    """Resolve roles, load the benchmark and its splits, open the run directory, prepare the cache."""
+    env = os.environ if env is None else env
+    config = loaded.config
+    name = config.benchmark.name
+    if not name:
+        raise ConfigError("benchmark.name is not set: name a benchmark (skillopt train BENCHMARK)")
+    benchmark = load_benchmark(name)
+    bench_cfg = benchmark_config(benchmark, config.benchmark)
+    benchmark.preflight(bench_cfg)
+
+    registry = registry or BackendRegistry.default()
+    roles = resolve_roles(loaded, cli=cli, env=env, registry=registry)
+    if benchmark.needs_judge(bench_cfg) and roles.judge_problem:
+        raise BenchmarkSetupError(f"benchmark {name} needs the judge role: {roles.judge_problem}")
+
+    digest_of_config = config_hash(config)
+    run_name = run_name or config.run.run_name or default_run_name(
+        f"{name}-{prefix}" if prefix else name, digest_of_config, datetime.now())
+    run = RunDir.open(Path(config.run.runs_dir), run_name, config, config_hash=digest_of_config,
+                      provenance=loaded.sources)
+
+    items: dict[str, Item] = {}
+    split_ids: dict[str, list[str]] = {}
+    for split in SPLITS:
+        rows = benchmark.load_split(bench_cfg, split, run_dir=run.path)
+        split_ids[split] = [row.id for row in rows]
+        items.update({row.id: row for row in rows})
+    check_train_size(config.train.train_size, len(split_ids["train"]))
+
+    context = BackendContext(
+        run_id=run_name,
+        protected_paths=tuple(p for p in (Path.cwd(), run.path) if p.exists()),
+        scripted_target_rules=tuple(benchmark.scripted_rules),
+    )
+    clients = ModelClients.build(roles, loaded=loaded, registry=registry, secrets=EnvSecrets(env), context=context,
+                                 usage_path=run.path / "usage.jsonl", limiter=_limiter(config))
+    prompts = benchmark.prompts_dir
+    guidance = {kind: _read(prompts / f"analyst_{kind}.md") for kind in ("error", "success")}
+    initial = _initial_skill(config, prompts)
+    return RunContext(
+        loaded=loaded, benchmark=benchmark, bench_cfg=bench_cfg, clients=clients, run=run, run_name=run_name,
+        items=items, split_ids=split_ids,
+        data_hash=digest({s: [items[i] for i in split_ids[s]] for s in SPLITS}),
+        bench_prompt_hash=digest([guidance, _read(prompts / "initial_skill.md"), benchmark.version]),
+        storage=result_storage(Path(config.run.cache_dir)), initial_skill=initial, benchmark_guidance=guidance,
+    )
+
+
+def _limiter(config: SkillOptConfig) -> Any:
+    if config.model.rate_limit_mode != "prefect":
+        return None
+    from tasks.limits import PrefectRateLimiter
+
+    return PrefectRateLimiter(config.model.providers)
+
+
+def _initial_skill(config: SkillOptConfig, prompts_dir: Path) -> str:
+    """``train.skill_init``: null = the benchmark's initial skill, "" = blank, else a file."""
+    if config.train.skill_init is None:
+        return _read(prompts_dir / "initial_skill.md")
+    if config.train.skill_init == "":
+        return ""
+    path = Path(config.train.skill_init)
+    if not path.is_file():
+        raise ConfigError(f"train.skill_init: no file at {path}")
+    return path.read_text(encoding="utf-8")
+
+
+def _read(path: Path) -> str:
+    return path.read_text(encoding="utf-8") if path.is_file() else ""
+

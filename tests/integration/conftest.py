@@ -1,0 +1,75 @@
+"""A real Prefect API for the flow tests: one `prefect server start` on loopback per test session.
+
+Starting it takes ~10-20 s here (PREFECT_NOTES.md); every flow test shares it. Flows run in this
+process point at it through `temporary_settings`; flows run in subprocesses get `PREFECT_API_URL`.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def prefect_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    home = tmp_path_factory.mktemp("prefect-home")
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}/api"
+    env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+           "PREFECT_LOGGING_LEVEL": "WARNING"}
+    env.pop("PREFECT_API_URL", None)
+    log = (home / "server.log").open("w")
+    server = subprocess.Popen(
+        [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+        env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                with urllib.request.urlopen(f"{url}/health", timeout=1) as response:
+                    if response.status == 200:
+                        break
+            except OSError:
+                pass
+            if server.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"prefect server did not start: {(home / 'server.log').read_text()[-2000:]}")
+            time.sleep(0.5)
+        yield url
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            server.kill()
+        log.close()
+
+
+@pytest.fixture
+def prefect_settings(prefect_api: str) -> Iterator[str]:
+    """Flows called in this process talk to the session's server, quietly."""
+    from prefect.settings import PREFECT_API_URL, PREFECT_LOGGING_LEVEL, temporary_settings
+
+    with temporary_settings(updates={PREFECT_API_URL: prefect_api, PREFECT_LOGGING_LEVEL: "WARNING"}):
+        yield prefect_api
+
+
+@pytest.fixture
+def in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Run with the working directory in a fresh folder (runs/ and .skillopt/cache land there)."""
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
