@@ -59,4 +59,7 @@ def run_flow(kind: str, out: _Printer, **parameters: Any) -> dict[str, Any]:
             return skill_eval(**parameters)
     finally:
         progress.removeHandler(handler)
+        # The ephemeral API server stops when this process exits and may log the cancellation of
+        # its last event flush as an error; the run is complete by then, so keep that off the screen.
+        logging.getLogger("prefect.server").setLevel(logging.CRITICAL)
         sys.stdout.flush()
