@@ -31,8 +31,9 @@ characters/4 estimates) and ``latency_s`` (the reported latency; a rule slower t
 
 The first matching rule wins, then the ``default`` reply (a rule without match keys), else
 ``ScriptedNoMatch``. ``rules`` is an inline list, the path of a YAML file holding such a list, or
-the name of a built-in set (``BUILTIN_SETS``): ``auto`` (used when no rules are configured) and
-``estimate`` (the dry run's stubs). See ``AutoRules`` and ``EstimateRules`` for what they answer.
+the name of a built-in set (``BUILTIN_SETS``): ``auto`` (used when no rules are configured),
+``estimate`` (the dry run's stubs) and ``demo`` (the demo world's target and optimizer, in
+``skillopt.benchmarks.demo.scripted``). See ``AutoRules`` and ``EstimateRules`` for what they answer.
 
 Nothing here opens a socket or imports a library that does.
 """
@@ -637,10 +638,18 @@ def _estimate_set(context: BackendContext) -> RuleSet:
     return EstimateRules()
 
 
+def _demo_set(context: BackendContext) -> RuleSet:
+    # Imported here: the demo world is a benchmark plug-in, and the model layer must not need it.
+    from skillopt.benchmarks.demo.scripted import demo_rule_set
+
+    return demo_rule_set(context)
+
+
 #: Built-in rule sets by name; each entry builds its set from the backend context.
 BUILTIN_SETS: Mapping[str, Callable[[BackendContext], RuleSet]] = MappingProxyType({
     "auto": _auto_set,
     "estimate": _estimate_set,
+    "demo": _demo_set,
 })
 
 
