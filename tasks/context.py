@@ -22,6 +22,7 @@ from skillopt.data import Item, check_train_size
 from skillopt.errors import ConfigError
 from skillopt.llm.base import BackendContext, BackendRegistry, EnvSecrets
 from skillopt.llm.clients import ModelClients
+from skillopt.llm.reply_store import ReplyStore
 from skillopt.llm.roles import CliRoleOptions, resolve_roles
 from skillopt.runs import RunDir, config_hash, default_run_name
 from tasks.cache import digest, result_storage
@@ -101,7 +102,9 @@ def build_run_context(
         scripted_target_rules=tuple(benchmark.scripted_rules),
     )
     clients = ModelClients.build(roles, loaded=loaded, registry=registry, secrets=EnvSecrets(env), context=context,
-                                 usage_path=run.path / "usage.jsonl", limiter=_limiter(config))
+                                 usage_path=run.path / "usage.jsonl", limiter=_limiter(config),
+                                 replies=ReplyStore(Path(config.run.cache_dir) / "replies",
+                                                    refresh=config.run.refresh_cache))
     prompts = benchmark.prompts_dir
     guidance = {kind: _read(prompts / f"analyst_{kind}.md") for kind in ("error", "success")}
     initial = _initial_skill(config, prompts)

@@ -28,6 +28,7 @@ from skillopt.llm.errors import BackendError, ParseError, RateLimited
 from skillopt.llm.json_extract import extract_json, schema_instruction
 from skillopt.llm.limiter import LocalRateLimiter, NoLimits, RateLimiter
 from skillopt.llm.pricing import PriceTable
+from skillopt.llm.reply_store import ReplyStore
 from skillopt.llm.retry import Retrier
 from skillopt.llm.roles import CliRoleOptions, ResolvedRole, ResolvedRoles, resolve_roles
 from skillopt.llm.usage import UsageLedger
@@ -55,8 +56,11 @@ class RoleClient:
         ledger: UsageLedger,
         retrier: Retrier,
         redactor: Redactor,
+        replies: ReplyStore | None = None,
     ) -> None:
         self.role = role
+        # Deterministic, free backends gain nothing from storing replies.
+        self.replies = replies if role.backend != "scripted" else None
         self.info = info
         self.secrets = secrets
         self.context = context
@@ -83,6 +87,16 @@ class RoleClient:
         timeout_s = request.timeout_s or self.role.timeout_s
         cap = request.max_tokens or self.role.max_tokens or 1024
         estimate = request.prompt_chars() // 4 + cap
+        store_key = ReplyStore.key(self.role.fingerprint(), request) if self.replies else None
+        if self.replies is not None and store_key is not None:
+            stored = self.replies.get(store_key)
+            if stored is not None:
+                self.ledger.record(
+                    role=self.role.role, backend=self.role.backend, model_requested=self.role.model,
+                    model_served=stored.model, stage=request.stage, usage=stored.usage, latency_s=0.0, attempts=0,
+                    status="ok", tags=request.tags, price_model=self.role.price_model, cache_hit=True,
+                )
+                return stored.model_copy(update={"cost_usd": 0.0, "attempts": 0})
         try:
             self.ledger.before_call()
         except BackendError as error:
@@ -115,8 +129,11 @@ class RoleClient:
             model_served=response.model, stage=request.stage, usage=response.usage, latency_s=response.latency_s,
             attempts=attempts, status="ok", tags=request.tags, price_model=self.role.price_model,
         )
-        return response.model_copy(update={"attempts": attempts, "cost_usd": record.cost_usd,
-                                           "backend": self.role.backend})
+        response = response.model_copy(update={"attempts": attempts, "cost_usd": record.cost_usd,
+                                               "backend": self.role.backend})
+        if self.replies is not None and store_key is not None:
+            self.replies.put(store_key, response)
+        return response
 
     def _with_context(self, error: BackendError, request: ChatRequest) -> BackendError:
         error.role = error.role or self.role.role
@@ -234,6 +251,7 @@ class ModelClients:
         ledger: UsageLedger | None = None,
         limiter: RateLimiter | None = None,
         usage_path: Path | None = None,
+        replies: ReplyStore | None = None,
         sleep: Callable[[float], None] = time.sleep,
         clock: Callable[[], float] = time.monotonic,
     ) -> ModelClients:
@@ -260,7 +278,7 @@ class ModelClients:
                 return None
             return RoleClient(role, registry.get(role.backend), secrets=secrets, context=context, limiter=limiter,
                               ledger=ledger, retrier=Retrier(model.retry, sleep=sleep, clock=clock),
-                              redactor=redactor)
+                              redactor=redactor, replies=replies)
 
         target, optimizer = client(roles.target), client(roles.optimizer)
         assert target is not None and optimizer is not None

@@ -442,3 +442,32 @@ def test_az_cli_token_is_cached_and_refreshed_before_expiry():
                         "-o", "json"]
     now[0] += 3600 - 200  # inside the five-minute refresh margin
     assert token() == "tok-2"
+
+
+# ---- reply store ------------------------------------------------------------------------------
+
+
+def test_a_reply_is_stored_the_moment_it_arrives_and_never_paid_for_twice(openai_server, tmp_path):
+    from skillopt.llm.reply_store import ReplyStore
+
+    def bundle(refresh: bool = False) -> ModelClients:
+        env = {"OPENAI_API_KEY": KEY}
+        loaded = load_config(None, overrides=[f"model.target.base_url={openai_server.openai_base_url}",
+                                              "model.target.options.api=chat_completions"], env=env)
+        return ModelClients.from_config(loaded, env=env, registry=REGISTRY,
+                                        replies=ReplyStore(tmp_path / "replies", refresh=refresh))
+
+    openai_server.plan(CHAT, ok(text="first", usage={"prompt_tokens": 10, "completion_tokens": 2}),
+                       ok(text="second"))
+    first = bundle()
+    assert first.target.chat(ask()).text == "first"
+    again = bundle()  # a new process after a crash: same request, same store
+    response = again.target.chat(ask())
+    assert response.text == "first" and response.cost_usd == 0.0
+    assert openai_server.calls(CHAT) == 1
+    hits = [r for r in again.ledger.records() if r.cache_hit]
+    assert len(hits) == 1 and again.ledger.totals().calls == 0
+    assert bundle().target.chat(ask("another question")).text == "second"  # other content: a real call
+    assert openai_server.calls(CHAT) == 2
+    assert bundle(refresh=True).target.chat(ask()).text == "ok"  # --no-cache calls again
+    assert openai_server.calls(CHAT) == 3

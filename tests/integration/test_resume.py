@@ -1,0 +1,153 @@
+"""Kill -9 in the middle of `skillopt train`, run the same command again: the run finishes with the
+same best skill and scores as an uninterrupted run, and no model call that had completed is made again.
+
+Target and optimizer both go through the loopback OpenAI-compatible fake, which answers like the
+demo world (the demo's scripted handlers behind a real HTTP protocol) and records every request.
+The fake holds requests from a seeded random point on, the test waits until every answered call
+has had time to be stored, then kills the whole process group.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from skillopt.benchmarks.demo import scripted as demo
+from skillopt.llm.chat import ChatRequest, system, user
+from skillopt.prompts import optimizer_prompt
+from tests.fakes.http_fakes import FakeOpenAIServer, ok
+
+pytestmark = pytest.mark.slow
+
+CHAT = "/v1/chat/completions"
+
+
+class DemoWorldServer:
+    """The demo world's target and optimizer behind the OpenAI-compatible fake, with a kill switch."""
+
+    def __init__(self) -> None:
+        self.server = FakeOpenAIServer(handler=self.reply)
+        self.lock = threading.Lock()
+        self.answered: list[str] = []
+        self.hold_from: int | None = None
+        self.held = threading.Event()
+        self.release = threading.Event()
+        self.failure_intro = optimizer_prompt("analyst_failure").splitlines()[0]
+
+    def reply(self, request):
+        body = request.body
+        with self.lock:
+            holding = self.hold_from is not None and len(self.answered) >= self.hold_from
+        if holding:
+            self.held.set()
+            self.release.wait(timeout=300)
+            return ok(text="too late")
+        chat = self.as_chat_request(body)
+        handler = {"rollout": demo.target, "analyst": demo.analyst, "merge": demo.merge, "ranking": demo.ranking,
+                   "slow_update": demo.slow_update, "meta_skill": demo.meta_skill}[chat.stage]
+        answer = handler(chat, 0)
+        with self.lock:
+            self.answered.append(canonical(body))
+        return ok(text=answer if isinstance(answer, str) else json.dumps(answer))
+
+    def as_chat_request(self, body: dict) -> ChatRequest:
+        system_text = "\n".join(m["content"] for m in body["messages"] if m["role"] == "system")
+        user_text = "\n".join(m["content"] for m in body["messages"] if m["role"] == "user")
+        stage, tags = "rollout", {}
+        if "## Edit budget" in user_text:
+            stage, tags = "analyst", {"kind": "failure" if system_text.startswith(self.failure_intro) else "success"}
+        elif "## Patches to merge" in user_text:
+            stage = "merge"
+        elif "## Candidate edits" in user_text:
+            stage = "ranking"
+        elif "## Skill at the start of the epoch" in user_text:
+            stage = "slow_update"
+        elif "## Previous epoch's last skill" in user_text:
+            stage = "meta_skill"
+        return ChatRequest(messages=[system(system_text), user(user_text)], stage=stage, tags=tags)
+
+
+def canonical(body: dict) -> str:
+    return json.dumps(body, sort_keys=True)
+
+
+def train_command(url: str) -> list[str]:
+    roles = []
+    for role in ("target", "optimizer"):
+        roles += ["-o", f"model.{role}.backend=openai_compatible", "-o", f"model.{role}.base_url={url}",
+                  "-o", f"model.{role}.model=demo-{role}", "-o", f"model.{role}.options={{}}"]
+    return [sys.executable, "-m", "skillopt.cli", "train", "demo", "--run-name", "resume", *roles,
+            "-o", "model.judge=null"]
+
+
+def start(cwd: Path, api: str, url: str) -> subprocess.Popen:
+    env = {**os.environ, "PREFECT_API_URL": api, "PREFECT_LOGGING_LEVEL": "WARNING"}
+    return subprocess.Popen(train_command(url), cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+
+
+def finish(process: subprocess.Popen) -> str:
+    output, _ = process.communicate(timeout=600)
+    assert process.returncode == 0, output[-3000:]
+    return output
+
+
+def test_kill_9_mid_step_then_rerun_repeats_no_completed_call(prefect_api, tmp_path):
+    world = DemoWorldServer()
+    with world.server:
+        url = world.server.openai_base_url
+
+        reference_dir = tmp_path / "reference"
+        reference_dir.mkdir()
+        finish(start(reference_dir, prefect_api, url))
+        reference_calls = list(world.answered)
+        assert len(set(reference_calls)) == len(reference_calls), "an uninterrupted run repeated a call"
+
+        # The interrupted run, in a fresh folder (its own cache): hold requests from a seeded point on.
+        run_dir = tmp_path / "interrupted"
+        run_dir.mkdir()
+        world.answered.clear()
+        world.hold_from = random.Random(20261130).randint(len(reference_calls) // 5, 4 * len(reference_calls) // 5)
+        process = start(run_dir, prefect_api, url)
+        assert world.held.wait(timeout=300), "the run finished before the kill point"
+        time.sleep(2.0)  # every answered call has been stored by now; the held ones never will be
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=30)
+        answered_before_kill = set(world.answered)
+        assert answered_before_kill, "nothing completed before the kill"
+
+        world.hold_from = None
+        world.release.set()
+        world.answered.clear()
+        finish(start(run_dir, prefect_api, url))
+        answered_after = list(world.answered)
+
+    repeated = answered_before_kill & set(answered_after)
+    assert repeated == set(), f"{len(repeated)} completed calls were made again"
+    assert len(answered_before_kill) + len(answered_after) == len(reference_calls)
+
+    reference_run = reference_dir / "runs" / "resume"
+    resumed_run = run_dir / "runs" / "resume"
+    assert (resumed_run / "best_skill.md").read_text() == (reference_run / "best_skill.md").read_text()
+    reference_summary = json.loads((reference_run / "summary.json").read_text())
+    resumed_summary = json.loads((resumed_run / "summary.json").read_text())
+    assert resumed_summary["scores"] == reference_summary["scores"]
+    reference_history = [json.loads(x) for x in (reference_run / "history.jsonl").read_text().splitlines()]
+    resumed_history = [json.loads(x) for x in (resumed_run / "history.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["kind"], r["budget"], r["decision"]) for r in resumed_history] == \
+        [(r["step"], r["kind"], r["budget"], r["decision"]) for r in reference_history]
+
+    # Holdout: no selection or test item ever reached an optimizer call.
+    for body in map(json.loads, reference_calls + answered_after + sorted(answered_before_kill)):
+        text = json.dumps(body["messages"])
+        if "## Edit budget" in text or "## Patches to merge" in text or "## Comparison" in text:
+            assert "demo-val-" not in text and "demo-test-" not in text
