@@ -77,3 +77,21 @@ def test_gate_off_force_accepts_and_still_tracks_the_best(prefect_settings, in_t
     best_seen = max([summary["scores"]["baseline"]["selection"]["hard"]]
                     + [r["gate"]["candidate_gate"] for r in steps])
     assert summary["scores"]["best"]["selection"]["hard"] == pytest.approx(best_seen)
+
+
+def test_skill_eval_scores_a_skill_file_like_training_did(prefect_settings, in_tmp):
+    from flows.evaluate import skill_eval
+
+    summary = train(run_name="demo-for-eval")
+    best = Path(summary["run_dir"]) / "best_skill.md"
+    result = skill_eval(benchmark="demo", skill_file=str(best), split="test", run_name="demo-eval")
+    assert result["hard"] == pytest.approx(summary["scores"]["best"]["test"]["hard"])
+    assert result["n"] == 24
+    assert (Path(result["run_dir"]) / "eval" / "test" / "scores.json").is_file()
+
+
+def test_modes_that_are_not_built_yet_stop_the_run_instead_of_being_ignored(prefect_settings, in_tmp):
+    from skillopt.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="optimizer.skill_update_mode: only 'patch'"):
+        train("optimizer.skill_update_mode=full_rewrite_minibatch", run_name="demo-mode")
