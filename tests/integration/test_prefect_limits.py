@@ -5,6 +5,7 @@ They use the session's Prefect server (tests/integration/conftest.py).
 
 from __future__ import annotations
 
+import contextvars
 import threading
 import time
 
@@ -48,7 +49,8 @@ def test_concurrency_limit_holds_calls_in_flight_across_threads():
             with lock:
                 in_flight -= 1
 
-    threads = [threading.Thread(target=call) for _ in range(3)]
+    # Each thread carries this test's settings (the API URL), as Prefect's task-runner threads do.
+    threads = [threading.Thread(target=contextvars.copy_context().run, args=(call,)) for _ in range(3)]
     for t in threads:
         t.start()
     for t in threads:
