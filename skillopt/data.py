@@ -26,10 +26,8 @@ import hashlib
 import json
 import logging
 import math
-import os
 import random
 import re
-import tempfile
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -39,6 +37,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, GetCoreSchemaHandler, field_validator
 from pydantic_core import core_schema
 
+from skillopt.atomic import atomic_write_bytes
 from skillopt.errors import ConfigError, DataError
 
 __all__ = [
@@ -801,18 +800,7 @@ def _check_manifest_matches(manifest_path: Path, expected: dict[str, Any]) -> No
 
 def _write_json_atomic(path: Path, value: Any) -> None:
     """Write JSON (UTF-8, indent 2) via a temp file in the same folder and an atomic rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(value, indent=2, ensure_ascii=False) + "\n"
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write_bytes(path, (json.dumps(value, indent=2, ensure_ascii=False) + "\n").encode("utf-8"))
 
 
 # ---------------------------------------------------------------------------------- epoch planning

@@ -22,13 +22,10 @@ nothing here decides what to skip.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import math
-import os
 import re
-import tempfile
 import threading
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
@@ -39,6 +36,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel
 
+from skillopt.atomic import atomic_write_bytes
 from skillopt.config import SkillOptConfig
 from skillopt.errors import ConfigError, SkillOptError
 from skillopt.gate import Scores, score_rows
@@ -271,25 +269,6 @@ def _history_key(record: StepRecord) -> tuple[int, int]:
 
 # --------------------------------------------------------------------------------------------
 # Atomic writes
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Replace ``path`` with ``data`` atomically: temp file in the same folder, fsync, ``os.replace``.
-
-    Creates missing parent folders. On any error the temp file is removed and ``path`` is untouched.
-    """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(handle, "wb") as file:
-            file.write(data)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(temp_name, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(temp_name)
-        raise
 
 
 def _encode_text(text: str) -> bytes:

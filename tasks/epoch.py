@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 from prefect import task
 
@@ -14,6 +14,8 @@ from skillopt.skill import skill_hash
 from skillopt.slow_update import Pairs, SlowUpdateReply, slow_update_request
 from tasks.cache import content_key, digest, keyed, retry_only_retryable
 from tasks.context import RunContext
+
+R = TypeVar("R")
 
 
 def _plan_key(p: dict[str, Any]) -> str:
@@ -41,11 +43,7 @@ def slow_update(ctx: RunContext, start_skill: str, current_skill: str, previous_
     """New epoch guidance for the target; None when the reply cannot be used (the old guidance stays)."""
     request = slow_update_request(start_skill=start_skill, current_skill=current_skill,
                                   previous_guidance=previous_guidance, pairs=pairs)
-    try:
-        reply, _ = ctx.clients.optimizer.structured(request, SlowUpdateReply)
-    except ParseError:
-        return None
-    return reply
+    return _reply_or_none(ctx, request, SlowUpdateReply)
 
 
 def _meta_key(p: dict[str, Any]) -> str:
@@ -62,8 +60,13 @@ def meta_skill(ctx: RunContext, previous_skill: str, current_skill: str, previou
     """The optimizer's memory for the next epoch; None when the reply cannot be used (the old memory stays)."""
     request = meta_skill_request(previous_skill=previous_skill, current_skill=current_skill,
                                  previous_memory=previous_memory, pairs=pairs)
+    return _reply_or_none(ctx, request, MetaSkillReply)
+
+
+def _reply_or_none(ctx: RunContext, request: Any, schema: type[R]) -> R | None:
+    """The optimizer's validated reply, or None when it stays unusable after the client's re-ask."""
     try:
-        reply, _ = ctx.clients.optimizer.structured(request, MetaSkillReply)
+        reply, _ = ctx.clients.optimizer.structured(request, schema)
     except ParseError:
         return None
     return reply

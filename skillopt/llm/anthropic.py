@@ -15,20 +15,19 @@ import json
 import time
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from skillopt.errors import ConfigError
 from skillopt.llm.base import BackendContext, BackendInfo, SecretSource
 from skillopt.llm.chat import ChatRequest, ChatResponse, ImagePart, Message, TextPart, Usage
-from skillopt.llm.errors import BackendError, CallTimeout, ConnectionFailed, ServerError
 from skillopt.llm.http_common import (
     WarnOnce,
-    classify_status,
+    parse_body,
     read_with_deadline,
     require_key,
     resolve_key,
+    sdk_errors,
     split_sdk_kwargs,
-    transport_error,
 )
 from skillopt.llm.json_extract import schema_instruction, strict_json_schema
 from skillopt.llm.roles import ResolvedRole
@@ -118,30 +117,12 @@ class AnthropicBackend:
         body = self.body(request)
         kwargs = split_sdk_kwargs(self.client.messages.create, body)
         started = time.monotonic()
-        try:
-            with self.client.messages.with_streaming_response.create(**kwargs, timeout=timeout_s) as response:
-                raw = read_with_deadline(response.iter_bytes(), deadline=started + timeout_s, timeout_s=timeout_s)
-                headers = response.headers
-        except anthropic.APIStatusError as exc:
-            raise classify_status(exc.status_code, headers=exc.response.headers, body=exc.response.text,
-                                  role=self.role, redactor=self.redactor) from None
-        except anthropic.APITimeoutError:
-            raise CallTimeout(f"no response within {timeout_s:g} s") from None
-        except anthropic.APIConnectionError:
-            raise ConnectionFailed(f"cannot reach {self.role.base_url or 'the API'}") from None
-        except BackendError:
-            raise
-        except Exception as exc:
-            error = transport_error(exc, timeout_s=timeout_s)
-            if error is None:
-                raise
-            raise error from None
+        with sdk_errors(anthropic, role=self.role, redactor=self.redactor, timeout_s=timeout_s), \
+                self.client.messages.with_streaming_response.create(**kwargs, timeout=timeout_s) as response:
+            raw = read_with_deadline(response.iter_bytes(), deadline=started + timeout_s, timeout_s=timeout_s)
+            headers = response.headers
         latency = time.monotonic() - started
-        try:
-            message = anthropic.types.Message.model_validate_json(raw)
-        except ValidationError:
-            snippet = raw[:80].decode("utf-8", "replace")
-            raise ServerError(f"malformed response body (starts with {json.dumps(snippet)})") from None
+        message = parse_body(anthropic.types.Message, raw)
         texts, thoughts, parsed = [], [], None
         for block in message.content:
             kind = getattr(block, "type", None)

@@ -9,7 +9,9 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
 from urllib.parse import urlparse
 
 from skillopt.errors import ConfigError
@@ -125,6 +127,40 @@ def transport_error(exc: BaseException, *, timeout_s: float) -> BackendError | N
     if "TransportError" in names:
         return ConnectionFailed(f"the connection broke while reading the response ({type(exc).__name__})")
     return None
+
+
+@contextmanager
+def sdk_errors(sdk: Any, *, role: ResolvedRole, redactor: Redactor, timeout_s: float) -> Iterator[None]:
+    """Translate an SDK's (``openai`` or ``anthropic``) exceptions into classified ``BackendError``s."""
+    try:
+        yield
+    except sdk.APIStatusError as exc:
+        raise classify_status(exc.status_code, headers=exc.response.headers, body=exc.response.text, role=role,
+                              redactor=redactor) from None
+    except sdk.APITimeoutError:
+        raise CallTimeout(f"no response within {timeout_s:g} s") from None
+    except sdk.APIConnectionError as exc:
+        cause = exc.__cause__ or exc.__context__
+        reason = type(cause).__name__ if cause else type(exc).__name__
+        raise ConnectionFailed(f"cannot reach {role.base_url or 'the API'}: {reason}") from None
+    except BackendError:
+        raise
+    except Exception as exc:  # HTTP-client errors raised while the body streams
+        error = transport_error(exc, timeout_s=timeout_s)
+        if error is None:
+            raise
+        raise error from None
+
+
+def parse_body(model: Any, raw: bytes) -> Any:
+    """Validate a provider's JSON body with the SDK's model; a body that does not fit is a server error."""
+    from pydantic import ValidationError
+
+    try:
+        return model.model_validate_json(raw)
+    except ValidationError:
+        snippet = raw[:80].decode("utf-8", "replace").replace("\n", " ")
+        raise ServerError(f"malformed response body (starts with {json.dumps(snippet)})") from None
 
 
 def read_with_deadline(chunks: Iterable[bytes], *, deadline: float, clock: Callable[[], float] = time.monotonic,

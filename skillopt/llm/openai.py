@@ -10,27 +10,26 @@ retry loop is the only one).
 
 from __future__ import annotations
 
-import json
 import re
 import time
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict
 
 from skillopt.llm.base import BackendContext, BackendInfo, SecretSource
 from skillopt.llm.capabilities import Capabilities, capabilities_for
 from skillopt.llm.chat import ChatRequest, ChatResponse, ImagePart, Message, TextPart, Usage
-from skillopt.llm.errors import BackendError, CallTimeout, ConnectionFailed, ServerError
+from skillopt.llm.errors import ServerError
 from skillopt.llm.http_common import (
     WarnOnce,
-    classify_status,
     drop_unsupported,
+    parse_body,
     read_with_deadline,
     require_key,
     resolve_key,
+    sdk_errors,
     split_sdk_kwargs,
-    transport_error,
 )
 from skillopt.llm.json_extract import schema_instruction, strict_json_schema
 from skillopt.llm.roles import ResolvedRole
@@ -188,34 +187,16 @@ class OpenAIWire:
 
     def post(self, endpoint: Any, body: dict[str, Any], *, timeout_s: float, started: float) -> tuple[bytes, Mapping]:
         """Send ``body`` and read the whole reply within the deadline; errors are classified."""
-        openai = self.openai
         kwargs = split_sdk_kwargs(endpoint, body)
-        try:
-            with endpoint(**kwargs, timeout=sdk_timeout(timeout_s)) as response:
-                raw = read_with_deadline(response.iter_bytes(), deadline=started + timeout_s, timeout_s=timeout_s)
-                return raw, response.headers
-        except openai.APIStatusError as exc:
-            raise classify_status(exc.status_code, headers=exc.response.headers, body=exc.response.text,
-                                  role=self.role, redactor=self.redactor) from None
-        except openai.APITimeoutError:
-            raise CallTimeout(f"no response within {timeout_s:g} s") from None
-        except openai.APIConnectionError as exc:
-            raise ConnectionFailed(f"cannot reach {self.role.base_url or 'the API'}: {_cause(exc)}") from None
-        except BackendError:
-            raise
-        except Exception as exc:  # HTTP-client errors raised while the body streams
-            error = transport_error(exc, timeout_s=timeout_s)
-            if error is None:
-                raise
-            raise error from None
+        with sdk_errors(self.openai, role=self.role, redactor=self.redactor, timeout_s=timeout_s), \
+                endpoint(**kwargs, timeout=sdk_timeout(timeout_s)) as response:
+            raw = read_with_deadline(response.iter_bytes(), deadline=started + timeout_s, timeout_s=timeout_s)
+            return raw, response.headers
 
     # -- parsing ----------------------------------------------------------------------------
 
     def parse_chat(self, raw: bytes) -> ChatResponse:
-        try:
-            completion = self.openai.types.chat.ChatCompletion.model_validate_json(raw)
-        except ValidationError:
-            raise ServerError(f"malformed response body ({_snippet(raw)})") from None
+        completion = parse_body(self.openai.types.chat.ChatCompletion, raw)
         if not completion.choices:
             raise ServerError("the response has no choices")
         choice = completion.choices[0]
@@ -245,10 +226,7 @@ class OpenAIWire:
         return response
 
     def parse_responses(self, raw: bytes) -> ChatResponse:
-        try:
-            result = self.openai.types.responses.Response.model_validate_json(raw)
-        except ValidationError:
-            raise ServerError(f"malformed response body ({_snippet(raw)})") from None
+        result = parse_body(self.openai.types.responses.Response, raw)
         usage = result.usage
         reasoning_parts = []
         for item in result.output or []:
@@ -324,16 +302,6 @@ def _with_schema_instruction(messages: list[dict[str, Any]], instruction: str) -
     if messages and messages[0]["role"] == "system" and isinstance(messages[0]["content"], str):
         return [{"role": "system", "content": f"{messages[0]['content']}\n\n{instruction}"}, *messages[1:]]
     return [{"role": "system", "content": instruction}, *messages]
-
-
-def _snippet(raw: bytes) -> str:
-    text = raw[:80].decode("utf-8", "replace").replace("\n", " ")
-    return f"starts with {json.dumps(text)}"
-
-
-def _cause(exc: BaseException) -> str:
-    cause = exc.__cause__ or exc.__context__
-    return type(cause).__name__ if cause else type(exc).__name__
 
 
 def _factory(role: ResolvedRole, secrets: SecretSource, context: BackendContext) -> OpenAIWire:

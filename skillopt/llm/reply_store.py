@@ -15,10 +15,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 from pathlib import Path
 
+from skillopt.atomic import atomic_write_bytes
 from skillopt.llm.chat import ChatRequest, ChatResponse
 
 
@@ -56,16 +55,4 @@ class ReplyStore:
             return None  # a torn or foreign file: call again and overwrite it
 
     def put(self, key: str, response: ChatResponse) -> None:
-        path = self._path(key)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        data = response.model_dump_json(exclude={"parsed"}).encode("utf-8")
-        fd, temp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
-        try:
-            with os.fdopen(fd, "wb") as handle:
-                handle.write(data)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(temp, path)
-        except BaseException:
-            Path(temp).unlink(missing_ok=True)
-            raise
+        atomic_write_bytes(self._path(key), response.model_dump_json(exclude={"parsed"}).encode("utf-8"))
