@@ -20,6 +20,20 @@ class _Printer(Protocol):
     def print(self, text: str = "") -> None: ...
 
 
+class _UserErrorsWithoutTraceback(logging.Filter):
+    """Drop the traceback of a skillopt user error from Prefect's run logs: the CLI prints the message."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from skillopt.errors import SkillOptError
+
+        if record.exc_info and isinstance(record.exc_info[1], SkillOptError):
+            record.msg = f"{record.getMessage()}: {record.exc_info[1]}"
+            record.args = None
+            record.exc_info = None
+            record.exc_text = None
+        return True
+
+
 class _ProgressHandler(logging.Handler):
     def __init__(self, out: _Printer) -> None:
         super().__init__(logging.INFO)
@@ -48,6 +62,10 @@ def run_flow(kind: str, out: _Printer, **parameters: Any) -> dict[str, Any]:
     progress.addHandler(handler)
     progress.setLevel(logging.INFO)
     progress.propagate = False
+    quiet = _UserErrorsWithoutTraceback()
+    run_loggers = [logging.getLogger(name) for name in ("prefect.flow_runs", "prefect.task_runs")]
+    for logger in run_loggers:
+        logger.addFilter(quiet)
     try:
         with temporary_settings(set_defaults=defaults):
             if kind == "train":
@@ -59,6 +77,8 @@ def run_flow(kind: str, out: _Printer, **parameters: Any) -> dict[str, Any]:
             return skill_eval(**parameters)
     finally:
         progress.removeHandler(handler)
+        for logger in run_loggers:
+            logger.removeFilter(quiet)
         # The ephemeral API server stops when this process exits and may log the cancellation of
         # its last event flush as an error; the run is complete by then, so keep that off the screen.
         logging.getLogger("prefect.server").setLevel(logging.CRITICAL)

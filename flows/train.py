@@ -68,7 +68,24 @@ class TrainState(BaseModel):
 # The flow
 
 
-@flow(name="skill-train", task_runner=ThreadPoolTaskRunner(max_workers=16), log_prints=False)
+def _flow_run_name() -> str:
+    """``<bench>-lr<L>-<scheduler>-<yyyymmdd-hhmm>``, from the flow run's own parameters."""
+    from prefect.runtime import flow_run
+
+    from skillopt.errors import SkillOptError
+    from skillopt.runs import flow_run_name
+
+    parameters = flow_run.parameters
+    try:
+        loaded = load_config(parameters["benchmark"], config_file=parameters.get("config_file"),
+                             overrides=parameters.get("overrides") or [], env=os.environ)
+    except SkillOptError:
+        return str(parameters.get("benchmark", "skill-train"))  # the flow itself reports the config error
+    return flow_run_name(parameters["benchmark"], loaded.config)
+
+
+@flow(name="skill-train", flow_run_name=_flow_run_name, task_runner=ThreadPoolTaskRunner(max_workers=16),
+      log_prints=False)
 def skill_train(benchmark: str, config_file: str | None = None, overrides: list[str] | None = None,
                 run_name: str | None = None, cli_roles: dict[str, Any] | None = None) -> dict[str, Any]:
     """Train a skill for ``benchmark``; returns the run summary (also written to ``summary.json``).
@@ -111,7 +128,7 @@ def baseline(ctx: RunContext) -> TrainState:
     return state
 
 
-@flow(name="skill-epoch", validate_parameters=False)
+@flow(name="skill-epoch", flow_run_name="epoch-{epoch}", validate_parameters=False)
 def skill_epoch(ctx: Any, state: TrainState, epoch: int) -> TrainState:
     """One pass over the train split, then the epoch boundary.
 
@@ -129,6 +146,7 @@ def skill_epoch(ctx: Any, state: TrainState, epoch: int) -> TrainState:
         if _budget_stop(ctx, state, epoch, step_plan.index + 1):
             return state
         state.step += 1
+        before = state.current_skill
         record = train_step(ctx, state, buffer, epoch=epoch, step_in_epoch=step_plan.index + 1,
                             batches=[(b.seed, b.item_ids) for b in step_plan.batches],
                             budget=schedule.budget(state.step))
@@ -139,7 +157,7 @@ def skill_epoch(ctx: Any, state: TrainState, epoch: int) -> TrainState:
                       "current %.3f, best %.3f", epoch, state.step, state.total_steps, record.budget, record.n_fail,
                       record.n_total, record.edits_proposed, record.edits_selected, record.decision,
                       state.current_score, state.best_score)
-        publish_step(ctx, record, state.history)
+        publish_step(ctx, record, state.history, previous_skill=before, current_skill=state.current_skill)
         publish_progress(ctx, state.step, state.total_steps, epoch, cfg.train.epochs, state.current_score,
                          state.best_score)
     state.epoch_last_skills.append(state.current_skill)
@@ -199,6 +217,7 @@ def train_step(ctx: RunContext, state: TrainState, buffer: StepBuffer, *, epoch:
         else:
             selection = select_edits(pool, budget, None)
     record.edits_selected = len(selection.edits)
+    record.edits = selection.edits
     if selection.fallback:
         record.warnings.append(selection.fallback)
     ctx.run.write_json(f"steps/{state.step:04d}/selection.json", selection)
@@ -220,8 +239,7 @@ def train_step(ctx: RunContext, state: TrainState, buffer: StepBuffer, *, epoch:
     ctx.run.write_json(f"steps/{state.step:04d}/gate.json", gate)
     if gate.decision != "reject":
         accept(ctx, state, update.candidate, gate.candidate_gate, new_best=gate.new_best)
-        return _finish_step(ctx, state, buffer, record, gate.decision, rows, failure_patches, timer, mark,
-                            previous_skill=skill)
+        return _finish_step(ctx, state, buffer, record, gate.decision, rows, failure_patches, timer, mark)
     return _finish_step(ctx, state, buffer, record, "reject", rows, failure_patches, timer, mark,
                         rejected=selection.edits, scores=(gate.current_gate, gate.candidate_gate))
 
@@ -254,6 +272,7 @@ def aggregate(ctx: RunContext, skill: str, failures: list[Patch], successes: lis
 
 def merge_tree(ctx: RunContext, kind: str, skill: str, patches: list[Patch], *, meta_skill: str) -> Patch:
     """Merge groups of ``merge_batch_size`` level by level until one patch is left."""
+    patches = [p for p in patches if p.edits] or patches[:1]  # nothing to merge in patches without edits
     level = 0
     task = ctx.bind(merge_patches)
     while len(patches) > 1:
@@ -282,8 +301,7 @@ def accept(ctx: RunContext, state: TrainState, candidate: str, score: float, *, 
 
 def _finish_step(ctx: RunContext, state: TrainState, buffer: StepBuffer, record: StepRecord, decision: str,
                  rows: list[ItemResult], failure_patches: list[Patch], timer: Any, mark: int, *,
-                 rejected: list | None = None, scores: tuple[float, float] | None = None,
-                 previous_skill: str | None = None) -> StepRecord:
+                 rejected: list | None = None, scores: tuple[float, float] | None = None) -> StepRecord:
     record.decision = decision
     record.current_score, record.best_score = state.current_score, state.best_score
     record.skill_sha, record.skill_chars = skill_hash(state.current_skill), len(state.current_skill)
@@ -296,9 +314,6 @@ def _finish_step(ctx: RunContext, state: TrainState, buffer: StepBuffer, record:
         failure_patterns=failure_patterns(rows, diagnoses), rejected_edits=rejected or [],
         score_before=scores[0] if scores else None, score_after=scores[1] if scores else None,
     ))
-    if previous_skill is not None:
-        ctx.run.write_json(f"steps/{state.step:04d}/accepted.json", {"previous": previous_skill,
-                                                                     "current": state.current_skill})
     return record
 
 

@@ -96,6 +96,8 @@ class StepRecord(BaseModel):
     edits_proposed: int = 0
     edits_selected: int = 0
     edits_applied: int = 0
+    #: The edits selected for the update, in the order they were applied.
+    edits: list[Edit] = Field(default_factory=list)
     apply_report: ApplyReport | None = None
     gate: GateResult | None = None
     current_score: float = 0.0

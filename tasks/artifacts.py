@@ -37,23 +37,16 @@ def publish_progress(ctx: RunContext, step: int, total_steps: int, epoch: int, e
              description=f"training progress of {ctx.run_name}")
 
 
-def publish_step(ctx: RunContext, record: StepRecord, history: list[StepRecord]) -> None:
-    """The step's gate table row, its edits and, for an accepted candidate, the skill diff."""
+def publish_step(ctx: RunContext, record: StepRecord, history: list[StepRecord], *, previous_skill: str,
+                 current_skill: str) -> None:
+    """The gate table, the step's edits and, for an accepted candidate, the skill diff."""
     _publish("gates", create_table_artifact, key=_key(ctx, "gates"), table=gate_table(history),
              description="gate decisions per step")
-    selection_path = ctx.run.path / "steps" / f"{record.step:04d}" / "selection.json"
-    if selection_path.is_file():
-        from skillopt.select import Selection
-
-        selection = Selection.model_validate_json(selection_path.read_text(encoding="utf-8"))
+    if record.edits:
         _publish("edits", create_table_artifact, key=_key(ctx, "edits"),
-                 table=edits_table(selection.edits, record.apply_report, record.decision),
+                 table=edits_table(record.edits, record.apply_report, record.decision),
                  description=f"edits of step {record.step}")
-    accepted_path = ctx.run.path / "steps" / f"{record.step:04d}" / "accepted.json"
-    if record.gate is not None and accepted_path.is_file():
-        import json
-
-        accepted = json.loads(accepted_path.read_text(encoding="utf-8"))
+    if record.gate is not None and record.decision != "reject" and previous_skill != current_skill:
         _publish("diff", create_markdown_artifact, key=_key(ctx, "skill-diff"),
-                 markdown=skill_diff_markdown(record.step, accepted["previous"], accepted["current"], record.gate),
+                 markdown=skill_diff_markdown(record.step, previous_skill, current_skill, record.gate),
                  description=f"accepted skill change at step {record.step}")

@@ -57,6 +57,8 @@ def run_item(
     ]
     call_tags = {"item_id": item.id, "sample": sample, **(tags or {})}
     max_turns = int(getattr(cfg, "max_turns", 1) or 1)
+    # A benchmark's ``max_tokens`` is a per-call override of the target role's cap (BENCHMARKS.md §1.11).
+    max_tokens = getattr(cfg, "max_tokens", None)
     extract = getattr(benchmark, "extract_answer", None)
 
     text, answered, previous = "", False, None
@@ -64,7 +66,8 @@ def run_item(
     for turn in range(1, max_turns + 1):
         if time.monotonic() - started > deadline:
             return _timeout_row(item, deadline, trajectory, turn - 1, answered, text)
-        response = target.chat(ChatRequest(messages=messages, stage="rollout", tags={**call_tags, "turn": turn}))
+        response = target.chat(ChatRequest(messages=messages, stage="rollout", max_tokens=max_tokens,
+                                           tags={**call_tags, "turn": turn}))
         text, answered = response.text, True
         trajectory.append({"type": "message", "role": "assistant", "turn": turn, "content": text})
         if turn == max_turns or extract is None:

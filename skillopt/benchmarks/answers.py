@@ -1,0 +1,136 @@
+"""Answer extraction and string metrics shared by every benchmark (BENCHMARKS.md §1.7, §2.2).
+
+- :func:`last_tag` and :func:`last_boxed` pull the final answer out of a target reply;
+- :func:`normalise_squad`, :func:`exact_match`, :func:`token_f1`, :func:`best_f1` and
+  :func:`sub_exact_match` are the SQuAD-style metrics (lowercase, punctuation stripped, articles
+  dropped, whitespace collapsed);
+- :func:`last_number` reads the last number of a text, for numeric scorers;
+- :func:`quote_answer` is an answer as a fail_reason quotes it (one line, bounded).
+
+Everything here is pure and never raises for odd input: an answer that cannot be read is ``None``.
+"""
+
+from __future__ import annotations
+
+import re
+import string
+from collections import Counter
+from collections.abc import Iterable
+from functools import lru_cache
+
+__all__ = [
+    "best_f1",
+    "exact_match",
+    "last_boxed",
+    "last_number",
+    "last_tag",
+    "normalise_squad",
+    "quote_answer",
+    "sub_exact_match",
+    "token_f1",
+]
+
+_BOXED = "\\boxed{"
+_BOX_TOKENS = re.compile(r"<\|begin_of_box\|>(.*?)<\|end_of_box\|>", re.DOTALL)
+_ARTICLES = re.compile(r"\b(a|an|the)\b")
+_PUNCTUATION = str.maketrans("", "", string.punctuation)
+# Thousands separators, currency signs and percent signs are noise around a number.
+_NUMBER_NOISE = re.compile(r"(?<=\d),(?=\d)|[$€£¥%]")
+#: Characters of an answer that a fail_reason quotes.
+QUOTE_CHARS = 200
+_NUMBER = re.compile(r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?")
+
+
+@lru_cache(maxsize=32)
+def _tag_pattern(tag: str) -> re.Pattern[str]:
+    name = re.escape(tag)
+    # The body may not contain another opening tag, so "<a> x <a> y </a>" yields "y": the last pair.
+    return re.compile(rf"<{name}>((?:(?!<{name}>).)*?)</{name}>", re.IGNORECASE | re.DOTALL)
+
+
+def last_tag(text: str, tag: str = "answer") -> str | None:
+    """The stripped content of the LAST complete ``<tag>…</tag>`` pair, or None when there is none.
+
+    Tags match case-insensitively and the content may span lines.
+    """
+    found = _tag_pattern(tag).findall(text or "")
+    return found[-1].strip() if found else None
+
+
+def _boxed_spans(text: str) -> Iterable[tuple[int, str]]:
+    """(start, content) of every complete top-level ``\\boxed{…}``, by a balanced-brace scan."""
+    position = 0
+    while (start := text.find(_BOXED, position)) != -1:
+        depth, index = 1, start + len(_BOXED)
+        while index < len(text) and depth:
+            depth += {"{": 1, "}": -1}.get(text[index], 0)
+            index += 1
+        if depth:  # unbalanced: no complete box starts here; look for a later one inside it
+            position = start + len(_BOXED)
+            continue
+        yield start, text[start + len(_BOXED) : index - 1]
+        position = index
+
+
+def last_boxed(text: str) -> str | None:
+    """The stripped content of the last ``\\boxed{…}`` (nested braces kept) or
+    ``<|begin_of_box|>…<|end_of_box|>``, whichever comes last; None when there is neither."""
+    text = text or ""
+    spans = list(_boxed_spans(text))
+    spans += [(m.start(), m.group(1)) for m in _BOX_TOKENS.finditer(text)]
+    if not spans:
+        return None
+    return max(spans, key=lambda span: span[0])[1].strip()
+
+
+def normalise_squad(text: str) -> str:
+    """SQuAD normalisation: lowercase, strip punctuation, drop a/an/the, collapse whitespace."""
+    text = str(text).lower().translate(_PUNCTUATION)
+    return " ".join(_ARTICLES.sub(" ", text).split())
+
+
+def exact_match(prediction: str, golds: Iterable[str]) -> bool:
+    """The normalised prediction equals some normalised gold."""
+    predicted = normalise_squad(prediction)
+    return any(predicted == normalise_squad(gold) for gold in golds)
+
+
+def token_f1(prediction: str, gold: str) -> float:
+    """Token-overlap F1 of the normalised strings: 1 when both are empty, 0 when only one is."""
+    predicted, expected = normalise_squad(prediction).split(), normalise_squad(gold).split()
+    if not predicted or not expected:
+        return float(predicted == expected)
+    common = sum((Counter(predicted) & Counter(expected)).values())
+    if common == 0:
+        return 0.0
+    precision, recall = common / len(predicted), common / len(expected)
+    return 2 * precision * recall / (precision + recall)
+
+
+def best_f1(prediction: str, golds: Iterable[str]) -> float:
+    """The best :func:`token_f1` over the golds (0 when there are none)."""
+    return max((token_f1(prediction, gold) for gold in golds), default=0.0)
+
+
+def sub_exact_match(prediction: str, golds: Iterable[str]) -> bool:
+    """Containment either way after normalisation; an empty prediction or gold never matches."""
+    predicted = normalise_squad(prediction)
+    if not predicted:
+        return False
+    for gold in golds:
+        expected = normalise_squad(gold)
+        if expected and (expected in predicted or predicted in expected):
+            return True
+    return False
+
+
+def last_number(text: str) -> float | None:
+    """The last number in ``text`` (thousands commas, currency signs and ``%`` ignored), or None."""
+    found = _NUMBER.findall(_NUMBER_NOISE.sub("", text or ""))
+    return float(found[-1]) if found else None
+
+
+def quote_answer(text: str, limit: int = QUOTE_CHARS) -> str:
+    """``text`` on one line (whitespace collapsed), cut to ``limit`` characters with ``...``."""
+    flat = " ".join(str(text).split())
+    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
