@@ -57,11 +57,26 @@ class Diagnosis(BaseModel):
     description: str = ""
 
 
+class Suggestion(BaseModel):
+    """A typed revise suggestion (``rewrite_from_suggestions`` mode), applied later by one rewrite call."""
+
+    type: Literal["add_rule", "remove_rule", "merge_rules", "reorganize", "compress", "clarify"]
+    title: str = ""
+    motivation: str = ""
+    instruction: str = ""
+    priority: int = 1
+    support_count: int = 1
+    source: Literal["failure", "success"] = "failure"
+
+
 class Patch(BaseModel):
-    """What one optimizer call proposes (patch mode: edits)."""
+    """What one optimizer call proposes: edits (patch mode), revise suggestions
+    (``rewrite_from_suggestions``) or one complete skill (``full_rewrite_minibatch``)."""
 
     reasoning: str = ""
     edits: list[Edit] = Field(default_factory=list)
+    suggestions: list[Suggestion] = Field(default_factory=list)
+    skill: str | None = None
     diagnosis: list[Diagnosis] = Field(default_factory=list)
     execution_notes: list[str] = Field(default_factory=list)
     source: Literal["failure", "success"] = "failure"
@@ -99,6 +114,13 @@ class StepRecord(BaseModel):
     #: The edits selected for the update, in the order they were applied.
     edits: list[Edit] = Field(default_factory=list)
     apply_report: ApplyReport | None = None
+    #: Rewrite modes: the rewrite call's change summary, and whether protected blocks had to be restored.
+    change_summary: list[str] = Field(default_factory=list)
+    protected_restored: bool = False
+    #: Autonomous budget: the optimizer's decision (learning_rate, reasoning, confidence, risk notes, fallback).
+    budget_decision: dict[str, Any] | None = None
+    #: Deep probe: the diagnostic instruction and the items it re-ran.
+    probe: dict[str, Any] | None = None
     gate: GateResult | None = None
     current_score: float = 0.0
     best_score: float = 0.0
