@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import time
 from typing import Any
 
@@ -32,7 +33,7 @@ from skillopt.reflect import split_and_batch
 from skillopt.schedule import EditBudgetSchedule
 from skillopt.select import needs_ranking, select_edits
 from skillopt.skill import SLOW_UPDATE, inject_block, replace_block, skill_hash
-from skillopt.slow_update import pair_by_id, select_pairs
+from skillopt.slow_update import Pairs, pair_by_id, select_pairs
 from skillopt.step_buffer import StepBuffer, StepBufferEntry, failure_patterns
 from tasks.artifacts import publish_progress, publish_step
 from tasks.context import RunContext, build_run_context
@@ -326,14 +327,7 @@ def epoch_boundary(ctx: RunContext, state: TrainState, epoch: int, epoch_start_s
     cfg = ctx.config
     if not (cfg.optimizer.use_slow_update or cfg.optimizer.use_meta_skill):
         return
-    import random
-
-    train_ids = sorted(ctx.split_ids["train"])
-    sample = random.Random(cfg.train.seed + 2000 * epoch).sample(
-        train_ids, min(cfg.optimizer.slow_update_samples, len(train_ids)))
-    before = evaluate(ctx, epoch_start_skill, "train", sample, training=True).rows
-    after = evaluate(ctx, state.current_skill, "train", sample, training=True).rows
-    pairs = select_pairs(pair_by_id(before, after), cfg.optimizer.longitudinal_pair_policy)
+    pairs = longitudinal_pairs(ctx, epoch, epoch_start_skill, state.current_skill)
     ctx.run.write_json(f"epochs/{epoch:02d}/pairs.json", pairs)
 
     if cfg.optimizer.use_meta_skill and len(state.epoch_last_skills) >= 2:
@@ -369,6 +363,31 @@ def epoch_boundary(ctx: RunContext, state: TrainState, epoch: int, epoch_start_s
         record.skill_sha, record.skill_chars = skill_hash(state.current_skill), len(state.current_skill)
         state.history.append(record)
         ctx.run.record_step(record)
+
+
+def longitudinal_pairs(ctx: RunContext, epoch: int, before_skill: str, after_skill: str) -> Pairs:
+    """The same train items under both skills, paired by id and filtered by the pair policy.
+
+    ``slow_update_samples`` items are drawn with seed ``seed + 2000*epoch``; with the ``changed`` or
+    ``unchanged`` policy, more train items (the next ones in the same seeded order, both skills rolled
+    out in parallel) top the selection up until it has that many pairs or the split runs out.
+    """
+    cfg = ctx.config
+    train_ids = sorted(ctx.split_ids["train"])
+    order = random.Random(cfg.train.seed + 2000 * epoch).sample(train_ids, len(train_ids))
+    wanted = min(cfg.optimizer.slow_update_samples, len(order))
+    policy = cfg.optimizer.longitudinal_pair_policy
+    pairs, taken = Pairs(), 0
+    while taken < len(order):
+        chunk = order[taken:taken + wanted]
+        taken += len(chunk)
+        before, after = evaluate_many(ctx, [(before_skill, "train", chunk), (after_skill, "train", chunk)],
+                                      training=True)
+        found = select_pairs(pair_by_id(before.rows, after.rows), policy)
+        pairs = Pairs(**{group: [*getattr(pairs, group), *getattr(found, group)] for group in Pairs.model_fields})
+        if policy == "mixed" or sum(len(getattr(pairs, g)) for g in Pairs.model_fields) >= wanted:
+            break
+    return pairs
 
 
 # --------------------------------------------------------------------------------------------
@@ -423,6 +442,20 @@ def evaluate(ctx: RunContext, skill: str, split: str, item_ids: list[str] | None
         return ctx.bind(evaluate_skill)(ctx, skill, split, list(item_ids), training=training)
     except PartialEvaluation as partial:
         return partial.evaluation
+
+
+def evaluate_many(ctx: RunContext, jobs: list[tuple[str, str, list[str]]], *, training: bool = False
+                  ) -> list[Evaluation]:
+    """Several evaluations at once, in parallel: ``(skill, split, item_ids)`` each, results in order."""
+    task = ctx.bind(evaluate_skill)
+    futures = [task.submit(ctx, skill, split, list(ids), training=training) for skill, split, ids in jobs]
+    results = []
+    for future in futures:
+        try:
+            results.append(future.result())
+        except PartialEvaluation as partial:
+            results.append(partial.evaluation)
+    return results
 
 
 def _gate_value(ctx: RunContext, scores: Scores) -> float:

@@ -24,6 +24,7 @@ from skillopt.llm.base import BackendContext, BackendRegistry, EnvSecrets
 from skillopt.llm.clients import ModelClients
 from skillopt.llm.reply_store import ReplyStore
 from skillopt.llm.roles import CliRoleOptions, resolve_roles
+from skillopt.llm.usage import check_startable
 from skillopt.runs import RunDir, config_hash, default_run_name
 from tasks.cache import digest, result_storage
 
@@ -106,6 +107,11 @@ def build_run_context(
                                  usage_path=run.path / "usage.jsonl", limiter=_limiter(config),
                                  replies=ReplyStore(Path(config.run.cache_dir) / "replies",
                                                     refresh=config.run.refresh_cache))
+    used = {"target": roles.target, "optimizer": roles.optimizer}
+    if benchmark.needs_judge(bench_cfg) and roles.judge is not None:
+        used["judge"] = roles.judge
+    check_startable(config.budget, clients.ledger.prices,
+                    {name: (role.backend, role.price_model) for name, role in used.items()})
     prompts = benchmark.prompts_dir
     guidance = {kind: _read(prompts / f"analyst_{kind}.md") for kind in ("error", "success")}
     initial = _initial_skill(config, prompts)
