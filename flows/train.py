@@ -17,28 +17,42 @@ import logging
 import os
 import random
 import time
+from functools import partial
 from typing import Any
 
 from prefect import flow
 from prefect.task_runners import ThreadPoolTaskRunner
 from pydantic import BaseModel, Field
 
+from skillopt.appendix import with_execution_notes
 from skillopt.config import load_config
 from skillopt.gate import Scores, decide, gate_score
 from skillopt.llm.roles import CliRoleOptions
 from skillopt.llm.usage import Totals, check_budget, projection_from_history
 from skillopt.merge import merge_groups
+from skillopt.probe import probe_record
 from skillopt.records import ItemResult, Patch, StepRecord
 from skillopt.reflect import split_and_batch
+from skillopt.rewrite import rewrite_as_edits
 from skillopt.schedule import EditBudgetSchedule
-from skillopt.select import needs_ranking, select_edits
+from skillopt.select import needs_ranking
 from skillopt.skill import SLOW_UPDATE, inject_block, replace_block, skill_hash
 from skillopt.slow_update import Pairs, pair_by_id, select_pairs
 from skillopt.step_buffer import StepBuffer, StepBufferEntry, failure_patterns
 from tasks.artifacts import publish_progress, publish_step
 from tasks.context import RunContext, build_run_context
 from tasks.epoch import meta_skill, plan_epoch_task, slow_update
-from tasks.optimize import apply_update, merge_patches, rank_edits, reflect_minibatch
+from tasks.optimize import (
+    apply_update,
+    decide_budget_task,
+    deep_probe,
+    merge_patches,
+    pick,
+    rank_edits,
+    reflect_minibatch,
+    rewrite_skill,
+    rewritten,
+)
 from tasks.rollout import Evaluation, PartialEvaluation, evaluate_skill
 
 progress = logging.getLogger("skillopt.progress")
@@ -173,6 +187,8 @@ def skill_epoch(ctx: Any, state: TrainState, epoch: int) -> TrainState:
 
 def train_step(ctx: RunContext, state: TrainState, buffer: StepBuffer, *, epoch: int, step_in_epoch: int,
                batches: list[tuple[int, list[str]]], budget: int) -> StepRecord:
+    cfg = ctx.config
+    mode = cfg.optimizer.skill_update_mode
     timer = _Timer()
     mark = ctx.clients.ledger.mark()
     skill = state.current_skill
@@ -181,6 +197,7 @@ def train_step(ctx: RunContext, state: TrainState, buffer: StepBuffer, *, epoch:
     rows: list[ItemResult] = []
     failure_patches: list[Patch] = []
     success_patches: list[Patch] = []
+    probes = []
     for seed, item_ids in batches:
         with timer("rollout"):
             batch_rows = evaluate(ctx, skill, "train", item_ids, training=True).rows
@@ -188,6 +205,12 @@ def train_step(ctx: RunContext, state: TrainState, buffer: StepBuffer, *, epoch:
         with timer("reflect"):
             f, s = reflect(ctx, skill, batch_rows, seed=seed, budget=budget, buffer=buffer.format(),
                            meta_skill=state.meta_memory)
+            if cfg.gradient.deep_probe:  # diagnostic re-runs become extra minibatches
+                probe = ctx.bind(deep_probe)(ctx, skill, batch_rows, buffer.format(), state.meta_memory)
+                probes.append(probe)
+                pf, ps = reflect(ctx, skill, probe.rows, seed=seed + 1_000_003, budget=budget,
+                                 buffer=buffer.format(), meta_skill=state.meta_memory)
+                f, s = f + pf, s + ps
         failure_patches += f
         success_patches += s
     n_fail = sum(r.failed for r in rows)
@@ -197,41 +220,65 @@ def train_step(ctx: RunContext, state: TrainState, buffer: StepBuffer, *, epoch:
                         rollout_soft=sum(r.soft for r in rows) / len(rows),
                         patches_proposed=len(failure_patches) + len(success_patches),
                         patches_parsed=sum(p.fallback is None for p in failure_patches + success_patches))
+    if probes:
+        record.probe = probe_record(probes[0].instruction, [r for p in probes for r in p.rows],
+                                    fallback=next((p.fallback for p in probes if p.fallback), None))
     ctx.run.write_json(f"steps/{state.step:04d}/patches.json", {"failure": failure_patches,
                                                                 "success": success_patches})
     ctx.run.write_jsonl(f"steps/{state.step:04d}/trajectories.jsonl", rows)
+    finish = partial(_finish_step, ctx, state, buffer, record, rows=rows, failure_patches=failure_patches,
+                     timer=timer, mark=mark)
 
     # 3. Aggregate: merge the failure and success trees, then one final merge (failures first).
     with timer("merge"):
         merged = aggregate(ctx, skill, failure_patches, success_patches, meta_skill=state.meta_memory)
     record.warnings += [p.fallback for p in failure_patches + success_patches + [merged] if p.fallback]
-    pool = merged.edits
-    record.edits_proposed = len(pool)
     ctx.run.write_json(f"steps/{state.step:04d}/merged.json", merged)
-    if not pool:
-        return _finish_step(ctx, state, buffer, record, "skip_no_patches", rows, failure_patches, timer, mark)
 
-    # 4. Select (gradient clipping): at most `budget` edits.
-    with timer("ranking"):
-        if needs_ranking(pool, budget):
-            selection = ctx.bind(rank_edits)(ctx, skill, pool, budget, state.meta_memory)
+    # 4. Select (gradient clipping) and 5. Update, as the update mode does them.
+    if mode == "full_rewrite_minibatch":  # each analyst wrote a whole skill; no budget, no ranking
+        if not merged.skill:
+            return finish("skip_no_rewrite")
+        update = rewritten(skill, merged.skill, [merged.reasoning] if merged.reasoning else [])
+    else:
+        pool = merged.edits if mode == "patch" else merged.suggestions
+        record.edits_proposed = len(pool)
+        if not pool:
+            return finish("skip_no_patches")
+        if cfg.optimizer.lr_control_mode == "autonomous":
+            decision = ctx.bind(decide_budget_task)(ctx, skill, _step_scores(state, record), pool, len(pool),
+                                                    buffer.format(), state.meta_memory)
+            budget = decision["learning_rate"]
+            record.budget_decision, record.budget = decision, budget
+        with timer("ranking"):
+            if needs_ranking(pool, budget):
+                picked = ctx.bind(rank_edits)(ctx, skill, pool, budget, state.meta_memory)
+            else:
+                picked = pick(pool, budget, None)
+        record.edits_selected = picked.count
+        record.edits = picked.edits
+        if picked.fallback:
+            record.warnings.append(picked.fallback)
+        ctx.run.write_json(f"steps/{state.step:04d}/selection.json", picked)
+        if not picked.count:
+            return finish("skip_zero_budget")
+        if mode == "patch":
+            update = ctx.bind(apply_update)(skill, picked.edits)
         else:
-            selection = select_edits(pool, budget, None)
-    record.edits_selected = len(selection.edits)
-    record.edits = selection.edits
-    if selection.fallback:
-        record.warnings.append(selection.fallback)
-    ctx.run.write_json(f"steps/{state.step:04d}/selection.json", selection)
-    if not selection.edits:
-        return _finish_step(ctx, state, buffer, record, "skip_zero_budget", rows, failure_patches, timer, mark)
-
-    # 5. Update.
-    update = ctx.bind(apply_update)(skill, selection.edits)
+            with timer("rewrite"):
+                reply = ctx.bind(rewrite_skill)(ctx, skill, picked.suggestions, buffer.format(), state.meta_memory)
+            if reply is None or not reply.new_skill.strip():
+                return finish("skip_no_rewrite")
+            update = rewritten(skill, reply.new_skill, reply.change_summary)
     record.apply_report = update.report
-    record.edits_applied = update.report.n_applied
+    record.edits_applied = update.report.n_applied if update.report else 0
+    record.change_summary, record.protected_restored = update.change_summary, update.protected_restored
+    if update.protected_restored:
+        record.warnings.append("the rewrite lost or changed a protected block; it was restored")
+    # What the step buffer shows as this step's idea if it is rejected.
+    proposed = list(record.edits) if mode == "patch" else rewrite_as_edits(skill, update.candidate)
     if skill_hash(update.candidate) == skill_hash(skill):
-        return _finish_step(ctx, state, buffer, record, "skip_identical", rows, failure_patches, timer, mark,
-                            rejected=selection.edits)
+        return finish("skip_identical", rejected=proposed)
 
     # 6. Gate on the selection split (an identical skill is never re-run: evaluations are cached by hash).
     with timer("gate"):
@@ -240,9 +287,14 @@ def train_step(ctx: RunContext, state: TrainState, buffer: StepBuffer, *, epoch:
     ctx.run.write_json(f"steps/{state.step:04d}/gate.json", gate)
     if gate.decision != "reject":
         accept(ctx, state, update.candidate, gate.candidate_gate, new_best=gate.new_best)
-        return _finish_step(ctx, state, buffer, record, gate.decision, rows, failure_patches, timer, mark)
-    return _finish_step(ctx, state, buffer, record, "reject", rows, failure_patches, timer, mark,
-                        rejected=selection.edits, scores=(gate.current_gate, gate.candidate_gate))
+        return finish(gate.decision)
+    return finish("reject", rejected=proposed, scores=(gate.current_gate, gate.candidate_gate))
+
+
+def _step_scores(state: TrainState, record: StepRecord) -> dict[str, Any]:
+    return {"current_score": state.current_score, "best_score": state.best_score,
+            "rollout_hard": record.rollout_hard, "rollout_soft": record.rollout_soft, "n_fail": record.n_fail,
+            "n_total": record.n_total}
 
 
 def reflect(ctx: RunContext, skill: str, rows: list[ItemResult], *, seed: int, budget: int, buffer: str,
@@ -263,7 +315,7 @@ def aggregate(ctx: RunContext, skill: str, failures: list[Patch], successes: lis
     """Hierarchical merge of each tree, then the final merge that gives failure-driven edits priority."""
     trees = [merge_tree(ctx, kind, skill, patches, meta_skill=meta_skill)
              for kind, patches in (("failure", failures), ("success", successes)) if patches]
-    trees = [t for t in trees if t.edits]
+    trees = [t for t in trees if _has_content(t)]
     if not trees:
         return Patch(reasoning="no edits proposed")
     if len(trees) == 1:
@@ -273,7 +325,7 @@ def aggregate(ctx: RunContext, skill: str, failures: list[Patch], successes: lis
 
 def merge_tree(ctx: RunContext, kind: str, skill: str, patches: list[Patch], *, meta_skill: str) -> Patch:
     """Merge groups of ``merge_batch_size`` level by level until one patch is left."""
-    patches = [p for p in patches if p.edits] or patches[:1]  # nothing to merge in patches without edits
+    patches = [p for p in patches if _has_content(p)] or patches[:1]  # nothing to merge in empty patches
     level = 0
     task = ctx.bind(merge_patches)
     while len(patches) > 1:
@@ -282,6 +334,10 @@ def merge_tree(ctx: RunContext, kind: str, skill: str, patches: list[Patch], *, 
         futures = [task.submit(ctx, kind, skill, g, level, meta_skill) if len(g) > 1 else g[0] for g in groups]
         patches = [f if isinstance(f, Patch) else f.result() for f in futures]
     return patches[0]
+
+
+def _has_content(patch: Patch) -> bool:
+    return bool(patch.edits or patch.suggestions or (patch.skill or "").strip())
 
 
 def gate_candidate(ctx: RunContext, state: TrainState, candidate: str) -> Any:
@@ -300,10 +356,12 @@ def accept(ctx: RunContext, state: TrainState, candidate: str, score: float, *, 
         ctx.run.write_best_skill(candidate)
 
 
-def _finish_step(ctx: RunContext, state: TrainState, buffer: StepBuffer, record: StepRecord, decision: str,
-                 rows: list[ItemResult], failure_patches: list[Patch], timer: Any, mark: int, *,
+def _finish_step(ctx: RunContext, state: TrainState, buffer: StepBuffer, record: StepRecord, decision: str, *,
+                 rows: list[ItemResult], failure_patches: list[Patch], timer: Any, mark: int,
                  rejected: list | None = None, scores: tuple[float, float] | None = None) -> StepRecord:
     record.decision = decision
+    if ctx.config.optimizer.use_appendix:
+        add_execution_notes(ctx, state, record, failure_patches)
     record.current_score, record.best_score = state.current_score, state.best_score
     record.skill_sha, record.skill_chars = skill_hash(state.current_skill), len(state.current_skill)
     record.usage = ctx.clients.ledger.summary(since=mark)["total"]
@@ -316,6 +374,23 @@ def _finish_step(ctx: RunContext, state: TrainState, buffer: StepBuffer, record:
         score_before=scores[0] if scores else None, score_after=scores[1] if scores else None,
     ))
     return record
+
+
+def add_execution_notes(ctx: RunContext, state: TrainState, record: StepRecord, patches: list[Patch]) -> None:
+    """After the gate: "the rule exists but was not followed" reminders go into the appendix block.
+
+    The current skill changes, so it is re-scored (cached by hash) and later gates compare against
+    its true score; the best skill stays a validated snapshot.
+    """
+    notes = [note for patch in patches for note in patch.execution_notes if note.strip()]
+    if not notes:
+        return
+    updated = with_execution_notes(state.current_skill, notes)
+    if skill_hash(updated) == skill_hash(state.current_skill):
+        return
+    state.current_skill = updated
+    state.current_score = _gate_value(ctx, evaluate(ctx, updated, "val").scores)
+    record.appendix_notes = notes
 
 
 # --------------------------------------------------------------------------------------------

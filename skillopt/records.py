@@ -121,6 +121,8 @@ class StepRecord(BaseModel):
     budget_decision: dict[str, Any] | None = None
     #: Deep probe: the diagnostic instruction and the items it re-ran.
     probe: dict[str, Any] | None = None
+    #: Execution notes added to the appendix block after the gate (``optimizer.use_appendix``).
+    appendix_notes: list[str] = Field(default_factory=list)
     gate: GateResult | None = None
     current_score: float = 0.0
     best_score: float = 0.0

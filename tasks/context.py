@@ -74,7 +74,6 @@ def build_run_context(
     name = config.benchmark.name
     if not name:
         raise ConfigError("benchmark.name is not set: name a benchmark (skillopt train BENCHMARK)")
-    _refuse_unbuilt_modes(config)
     benchmark = load_benchmark(name)
     bench_cfg = benchmark_config(benchmark, config.benchmark)
     benchmark.preflight(bench_cfg)
@@ -122,19 +121,6 @@ def build_run_context(
         bench_prompt_hash=digest([guidance, _read(prompts / "initial_skill.md"), benchmark.version]),
         storage=result_storage(Path(config.run.cache_dir)), initial_skill=initial, benchmark_guidance=guidance,
     )
-
-
-def _refuse_unbuilt_modes(config: SkillOptConfig) -> None:
-    """Settings whose training behaviour is not built yet stop the run instead of being ignored."""
-    unbuilt = {
-        "optimizer.skill_update_mode": (config.optimizer.skill_update_mode, "patch"),
-        "optimizer.lr_control_mode": (config.optimizer.lr_control_mode, "fixed"),
-        "gradient.deep_probe": (config.gradient.deep_probe, False),
-        "optimizer.use_appendix": (config.optimizer.use_appendix, False),
-    }
-    for key, (value, supported) in unbuilt.items():
-        if value != supported:
-            raise ConfigError(f"{key}: only {supported!r} is available in this version")
 
 
 def _limiter(config: SkillOptConfig) -> Any:
