@@ -31,7 +31,7 @@ The JSON is indented, so no line inside it starts with a backtick and the fence 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Literal
 
 from skillopt.llm.chat import ChatRequest, system, user
@@ -68,19 +68,32 @@ def edit_json(edit: Edit) -> dict[str, object]:
             "support_count": edit.support_count, "source": edit.source}
 
 
+def patch_heading(patch: Patch, *, index: int) -> str:
+    """``### Patch <index> (source: …, support: …)``: the first line of every patch block."""
+    return f"### Patch {index} (source: {patch.source}, support: {patch.support})"
+
+
 def format_patch_block(patch: Patch, *, index: int) -> str:
     """``### Patch <index> (source: …, support: …)`` and a fenced ```json block of the patch."""
     body = json.dumps({"reasoning": patch.reasoning, "edits": [edit_json(e) for e in patch.edits]},
                       ensure_ascii=False, indent=2)
-    return f"### Patch {index} (source: {patch.source}, support: {patch.support})\n```json\n{body}\n```"
+    return f"{patch_heading(patch, index=index)}\n```json\n{body}\n```"
 
 
-def format_merge_message(*, skill: str, patches: Sequence[Patch], level: int, meta_skill: str = "") -> str:
-    """The merge user message (format in the module docstring); patches numbered from 1."""
+def format_merge_message(
+    *,
+    skill: str,
+    patches: Sequence[Patch],
+    level: int,
+    meta_skill: str = "",
+    format_block: Callable[..., str] = format_patch_block,
+) -> str:
+    """The merge user message (format in the module docstring); patches numbered from 1, each
+    shown by ``format_block(patch, index=i)`` (the rewrite modes show suggestions or whole skills)."""
     sections = [f"## Current skill\n{skill_or_empty(skill)}"]
     if meta_skill.strip():
         sections.append(f"## Optimizer memory\n{meta_skill.strip()}")
-    blocks = [format_patch_block(patch, index=i) for i, patch in enumerate(patches, 1)]
+    blocks = [format_block(patch, index=i) for i, patch in enumerate(patches, 1)]
     sections.append(f"## Patches to merge (level {level})\n" + "\n\n".join(blocks))
     return "\n\n".join(sections) + "\n"
 
@@ -118,7 +131,7 @@ class MergeReply(ReplyModel):
     edits: list[MergeEdit]
 
 
-def _inherited(patches: Sequence[Patch], **fields: object) -> Patch:
+def inherit_patch(patches: Sequence[Patch], **fields: object) -> Patch:
     """A patch with ``fields`` and what every merge inherits from its inputs: their summed support,
     their diagnoses (the step buffer groups failures by them) and their execution notes."""
     notes = [note for patch in patches for note in patch.execution_notes]
@@ -151,19 +164,24 @@ def patch_from_merge(reply: MergeReply, *, kind: MergeKind, level: int, patches:
         for edit in reply.edits
     ]
     source = "success" if kind == "success" else "failure"
-    return _inherited(patches, reasoning=reply.reasoning.strip(), edits=edits, source=source, merge_level=level)
+    return inherit_patch(patches, reasoning=reply.reasoning.strip(), edits=edits, source=source,
+                         merge_level=level)
 
 
 def concat_fallback(patches: Sequence[Patch], *, reason: str) -> Patch:
-    """The inputs' edits concatenated, failure-driven edits first (each group in input order), when
-    a merge call failed: ``fallback=reason``, ``merge_level`` = the highest input level."""
+    """The inputs' edits (and revise suggestions, in ``rewrite_from_suggestions`` mode) concatenated,
+    failure-driven ones first (each group in input order), when a merge call failed:
+    ``fallback=reason``, ``merge_level`` = the highest input level."""
     edits = [e for p in patches for e in p.edits if e.source == "failure"]
     edits += [e for p in patches for e in p.edits if e.source != "failure"]
+    suggestions = [s for p in patches for s in p.suggestions if s.source == "failure"]
+    suggestions += [s for p in patches for s in p.suggestions if s.source != "failure"]
     source = "success" if patches and all(p.source == "success" for p in patches) else "failure"
-    return _inherited(
+    return inherit_patch(
         patches,
         reasoning="\n\n".join(p.reasoning for p in patches if p.reasoning),
         edits=edits,
+        suggestions=suggestions,
         source=source,
         merge_level=max((p.merge_level for p in patches), default=0),
         fallback=reason,

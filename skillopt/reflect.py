@@ -7,7 +7,8 @@ minibatch becomes one analyst request (``analyst_request``); the flow sends it w
 ``analyst_fallback``. Nothing here calls a model.
 
 The user message, section by section (a section other than the first three appears only when
-it has text)::
+it has text; ``rewrite`` reuses this message for the rewrite-mode analysts, with ``## Suggestion
+budget`` / "at most L suggestions" or no budget section at all, and ``probe`` for the deep probe)::
 
     ## Current skill
     <skill, or "(empty)">
@@ -42,6 +43,10 @@ from skillopt.skill import Edit
 from skillopt.trajectory import format_trajectory
 
 Kind = Literal["failure", "success"]
+BudgetUnit = Literal["edits", "suggestions"]
+
+#: The heading of the budget section, by what the budget counts.
+BUDGET_HEADINGS: dict[str, str] = {"edits": "Edit budget", "suggestions": "Suggestion budget"}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -76,9 +81,9 @@ def split_and_batch(
 # The request
 
 
-def format_budget(budget: int) -> str:
-    """The edit-budget sentence analysts read: ``You may propose at most L edits.``"""
-    return f"You may propose at most {budget} edits."
+def format_budget(budget: int, unit: BudgetUnit = "edits") -> str:
+    """The budget sentence analysts read: ``You may propose at most L edits.`` (or ``suggestions``)."""
+    return f"You may propose at most {budget} {unit}."
 
 
 def skill_or_empty(skill: str) -> str:
@@ -90,14 +95,21 @@ def skill_or_empty(skill: str) -> str:
 def format_analyst_message(
     *,
     skill: str,
-    budget: int,
+    budget: int | None,
     rows: Sequence[ItemResult],
     step_buffer: str = "",
     meta_skill: str = "",
     trajectory_chars: int = 6000,
+    budget_unit: BudgetUnit = "edits",
 ) -> str:
-    """The analyst's user message (format in the module docstring); trajectories numbered from 1."""
-    sections = [f"## Current skill\n{skill_or_empty(skill)}", f"## Edit budget\n{format_budget(budget)}"]
+    """The analyst's user message (format in the module docstring); trajectories numbered from 1.
+
+    ``budget_unit`` names the budget section (``## Edit budget`` / ``## Suggestion budget``) and its
+    sentence; ``budget`` None leaves the section out (full rewrites and the deep probe have none).
+    """
+    sections = [f"## Current skill\n{skill_or_empty(skill)}"]
+    if budget is not None:
+        sections.append(f"## {BUDGET_HEADINGS[budget_unit]}\n{format_budget(budget, budget_unit)}")
     if step_buffer.strip():
         sections.append(f"## Step buffer\n{step_buffer.strip()}")
     if meta_skill.strip():
@@ -107,11 +119,13 @@ def format_analyst_message(
     return "\n\n".join(sections) + "\n"
 
 
-def analyst_system_prompt(*, kind: Kind, benchmark_guidance: str = "", use_appendix: bool = False) -> str:
-    """The analyst's instructions and output keys: the ``analyst_<kind>`` template, then (failure
-    analysts with ``use_appendix``) the execution-notes instructions, then the benchmark's guidance
-    under ``## Benchmark guidance``."""
-    parts = [optimizer_prompt(f"analyst_{kind}")]
+def analyst_system_prompt(
+    *, kind: Kind, benchmark_guidance: str = "", use_appendix: bool = False, template: str | None = None
+) -> str:
+    """The analyst's instructions and output keys: ``template`` (by default the ``analyst_<kind>``
+    template), then (failure analysts with ``use_appendix``) the execution-notes instructions, then
+    the benchmark's guidance under ``## Benchmark guidance``."""
+    parts = [optimizer_prompt(f"analyst_{kind}") if template is None else template]
     if use_appendix and kind == "failure":
         parts.append(optimizer_prompt("analyst_execution_notes"))
     if benchmark_guidance.strip():
@@ -209,20 +223,31 @@ def patch_from_reply(reply: AnalystReply, *, kind: Kind, rows: Sequence[ItemResu
     """
     if budget < 0:
         raise ValueError(f"edit budget must be >= 0, got {budget}")
-    known = {row.id for row in rows}
-    diagnosis = []
-    for entry in reply.diagnosis:
-        ids = list(dict.fromkeys(i for i in map(normalise_id, entry.ids) if i in known))
-        if ids:
-            diagnosis.append(Diagnosis(ids=ids, kind=entry.kind.strip() or "other",
-                                       description=entry.description.strip()))
     edits = [
         Edit(op=edit.op, target=edit.target, content=edit.content, support_count=1, source=kind)
         for edit in reply.patch.edits[:budget]
     ]
-    notes = list(dict.fromkeys(note.strip() for note in reply.execution_notes if note.strip()))
+    diagnosis, notes = diagnosis_from_reply(reply.diagnosis, rows), notes_from_reply(reply.execution_notes)
     return Patch(reasoning=reply.patch.reasoning.strip(), edits=edits, diagnosis=diagnosis,
                  execution_notes=notes, source=kind, support=len(rows))
+
+
+def diagnosis_from_reply(entries: Sequence[DiagnosisReply], rows: Sequence[ItemResult]) -> list[Diagnosis]:
+    """The analyst's diagnosis entries with ids not among ``rows`` (or repeated) dropped, and an entry
+    left with no id dropped too."""
+    known = {row.id for row in rows}
+    diagnosis = []
+    for entry in entries:
+        ids = list(dict.fromkeys(i for i in map(normalise_id, entry.ids) if i in known))
+        if ids:
+            diagnosis.append(Diagnosis(ids=ids, kind=entry.kind.strip() or "other",
+                                       description=entry.description.strip()))
+    return diagnosis
+
+
+def notes_from_reply(notes: Sequence[str]) -> list[str]:
+    """Execution notes stripped, with blank and repeated ones dropped."""
+    return list(dict.fromkeys(note.strip() for note in notes if note.strip()))
 
 
 def analyst_fallback(*, kind: Kind, rows: Sequence[ItemResult], reason: str) -> Patch:

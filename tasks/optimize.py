@@ -58,7 +58,8 @@ def _reflect_key(p: dict[str, Any]) -> str:
     return content_key(
         "reflect", optimizer=_optimizer(ctx), mode=ctx.config.optimizer.skill_update_mode, kind=p["kind"], skill=skill_hash(p["skill"]), budget=p["budget"],
         rows=[digest(r) for r in p["rows"]], buffer=p["step_buffer"], meta=p["meta_skill"],
-        prompts=prompt_hash("optimizer/analyst_failure", "optimizer/analyst_success", "optimizer/analyst_execution_notes"), guidance=ctx.bench_prompt_hash,
+        prompts=prompt_hash("optimizer/analyst_failure", "optimizer/analyst_success", "optimizer/analyst_execution_notes",
+                            "optimizer/analyst_suggestions", "optimizer/analyst_full_rewrite"), guidance=ctx.bench_prompt_hash,
         appendix=ctx.config.optimizer.use_appendix,
     )
 
@@ -91,7 +92,8 @@ def _merge_key(p: dict[str, Any]) -> str:
     return content_key("merge", optimizer=_optimizer(p["ctx"]), mode=p["ctx"].config.optimizer.skill_update_mode,
                        kind=p["kind"], skill=skill_hash(p["skill"]),
                        patches=[digest(x) for x in p["patches"]], level=p["level"], meta=p["meta_skill"],
-                       prompts=prompt_hash("optimizer/merge", "optimizer/merge_final"))
+                       prompts=prompt_hash("optimizer/merge", "optimizer/merge_final", "optimizer/merge_suggestions",
+                                           "optimizer/merge_skills"))
 
 
 @task(name="merge_patches", cache_key_fn=keyed(_merge_key), **_OPTIONS)

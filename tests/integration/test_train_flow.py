@@ -88,10 +88,3 @@ def test_skill_eval_scores_a_skill_file_like_training_did(prefect_settings, in_t
     assert result["hard"] == pytest.approx(summary["scores"]["best"]["test"]["hard"])
     assert result["n"] == 24
     assert (Path(result["run_dir"]) / "eval" / "test" / "scores.json").is_file()
-
-
-def test_modes_that_are_not_built_yet_stop_the_run_instead_of_being_ignored(prefect_settings, in_tmp):
-    from skillopt.errors import ConfigError
-
-    with pytest.raises(ConfigError, match="optimizer.skill_update_mode: only 'patch'"):
-        train("optimizer.skill_update_mode=full_rewrite_minibatch", run_name="demo-mode")

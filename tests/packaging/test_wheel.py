@@ -14,7 +14,6 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 
-pytestmark = pytest.mark.slow
 
 
 def _run(argv: list[str], **kwargs) -> subprocess.CompletedProcess[str]:

@@ -30,12 +30,9 @@ from skillopt.benchmarks.demo.world import (
     read_style,
     score_response,
 )
-from skillopt.benchmarks.runner import run_item
 from skillopt.config import BenchmarkSection
 from skillopt.data import Item
-from skillopt.llm.base import BackendContext
-from skillopt.llm.chat import ChatRequest, ChatResponse, system, user
-from skillopt.llm.scripted import ScriptedBackend, resolve_rule_set
+from skillopt.llm.chat import ChatRequest, system, user
 from skillopt.merge import MergeReply, merge_request, patch_from_merge
 from skillopt.meta_skill import MetaSkillReply, meta_skill_request
 from skillopt.records import ItemResult, Patch
@@ -44,48 +41,16 @@ from skillopt.select import RankingReply, needs_ranking, ranking_request, select
 from skillopt.skill import Edit, apply_edits, replace_block, target_text
 from skillopt.slow_update import SlowUpdateReply, pair_by_id, slow_update_request
 from skillopt.step_buffer import StepBuffer, StepBufferEntry
+from tests.fakes.demo_world import INITIAL_SKILL, accuracy, ask, backend, items, rollout
 
 SIZES = {"train": 24, "val": 12, "test": 24}
-INITIAL_SKILL = (plugin.prompts_dir / "initial_skill.md").read_text(encoding="utf-8")
 ALL_CONVENTIONS = INITIAL_SKILL + "\n" + "\n".join(rule.phrasings[0] for rule in CONVENTIONS)
+#: The target overlooks the thousands comma unless a protected block repeats it (execution notes).
+REMINDER = "\n\n<!-- APPENDIX_START -->\n- " + RULES["thousands_comma"].phrasings[0] + "\n<!-- APPENDIX_END -->"
+ALL_CONVENTIONS_REMINDED = ALL_CONVENTIONS + REMINDER
 
 
 # ------------------------------------------------------------------------------------------ helpers
-
-
-def backend(role: str = "optimizer") -> ScriptedBackend:
-    """The real scripted backend serving the built-in ``demo`` set, as a run configures it."""
-    return ScriptedBackend(resolve_rule_set("demo", BackendContext(), where="test"), role=role, seed=7)
-
-
-class TargetClient:
-    """What the runner needs of a role client: ``chat``, answered here by the scripted backend."""
-
-    def __init__(self) -> None:
-        self._backend = backend("target")
-
-    def chat(self, request: ChatRequest) -> ChatResponse:
-        return self._backend.attempt(request, timeout_s=30)
-
-
-def items(split: str, tmp_path: Path, **cfg: Any) -> list[Item]:
-    return plugin.load_split(DemoConfig(**cfg), split, run_dir=tmp_path)
-
-
-def rollout(rows: list[Item], skill: str) -> list[ItemResult]:
-    client = TargetClient()
-    return [run_item(plugin, item, skill, DemoConfig(), target=client, judge=None) for item in rows]  # type: ignore[arg-type]
-
-
-def accuracy(rows: list[ItemResult]) -> float:
-    return sum(row.hard for row in rows) / len(rows)
-
-
-def ask(request: ChatRequest, schema: type[BaseModel]) -> Any:
-    """One optimizer call through the scripted backend, validated against the stage's reply model."""
-    response = backend().attempt(request.model_copy(update={"response_schema": schema}), timeout_s=30)
-    assert isinstance(response.parsed, schema)
-    return response.parsed
 
 
 def answer_of(skill: str, question: str) -> str:
@@ -236,7 +201,10 @@ def test_the_target_applies_exactly_the_conventions_the_skill_states(rule: Any, 
     for phrasing in rule.phrasings:
         for item in items("train", tmp_path):
             habit = check_answer(item.task_type, answer_of(INITIAL_SKILL, item["question"]), item["answer"])
-            predicted = answer_of(INITIAL_SKILL + "\n" + phrasing, item["question"])
+            skill = INITIAL_SKILL + "\n" + phrasing
+            if rule.name == "thousands_comma":
+                skill += REMINDER  # stated in the body alone, this rule is overlooked (see the next test)
+            predicted = answer_of(skill, item["question"])
             taught = check_answer(item.task_type, predicted, item["answer"])
             assert taught.value_ok, (item["question"], predicted)
             expected = {**habit.conventions, **({rule.name: True} if rule.name in habit.conventions else {})}
@@ -375,7 +343,7 @@ class _AnyObject(BaseModel):
     reasoning: str = ""
 
 
-@pytest.mark.parametrize("stage", ["lr", "rewrite", "deep_probe", "judge", "preflight"])
+@pytest.mark.parametrize("stage", ["judge", "preflight"])
 def test_unscripted_stages_fall_back_to_the_auto_set(stage: str) -> None:
     tags = {"prediction": "Paris", "gold_answers": ["Paris"]} if stage == "judge" else {}
     request = ChatRequest(messages=[system("s"), user("u")], stage=stage, tags=tags,
@@ -449,5 +417,13 @@ def test_training_on_the_scripted_optimizer_learns_the_conventions(tmp_path: Pat
 def test_all_conventions_solve_every_item_and_the_baseline_does_not(tmp_path: Path) -> None:
     for split in ("train", "val", "test"):
         rows = items(split, tmp_path)
-        assert accuracy(rollout(rows, ALL_CONVENTIONS)) == 1.0
+        assert accuracy(rollout(rows, ALL_CONVENTIONS_REMINDED)) == 1.0
         assert accuracy(rollout(rows, INITIAL_SKILL)) < 0.2
+
+
+def test_a_thousands_comma_rule_in_the_body_alone_is_overlooked_until_the_appendix_repeats_it(
+        tmp_path: Path) -> None:
+    bulk = [row for row in items("train", tmp_path) if "," in row["answer"]]
+    assert bulk
+    assert accuracy(rollout(bulk, ALL_CONVENTIONS)) == 0.0
+    assert accuracy(rollout(bulk, ALL_CONVENTIONS_REMINDED)) == 1.0
