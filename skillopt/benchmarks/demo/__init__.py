@@ -62,7 +62,7 @@ class DemoBenchmark:
     """The ``demo`` plug-in (the ``Benchmark`` protocol in ``skillopt.benchmarks.base``)."""
 
     id = BENCHMARK_ID
-    version = "1"
+    version = "2"
     GOLD_FIELDS: tuple[str, ...] = ("answer",)
     Config = DemoConfig
     default_split_mode = "generated"
