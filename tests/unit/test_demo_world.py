@@ -134,7 +134,7 @@ def test_the_plug_in_is_registered_and_implements_the_protocol() -> None:
     loaded = load_benchmark("demo")
     assert loaded is plugin and isinstance(loaded, Benchmark)
     assert (loaded.id, loaded.version, loaded.GOLD_FIELDS, loaded.default_split_mode) == (
-        "demo", "1", ("answer",), "generated")
+        "demo", "2", ("answer",), "generated")
     assert not loaded.needs_judge(DemoConfig())
     loaded.preflight(DemoConfig())
     assert {p.name for p in loaded.prompts_dir.glob("*.md")} == {
