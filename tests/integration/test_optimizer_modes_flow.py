@@ -60,13 +60,27 @@ def test_deep_probe_reruns_items_with_a_readout_and_reflects_on_them(prefect_set
     assert any(r["stage"] == "deep_probe" for r in records)
     readouts = [r for r in records if r["stage"] == "rollout" and r["tags"].get("training")]
     assert readouts
+    # The diagnostic re-runs are reflected on as extra minibatches: more patches than the batch alone gives.
+    size = 8  # gradient.minibatch_size
+    probed = [r for r in history if r["kind"] == "step" and r["probe"] and r["probe"]["item_ids"]]
+    assert any(r["patches_proposed"] > -(-r["n_fail"] // size) + -(-(r["n_total"] - r["n_fail"]) // size)
+               for r in probed)
     assert improved(summary)
 
 
-def test_accumulation_paired_gate_changed_pairs_and_appendix_in_one_run(prefect_settings, in_tmp):
+def test_execution_notes_reach_the_appendix_of_the_final_skill(prefect_settings, in_tmp):
+    summary, history, run_dir = train("optimizer.use_appendix=true", run_name="m-appendix")
+    steps = [r for r in history if r["kind"] == "step"]
+    noted = [r for r in steps if r["appendix_notes"]]
+    assert noted, "no execution notes reached the appendix"
+    final = (run_dir / "skills" / f"step_{steps[-1]['step']:04d}.md").read_text()
+    assert "<!-- APPENDIX_START -->" in final and noted[0]["appendix_notes"][0] in final
+    assert improved(summary)
+
+
+def test_accumulation_paired_gate_and_changed_pairs_in_one_run(prefect_settings, in_tmp):
     summary, history, run_dir = train("train.accumulation=2", "evaluation.gate_test=paired",
-                                      "optimizer.longitudinal_pair_policy=changed", "optimizer.use_appendix=true",
-                                      run_name="m-combo")
+                                      "optimizer.longitudinal_pair_policy=changed", run_name="m-combo")
     steps = [r for r in history if r["kind"] == "step"]
     assert all(len(r["batch_ids"]) == 16 for r in steps)  # two batches of 8 feed each update
     gated = [r for r in steps if r["gate"]]
@@ -75,8 +89,4 @@ def test_accumulation_paired_gate_changed_pairs_and_appendix_in_one_run(prefect_
     assert all("improved" in r["gate"]["flips"] and "regressed" in r["gate"]["flips"] for r in gated)
     pairs = json.loads((run_dir / "epochs" / "02" / "pairs.json").read_text())
     assert pairs["persistent_fail"] == [] and pairs["stable_success"] == []
-    noted = [r for r in steps if r["appendix_notes"]]
-    assert noted, "no execution notes reached the appendix"
-    final = (run_dir / "skills" / f"step_{steps[-1]['step']:04d}.md").read_text()
-    assert "<!-- APPENDIX_START -->" in final
     assert improved(summary)
