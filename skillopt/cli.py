@@ -89,6 +89,9 @@ def _build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--split", default="test", help="train, val (selection) or test (default)")
     _add_run_options(evaluate, cache=False)
 
+    commands.add_parser("benchmarks", help="list the installed benchmark plug-ins",
+                        description="List the benchmark plug-ins registered under skillopt.benchmarks.")
+
     backends = commands.add_parser(
         "backends",
         help="list the model backends and how each role resolves",
@@ -260,6 +263,25 @@ def _print_summary(summary: dict, out: _Output) -> None:
     out.print(f"  run directory: {summary.get('run_dir', '')}")
 
 
+def _cmd_benchmarks(args: argparse.Namespace, out: _Output) -> int:
+    from importlib.metadata import entry_points
+
+    from skillopt.benchmarks.base import ENTRY_POINT_GROUP, load_benchmark
+
+    for entry in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
+        try:
+            benchmark = load_benchmark(entry.name)
+        except Exception as error:  # noqa: BLE001 - one broken plug-in must not hide the others
+            out.print(f"{entry.name:<24} unavailable: {type(error).__name__}: {error}")
+            continue
+        module_doc = sys.modules[type(benchmark).__module__].__doc__ or ""
+        summary = module_doc.strip().splitlines()[0] if module_doc.strip() else ""
+        judge = "needs the judge role" if benchmark.needs_judge(benchmark.Config()) else "no judge"
+        out.print(f"{entry.name:<24} v{benchmark.version:<4} {benchmark.default_split_mode:<10} {judge:<21} "
+                  f"{summary}")
+    return EXIT_OK
+
+
 def _cmd_backends(args: argparse.Namespace, out: _Output) -> int:
     from skillopt.llm.roles import provenance_table
 
@@ -366,6 +388,7 @@ def main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = None, std
         ("train", None): _cmd_train,
         ("demo", None): _cmd_demo,
         ("eval", None): _cmd_eval,
+        ("benchmarks", None): _cmd_benchmarks,
         ("backends", None): _cmd_backends,
         ("backends", "check"): _cmd_backends_check,
     }

@@ -97,3 +97,12 @@ def test_installed_command_runs_as_a_subprocess():
     assert help_proc.returncode == 0
     for command in ("config", "schedule"):
         assert command in help_proc.stdout
+
+
+def test_benchmarks_lists_the_installed_plug_ins_one_line_each():
+    code, out, _ = run("benchmarks")
+    assert code == 0
+    lines = {line.split()[0]: line for line in out.splitlines() if line.strip()}
+    for name in ("demo", "qa", "searchqa"):
+        assert name in lines and "unavailable" not in lines[name]
+    assert "generated" in lines["demo"] and "ratio" in lines["qa"]
