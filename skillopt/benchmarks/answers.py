@@ -1,6 +1,9 @@
 """Answer extraction and string metrics shared by every benchmark (BENCHMARKS.md §1.7, §2.2).
 
-- :func:`last_tag` and :func:`last_boxed` pull the final answer out of a target reply;
+- :func:`last_tag` and :func:`last_boxed` pull the final answer out of a target reply, and
+  :func:`tag_or_last_line` adds the SearchQA fallbacks (the last non-empty line, else the reply);
+- :func:`choice_label`, :func:`clean_label` and :func:`resolve_choice` read an option label of a
+  multiple-choice answer (``(B).``, ``b``, the option's text, ``B because …``);
 - :func:`normalise_squad`, :func:`exact_match`, :func:`token_f1`, :func:`best_f1` and
   :func:`sub_exact_match` are the SQuAD-style metrics (lowercase, punctuation stripped, articles
   dropped, whitespace collapsed);
@@ -15,18 +18,22 @@ from __future__ import annotations
 import re
 import string
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from functools import lru_cache
 
 __all__ = [
     "best_f1",
+    "choice_label",
+    "clean_label",
     "exact_match",
     "last_boxed",
     "last_number",
     "last_tag",
     "normalise_squad",
     "quote_answer",
+    "resolve_choice",
     "sub_exact_match",
+    "tag_or_last_line",
     "token_f1",
 ]
 
@@ -134,3 +141,46 @@ def quote_answer(text: str, limit: int = QUOTE_CHARS) -> str:
     """``text`` on one line (whitespace collapsed), cut to ``limit`` characters with ``...``."""
     flat = " ".join(str(text).split())
     return flat if len(flat) <= limit else flat[: limit - 3] + "..."
+
+
+def tag_or_last_line(text: str, tag: str = "answer") -> str:
+    """The last ``<tag>`` pair's content, else the last non-empty line, else the whole reply (stripped)."""
+    tagged = last_tag(text, tag)
+    if tagged is not None:
+        return tagged
+    lines = [line.strip() for line in (text or "").splitlines() if line.strip()]
+    return lines[-1] if lines else (text or "").strip()
+
+
+def choice_label(index: int) -> str:
+    """The label of option ``index`` (0-based): A, B, …, Z, AA, AB, …"""
+    label = ""
+    index += 1
+    while index:
+        index, rest = divmod(index - 1, 26)
+        label = chr(ord("A") + rest) + label
+    return label
+
+
+def clean_label(text: str) -> str:
+    """``text`` as a candidate option label: uppercased, whitespace, a leading ``(`` and trailing
+    ``.``, ``)`` or ``:`` stripped (``" (b). "`` → ``"B"``). Whether it names an option is the caller's check."""
+    return str(text).upper().strip().removeprefix("(").rstrip(".):").strip()
+
+
+def resolve_choice(text: str, options: Mapping[str, str]) -> str | None:
+    """The option label (a key of ``options``, label → text) that an answer names, or None.
+
+    In order: the answer itself as a label (:func:`clean_label`); the option whose text equals the
+    answer case-insensitively (whitespace collapsed); the answer's first token as a label.
+    """
+    label = clean_label(text)
+    if label in options:
+        return label
+    wanted = " ".join(str(text).split()).casefold()
+    for key, option in options.items():
+        if wanted and " ".join(option.split()).casefold() == wanted:
+            return key
+    tokens = str(text).split()
+    first = clean_label(tokens[0]) if tokens else ""
+    return first if first in options else None

@@ -9,6 +9,7 @@ entry-point group ``skillopt.benchmarks``; the entry-point name is the benchmark
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -17,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from skillopt.data import Item
 from skillopt.errors import ConfigError, SkillOptError
-from skillopt.llm.chat import Message
+from skillopt.llm.chat import ChatRequest, ChatResponse, Message
 
 ENTRY_POINT_GROUP = "skillopt.benchmarks"
 
@@ -50,6 +51,39 @@ class Score(BaseModel):
 Judge = Callable[[Item, str], tuple[bool, str]]
 
 
+class TargetClient(Protocol):
+    """The ``target`` role as an episode uses it (``skillopt.llm.clients.RoleClient`` satisfies it)."""
+
+    def chat(self, request: ChatRequest) -> ChatResponse: ...
+
+
+@dataclass(frozen=True)
+class EpisodeContext:
+    """What an optional ``Benchmark.run_episode(item, skill, ctx)`` gets from the shared runner.
+
+    ``messages`` is the prompt the runner built (the skill as the target sees it, plus any training
+    readout) and has already recorded as turn-0 events; ``record`` appends one trajectory event;
+    ``deadline`` is a ``time.monotonic()`` value past which no call, tool use or fetch starts.
+    """
+
+    target: TargetClient
+    messages: Sequence[Message]
+    cfg: BaseModel
+    record: Callable[[dict[str, Any]], None]
+    deadline: float
+    tags: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class EpisodeResult:
+    """What ``score`` needs (``response_text``) and what the result row reports."""
+
+    response_text: str
+    n_turns: int
+    answered: bool
+    fetched_urls: tuple[str, ...] = ()
+
+
 @runtime_checkable
 class Benchmark(Protocol):
     """One benchmark.
@@ -64,6 +98,9 @@ class Benchmark(Protocol):
     - ``task_types(items)`` lists the task types; ``preflight(cfg)`` raises ``BenchmarkSetupError``.
     - ``scripted_rules`` are the target rules the ``scripted`` backend uses for this benchmark.
     - ``needs_judge(cfg)`` says whether scoring calls the judge role.
+    - Optional ``run_episode(item, skill, ctx: EpisodeContext) -> EpisodeResult``: multi-step items
+      (tools, fetches, environments) drive the target themselves; the runner still records, scores
+      and builds the row.
     - ``version`` changes whenever scoring or prompting changes (it is part of every cache key).
     """
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from skillopt.benchmarks.base import Benchmark, Judge, RolloutInfrastructureError, Score
+from skillopt.benchmarks.base import Benchmark, EpisodeContext, Judge, RolloutInfrastructureError, Score
 from skillopt.data import Item
 from skillopt.llm.chat import ChatRequest, Message, TextPart, assistant, user
 from skillopt.llm.clients import RoleClient
@@ -56,29 +56,16 @@ def run_item(
         {"type": "message", "role": m.role, "turn": 0, "content": m.text()} for m in messages
     ]
     call_tags = {"item_id": item.id, "sample": sample, **(tags or {})}
-    max_turns = int(getattr(cfg, "max_turns", 1) or 1)
-    # A benchmark's ``max_tokens`` is a per-call override of the target role's cap (BENCHMARKS.md §1.11).
-    max_tokens = getattr(cfg, "max_tokens", None)
-    extract = getattr(benchmark, "extract_answer", None)
 
-    text, answered, previous = "", False, None
-    turn = 0
-    for turn in range(1, max_turns + 1):
-        if time.monotonic() - started > deadline:
-            return _timeout_row(item, deadline, trajectory, turn - 1, answered, text)
-        response = target.chat(ChatRequest(messages=messages, stage="rollout", max_tokens=max_tokens,
-                                           tags={**call_tags, "turn": turn}))
-        text, answered = response.text, True
-        trajectory.append({"type": "message", "role": "assistant", "turn": turn, "content": text})
-        if turn == max_turns or extract is None:
-            break
-        answer = extract(text)
-        if answer is not None and answer == previous:
-            break
-        previous = answer
-        feedback = SELF_CHECK if answer is not None else FORMAT_ONLY
-        trajectory.append({"type": "feedback", "role": "user", "turn": turn, "content": feedback})
-        messages = [*messages, assistant(text), user(feedback)]
+    episode = getattr(benchmark, "run_episode", None)
+    if episode is not None:  # multi-step items drive the target themselves
+        result = episode(item, target_text(skill), EpisodeContext(
+            target=target, messages=messages, cfg=cfg, record=trajectory.append, deadline=started + deadline,
+            tags=call_tags))
+        text, turn, answered = result.response_text, result.n_turns, result.answered
+    else:
+        text, turn, answered = _turns(benchmark, target, messages, trajectory, cfg, call_tags,
+                                      deadline_at=started + deadline)
     if time.monotonic() - started > deadline:
         return _timeout_row(item, deadline, trajectory, turn, answered, text)
 
@@ -100,6 +87,34 @@ def run_item(
         target_system_prompt=system_text,
         target_user_prompt=user_text,
     )
+
+
+def _turns(benchmark: Benchmark, target: RoleClient, messages: list[Message], trajectory: list[dict[str, Any]],
+           cfg: BaseModel, tags: dict[str, Any], *, deadline_at: float) -> tuple[str, int, bool]:
+    """Up to ``max_turns`` target calls: each later turn asks the target to re-check and restate its
+    answer, stopping early once the parsed answer repeats (BENCHMARKS.md §1.8)."""
+    max_turns = int(getattr(cfg, "max_turns", 1) or 1)
+    # A benchmark's ``max_tokens`` is a per-call override of the target role's cap (BENCHMARKS.md §1.11).
+    max_tokens = getattr(cfg, "max_tokens", None)
+    extract = getattr(benchmark, "extract_answer", None)
+    text, answered, previous, turn = "", False, None, 0
+    for turn in range(1, max_turns + 1):
+        if time.monotonic() > deadline_at:
+            return text, turn - 1, answered
+        response = target.chat(ChatRequest(messages=messages, stage="rollout", max_tokens=max_tokens,
+                                           tags={**tags, "turn": turn}))
+        text, answered = response.text, True
+        trajectory.append({"type": "message", "role": "assistant", "turn": turn, "content": text})
+        if turn == max_turns or extract is None:
+            break
+        answer = extract(text)
+        if answer is not None and answer == previous:
+            break
+        previous = answer
+        feedback = SELF_CHECK if answer is not None else FORMAT_ONLY
+        trajectory.append({"type": "feedback", "role": "user", "turn": turn, "content": feedback})
+        messages = [*messages, assistant(text), user(feedback)]
+    return text, turn, answered
 
 
 def evaluation_event(item: Item, score: Score) -> str:
