@@ -531,10 +531,20 @@ def find_benchmark_config(name: str, *, cwd: Path | None = None) -> Path:
     shipped = shipped_dir("configs") / f"{name}.yaml"
     if shipped.is_file():
         return shipped
-    known = sorted(set(shipped_config_names()) | _local_config_names(cwd or Path.cwd()))
+    if name in _registered_benchmarks():
+        # A third-party plug-in without a config file of its own starts from the shared defaults.
+        return shipped_dir("configs") / "_base_.yaml"
+    known = sorted(set(shipped_config_names()) | _local_config_names(cwd or Path.cwd()) | _registered_benchmarks())
     hint = difflib.get_close_matches(name, known, n=1)
     suggestion = f"; did you mean {hint[0]!r}?" if hint else ""
     raise ConfigError(f"no config for benchmark {name!r}{suggestion} Known: {', '.join(known)}")
+
+
+def _registered_benchmarks() -> set[str]:
+    """Names registered under the ``skillopt.benchmarks`` entry points (read without importing them)."""
+    from importlib.metadata import entry_points
+
+    return {entry.name for entry in entry_points(group="skillopt.benchmarks")}
 
 
 def _local_config_names(cwd: Path) -> set[str]:
