@@ -1,0 +1,463 @@
+"""OfficeQA (``officeqa``): numeric and factual QA over US Treasury Bulletins with a local document
+tool loop (BENCHMARKS.md §2.8).
+
+Items come from one CSV per split (``uid|id, question, ground_truth|answer, category|difficulty,
+source_files, source_docs, split``) or ``items.json``, normalized to ``{id, uid, question,
+ground_truth, answers, task_type, source_files, source_docs, split}``. The corpus is the
+``treasury_bulletin_YYYY_MM.txt`` files under the document roots (:mod:`.documents`).
+
+:meth:`OfficeQABenchmark.run_episode` runs the tool loop (:mod:`.tools`): each reply holds one
+``<tool_call>`` or the final ``<answer>``, for at most ``max_tool_turns`` target calls. The answer
+is scored by normalised exact match (hard) and token F1 (soft) after dropping commas, most
+punctuation and the words million(s), billion(s), dollar(s) and nominal.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import time
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from skillopt.benchmarks.answers import last_tag, quote_answer
+from skillopt.benchmarks.base import (
+    BenchmarkSetupError,
+    EpisodeContext,
+    EpisodeResult,
+    Judge,
+    Score,
+    skill_section,
+)
+from skillopt.benchmarks.officeqa.documents import (
+    MAX_CANDIDATES_SHOWN,
+    Corpus,
+    docs_roots,
+    oracle_pages,
+)
+from skillopt.benchmarks.officeqa.scripted import scripted_target
+from skillopt.benchmarks.officeqa.tools import PROTOCOL, DocumentTools, parse_tool_call
+from skillopt.benchmarks.sealqa import read_rows
+from skillopt.config import BenchmarkSection
+from skillopt.data import Item, SplitSpec, load_splits, read_records, split_output_dir
+from skillopt.errors import DataError
+from skillopt.llm.chat import ChatRequest, Message, assistant, system, user
+from skillopt.resources import shipped_dir
+
+BENCHMARK_ID = "officeqa"
+DEFAULT_TASK_TYPE = "officeqa"
+NATIVE_EXTENSIONS = (".csv",)
+#: The item key holding what loading found in the corpus for this item (never written to split files).
+DOCUMENTS_KEY = "documents"
+NO_TAG = "no-answer: no tool call and no final answer"
+NO_TAG_WITHOUT_TOOLS = "no-answer: no final answer"
+EMPTY_ANSWER = "no-answer: empty <answer>"
+
+_SYSTEM_INTRO = (
+    "You are a financial analyst answering questions from local text files of U.S. Treasury Bulletins "
+    "(1939 onward). Answers are usually a value read from a table, sometimes followed by arithmetic."
+)
+_TOOL_RULES = """\
+Rules:
+- Use only the tools below and the evidence in this task; never answer a value from memory.
+- Locate the right file first, then search briefly and read small windows around the hits.
+- Never invent a value. Compute only after you have extracted the exact operands.
+- Call the tools directly; do not ask for permission.
+- Finish with the final value inside <answer>…</answer>."""
+_NO_TOOL_RULES = """\
+Rules:
+- Use only the parsed pages and hints in this task; never answer a value from memory.
+- Never invent a value. Compute only after you have extracted the exact operands.
+- Finish with the final value inside <answer>…</answer>."""
+_ORACLE_LABEL = "Primary evidence: the parsed pages the question's sources point to."
+_CLOSING_TOOLS = "Use the tools to find the evidence, then put the final value inside <answer>…</answer>."
+_CLOSING_NO_TOOLS = "Answer from the evidence above; put the final value inside <answer>…</answer>."
+# The evaluator keeps word characters, spaces, '.', '-' and '%' (BENCHMARKS.md §2.8).
+_DROP_PUNCTUATION = re.compile(r"[^\w\s.\-%]|_")
+_DROP_WORDS = re.compile(r"\b(?:millions?|billions?|dollars?|nominal)\b")
+_LIST_SPLIT = re.compile(r"\r\n|\r|\n")
+_URL_SPLIT = re.compile(r"\s+|,\s*(?=https?://)")
+
+
+class OfficeQAConfig(BenchmarkSection):
+    """The ``benchmark:`` section for ``officeqa``: the corpus, the tool loop and the oracle pages."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    #: Folders holding the corpus; relative entries are looked up under ``data_root`` first.
+    docs_dirs: list[str] | None = None
+    #: Run the local tool loop (glob/read/grep); false makes one call with no tools.
+    use_local_tools: bool = True
+    #: Render the source URLs' pages from ``jsons/<stem>.json`` into the prompt.
+    include_oracle_pages: bool = True
+    #: The most target calls of one item's tool loop.
+    max_tool_turns: int = Field(default=24, ge=1)
+    #: The target's output cap for this benchmark (a per-call override of model.target.max_tokens).
+    max_tokens: int = Field(default=10000, ge=1)
+    #: Set by ``--data DIR``: that folder is also a document root (its ``transformed/`` when present).
+    data_root: str | None = None
+
+
+# ----------------------------------------------------------------------------------------- loading
+
+
+def parse_source_files(value: Any) -> list[str]:
+    """``source_files`` as a list: a list, a JSON list, a newline list (CR/LF), a comma list or one name."""
+    if value is None:
+        return []
+    if isinstance(value, str):
+        text = value.strip()
+        if text.startswith("["):
+            try:
+                value = json.loads(text)
+            except json.JSONDecodeError:
+                raise ValueError(f"field 'source_files' is not a JSON list: {quote_answer(text)}") from None
+        else:
+            parts = _LIST_SPLIT.split(text) if _LIST_SPLIT.search(text) else text.split(",")
+            return [part.strip() for part in parts if part.strip()]
+    if not isinstance(value, list | tuple):
+        raise ValueError(f"field 'source_files' must be a list or a string, got {type(value).__name__}")
+    return [str(entry).strip() for entry in value if entry is not None and str(entry).strip()]
+
+
+def parse_source_docs(value: Any) -> list[str]:
+    """``source_docs`` as a list of URLs: a list, a JSON list, or URLs split by whitespace or commas."""
+    if value is None:
+        return []
+    if isinstance(value, str):
+        text = value.strip()
+        if text.startswith("["):
+            try:
+                value = json.loads(text)
+            except json.JSONDecodeError:
+                raise ValueError(f"field 'source_docs' is not a JSON list: {quote_answer(text)}") from None
+        else:
+            return [part.strip() for part in _URL_SPLIT.split(text) if part and part.strip()]
+    if not isinstance(value, list | tuple):
+        raise ValueError(f"field 'source_docs' must be a list or a string, got {type(value).__name__}")
+    return [str(entry).strip() for entry in value if entry is not None and str(entry).strip()]
+
+
+def _text(row: Mapping[str, Any], names: Sequence[str]) -> str:
+    for name in names:
+        value = row.get(name)
+        if value is None or value == "":
+            continue
+        if isinstance(value, bool) or not isinstance(value, str | int | float):
+            raise ValueError(f"field {name!r} must be a string or a number, got {type(value).__name__}")
+        return str(value).strip()
+    return ""
+
+
+def normalise_row(row: Mapping[str, Any]) -> dict[str, Any]:
+    """An OfficeQA item (idempotent): ``question`` and ``ground_truth|answer`` are required.
+
+    The id is ``uid|id``, else ``"officeqa-" + sha1(question)[:12]``; ``task_type`` is the
+    category (``category|difficulty``). Raises ``KeyError(field)`` for a missing field and
+    ``ValueError`` for a bad one; the loader names the file and the row.
+    """
+    question = _text(row, ("question",))
+    if not question:
+        raise KeyError("question")
+    gold = _text(row, ("ground_truth", "answer"))
+    if not gold:
+        raise KeyError("ground_truth")
+    uid = _text(row, ("uid", "id")) or "officeqa-" + hashlib.sha1(question.encode("utf-8")).hexdigest()[:12]
+    item = {
+        "id": uid,
+        "uid": uid,
+        "question": question,
+        "ground_truth": gold,
+        "answers": [gold],
+        "task_type": _text(row, ("category", "difficulty", "task_type")) or DEFAULT_TASK_TYPE,
+        "source_files": parse_source_files(row.get("source_files")),
+        "source_docs": parse_source_docs(row.get("source_docs")),
+        "split": _text(row, ("split",)),
+    }
+    if "source_id" in row:
+        item["source_id"] = row["source_id"]
+    return item
+
+
+def item_documents(item: Mapping[str, Any], config: OfficeQAConfig, corpus: Corpus) -> dict[str, Any]:
+    """What the corpus holds for ``item``: the roots, the candidate files (absolute paths), the
+    rendered oracle pages and the loop settings that ``score`` reports. JSON-serialisable."""
+    candidates = corpus.candidates(item.get("source_files") or [])
+    pages, included = ("", 0)
+    if config.include_oracle_pages:
+        pages, included = oracle_pages(corpus, item.get("source_files") or [], item.get("source_docs") or [])
+    return {
+        "roots": [str(root) for root in corpus.roots],
+        "candidate_files": [str(path) for path in candidates],
+        "oracle_pages": pages,
+        "oracle_pages_included": included,
+        "use_local_tools": config.use_local_tools,
+        "max_tool_turns": config.max_tool_turns,
+    }
+
+
+# ----------------------------------------------------------------------------------------- scoring
+
+
+def normalise_answer(text: str) -> str:
+    """The evaluator's normalisation: lowercase; drop commas; strip punctuation except ``.``, ``-``
+    and ``%``; delete million(s), billion(s), dollar(s) and nominal; collapse spaces.
+    ``"$255,724 million"`` → ``"255724"``."""
+    text = str(text).lower().replace(",", "")
+    text = _DROP_PUNCTUATION.sub("", text)
+    return " ".join(_DROP_WORDS.sub(" ", text).split())
+
+
+def answer_f1(prediction: str, gold: str) -> float:
+    """Token F1 of the normalised strings: 1 when both are empty, 0 when only one is."""
+    predicted, expected = normalise_answer(prediction).split(), normalise_answer(gold).split()
+    if not predicted or not expected:
+        return float(predicted == expected)
+    common = sum((Counter(predicted) & Counter(expected)).values())
+    if common == 0:
+        return 0.0
+    precision, recall = common / len(predicted), common / len(expected)
+    return 2 * precision * recall / (precision + recall)
+
+
+# ------------------------------------------------------------------------------------------ plugin
+
+
+class OfficeQABenchmark:
+    """The ``officeqa`` plug-in (the ``Benchmark`` protocol in ``skillopt.benchmarks.base``).
+
+    ``env`` supplies ``$OFFICEQA_DOCS_DIR`` (the process environment by default; tests pass a dict).
+    """
+
+    id = BENCHMARK_ID
+    version = "1"
+    GOLD_FIELDS: tuple[str, ...] = ("ground_truth", "answers")
+    Config = OfficeQAConfig
+    default_split_mode = "split_dir"
+    scripted_rules: Sequence[Mapping[str, Any]] = (
+        {
+            "name": "officeqa fixture target",
+            "stage": "rollout",
+            "handler": "skillopt.benchmarks.officeqa.scripted:scripted_target",
+        },
+        {
+            "name": "officeqa other",
+            "stage": "rollout",
+            "text": "The evidence does not settle it.\n<answer>unknown</answer>",
+        },
+    )
+
+    def __init__(self, env: Mapping[str, str] | None = None) -> None:
+        self.env: Mapping[str, str] = env if env is not None else os.environ
+
+    @property
+    def prompts_dir(self) -> Path:
+        return shipped_dir("prompts") / "benchmarks" / BENCHMARK_ID
+
+    def corpus(self, cfg: BaseModel) -> Corpus:
+        """The indexed corpus under the configured roots (empty when no root exists)."""
+        config = _config(cfg)
+        return Corpus.index(docs_roots(config.docs_dirs, config.data_root, self.env))
+
+    def load_split(self, cfg: BaseModel, split: str, *, run_dir: Path) -> list[Item]:
+        """The items of ``split`` (``train``, ``val``, ``test`` or an alias), each carrying its
+        ``documents`` (found in the corpus at load, never written to split files)."""
+        config = _config(cfg)
+        spec = SplitSpec.from_benchmark_config(config, default_split_mode=self.default_split_mode)
+        splits = load_splits(
+            spec,
+            benchmark=BENCHMARK_ID,
+            reader=read_rows,
+            normalise=normalise_row,
+            default_task_type=DEFAULT_TASK_TYPE,
+            native_extensions=NATIVE_EXTENSIONS,
+            out_dir=split_output_dir(spec, run_dir=run_dir, benchmark=BENCHMARK_ID),
+        )
+        items = splits.get(split)
+        corpus = self.corpus(config)
+        return [Item({**item, DOCUMENTS_KEY: item_documents(item, config, corpus)}) for item in items]
+
+    def _documents(self, item: Item, config: OfficeQAConfig) -> dict[str, Any]:
+        found = item.get(DOCUMENTS_KEY)
+        return found if isinstance(found, dict) else item_documents(item, config, self.corpus(config))
+
+    def build_messages(self, item: Item, skill: str, cfg: BaseModel) -> list[Message]:
+        """System: the analyst role, the skill, the rules and (with tools) the tool protocol.
+        User: ``## Question``, ``## Oracle Parsed Pages``, ``## Candidate Files`` (tools only, ≤ 20)
+        and ``## Source Hints``; empty sections are left out. Never reads gold."""
+        config = _config(cfg)
+        docs = self._documents(item, config)
+        tools = bool(docs["use_local_tools"])
+        sections = [f"## Question\n{item['question']}"]
+        if docs["oracle_pages"]:
+            sections.append(f"## Oracle Parsed Pages\n{_ORACLE_LABEL}\n\n{docs['oracle_pages']}")
+        files = docs["candidate_files"]
+        if tools and files:
+            shown = [f"- {path}" for path in files[:MAX_CANDIDATES_SHOWN]]
+            if len(files) > MAX_CANDIDATES_SHOWN:
+                shown.append(f"({len(files) - MAX_CANDIDATES_SHOWN} more; use glob)")
+            sections.append("## Candidate Files\n" + "\n".join(shown))
+        if item.get("source_docs"):
+            sections.append("## Source Hints\n" + "\n".join(f"- {url}" for url in item["source_docs"]))
+        sections.append(_CLOSING_TOOLS if tools else _CLOSING_NO_TOOLS)
+        rules = f"{_TOOL_RULES}\n\n{PROTOCOL}" if tools else _NO_TOOL_RULES
+        return [system(f"{_SYSTEM_INTRO}\n\n{skill_section(skill)}{rules}"), user("\n\n".join(sections))]
+
+    def run_episode(self, item: Item, skill: str, ctx: EpisodeContext) -> EpisodeResult:
+        """The tool loop: up to ``max_tool_turns`` target calls. A reply with ``<answer>`` ends it; a
+        ``<tool_call>`` is run (an error string for a bad call or path), logged as a ``tool_call``
+        event and answered with ``<tool_result>…</tool_result>``; a reply with neither ends it.
+        With ``use_local_tools: false`` it is one call. Past ``ctx.deadline`` no call starts; a
+        target error propagates. ``skill`` is already in ``ctx.messages``."""
+        config = _config(ctx.cfg)
+        docs = self._documents(item, config)
+        budget = config.max_tool_turns if docs["use_local_tools"] else 1
+        tools = DocumentTools(docs["candidate_files"], docs["roots"])
+        messages = list(ctx.messages)
+        text, calls = "", 0
+        while calls < budget and time.monotonic() < ctx.deadline:
+            calls += 1
+            request = ChatRequest(messages=messages, stage="rollout", max_tokens=config.max_tokens,
+                                  tags={**ctx.tags, "turn": calls})
+            text = ctx.target.chat(request).text
+            ctx.record({"type": "message", "role": "assistant", "turn": calls, "content": text})
+            call = parse_tool_call(text) if docs["use_local_tools"] else None
+            if last_tag(text, "answer") is not None or call is None:
+                break
+            observation = tools.run(call)
+            ctx.record({"type": "tool_call", "turn": calls, "name": call.name, "command": call.command,
+                        "observation": observation})
+            messages = [*messages, assistant(text), user(f"<tool_result>\n{observation}\n</tool_result>")]
+        return EpisodeResult(text, n_turns=calls, answered=calls > 0)
+
+    def score(self, item: Item, response_text: str, judge: Judge | None) -> Score:
+        """hard = normalised exact match with the gold, soft = token F1 of the last ``<answer>``.
+
+        No tag: ``no-answer`` (the tool budget when the last reply was still a tool call). Never
+        calls the judge."""
+        docs = item.get(DOCUMENTS_KEY) or {}
+        golds = [str(gold) for gold in item["answers"]]
+        extras: dict[str, Any] = {
+            "resolved_source_paths": list(docs.get("candidate_files", [])) if item.get("source_files") else [],
+            "oracle_pages_included": int(docs.get("oracle_pages_included", 0)),
+            "oracle_pages_chars": len(docs.get("oracle_pages", "")),
+            "use_local_tools": bool(docs.get("use_local_tools", True)),
+        }
+        answer = last_tag(response_text, "answer")
+        if not answer:
+            reason = EMPTY_ANSWER if answer is not None else self._missing_reason(response_text, docs)
+            return Score(hard=0.0, soft=0.0, fail_reason=reason, extras=extras, expected=golds[0],
+                         detail="no answer to score")
+        predicted = normalise_answer(answer)
+        em = any(predicted == normalise_answer(gold) for gold in golds)
+        f1 = 1.0 if em else max(answer_f1(answer, gold) for gold in golds)
+        fail = "" if em else (
+            f"wrong: predicted '{quote_answer(answer)}' (normalised '{quote_answer(predicted)}'), "
+            f"expected '{quote_answer(golds[0])}'"
+        )
+        return Score(
+            hard=float(em), soft=f1, predicted_answer=answer, fail_reason=fail,
+            extras={**extras, "em": float(em), "f1": round(f1, 4)},
+            expected=golds[0] if len(golds) == 1 else str(golds),
+            detail=f"normalised: predicted '{quote_answer(predicted)}' vs gold "
+                   f"'{quote_answer(normalise_answer(golds[0]))}'; EM={int(em)} F1={f1:.2f}",
+        )
+
+    @staticmethod
+    def _missing_reason(response_text: str, docs: Mapping[str, Any]) -> str:
+        if not docs.get("use_local_tools", True):
+            return NO_TAG_WITHOUT_TOOLS
+        if parse_tool_call(response_text) is not None:
+            return f"no-answer: tool-turn budget exhausted ({docs.get('max_tool_turns', '?')})"
+        return NO_TAG
+
+    def extract_answer(self, response_text: str) -> str | None:
+        """The last ``<answer>`` tag under the evaluator's normalisation, or None."""
+        answer = last_tag(response_text, "answer")
+        return None if answer is None else normalise_answer(answer)
+
+    def task_types(self, items: Sequence[Item]) -> list[str]:
+        """The distinct categories (``easy``, ``hard``), sorted."""
+        return sorted({item.task_type for item in items}) or ["easy", "hard"]
+
+    def preflight(self, cfg: BaseModel) -> None:
+        """The split folder, at least one document root, and every item's ``source_files`` under a
+        root; each miss raises ``BenchmarkSetupError`` saying how to fix it."""
+        config = _config(cfg)
+        split_mode = config.split_mode or self.default_split_mode
+        if split_mode == "split_dir" and config.split_dir and not Path(config.split_dir).is_dir():
+            raise BenchmarkSetupError(
+                f"officeqa: no split folder at {config.split_dir}; pass --data DIR (a folder holding train/, val/ "
+                "and test/, each with officeqa CSV or items.json, and the corpus) or set benchmark.split_dir"
+            )
+        roots = docs_roots(config.docs_dirs, config.data_root, self.env)
+        if not roots:
+            looked = [*(config.docs_dirs or []), *([config.data_root] if config.data_root else [])]
+            raise BenchmarkSetupError(
+                f"officeqa: no document root exists (looked at {looked or 'nothing'} and $OFFICEQA_DOCS_DIR); "
+                "set benchmark.docs_dirs to the folder holding treasury_bulletin_*.txt, or set $OFFICEQA_DOCS_DIR"
+            )
+        corpus = Corpus.index(roots)
+        missing = sorted({name for row in _source_rows(config, split_mode) for name in corpus.missing(row)})
+        if missing:
+            shown = ", ".join(missing[:10]) + (f" and {len(missing) - 10} more" if len(missing) > 10 else "")
+            raise BenchmarkSetupError(
+                f"officeqa: {len(missing)} document(s) named in source_files are under no root "
+                f"({', '.join(str(root) for root in roots)}): {shown}; download the corpus into a docs_dirs folder"
+            )
+
+    def needs_judge(self, cfg: BaseModel) -> bool:
+        return False
+
+
+def _source_rows(config: OfficeQAConfig, split_mode: str) -> list[list[str]]:
+    """The ``source_files`` of every readable row (bad rows are the loader's to report)."""
+    paths: list[Path] = []
+    if split_mode == "split_dir" and config.split_dir:
+        for split in ("train", "val", "test"):
+            folder = Path(config.split_dir) / split
+            items = folder / "items.json"
+            found = [items] if items.is_file() else sorted(folder.glob("*.csv"))[:1]
+            paths += found
+    elif split_mode == "ratio" and config.data_path:
+        paths.append(Path(config.data_path))
+    rows: list[list[str]] = []
+    for path in paths:
+        try:
+            raw = read_records(path) if path.name == "items.json" else read_rows(path)
+        except (DataError, OSError):
+            continue
+        for row in raw:
+            try:
+                rows.append(parse_source_files(row.get("source_files")))
+            except ValueError:
+                continue
+    return rows
+
+
+def _config(cfg: BaseModel) -> OfficeQAConfig:
+    return cfg if isinstance(cfg, OfficeQAConfig) else OfficeQAConfig.model_validate(cfg.model_dump())
+
+
+plugin = OfficeQABenchmark()
+
+__all__ = [
+    "BENCHMARK_ID",
+    "DOCUMENTS_KEY",
+    "OfficeQABenchmark",
+    "OfficeQAConfig",
+    "answer_f1",
+    "item_documents",
+    "normalise_answer",
+    "normalise_row",
+    "parse_source_docs",
+    "parse_source_files",
+    "plugin",
+    "scripted_target",
+]
