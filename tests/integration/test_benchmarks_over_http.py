@@ -17,7 +17,7 @@ from skillopt.llm.scripted import ScriptedBackend, resolve_rule_set
 from tests.fakes.http_fakes import ok
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
-TEXT_BENCHMARKS = ["qa", "searchqa", "livemathematicianbench", "sealqa", "officeqa"]
+TEXT_BENCHMARKS = ["qa", "searchqa", "livemathematicianbench", "sealqa", "officeqa", "spreadsheetbench"]
 
 
 def scripted_reply_server(openai_server, benchmark):

@@ -1,0 +1,446 @@
+"""SpreadsheetBench (``spreadsheetbench``): write Python that transforms an ``.xlsx`` workbook per an
+instruction, graded cell by cell on every test case (BENCHMARKS.md §2.10).
+
+Items are ``{id, instruction, spreadsheet_path, instruction_type, answer_position, answer_sheet}``
+(``items.json`` per split); ``spreadsheet_path`` is a task folder holding the test-case pairs (see
+:func:`~skillopt.benchmarks.spreadsheetbench.cells.find_test_cases`), resolved against
+``data_root``. The target sees only case 1's input, as a preview, and replies with one fenced
+python block; the harness runs it through :func:`skillopt.sandbox.run_sandboxed` with
+``INPUT_PATH``/``OUTPUT_PATH`` defined. ``score`` re-runs the final script on every case:
+**hard = all cases pass, soft = passed / cases**.
+
+``mode: multi`` (the default) gives the target up to ``max_turns`` rounds: no code → ask again; an
+exec error → the traceback tail; on train rollouts only (``training`` tag), the wrong cells of case
+1 with the target's own values, never the expected ones.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import shutil
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from skillopt.benchmarks.base import (
+    BenchmarkSetupError,
+    EpisodeContext,
+    EpisodeResult,
+    Judge,
+    Score,
+    skill_section,
+)
+from skillopt.benchmarks.scripted_target import reply_for_question
+from skillopt.benchmarks.spreadsheetbench.cells import (
+    CaseOutcome,
+    compare_workbooks,
+    find_test_cases,
+    sheet_preview,
+    split_ranges,
+    verification_table,
+)
+from skillopt.config import BenchmarkSection
+from skillopt.data import Item, SplitSpec, load_splits, split_output_dir
+from skillopt.llm.chat import ChatRequest, Message, assistant, system, user
+from skillopt.resources import shipped_dir
+from skillopt.sandbox import SandboxResult, run_sandboxed
+
+BENCHMARK_ID = "spreadsheetbench"
+TASK_TYPES = {"Cell-Level Manipulation": "cell_level", "Sheet-Level Manipulation": "sheet_level"}
+DEFAULT_TASK_TYPES = ["cell_level", "sheet_level"]
+INPUT_NAME, OUTPUT_NAME, SCRIPT_NAME = "input.xlsx", "output.xlsx", "solution.py"
+TRACEBACK_CHARS = 3000
+PREDICTION_CHARS = 4000
+NO_CODE = "no-answer: no code in the reply"
+_FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)```", re.DOTALL)
+
+_SYSTEM_INTRO = (
+    "You are an expert Python spreadsheet programmer. You write one Python script that reads the workbook "
+    "at INPUT_PATH, applies the instruction, and saves the result to OUTPUT_PATH. INPUT_PATH and OUTPUT_PATH "
+    "are already defined when your script runs: use them, never hard-code paths. Use only the standard "
+    "library, openpyxl and pandas. Never call input(). The script runs offline with a time and memory limit."
+)
+_REPLY_FORMAT = "Reply with exactly one fenced ```python code block holding the complete script, and nothing else."
+_TASK = (
+    "# Task\nWrite the complete Python script that applies the instruction to the workbook at INPUT_PATH and "
+    "saves it to OUTPUT_PATH. Leave every other cell untouched. Loop over the real rows and columns of the "
+    "data instead of fixed counts: the script is run on other workbooks of the same layout. Reply with only "
+    "the ```python block."
+)
+_ASK_AGAIN = "Your reply had no Python code. Reply with the complete script in one ```python block."
+_FIX_ERROR = "Your script failed when run on the input workbook. The end of its error output:\n```\n{tail}\n```\n" \
+             "Fix it and reply with the complete corrected script in one ```python block."
+_NO_OUTPUT = "Your script ran but wrote no workbook at OUTPUT_PATH. Save the result with " \
+             "`workbook.save(OUTPUT_PATH)` and reply with the complete corrected script in one ```python block."
+_WRONG_CELLS = "Your script ran, but these graded cells are wrong (shown with YOUR values):\n{cells}\n" \
+               "Re-read the instruction and the data, then reply with the complete corrected script in one " \
+               "```python block."
+
+
+class SpreadsheetBenchConfig(BenchmarkSection):
+    """The ``benchmark:`` section for ``spreadsheetbench``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    #: ``single``: one call; ``multi``: up to ``max_turns`` repair rounds (exec errors, train-only cell feedback).
+    mode: Literal["single", "multi"] = "multi"
+    #: Seconds one sandboxed run of the script may take (also bounded by the item's deadline).
+    code_timeout: float = Field(default=120, gt=0)
+    #: The sandbox's address-space limit in MiB.
+    sandbox_mem_mb: int = Field(default=2048, ge=64)
+    #: The target's output cap for this benchmark (a per-call override of model.target.max_tokens).
+    max_tokens: int = Field(default=16384, ge=1)
+    #: The root that ``spreadsheet_path`` is resolved against (``--data DIR`` sets it to DIR).
+    data_root: str | None = None
+
+
+# ----------------------------------------------------------------------------------------- loading
+
+
+def normalise_row(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A SpreadsheetBench item (idempotent): ``id``, ``instruction`` and ``answer_position`` are required;
+    ``spreadsheet_path`` defaults to ``spreadsheet/<id>``; ``task_type`` comes from ``instruction_type``."""
+    for name in ("id", "instruction", "answer_position"):
+        if row.get(name) in (None, ""):
+            raise KeyError(name)
+    if not isinstance(row["instruction"], str) or not isinstance(row["answer_position"], str):
+        raise ValueError("fields 'instruction' and 'answer_position' must be strings")
+    item_id = str(row["id"])
+    instruction_type = str(row.get("instruction_type") or "")
+    item = {
+        "id": item_id,
+        "instruction": row["instruction"],
+        "spreadsheet_path": str(row.get("spreadsheet_path") or f"spreadsheet/{item_id}"),
+        "instruction_type": instruction_type,
+        "answer_position": row["answer_position"],
+        "answer_sheet": row.get("answer_sheet") or None,
+        "task_type": TASK_TYPES.get(instruction_type) or row.get("task_type") or "other",
+    }
+    if "source_id" in row:
+        item["source_id"] = row["source_id"]
+    return item
+
+
+def resolve_task_dir(spreadsheet_path: str, roots: Sequence[str | Path | None]) -> Path:
+    """The item's task folder: an absolute path as is, else the first of ``roots`` that holds it
+    (the first root when none does, so the error names the expected place)."""
+    path = Path(spreadsheet_path)
+    if path.is_absolute():
+        return path.resolve()
+    candidates = [Path(root) / path for root in roots if root]
+    return next((c for c in candidates if c.is_dir()), candidates[0] if candidates else path).resolve()
+
+
+# -------------------------------------------------------------------------------------- execution
+
+
+def extract_code(text: str) -> str:
+    """The first fenced block (any language tag), else the whole reply; stripped."""
+    match = _FENCE.search(text)
+    return (match.group(2) if match else text).strip()
+
+
+def prepare_script(code: str) -> str:
+    """``code`` with the harness's ``INPUT_PATH``/``OUTPUT_PATH`` defined first and the target's own
+    top-level assignments to them removed (code that does not parse is left as is; it fails when run)."""
+    lines = code.splitlines()
+    try:
+        tree = ast.parse(code)
+    except SyntaxError:
+        tree = None
+    for node in tree.body if tree else []:
+        targets = node.targets if isinstance(node, ast.Assign) else (
+            [node.target] if isinstance(node, ast.AnnAssign) else [])
+        names = {getattr(t, "id", None) for t in targets}
+        if names & {"INPUT_PATH", "OUTPUT_PATH"} and node.end_lineno is not None:
+            for index in range(node.lineno - 1, node.end_lineno):
+                lines[index] = ""
+            lines[node.lineno - 1] = "pass  # INPUT_PATH/OUTPUT_PATH are set by the harness"
+    header = f"INPUT_PATH = {INPUT_NAME!r}\nOUTPUT_PATH = {OUTPUT_NAME!r}\n"
+    return header + "\n".join(lines) + "\n"
+
+
+def execute(code: str, input_path: Path, *, timeout_s: float, mem_mb: int,
+            deny_read: Sequence[str]) -> SandboxResult:
+    """Run the target's ``code`` on a temp copy of ``input_path`` through the sandbox."""
+    workspace = Path(tempfile.mkdtemp(prefix="skillopt-sheet-"))
+    try:
+        shutil.copyfile(input_path, workspace / INPUT_NAME)
+        (workspace / SCRIPT_NAME).write_text(prepare_script(code), encoding="utf-8")
+        return run_sandboxed([SCRIPT_NAME], workspace, timeout_s, mem_mb, collect=[OUTPUT_NAME],
+                             deny_read=deny_read)
+    finally:
+        shutil.rmtree(workspace, ignore_errors=True)
+
+
+def exec_failure(run: SandboxResult) -> str:
+    """The case's fail_reason for a run that produced no usable output, or ""."""
+    if not run.ok:
+        return f"error: exec {run.reason}"[:500]
+    if OUTPUT_NAME not in run.outputs:
+        return "error: output not found"
+    return ""
+
+
+# ------------------------------------------------------------------------------- scripted target
+
+_LOOP_ROWS = '''import openpyxl
+
+wb = openpyxl.load_workbook(INPUT_PATH)
+ws = wb["Sheet1"]
+for row in range(2, ws.max_row + 1):
+    qty, price = ws.cell(row=row, column=2).value, ws.cell(row=row, column=3).value
+    if qty is not None and price is not None:
+        ws.cell(row=row, column=4).value = qty * price
+wb.save(OUTPUT_PATH)
+'''
+_SORT_TABLE = '''import openpyxl
+
+wb = openpyxl.load_workbook(INPUT_PATH)
+ws = wb["Data"]
+rows = [[cell.value for cell in row] for row in ws.iter_rows(min_row=2, max_row=ws.max_row)]
+rows.sort(key=lambda r: r[1], reverse=True)
+for offset, values in enumerate(rows, start=2):
+    for col, value in enumerate(values, start=1):
+        ws.cell(row=offset, column=col).value = value
+wb.save(OUTPUT_PATH)
+'''
+_COUNT_FORMULA = '''import openpyxl
+
+wb = openpyxl.load_workbook(INPUT_PATH)
+wb["Sheet1"]["B10"] = '=COUNTIF(A2:A9,">100")'
+wb.save(OUTPUT_PATH)
+'''
+
+#: The scripted target's replies to the fixture items (tests/fixtures/spreadsheetbench): 59001 loops
+#: over the real rows and 59002 sorts (both solved); 59003-1 writes a formula, which reads back as
+#: None (missed, and the verification table warns about it).
+_SCRIPTED_REPLIES = (
+    (re.compile(r"# Instruction\nFill column D with Qty times Price"), f"```python\n{_LOOP_ROWS}```"),
+    (re.compile(r"# Instruction\nSort the table on sheet 'Data'"), f"```python\n{_SORT_TABLE}```"),
+    (re.compile(r"# Instruction\nIn B10 write how many values"), f"```python\n{_COUNT_FORMULA}```"),
+)
+
+
+def scripted_target(request: ChatRequest, seed: int) -> str | None:
+    """The ``scripted`` target's script for a fixture item (the same on every round); None declines."""
+    return reply_for_question(request, _SCRIPTED_REPLIES)
+
+
+# ------------------------------------------------------------------------------------------ plugin
+
+
+class SpreadsheetBenchBenchmark:
+    """The ``spreadsheetbench`` plug-in (the ``Benchmark`` protocol in ``skillopt.benchmarks.base``).
+
+    Gold lives in the golden workbooks, never in item fields, so ``GOLD_FIELDS`` is empty; loaded
+    items carry their resolved ``task_dir`` and sandbox settings (``score`` gets no config).
+    """
+
+    id = BENCHMARK_ID
+    version = "1"
+    GOLD_FIELDS: tuple[str, ...] = ()
+    Config = SpreadsheetBenchConfig
+    default_split_mode = "split_dir"
+    scripted_rules: Sequence[Mapping[str, Any]] = (
+        {"name": "spreadsheetbench fixture target", "stage": "rollout",
+         "handler": "skillopt.benchmarks.spreadsheetbench:scripted_target"},
+        {"name": "spreadsheetbench other", "stage": "rollout",
+         "text": "```python\nimport shutil\nshutil.copyfile(INPUT_PATH, OUTPUT_PATH)\n```"},
+    )
+
+    @property
+    def prompts_dir(self) -> Path:
+        return shipped_dir("prompts") / "benchmarks" / BENCHMARK_ID
+
+    def load_split(self, cfg: BaseModel, split: str, *, run_dir: Path) -> list[Item]:
+        """The items of ``split`` (``train``, ``val``, ``test`` or an alias); bad rows raise ``DataError``."""
+        config = _config(cfg)
+        spec = SplitSpec.from_benchmark_config(config, default_split_mode=self.default_split_mode)
+        splits = load_splits(
+            spec, benchmark=BENCHMARK_ID, normalise=normalise_row, default_task_type="other",
+            native_extensions=(".json", ".jsonl"),
+            out_dir=split_output_dir(spec, run_dir=run_dir, benchmark=BENCHMARK_ID),
+        )
+        roots = [config.data_root, config.split_dir, Path(config.data_path).parent if config.data_path else None]
+        deny = tuple(str(Path(root).resolve()) for root in (config.data_root, config.split_dir) if root)
+        return [
+            Item({**item, "task_dir": str(resolve_task_dir(item["spreadsheet_path"], roots)), "deny_read": deny,
+                  "code_timeout": config.code_timeout, "sandbox_mem_mb": config.sandbox_mem_mb})
+            for item in splits.get(split)
+        ]
+
+    def build_messages(self, item: Item, skill: str, cfg: BaseModel) -> list[Message]:
+        """System: role, paths, libraries, reply format, then ``## Skill`` at the end. User: instruction,
+        type, answer position and the preview of case 1's input; then ``# Task``. Never opens a golden file."""
+        sheet = f" (sheet {item['answer_sheet']})" if item.get("answer_sheet") else ""
+        sections = [
+            f"# Instruction\n{item['instruction']}",
+            f"Instruction type: {item.get('instruction_type') or 'unspecified'}",
+            f"Expected answer position: {item['answer_position']}{sheet}",
+            f"# Input spreadsheet preview\n{self.preview(item)}",
+            _TASK,
+        ]
+        return [system(f"{_SYSTEM_INTRO}\n\n{_REPLY_FORMAT}\n\n{skill_section(skill)}".rstrip()),
+                user("\n\n".join(sections))]
+
+    def preview(self, item: Item) -> str:
+        """The preview of case 1's input (the only workbook the target ever sees)."""
+        cases = find_test_cases(Path(item.get("task_dir") or item["spreadsheet_path"]))
+        return sheet_preview(cases[0].input_path) if cases else "(no input workbook found)"
+
+    def run_episode(self, item: Item, skill: str, ctx: EpisodeContext) -> EpisodeResult:
+        """``single``: one call. ``multi``: up to ``max_turns`` rounds; each script is run on case 1 and
+        exec errors go back as feedback; on train rollouts (``training`` tag) the wrong cells go back with
+        the target's own values. Stops when case 1 passes, on val/test after a clean run, when the target
+        repeats its last script, or at ``ctx.deadline``."""
+        config = _config(ctx.cfg)
+        rounds = 1 if config.mode == "single" else config.max_turns
+        training = bool(ctx.tags.get("training"))
+        cases = find_test_cases(Path(item["task_dir"]))
+        messages = list(ctx.messages)
+        final, previous, turn = "", None, 0
+        for turn in range(1, rounds + 1):
+            request = ChatRequest(messages=messages, stage="rollout", max_tokens=config.max_tokens,
+                                  tags={**ctx.tags, "turn": turn})
+            text = ctx.target.chat(request).text
+            ctx.record({"type": "message", "role": "assistant", "turn": turn, "content": text})
+            code = extract_code(text)
+            final = text if code or not final else final
+            if turn == rounds or not cases or (code and code == previous):
+                break
+            remaining = ctx.deadline - time.monotonic()
+            if remaining <= 1:
+                break
+            feedback = self._feedback(item, code, cases, config, training, timeout_s=remaining)
+            if feedback is None:
+                break
+            previous = code or previous
+            ctx.record({"type": "feedback", "role": "user", "turn": turn, "content": feedback})
+            messages = [*messages, assistant(text), user(feedback)]
+        return EpisodeResult(final, n_turns=turn, answered=turn > 0)
+
+    def _feedback(self, item: Item, code: str, cases: Sequence[Any], config: SpreadsheetBenchConfig,
+                  training: bool, *, timeout_s: float) -> str | None:
+        """The next round's feedback, or None to stop (case 1 passed, or no cell feedback off train)."""
+        if not code:
+            return _ASK_AGAIN
+        run = execute(code, cases[0].input_path, timeout_s=min(config.code_timeout, timeout_s),
+                      mem_mb=config.sandbox_mem_mb, deny_read=item.get("deny_read", ()))
+        if not run.ok:
+            tail = (run.stderr.strip() or run.reason)[-TRACEBACK_CHARS:]
+            return _FIX_ERROR.format(tail=tail if run.stderr.strip() else f"{run.reason}")
+        if OUTPUT_NAME not in run.outputs:
+            return _NO_OUTPUT
+        if not training:
+            return None
+        outcome = compare_workbooks(1, run.outputs[OUTPUT_NAME], cases[0].golden_path, _ranges(item))
+        if outcome.passed:
+            return None
+        return _WRONG_CELLS.format(cells=_own_values(outcome))
+
+    def score(self, item: Item, response_text: str, judge: Judge | None) -> Score:
+        """Re-run the final script on every test case and compare the graded cells.
+
+        hard = every case passes, soft = passed / cases. fail_reason is the first failing case's:
+        ``error: exec …``, ``error: output not found`` or ``wrong: value@Sheet!C5 gt=… pred=…``.
+        The detail is the analyst-only verification table.
+        """
+        code = extract_code(response_text)
+        cases = find_test_cases(Path(item["task_dir"]))
+        extras: dict[str, Any] = {"cases": len(cases)}
+        if not cases:
+            return Score(hard=0.0, soft=0.0, predicted_answer=code[:PREDICTION_CHARS],
+                         fail_reason="error: no test cases", extras=extras,
+                         detail=f"no test-case pair in {item['task_dir']}")
+        if not code:
+            return Score(hard=0.0, soft=0.0, fail_reason=NO_CODE, extras=extras)
+        ranges = _ranges(item)
+        outcomes = []
+        for case in cases:
+            run = execute(code, case.input_path, timeout_s=float(item.get("code_timeout", 120)),
+                          mem_mb=int(item.get("sandbox_mem_mb", 2048)), deny_read=item.get("deny_read", ()))
+            failure = exec_failure(run)
+            outcomes.append(CaseOutcome(case.number, failure) if failure else
+                            compare_workbooks(case.number, run.outputs[OUTPUT_NAME], case.golden_path, ranges))
+        passed = sum(outcome.passed for outcome in outcomes)
+        extras.update(passed=passed, case_results=[o.fail_reason or "passed" for o in outcomes])
+        expected = "; ".join(f"{c.where}={c.expected!r}" for c in outcomes[0].cells[:20])
+        first_failure = next((o.fail_reason for o in outcomes if not o.passed), "")
+        return Score(
+            hard=float(passed == len(outcomes)), soft=passed / len(outcomes), predicted_answer=code[:PREDICTION_CHARS],
+            fail_reason=first_failure, extras=extras, expected=expected, detail=verification_table(outcomes),
+        )
+
+    def extract_answer(self, response_text: str) -> str | None:
+        """The script the reply holds, or None."""
+        return extract_code(response_text) or None
+
+    def task_types(self, items: Sequence[Item]) -> list[str]:
+        return sorted({item.task_type for item in items}) or list(DEFAULT_TASK_TYPES)
+
+    def preflight(self, cfg: BaseModel) -> None:
+        """openpyxl and pandas importable; the split folder and the data root exist."""
+        config = _config(cfg)
+        try:
+            import openpyxl  # noqa: F401
+            import pandas  # noqa: F401
+        except ImportError as exc:
+            raise BenchmarkSetupError(
+                f"spreadsheetbench needs openpyxl and pandas ({exc}); install them with "
+                "pip install 'skillopt[spreadsheetbench]'") from None
+        if (config.split_mode or self.default_split_mode) == "split_dir" and config.split_dir and \
+                not Path(config.split_dir).is_dir():
+            raise BenchmarkSetupError(
+                f"spreadsheetbench: no split folder at {config.split_dir}; pass --data DIR (a folder holding "
+                "train/, val/ and test/ items.json and the spreadsheet/ tree) or set benchmark.split_dir")
+        if config.data_root and not Path(config.data_root).is_dir():
+            raise BenchmarkSetupError(
+                f"spreadsheetbench: no data root at {config.data_root}; extract "
+                "spreadsheetbench_verified_400.tar.gz there or set benchmark.data_root")
+
+    def needs_judge(self, cfg: BaseModel) -> bool:
+        return False
+
+
+def _ranges(item: Item) -> list[tuple[str | None, str]]:
+    return split_ranges(str(item["answer_position"]), item.get("answer_sheet"))
+
+
+def _own_values(outcome: CaseOutcome) -> str:
+    """The wrong cells with the target's own values only (never the expected ones)."""
+    lines = []
+    if outcome.fail_reason.startswith("wrong: sheet"):
+        lines.append(f"- {outcome.fail_reason.removeprefix('wrong: ')}")
+    for check in outcome.cells:
+        if not check.ok:
+            note = " (a formula: openpyxl reads it back as empty; write the literal value)" if check.formula else ""
+            lines.append(f"- {check.where}: your value {check.got!r}{note}")
+    return "\n".join(lines[:40]) + (f"\n- ... ({len(lines) - 40} more)" if len(lines) > 40 else "")
+
+
+def _config(cfg: BaseModel) -> SpreadsheetBenchConfig:
+    if isinstance(cfg, SpreadsheetBenchConfig):
+        return cfg
+    return SpreadsheetBenchConfig.model_validate(cfg.model_dump())
+
+
+plugin = SpreadsheetBenchBenchmark()
+
+__all__ = [
+    "BENCHMARK_ID",
+    "SpreadsheetBenchBenchmark",
+    "SpreadsheetBenchConfig",
+    "execute",
+    "extract_code",
+    "normalise_row",
+    "plugin",
+    "prepare_script",
+    "resolve_task_dir",
+    "scripted_target",
+]

@@ -1,0 +1,162 @@
+"""The sandbox target-written code runs in (BENCHMARKS.md §1.10): each test runs a small hostile
+script through :func:`run_sandboxed` and checks that it is stopped or refused with a clear reason,
+and that nothing outside the sandbox changed."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import uuid
+from pathlib import Path
+
+import pytest
+
+from skillopt.sandbox import SandboxResult, run_sandboxed
+
+
+@pytest.fixture
+def workspace(tmp_path: Path) -> Path:
+    folder = tmp_path / "workspace"
+    folder.mkdir()
+    (folder / "data.txt").write_text("original", encoding="utf-8")
+    return folder
+
+
+def run(code: str, workspace: Path, *, timeout_s: float = 20, mem_mb: int = 512, **kwargs) -> SandboxResult:
+    return run_sandboxed(["-c", code], workspace, timeout_s, mem_mb, **kwargs)
+
+
+def live_processes_with(marker: str) -> list[str]:
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        if marker in cmdline:
+            found.append(pid)
+    return found
+
+
+def test_a_clean_script_runs_in_a_copy_and_returns_the_collected_files(workspace):
+    code = "open('data.txt','w').write('changed'); open('out.txt','w').write('result'); print('done')"
+    result = run(code, workspace, collect=["out.txt", "missing.txt"])
+    assert result.ok and result.reason == "" and result.stdout.strip() == "done"
+    assert result.outputs == {"out.txt": b"result"}
+    # The script worked on a temporary copy: the workspace itself is unchanged.
+    assert (workspace / "data.txt").read_text(encoding="utf-8") == "original"
+    assert sorted(p.name for p in workspace.iterdir()) == ["data.txt"]
+
+
+def test_an_endless_loop_is_killed_at_the_wall_clock_limit_with_no_orphan(workspace):
+    marker = f"loop-{uuid.uuid4().hex}"
+    result = run(f"# {marker}\nwhile True:\n    pass", workspace, timeout_s=1.5)
+    assert result.timed_out and result.exit_code is None and not result.ok
+    assert result.reason.startswith("timed out after") and "process group was killed" in result.reason
+    assert result.duration_s < 10
+    assert live_processes_with(marker) == []
+
+
+def test_a_sleep_past_the_limit_is_stopped_too(workspace):
+    result = run("import time; time.sleep(60)", workspace, timeout_s=1)
+    assert result.timed_out and result.duration_s < 10
+
+
+def test_allocating_more_than_the_memory_limit_fails_with_a_memory_reason(workspace):
+    result = run("block = bytearray(1024 * 1024 * 1024)", workspace, mem_mb=256)
+    assert result.killed_for_memory and not result.ok
+    assert result.reason == "memory limit exceeded"
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        "import socket; socket.socket().connect(('127.0.0.1', 9))",
+        "import socket; socket.create_connection(('example.com', 80), timeout=2)",
+        "import urllib.request; urllib.request.urlopen('http://example.com', timeout=2)",
+        "import socket; socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b'x', ('8.8.8.8', 53))",
+    ],
+)
+def test_opening_a_network_connection_is_refused(workspace, code):
+    result = run(code, workspace)
+    assert not result.ok and not result.timed_out
+    assert "sandbox refused socket." in result.reason and "network access is not allowed" in result.reason
+
+
+def test_writing_outside_the_sandbox_is_refused_and_nothing_outside_changes(workspace, tmp_path):
+    outside = tmp_path / "outside.txt"
+    keep = tmp_path / "keep.txt"
+    keep.write_text("keep", encoding="utf-8")
+    attempts = [
+        f"open({str(outside)!r}, 'w').write('x')",
+        f"import os; os.open({str(outside)!r}, os.O_CREAT | os.O_WRONLY)",
+        f"import os; os.remove({str(keep)!r})",
+        f"import os; os.rename({str(keep)!r}, 'stolen.txt')",
+        f"import shutil; shutil.rmtree({str(tmp_path)!r})",
+        "open('../escape.txt', 'w').write('x')",
+        f"import pathlib; pathlib.Path({str(tmp_path / 'newdir')!r}).mkdir()",
+    ]
+    for code in attempts:
+        result = run(code, workspace)
+        assert not result.ok, code
+        assert result.reason.startswith("sandbox refused") and "outside the sandbox directory" in result.reason, code
+    assert not outside.exists() and keep.read_text(encoding="utf-8") == "keep"
+    assert not (tmp_path / "newdir").exists() and not (tmp_path / "stolen.txt").exists()
+    # Its own temp folder (TMPDIR) is writable.
+    assert run("import tempfile; tempfile.NamedTemporaryFile().write(b'x')", workspace).ok
+
+
+def test_reading_a_denied_root_is_refused(workspace, tmp_path):
+    gold = tmp_path / "data_root"
+    gold.mkdir()
+    (gold / "golden.xlsx").write_text("secret", encoding="utf-8")
+    for code in (f"open({str(gold / 'golden.xlsx')!r}).read()", f"import os; os.listdir({str(gold)!r})"):
+        result = run(code, workspace, deny_read=[gold])
+        assert not result.ok and "sandbox refused" in result.reason and "outside the item's workspace" in result.reason
+        assert "secret" not in result.stdout + result.stderr
+
+
+def test_starting_processes_is_refused(workspace):
+    for code in ("import subprocess; subprocess.run(['sleep', '30'])", "import os; os.system('true')",
+                 "import os; os.fork()"):
+        result = run(code, workspace)
+        assert not result.ok and "starting processes is not allowed" in result.reason, code
+
+
+def test_the_environment_holds_only_path_home_lang_and_tmpdir(workspace, monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-should-not-leak")
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-should-not-leak")
+    result = run("import os, json; print(json.dumps(dict(os.environ)))", workspace)
+    assert result.ok
+    import json
+
+    env = json.loads(result.stdout)
+    assert sorted(env) == ["HOME", "LANG", "PATH", "TMPDIR"]
+    assert "should-not-leak" not in result.stdout
+
+
+def test_output_is_truncated_keeping_the_tail(workspace):
+    result = run("print('a' * 100000); import sys; sys.stderr.write('x' * 50000 + 'LAST-LINE')", workspace,
+                 max_output_chars=1000)
+    assert result.ok and len(result.stdout) < 1200 and "characters cut" in result.stdout
+    assert result.stderr.endswith("LAST-LINE")
+
+
+def test_a_failing_script_reports_its_exit_code_and_last_error_line(workspace):
+    result = run("raise ValueError('bad cell')", workspace)
+    assert result.exit_code == 1 and result.reason == "exit code 1: ValueError: bad cell"
+
+
+def test_the_temporary_folder_is_removed(workspace):
+    before = {p.name for p in Path(tempfile.gettempdir()).glob("skillopt-sandbox-*")}
+    marker = uuid.uuid4().hex
+    result = run(f"import os; print(os.getcwd()) # {marker}", workspace)
+    assert not Path(result.stdout.strip()).exists()
+    after = {p.name for p in Path(tempfile.gettempdir()).glob("skillopt-sandbox-*")}
+    assert Path(result.stdout.strip()).parent.name not in after - before
+
+
+def test_a_script_file_in_the_workspace_runs_with_its_arguments(workspace):
+    (workspace / "job.py").write_text("import sys; print(sys.argv[1:])", encoding="utf-8")
+    result = run_sandboxed(["job.py", "x", "y"], workspace, 20)
+    assert result.ok and result.stdout.strip() == "['x', 'y']"
