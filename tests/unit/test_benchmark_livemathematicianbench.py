@@ -33,10 +33,8 @@ from skillopt.benchmarks.runner import check_infrastructure, error_row, run_item
 from skillopt.cli import _data_overrides
 from skillopt.config import load_config
 from skillopt.data import DropRow, Item
-from skillopt.llm.base import BackendContext
-from skillopt.llm.chat import ChatRequest, ChatResponse
 from skillopt.llm.errors import ServerError
-from skillopt.llm.scripted import ScriptedBackend, resolve_rule_set
+from tests.fakes.benchmark_target import PluginScriptedTarget
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "livemathematicianbench"
 RAW_FILE = FIXTURES / "raw" / "data" / "202601" / "qa_202601_final.json"
@@ -77,15 +75,11 @@ def texts(item: Item) -> list[str]:
     return [choice["text"] for choice in item["choices"]]
 
 
-class ScriptedTarget:
-    """The ``target`` role as the runner uses it, served by the real scripted backend's ``auto`` set."""
+class ScriptedTarget(PluginScriptedTarget):
+    """The ``target`` role as the runner uses it: the real scripted backend with this plug-in's rules."""
 
     def __init__(self, rules: Any = None) -> None:
-        context = BackendContext(scripted_target_rules=tuple(plugin.scripted_rules))
-        self.backend = ScriptedBackend(resolve_rule_set(rules, context, where="test"), role="target")
-
-    def chat(self, request: ChatRequest) -> ChatResponse:
-        return self.backend.attempt(request, timeout_s=30)
+        super().__init__(plugin, rules)
 
 
 # ------------------------------------------------------------------------------------ config, loading

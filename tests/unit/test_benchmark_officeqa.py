@@ -54,10 +54,9 @@ from skillopt.cli import _data_overrides
 from skillopt.config import load_config
 from skillopt.data import Item
 from skillopt.errors import DataError
-from skillopt.llm.base import BackendContext
-from skillopt.llm.chat import ChatRequest, ChatResponse
 from skillopt.llm.errors import ServerError
-from skillopt.llm.scripted import ScriptedBackend, parse_rules, resolve_rule_set
+from skillopt.llm.scripted import parse_rules
+from tests.fakes.benchmark_target import PluginScriptedTarget
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "officeqa"
 CORPUS = FIXTURES / "transformed"
@@ -87,17 +86,11 @@ def fixture_items(tmp_path: Path, bench: OfficeQABenchmark | None = None, **over
     }
 
 
-class ScriptedTarget:
-    """The ``target`` role as the runner uses it, served by the real scripted backend."""
+class ScriptedTarget(PluginScriptedTarget):
+    """The ``target`` role as the runner uses it: the real scripted backend with this plug-in's rules."""
 
     def __init__(self, rules: Any = None) -> None:
-        context = BackendContext(scripted_target_rules=tuple(plugin.scripted_rules))
-        self.backend = ScriptedBackend(resolve_rule_set(rules, context, where="test"), role="target")
-        self.requests: list[ChatRequest] = []
-
-    def chat(self, request: ChatRequest) -> ChatResponse:
-        self.requests.append(request)
-        return self.backend.attempt(request, timeout_s=30)
+        super().__init__(plugin, rules)
 
 
 def exploding_judge(item: Item, prediction: str) -> tuple[bool, str]:

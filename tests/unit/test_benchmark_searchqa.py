@@ -25,10 +25,8 @@ from skillopt.cli import _data_overrides
 from skillopt.config import load_config
 from skillopt.data import Item
 from skillopt.errors import DataError
-from skillopt.llm.base import BackendContext
-from skillopt.llm.chat import ChatRequest, ChatResponse
 from skillopt.llm.errors import ServerError
-from skillopt.llm.scripted import ScriptedBackend, resolve_rule_set
+from tests.fakes.benchmark_target import PluginScriptedTarget
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "searchqa"
 NOVEL, RIVER, ELEMENT = (
@@ -60,15 +58,11 @@ def score(item: Item, reply: str) -> tuple[float, float, str]:
     return result.hard, result.soft, result.fail_reason
 
 
-class ScriptedTarget:
-    """The ``target`` role as the runner uses it, served by the real scripted backend's ``auto`` set."""
+class ScriptedTarget(PluginScriptedTarget):
+    """The ``target`` role as the runner uses it: the real scripted backend with this plug-in's rules."""
 
     def __init__(self, rules: Any = None) -> None:
-        context = BackendContext(scripted_target_rules=tuple(plugin.scripted_rules))
-        self.backend = ScriptedBackend(resolve_rule_set(rules, context, where="test"), role="target")
-
-    def chat(self, request: ChatRequest) -> ChatResponse:
-        return self.backend.attempt(request, timeout_s=30)
+        super().__init__(plugin, rules)
 
 
 # ------------------------------------------------------------------------------------ config, loading

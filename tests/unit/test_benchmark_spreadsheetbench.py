@@ -36,10 +36,9 @@ from skillopt.benchmarks.spreadsheetbench.cells import cells_equal, find_test_ca
 from skillopt.cli import _data_overrides
 from skillopt.config import load_config
 from skillopt.data import Item
-from skillopt.llm.base import BackendContext
-from skillopt.llm.chat import ChatRequest, ChatResponse
 from skillopt.llm.errors import ServerError
-from skillopt.llm.scripted import ScriptedBackend, parse_rules, resolve_rule_set
+from skillopt.llm.scripted import parse_rules
+from tests.fakes.benchmark_target import PluginScriptedTarget
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "spreadsheetbench"
 ORDERS, SORT, COUNT = "59001", "59002", "59003-1"
@@ -60,17 +59,11 @@ def fixture_items(tmp_path: Path, **overrides: Any) -> dict[str, Item]:
             for item in plugin.load_split(config, split, run_dir=tmp_path)}
 
 
-class ScriptedTarget:
-    """The ``target`` role as the runner uses it, served by the real scripted backend."""
+class ScriptedTarget(PluginScriptedTarget):
+    """The ``target`` role as the runner uses it: the real scripted backend with this plug-in's rules."""
 
     def __init__(self, rules: Any = None) -> None:
-        context = BackendContext(scripted_target_rules=tuple(plugin.scripted_rules))
-        self.backend = ScriptedBackend(resolve_rule_set(rules, context, where="test"), role="target")
-        self.requests: list[ChatRequest] = []
-
-    def chat(self, request: ChatRequest) -> ChatResponse:
-        self.requests.append(request)
-        return self.backend.attempt(request, timeout_s=30)
+        super().__init__(plugin, rules)
 
 
 def script(code: str) -> str:
