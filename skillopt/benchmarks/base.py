@@ -125,6 +125,33 @@ class Benchmark(Protocol):
     def needs_judge(self, cfg: BaseModel) -> bool: ...
 
 
+def split_items(cfg: BaseModel, split: str, *, run_dir: Path, benchmark: str, default_split_mode: str,
+                **loader: Any) -> list[Item]:
+    """The items of one split through the shared machinery (``skillopt.data.load_splits``).
+
+    ``loader`` passes the benchmark's own ``reader``, ``normalise``, ``default_task_type`` and
+    ``native_extensions``; ratio output goes to ``split_output_dir`` under the run directory.
+    """
+    from skillopt.data import SplitSpec, load_splits, split_output_dir
+
+    spec = SplitSpec.from_benchmark_config(cfg, default_split_mode=default_split_mode)
+    out_dir = split_output_dir(spec, run_dir=run_dir, benchmark=benchmark)
+    return load_splits(spec, benchmark=benchmark, out_dir=out_dir, **loader).get(split)
+
+
+def check_split_folder(cfg: Any, *, benchmark: str, default_split_mode: str, fix: str) -> None:
+    """Preflight: in ``split_dir`` mode a missing split folder is a ``BenchmarkSetupError`` saying ``fix``."""
+    if (cfg.split_mode or default_split_mode) == "split_dir" and cfg.split_dir and not Path(cfg.split_dir).is_dir():
+        raise BenchmarkSetupError(f"{benchmark}: no split folder at {cfg.split_dir}; {fix}")
+
+
+def shipped_prompts_dir(benchmark: str) -> Path:
+    """Where a built-in benchmark's three prompt files ship: ``prompts/benchmarks/<id>/``."""
+    from skillopt.resources import shipped_dir
+
+    return shipped_dir("prompts") / "benchmarks" / benchmark
+
+
 def skill_section(skill: str) -> str:
     """The system-prompt slot of the skill: ``## Skill`` and the skill, or nothing for a blank skill."""
     text = skill.strip()

@@ -32,13 +32,19 @@ from skillopt.benchmarks.answers import (
     resolve_choice,
     tag_or_last_line,
 )
-from skillopt.benchmarks.base import BenchmarkSetupError, Judge, Score, skill_section
+from skillopt.benchmarks.base import (
+    Judge,
+    Score,
+    check_split_folder,
+    shipped_prompts_dir,
+    skill_section,
+    split_items,
+)
 from skillopt.benchmarks.scripted_target import reply_for_question
 from skillopt.config import BenchmarkSection
-from skillopt.data import DropRow, Item, SplitSpec, load_splits, read_records, split_output_dir
+from skillopt.data import DropRow, Item, read_records
 from skillopt.errors import DataError
 from skillopt.llm.chat import ChatRequest, Message, system, user
-from skillopt.resources import shipped_dir
 
 BENCHMARK_ID = "livemathematicianbench"
 DEFAULT_TASK_TYPE = "math_mcq"
@@ -293,7 +299,7 @@ class LiveMathematicianBenchBenchmark:
 
     @property
     def prompts_dir(self) -> Path:
-        return shipped_dir("prompts") / "benchmarks" / BENCHMARK_ID
+        return shipped_prompts_dir(BENCHMARK_ID)
 
     def load_split(self, cfg: BaseModel, split: str, *, run_dir: Path) -> list[Item]:
         """The items of ``split`` (``train``, ``val``, ``test`` or an alias); bad rows raise ``DataError``.
@@ -301,17 +307,13 @@ class LiveMathematicianBenchBenchmark:
         With ``shuffle_choices`` each item is :func:`shuffled_view` seeded with ``split_seed``, so
         every candidate sees the same order."""
         config = _config(cfg)
-        spec = SplitSpec.from_benchmark_config(config, default_split_mode=self.default_split_mode)
-        splits = load_splits(
-            spec,
-            benchmark=BENCHMARK_ID,
+        items = split_items(
+            config, split, run_dir=run_dir, benchmark=BENCHMARK_ID, default_split_mode=self.default_split_mode,
             reader=read_raw,
             normalise=normalise_row,
             default_task_type=DEFAULT_TASK_TYPE,
             native_extensions=(".json",),
-            out_dir=split_output_dir(spec, run_dir=run_dir, benchmark=BENCHMARK_ID),
         )
-        items = splits.get(split)
         if not config.shuffle_choices:
             return items
         return [shuffled_view(item, config.split_seed) for item in items]
@@ -375,17 +377,10 @@ class LiveMathematicianBenchBenchmark:
 
     def preflight(self, cfg: BaseModel) -> None:
         """Only the target model is needed; a missing split folder gets a fix-it message here."""
-        config = _config(cfg)
-        if (
-            (config.split_mode or self.default_split_mode) == "split_dir"
-            and config.split_dir
-            and not Path(config.split_dir).is_dir()
-        ):
-            raise BenchmarkSetupError(
-                f"livemathematicianbench: no split folder at {config.split_dir}; pass --data DIR (a folder "
-                "holding train/, val/ and test/ items.json), or --data a monthly qa_YYYYMM_final.json file "
-                "(or a folder of them, from HF LiveMathematicianBench/LiveMathematicianBench) for ratio mode"
-            )
+        check_split_folder(_config(cfg), benchmark=BENCHMARK_ID, default_split_mode=self.default_split_mode,
+                           fix="pass --data DIR (a folder holding train/, val/ and test/ items.json), or --data a "
+                               "monthly qa_YYYYMM_final.json file (or a folder of them, from HF "
+                               "LiveMathematicianBench/LiveMathematicianBench) for ratio mode")
 
     def needs_judge(self, cfg: BaseModel) -> bool:
         return False

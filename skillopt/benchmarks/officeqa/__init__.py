@@ -33,7 +33,10 @@ from skillopt.benchmarks.base import (
     EpisodeResult,
     Judge,
     Score,
+    check_split_folder,
+    shipped_prompts_dir,
     skill_section,
+    split_items,
 )
 from skillopt.benchmarks.officeqa.documents import (
     MAX_CANDIDATES_SHOWN,
@@ -45,10 +48,9 @@ from skillopt.benchmarks.officeqa.scripted import scripted_target
 from skillopt.benchmarks.officeqa.tools import PROTOCOL, DocumentTools, parse_tool_call
 from skillopt.benchmarks.sealqa import read_rows
 from skillopt.config import BenchmarkSection
-from skillopt.data import Item, SplitSpec, load_splits, read_records, split_output_dir
+from skillopt.data import Item, read_records
 from skillopt.errors import DataError
 from skillopt.llm.chat import ChatRequest, Message, assistant, system, user
-from skillopt.resources import shipped_dir
 
 BENCHMARK_ID = "officeqa"
 DEFAULT_TASK_TYPE = "officeqa"
@@ -258,7 +260,7 @@ class OfficeQABenchmark:
 
     @property
     def prompts_dir(self) -> Path:
-        return shipped_dir("prompts") / "benchmarks" / BENCHMARK_ID
+        return shipped_prompts_dir(BENCHMARK_ID)
 
     def corpus(self, cfg: BaseModel) -> Corpus:
         """The indexed corpus under the configured roots (empty when no root exists)."""
@@ -269,17 +271,13 @@ class OfficeQABenchmark:
         """The items of ``split`` (``train``, ``val``, ``test`` or an alias), each carrying its
         ``documents`` (found in the corpus at load, never written to split files)."""
         config = _config(cfg)
-        spec = SplitSpec.from_benchmark_config(config, default_split_mode=self.default_split_mode)
-        splits = load_splits(
-            spec,
-            benchmark=BENCHMARK_ID,
+        items = split_items(
+            config, split, run_dir=run_dir, benchmark=BENCHMARK_ID, default_split_mode=self.default_split_mode,
             reader=read_rows,
             normalise=normalise_row,
             default_task_type=DEFAULT_TASK_TYPE,
             native_extensions=NATIVE_EXTENSIONS,
-            out_dir=split_output_dir(spec, run_dir=run_dir, benchmark=BENCHMARK_ID),
         )
-        items = splits.get(split)
         corpus = self.corpus(config)
         return [Item({**item, DOCUMENTS_KEY: item_documents(item, config, corpus)}) for item in items]
 
@@ -390,12 +388,9 @@ class OfficeQABenchmark:
         """The split folder, at least one document root, and every item's ``source_files`` under a
         root; each miss raises ``BenchmarkSetupError`` saying how to fix it."""
         config = _config(cfg)
-        split_mode = config.split_mode or self.default_split_mode
-        if split_mode == "split_dir" and config.split_dir and not Path(config.split_dir).is_dir():
-            raise BenchmarkSetupError(
-                f"officeqa: no split folder at {config.split_dir}; pass --data DIR (a folder holding train/, val/ "
-                "and test/, each with officeqa CSV or items.json, and the corpus) or set benchmark.split_dir"
-            )
+        check_split_folder(config, benchmark=BENCHMARK_ID, default_split_mode=self.default_split_mode,
+                           fix="pass --data DIR (a folder holding train/, val/ and test/, each with officeqa CSV "
+                               "or items.json, and the corpus) or set benchmark.split_dir")
         roots = docs_roots(config.docs_dirs, config.data_root, self.env)
         if not roots:
             looked = [*(config.docs_dirs or []), *([config.data_root] if config.data_root else [])]
@@ -404,7 +399,7 @@ class OfficeQABenchmark:
                 "set benchmark.docs_dirs to the folder holding treasury_bulletin_*.txt, or set $OFFICEQA_DOCS_DIR"
             )
         corpus = Corpus.index(roots)
-        missing = sorted({name for row in _source_rows(config, split_mode) for name in corpus.missing(row)})
+        missing = sorted({name for row in _source_rows(config, config.split_mode or self.default_split_mode) for name in corpus.missing(row)})
         if missing:
             shown = ", ".join(missing[:10]) + (f" and {len(missing) - 10} more" if len(missing) > 10 else "")
             raise BenchmarkSetupError(

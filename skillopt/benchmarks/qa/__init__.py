@@ -33,13 +33,19 @@ from skillopt.benchmarks.answers import (
     normalise_squad,
     quote_answer,
 )
-from skillopt.benchmarks.base import BenchmarkSetupError, Judge, Score, skill_section
+from skillopt.benchmarks.base import (
+    BenchmarkSetupError,
+    Judge,
+    Score,
+    shipped_prompts_dir,
+    skill_section,
+    split_items,
+)
 from skillopt.benchmarks.scripted_target import reply_for_question
 from skillopt.config import BenchmarkSection
-from skillopt.data import Item, SplitSpec, load_splits, read_records, split_output_dir
+from skillopt.data import Item, read_records
 from skillopt.errors import DataError
 from skillopt.llm.chat import ChatRequest, Message, system, user
-from skillopt.resources import shipped_dir
 
 BENCHMARK_ID = "qa"
 DEFAULT_TASK_TYPE = "qa"
@@ -398,25 +404,22 @@ class QABenchmark:
 
     @property
     def prompts_dir(self) -> Path:
-        return shipped_dir("prompts") / "benchmarks" / BENCHMARK_ID
+        return shipped_prompts_dir(BENCHMARK_ID)
 
     def load_split(self, cfg: BaseModel, split: str, *, run_dir: Path) -> list[Item]:
         """The items of ``split`` (``train``, ``val``, ``test`` or an alias); bad rows raise ``DataError``."""
         config = _config(cfg)
-        spec = SplitSpec.from_benchmark_config(config, default_split_mode=self.default_split_mode)
-        splits = load_splits(
-            spec,
-            benchmark=BENCHMARK_ID,
+        items = split_items(
+            config, split, run_dir=run_dir, benchmark=BENCHMARK_ID, default_split_mode=self.default_split_mode,
             reader=lambda path: read_rows(path, config.fields),
             normalise=lambda row: normalise_row(row, config),
             default_task_type=DEFAULT_TASK_TYPE,
             native_extensions=NATIVE_EXTENSIONS,
-            out_dir=split_output_dir(spec, run_dir=run_dir, benchmark=BENCHMARK_ID),
         )
         # ``score`` gets no config, so each loaded item carries how it is scored (never written to disk).
         return [
             Item({**item, "scoring": config.scoring, "tolerance": config.tolerance})
-            for item in splits.get(split)
+            for item in items
         ]
 
     def build_messages(self, item: Item, skill: str, cfg: BaseModel) -> list[Message]:

@@ -35,15 +35,17 @@ from skillopt.benchmarks.base import (
     EpisodeResult,
     Judge,
     Score,
+    check_split_folder,
+    shipped_prompts_dir,
     skill_section,
+    split_items,
 )
 from skillopt.benchmarks.scripted_target import reply_for_question
 from skillopt.benchmarks.sealqa.fetch import FetchError, UrlFetcher, UrllibFetcher, check_scheme, page_text
 from skillopt.config import BenchmarkSection
-from skillopt.data import Item, SplitSpec, load_splits, read_records, split_output_dir
+from skillopt.data import Item, read_records
 from skillopt.errors import DataError
 from skillopt.llm.chat import ChatRequest, Message, assistant, system, user
-from skillopt.resources import shipped_dir
 
 BENCHMARK_ID = "sealqa"
 DEFAULT_TASK_TYPE = "sealqa"
@@ -300,23 +302,20 @@ class SealQABenchmark:
 
     @property
     def prompts_dir(self) -> Path:
-        return shipped_dir("prompts") / "benchmarks" / BENCHMARK_ID
+        return shipped_prompts_dir(BENCHMARK_ID)
 
     def load_split(self, cfg: BaseModel, split: str, *, run_dir: Path) -> list[Item]:
         """The items of ``split`` (``train``, ``val``, ``test`` or an alias); bad rows raise ``DataError``."""
         config = _config(cfg)
-        spec = SplitSpec.from_benchmark_config(config, default_split_mode=self.default_split_mode)
-        splits = load_splits(
-            spec,
-            benchmark=BENCHMARK_ID,
+        items = split_items(
+            config, split, run_dir=run_dir, benchmark=BENCHMARK_ID, default_split_mode=self.default_split_mode,
             reader=read_rows,
             normalise=normalise_row,
             default_task_type=DEFAULT_TASK_TYPE,
             native_extensions=NATIVE_EXTENSIONS,
-            out_dir=split_output_dir(spec, run_dir=run_dir, benchmark=BENCHMARK_ID),
         )
         # ``score`` gets no config, so each loaded item carries its grader (never written to disk).
-        return [Item({**item, "grader": config.grader}) for item in splits.get(split)]
+        return [Item({**item, "grader": config.grader}) for item in items]
 
     def build_messages(self, item: Item, skill: str, cfg: BaseModel) -> list[Message]:
         """System: task, conflict rule, skill, answer format. User: the question, then the non-empty
@@ -436,16 +435,9 @@ class SealQABenchmark:
 
     def preflight(self, cfg: BaseModel) -> None:
         """A missing split folder gets a fix-it message; the flow checks the judge role for ``grader: llm``."""
-        config = _config(cfg)
-        if (
-            (config.split_mode or self.default_split_mode) == "split_dir"
-            and config.split_dir
-            and not Path(config.split_dir).is_dir()
-        ):
-            raise BenchmarkSetupError(
-                f"sealqa: no split folder at {config.split_dir}; pass --data DIR (a folder holding train/, val/ "
-                "and test/, each with one SealQA CSV or items.json) or set benchmark.split_dir"
-            )
+        check_split_folder(_config(cfg), benchmark=BENCHMARK_ID, default_split_mode=self.default_split_mode,
+                           fix="pass --data DIR (a folder holding train/, val/ and test/, each with one SealQA CSV "
+                               "or items.json) or set benchmark.split_dir")
 
     def needs_judge(self, cfg: BaseModel) -> bool:
         """``grader: llm`` (the default) calls the judge role; ``grader: string`` never does."""

@@ -23,12 +23,18 @@ from skillopt.benchmarks.answers import (
     quote_answer,
     sub_exact_match,
 )
-from skillopt.benchmarks.base import BenchmarkSetupError, Judge, Score, skill_section
+from skillopt.benchmarks.base import (
+    Judge,
+    Score,
+    check_split_folder,
+    shipped_prompts_dir,
+    skill_section,
+    split_items,
+)
 from skillopt.benchmarks.scripted_target import reply_for_question
 from skillopt.config import BenchmarkSection
-from skillopt.data import Item, SplitSpec, load_splits, split_output_dir
+from skillopt.data import Item
 from skillopt.llm.chat import ChatRequest, Message, system, user
-from skillopt.resources import shipped_dir
 
 BENCHMARK_ID = "searchqa"
 DEFAULT_TASK_TYPE = "qa"
@@ -167,20 +173,16 @@ class SearchQABenchmark:
 
     @property
     def prompts_dir(self) -> Path:
-        return shipped_dir("prompts") / "benchmarks" / BENCHMARK_ID
+        return shipped_prompts_dir(BENCHMARK_ID)
 
     def load_split(self, cfg: BaseModel, split: str, *, run_dir: Path) -> list[Item]:
         """The items of ``split`` (``train``, ``val``, ``test`` or an alias); bad rows raise ``DataError``."""
-        spec = SplitSpec.from_benchmark_config(_config(cfg), default_split_mode=self.default_split_mode)
-        splits = load_splits(
-            spec,
-            benchmark=BENCHMARK_ID,
+        return split_items(
+            _config(cfg), split, run_dir=run_dir, benchmark=BENCHMARK_ID, default_split_mode=self.default_split_mode,
             normalise=normalise_row,
             default_task_type=DEFAULT_TASK_TYPE,
             native_extensions=(".json", ".jsonl"),
-            out_dir=split_output_dir(spec, run_dir=run_dir, benchmark=BENCHMARK_ID),
         )
-        return splits.get(split)
 
     def build_messages(self, item: Item, skill: str, cfg: BaseModel) -> list[Message]:
         """System: task, skill, answer format. User: the cut context, then the clue. Never reads gold."""
@@ -225,17 +227,9 @@ class SearchQABenchmark:
 
     def preflight(self, cfg: BaseModel) -> None:
         """SearchQA needs only the target model; a missing split folder gets a fix-it message here."""
-        config = _config(cfg)
-        if (
-            (config.split_mode or self.default_split_mode) == "split_dir"
-            and config.split_dir
-            and not Path(config.split_dir).is_dir()
-        ):
-            raise BenchmarkSetupError(
-                f"searchqa: no split folder at {config.split_dir}; pass --data DIR (a folder holding train/, "
-                "val/ and test/ items.json, as scripts/materialize_searchqa.py writes them) or set "
-                "benchmark.split_dir"
-            )
+        check_split_folder(_config(cfg), benchmark=BENCHMARK_ID, default_split_mode=self.default_split_mode,
+                           fix="pass --data DIR (a folder holding train/, val/ and test/ items.json, as "
+                               "scripts/materialize_searchqa.py writes them) or set benchmark.split_dir")
 
     def needs_judge(self, cfg: BaseModel) -> bool:
         return False

@@ -33,7 +33,10 @@ from skillopt.benchmarks.base import (
     EpisodeResult,
     Judge,
     Score,
+    check_split_folder,
+    shipped_prompts_dir,
     skill_section,
+    split_items,
 )
 from skillopt.benchmarks.scripted_target import reply_for_question
 from skillopt.benchmarks.spreadsheetbench.cells import (
@@ -45,9 +48,8 @@ from skillopt.benchmarks.spreadsheetbench.cells import (
     verification_table,
 )
 from skillopt.config import BenchmarkSection
-from skillopt.data import Item, SplitSpec, load_splits, split_output_dir
+from skillopt.data import Item
 from skillopt.llm.chat import ChatRequest, Message, assistant, system, user
-from skillopt.resources import shipped_dir
 from skillopt.sandbox import SandboxResult, run_sandboxed
 
 BENCHMARK_ID = "spreadsheetbench"
@@ -256,23 +258,21 @@ class SpreadsheetBenchBenchmark:
 
     @property
     def prompts_dir(self) -> Path:
-        return shipped_dir("prompts") / "benchmarks" / BENCHMARK_ID
+        return shipped_prompts_dir(BENCHMARK_ID)
 
     def load_split(self, cfg: BaseModel, split: str, *, run_dir: Path) -> list[Item]:
         """The items of ``split`` (``train``, ``val``, ``test`` or an alias); bad rows raise ``DataError``."""
         config = _config(cfg)
-        spec = SplitSpec.from_benchmark_config(config, default_split_mode=self.default_split_mode)
-        splits = load_splits(
-            spec, benchmark=BENCHMARK_ID, normalise=normalise_row, default_task_type="other",
-            native_extensions=(".json", ".jsonl"),
-            out_dir=split_output_dir(spec, run_dir=run_dir, benchmark=BENCHMARK_ID),
+        items = split_items(
+            config, split, run_dir=run_dir, benchmark=BENCHMARK_ID, default_split_mode=self.default_split_mode,
+            normalise=normalise_row, default_task_type="other", native_extensions=(".json", ".jsonl"),
         )
         roots = [config.data_root, config.split_dir, Path(config.data_path).parent if config.data_path else None]
         deny = tuple(str(Path(root).resolve()) for root in (config.data_root, config.split_dir) if root)
         return [
             Item({**item, "task_dir": str(resolve_task_dir(item["spreadsheet_path"], roots)), "deny_read": deny,
                   "code_timeout": config.code_timeout, "sandbox_mem_mb": config.sandbox_mem_mb})
-            for item in splits.get(split)
+            for item in items
         ]
 
     def build_messages(self, item: Item, skill: str, cfg: BaseModel) -> list[Message]:
@@ -394,11 +394,9 @@ class SpreadsheetBenchBenchmark:
             raise BenchmarkSetupError(
                 f"spreadsheetbench needs openpyxl and pandas ({exc}); install them with "
                 "pip install 'skillopt[spreadsheetbench]'") from None
-        if (config.split_mode or self.default_split_mode) == "split_dir" and config.split_dir and \
-                not Path(config.split_dir).is_dir():
-            raise BenchmarkSetupError(
-                f"spreadsheetbench: no split folder at {config.split_dir}; pass --data DIR (a folder holding "
-                "train/, val/ and test/ items.json and the spreadsheet/ tree) or set benchmark.split_dir")
+        check_split_folder(config, benchmark=BENCHMARK_ID, default_split_mode=self.default_split_mode,
+                           fix="pass --data DIR (a folder holding train/, val/ and test/ items.json and the "
+                               "spreadsheet/ tree) or set benchmark.split_dir")
         if config.data_root and not Path(config.data_root).is_dir():
             raise BenchmarkSetupError(
                 f"spreadsheetbench: no data root at {config.data_root}; extract "
