@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 import string
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from functools import lru_cache
 
 __all__ = [
@@ -102,9 +102,11 @@ def exact_match(prediction: str, golds: Iterable[str]) -> bool:
     return any(predicted == normalise_squad(gold) for gold in golds)
 
 
-def token_f1(prediction: str, gold: str) -> float:
-    """Token-overlap F1 of the normalised strings: 1 when both are empty, 0 when only one is."""
-    predicted, expected = normalise_squad(prediction).split(), normalise_squad(gold).split()
+def token_f1(prediction: str, gold: str, *, normalise: Callable[[str], str] | None = None) -> float:
+    """Token-overlap F1 of the normalised strings (SQuAD normalisation unless ``normalise`` is given):
+    1 when both are empty, 0 when only one is."""
+    normalise = normalise or normalise_squad
+    predicted, expected = normalise(prediction).split(), normalise(gold).split()
     if not predicted or not expected:
         return float(predicted == expected)
     common = sum((Counter(predicted) & Counter(expected)).values())

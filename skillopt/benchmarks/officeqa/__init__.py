@@ -19,14 +19,13 @@ import json
 import os
 import re
 import time
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from skillopt.benchmarks.answers import last_tag, quote_answer
+from skillopt.benchmarks.answers import last_tag, quote_answer, token_f1
 from skillopt.benchmarks.base import (
     BenchmarkSetupError,
     EpisodeContext,
@@ -217,15 +216,8 @@ def normalise_answer(text: str) -> str:
 
 
 def answer_f1(prediction: str, gold: str) -> float:
-    """Token F1 of the normalised strings: 1 when both are empty, 0 when only one is."""
-    predicted, expected = normalise_answer(prediction).split(), normalise_answer(gold).split()
-    if not predicted or not expected:
-        return float(predicted == expected)
-    common = sum((Counter(predicted) & Counter(expected)).values())
-    if common == 0:
-        return 0.0
-    precision, recall = common / len(predicted), common / len(expected)
-    return 2 * precision * recall / (precision + recall)
+    """Token F1 of the officeqa-normalised strings: 1 when both are empty, 0 when only one is."""
+    return token_f1(prediction, gold, normalise=normalise_answer)
 
 
 # ------------------------------------------------------------------------------------------ plugin

@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from skillopt.benchmarks.answers import (
     best_f1,
+    choice_label,
     exact_match,
     last_number,
     last_tag,
@@ -99,15 +100,6 @@ class QAConfig(BenchmarkSection):
 
 # ----------------------------------------------------------------------------------------- loading
 
-
-def choice_label(index: int) -> str:
-    """The label of option ``index`` (0-based): A, B, …, Z, AA, AB, …"""
-    label = ""
-    index += 1
-    while index:
-        index, rest = divmod(index - 1, 26)
-        label = chr(ord("A") + rest) + label
-    return label
 
 
 def read_rows(path: Path, fields: QAFields) -> list[dict[str, Any]]:

@@ -22,6 +22,7 @@ from skillopt.benchmarks.answers import (
     normalise_squad,
     quote_answer,
     sub_exact_match,
+    tag_or_last_line,
 )
 from skillopt.benchmarks.base import (
     Judge,
@@ -120,11 +121,7 @@ def cut_context(context: str, max_chars: int) -> str:
 def read_answer(response_text: str) -> str:
     """The answer the scorer reads: the last ``<answer>`` tag, else the last non-empty line, else the
     whole reply (stripped)."""
-    tagged = last_tag(response_text, "answer")
-    if tagged is not None:
-        return tagged
-    lines = [line.strip() for line in response_text.splitlines() if line.strip()]
-    return lines[-1] if lines else response_text.strip()
+    return tag_or_last_line(response_text, "answer")
 
 
 #: The scripted target's replies to the fixture clues (tests/fixtures/searchqa): the novel and the
