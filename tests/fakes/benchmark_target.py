@@ -3,6 +3,8 @@ plug-in's own ``scripted_rules`` (or rules a test gives), recording every reques
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from skillopt.llm.base import BackendContext
@@ -19,3 +21,23 @@ class PluginScriptedTarget:
     def chat(self, request: ChatRequest) -> ChatResponse:
         self.requests.append(request)
         return self.backend.attempt(request, timeout_s=30)
+
+
+FIXTURES_ROOT = Path(__file__).resolve().parents[1] / "fixtures"
+SPLITS = ("train", "val", "test")
+
+
+def fixture_config_of(benchmark: Any, overrides: Sequence[str] = ()) -> Any:
+    """The benchmark config a user gets from ``skillopt train <id> --data tests/fixtures/<id> -o ...``."""
+    from skillopt.benchmarks.base import benchmark_config
+    from skillopt.cli import _data_overrides
+    from skillopt.config import load_config
+
+    data = _data_overrides(str(FIXTURES_ROOT / benchmark.id))
+    loaded = load_config(benchmark.id, overrides=[*data, *overrides], env={})
+    return benchmark_config(benchmark, loaded.config.benchmark)
+
+
+def items_by_id(benchmark: Any, config: Any, run_dir: Path) -> dict[str, Any]:
+    """Every fixture item of all three splits, by id."""
+    return {item.id: item for split in SPLITS for item in benchmark.load_split(config, split, run_dir=run_dir)}

@@ -30,11 +30,10 @@ from skillopt.benchmarks.livemathematicianbench import (
     shuffled_view,
 )
 from skillopt.benchmarks.runner import check_infrastructure, error_row, run_item
-from skillopt.cli import _data_overrides
 from skillopt.config import load_config
 from skillopt.data import DropRow, Item
 from skillopt.llm.errors import ServerError
-from tests.fakes.benchmark_target import PluginScriptedTarget
+from tests.fakes.benchmark_target import PluginScriptedTarget, fixture_config_of, items_by_id
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "livemathematicianbench"
 RAW_FILE = FIXTURES / "raw" / "data" / "202601" / "qa_202601_final.json"
@@ -44,17 +43,14 @@ SPLITS = ("train", "val", "test")
 
 def fixture_config(*overrides: str) -> LiveMathematicianBenchConfig:
     """The config a user gets from ``skillopt train livemathematicianbench --data <fixtures> -o ...``."""
-    loaded = load_config(
-        "livemathematicianbench", overrides=[*_data_overrides(str(FIXTURES)), *overrides], env={}
-    )
-    config = benchmark_config(plugin, loaded.config.benchmark)
+    config = fixture_config_of(plugin, overrides)
     assert isinstance(config, LiveMathematicianBenchConfig)
     return config
 
 
 def fixture_items(tmp_path: Path, *overrides: str) -> dict[str, Item]:
     config = fixture_config(*overrides)
-    return {item.id: item for split in SPLITS for item in plugin.load_split(config, split, run_dir=tmp_path)}
+    return items_by_id(plugin, config, tmp_path)
 
 
 def unshuffled(tmp_path: Path) -> dict[str, Item]:

@@ -50,13 +50,12 @@ from skillopt.benchmarks.officeqa.tools import (
     parse_tool_call,
 )
 from skillopt.benchmarks.runner import check_infrastructure, error_row, run_item
-from skillopt.cli import _data_overrides
 from skillopt.config import load_config
 from skillopt.data import Item
 from skillopt.errors import DataError
 from skillopt.llm.errors import ServerError
 from skillopt.llm.scripted import parse_rules
-from tests.fakes.benchmark_target import PluginScriptedTarget
+from tests.fakes.benchmark_target import PluginScriptedTarget, fixture_config_of, items_by_id
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "officeqa"
 CORPUS = FIXTURES / "transformed"
@@ -71,9 +70,7 @@ SENTINEL = "GOLD-SENTINEL-7731"
 
 def fixture_config(**overrides: Any) -> OfficeQAConfig:
     """The config a user gets from ``skillopt train officeqa --data tests/fixtures/officeqa -o benchmark.<k>=<v>``."""
-    extra = [f"benchmark.{key}={value}" for key, value in overrides.items()]
-    loaded = load_config("officeqa", overrides=[*_data_overrides(str(FIXTURES)), *extra], env={})
-    config = benchmark_config(plugin, loaded.config.benchmark)
+    config = fixture_config_of(plugin, [f"benchmark.{key}={value}" for key, value in overrides.items()])
     assert isinstance(config, OfficeQAConfig)
     return config
 
@@ -81,9 +78,7 @@ def fixture_config(**overrides: Any) -> OfficeQAConfig:
 def fixture_items(tmp_path: Path, bench: OfficeQABenchmark | None = None, **overrides: Any) -> dict[str, Item]:
     bench = bench or OfficeQABenchmark(env={})
     config = fixture_config(**overrides)
-    return {
-        item.id: item for split in ("train", "val", "test") for item in bench.load_split(config, split, run_dir=tmp_path)
-    }
+    return items_by_id(bench, config, tmp_path)
 
 
 class ScriptedTarget(PluginScriptedTarget):

@@ -45,7 +45,7 @@ from skillopt.errors import DataError
 from skillopt.llm.base import BackendContext
 from skillopt.llm.errors import ServerError
 from skillopt.llm.scripted import ScriptedBackend, parse_rules, resolve_rule_set
-from tests.fakes.benchmark_target import PluginScriptedTarget
+from tests.fakes.benchmark_target import PluginScriptedTarget, fixture_config_of, items_by_id
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "sealqa"
 CANARY = "CANARY-TEST"
@@ -58,20 +58,14 @@ LAKE_URL = "https://en.wikipedia.org/wiki/Lake_Baikal"
 
 def fixture_config(**overrides: Any) -> SealQAConfig:
     """The config a user gets from ``skillopt train sealqa --data tests/fixtures/sealqa -o benchmark.<k>=<v>``."""
-    extra = [f"benchmark.{key}={value}" for key, value in overrides.items()]
-    loaded = load_config("sealqa", overrides=[*_data_overrides(str(FIXTURES)), *extra], env={})
-    config = benchmark_config(plugin, loaded.config.benchmark)
+    config = fixture_config_of(plugin, [f"benchmark.{key}={value}" for key, value in overrides.items()])
     assert isinstance(config, SealQAConfig)
     return config
 
 
 def fixture_items(tmp_path: Path, **overrides: Any) -> dict[str, Item]:
     config = fixture_config(**overrides)
-    return {
-        item.id: item
-        for split in ("train", "val", "test")
-        for item in plugin.load_split(config, split, run_dir=tmp_path)
-    }
+    return items_by_id(plugin, config, tmp_path)
 
 
 def score(item: Item, reply: str, judge: Any = None) -> tuple[float, float, str]:

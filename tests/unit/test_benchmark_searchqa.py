@@ -21,12 +21,11 @@ from skillopt.benchmarks.base import (
 )
 from skillopt.benchmarks.runner import check_infrastructure, error_row, run_item
 from skillopt.benchmarks.searchqa import TRUNCATED, SearchQAConfig, cut_context, plugin
-from skillopt.cli import _data_overrides
 from skillopt.config import load_config
 from skillopt.data import Item
 from skillopt.errors import DataError
 from skillopt.llm.errors import ServerError
-from tests.fakes.benchmark_target import PluginScriptedTarget
+from tests.fakes.benchmark_target import PluginScriptedTarget, fixture_config_of, items_by_id
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "searchqa"
 NOVEL, RIVER, ELEMENT = (
@@ -38,19 +37,14 @@ NOVEL, RIVER, ELEMENT = (
 
 def fixture_config(*overrides: str) -> SearchQAConfig:
     """The config a user gets from ``skillopt train searchqa --data tests/fixtures/searchqa -o ...``."""
-    loaded = load_config("searchqa", overrides=[*_data_overrides(str(FIXTURES)), *overrides], env={})
-    config = benchmark_config(plugin, loaded.config.benchmark)
+    config = fixture_config_of(plugin, overrides)
     assert isinstance(config, SearchQAConfig)
     return config
 
 
 def fixture_items(tmp_path: Path) -> dict[str, Item]:
     config = fixture_config()
-    return {
-        item.id: item
-        for split in ("train", "val", "test")
-        for item in plugin.load_split(config, split, run_dir=tmp_path)
-    }
+    return items_by_id(plugin, config, tmp_path)
 
 
 def score(item: Item, reply: str) -> tuple[float, float, str]:

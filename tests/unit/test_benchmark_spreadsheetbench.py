@@ -33,12 +33,11 @@ from skillopt.benchmarks.spreadsheetbench import (
     prepare_script,
 )
 from skillopt.benchmarks.spreadsheetbench.cells import cells_equal, find_test_cases, split_ranges
-from skillopt.cli import _data_overrides
 from skillopt.config import load_config
 from skillopt.data import Item
 from skillopt.llm.errors import ServerError
 from skillopt.llm.scripted import parse_rules
-from tests.fakes.benchmark_target import PluginScriptedTarget
+from tests.fakes.benchmark_target import PluginScriptedTarget, fixture_config_of, items_by_id
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "spreadsheetbench"
 ORDERS, SORT, COUNT = "59001", "59002", "59003-1"
@@ -46,17 +45,14 @@ ORDERS, SORT, COUNT = "59001", "59002", "59003-1"
 
 def fixture_config(**overrides: Any) -> SpreadsheetBenchConfig:
     """The config of ``skillopt train spreadsheetbench --data tests/fixtures/spreadsheetbench -o benchmark.<k>=<v>``."""
-    extra = [f"benchmark.{key}={value}" for key, value in overrides.items()]
-    loaded = load_config("spreadsheetbench", overrides=[*_data_overrides(str(FIXTURES)), *extra], env={})
-    config = benchmark_config(plugin, loaded.config.benchmark)
+    config = fixture_config_of(plugin, [f"benchmark.{key}={value}" for key, value in overrides.items()])
     assert isinstance(config, SpreadsheetBenchConfig)
     return config
 
 
 def fixture_items(tmp_path: Path, **overrides: Any) -> dict[str, Item]:
     config = fixture_config(**overrides)
-    return {item.id: item for split in ("train", "val", "test")
-            for item in plugin.load_split(config, split, run_dir=tmp_path)}
+    return items_by_id(plugin, config, tmp_path)
 
 
 class ScriptedTarget(PluginScriptedTarget):
