@@ -266,7 +266,7 @@ def _print_summary(summary: dict, out: _Output) -> None:
 def _cmd_benchmarks(args: argparse.Namespace, out: _Output) -> int:
     from importlib.metadata import entry_points
 
-    from skillopt.benchmarks.base import ENTRY_POINT_GROUP, load_benchmark
+    from skillopt.benchmarks.base import ENTRY_POINT_GROUP, load_benchmark, plugin_extras
 
     for entry in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
         try:
@@ -277,8 +277,10 @@ def _cmd_benchmarks(args: argparse.Namespace, out: _Output) -> int:
         module_doc = sys.modules[type(benchmark).__module__].__doc__ or ""
         summary = module_doc.strip().splitlines()[0] if module_doc.strip() else ""
         judge = "needs the judge role" if benchmark.needs_judge(benchmark.Config()) else "no judge"
+        extras = plugin_extras(benchmark)
+        needs = "extras: " + ",".join(extras) if extras else "no extras"
         out.print(f"{entry.name:<24} v{benchmark.version:<4} {benchmark.default_split_mode:<10} {judge:<21} "
-                  f"{summary}")
+                  f"{needs:<20} {summary}")
     return EXIT_OK
 
 

@@ -102,6 +102,9 @@ class Benchmark(Protocol):
       (tools, fetches, environments) drive the target themselves; the runner still records, scores
       and builds the row.
     - ``version`` changes whenever scoring or prompting changes (it is part of every cache key).
+    - Optional ``extras: tuple[str, ...]``: the pip extras of skillopt the plug-in needs (e.g.
+      ``("alfworld",)``); ``skillopt benchmarks`` shows them. Read it with :func:`plugin_extras`
+      (absent means none), so plug-ins written before it existed still satisfy the protocol.
     """
 
     id: str
@@ -123,6 +126,18 @@ class Benchmark(Protocol):
     def preflight(self, cfg: BaseModel) -> None: ...
 
     def needs_judge(self, cfg: BaseModel) -> bool: ...
+
+
+#: What a plug-in that declares no ``extras`` needs: no optional pip extra.
+NO_EXTRAS: tuple[str, ...] = ()
+
+
+def plugin_extras(benchmark: object) -> tuple[str, ...]:
+    """The pip extras a plug-in declares in its optional ``extras`` class attribute (``()`` when absent)."""
+    declared = getattr(benchmark, "extras", NO_EXTRAS)
+    if isinstance(declared, str):
+        return (declared,)
+    return tuple(str(extra) for extra in declared or ())
 
 
 def split_items(cfg: BaseModel, split: str, *, run_dir: Path, benchmark: str, default_split_mode: str,
