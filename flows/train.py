@@ -18,7 +18,8 @@ import os
 import random
 import time
 from functools import partial
-from typing import Any
+from pathlib import Path
+from typing import Any, Literal
 
 from prefect import flow
 from prefect.task_runners import ThreadPoolTaskRunner
@@ -33,13 +34,14 @@ from skillopt.merge import merge_groups
 from skillopt.probe import probe_record
 from skillopt.records import ItemResult, Patch, StepRecord
 from skillopt.reflect import split_and_batch
+from skillopt.registry import PromotedSkill, SkillRegistry
 from skillopt.rewrite import rewrite_as_edits
 from skillopt.schedule import EditBudgetSchedule
 from skillopt.select import needs_ranking
 from skillopt.skill import SLOW_UPDATE, inject_block, replace_block, skill_hash
 from skillopt.slow_update import Pairs, pair_by_id, select_pairs
 from skillopt.step_buffer import StepBuffer, StepBufferEntry, failure_patterns
-from tasks.artifacts import publish_progress, publish_step
+from tasks.artifacts import publish_progress, publish_promotion, publish_step
 from tasks.context import RunContext, build_run_context
 from tasks.epoch import meta_skill, plan_epoch_task, slow_update
 from tasks.optimize import (
@@ -102,23 +104,44 @@ def _flow_run_name() -> str:
 @flow(name="skill-train", flow_run_name=_flow_run_name, task_runner=ThreadPoolTaskRunner(max_workers=16),
       log_prints=False)
 def skill_train(benchmark: str, config_file: str | None = None, overrides: list[str] | None = None,
-                run_name: str | None = None, cli_roles: dict[str, Any] | None = None) -> dict[str, Any]:
+                run_name: str | None = None, cli_roles: dict[str, Any] | None = None,
+                mode: Literal["train", "nightly"] = "train") -> dict[str, Any]:
     """Train a skill for ``benchmark``; returns the run summary (also written to ``summary.json``).
 
-    ``cli_roles`` holds the named role options of the command line (``CliRoleOptions`` fields).
+    In ``nightly`` mode the run warm-starts from the benchmark's promoted skill in the registry
+    (``run.skills_dir``) and promotes its best skill only if it beats that one on the selection split.
+
+    Args:
+        benchmark: The benchmark to train on, e.g. searchqa (one of `skillopt benchmarks`).
+        config_file: A YAML config file on the machine that runs the flow, merged over the benchmark's config.
+        overrides: Config overrides applied in order, each `section.key=value`, e.g. optimizer.learning_rate=8.
+        run_name: Name of the run directory under run.runs_dir; re-use a name to resume. Empty: a fresh name.
+        cli_roles: Model choice for every role without its own setting, as the command line gives it, e.g.
+            {"backend": "openai", "model": "gpt-4.1-mini"}.
+        mode: train: start from the configured initial skill. nightly: warm-start from the promoted skill and
+            promote the new best only if it beats it on the selection split.
     """
     loaded = load_config(benchmark, config_file=config_file, overrides=overrides or [], env=os.environ)
-    ctx = build_run_context(loaded, run_name=run_name, cli=CliRoleOptions(**(cli_roles or {})))
+    registry = SkillRegistry(Path(loaded.config.run.skills_dir))
+    incumbent = registry.current(benchmark) if mode == "nightly" else None
+    ctx = build_run_context(loaded, run_name=run_name, cli=CliRoleOptions(**(cli_roles or {})),
+                            initial_skill=incumbent.text if incumbent else None)
     cfg = ctx.config
     started = time.monotonic()
     progress.info("run directory: %s", ctx.run.path)
 
+    if incumbent:
+        progress.info("warm start from promoted version %d of %s", incumbent.version, benchmark)
     state = baseline(ctx)
     for epoch in range(1, cfg.train.epochs + 1):
         state = skill_epoch(ctx, state, epoch)
         if state.stopped_by:
             break
-    return finish(ctx, state, wall_s=time.monotonic() - started)
+    summary = finish(ctx, state, wall_s=time.monotonic() - started)
+    if mode == "nightly":
+        summary["promotion"] = promote_if_better(ctx, state, registry, incumbent)
+    return summary
+
 
 
 def baseline(ctx: RunContext) -> TrainState:
@@ -499,6 +522,30 @@ def finish(ctx: RunContext, state: TrainState, *, wall_s: float) -> dict[str, An
     ctx.run.write_summary(summary)
     progress.info("wrote %s", ctx.run.summary_path)
     return {**summary_dict(summary), "run_dir": str(ctx.run.path)}
+
+
+# --------------------------------------------------------------------------------------------
+# Nightly promotion
+
+
+def promote_if_better(ctx: RunContext, state: TrainState, registry: SkillRegistry,
+                      incumbent: PromotedSkill | None) -> dict[str, Any]:
+    """Promote the best skill only if it beats the skill the run started from on the selection split.
+
+    That skill is the promoted one (the warm start) or, before anything was promoted, the initial
+    skill; both were scored in this run's baseline, so the comparison is like for like. The decision
+    goes to the registry history, ``promotion.json`` in the run directory and a Prefect artifact.
+    """
+    event = registry.decide(
+        ctx.benchmark.id, candidate=state.best_skill, candidate_score=state.best_score,
+        incumbent_sha=skill_hash(state.initial_skill), incumbent_score=_gate_value(ctx, state.baseline),
+        incumbent_version=incumbent.version if incumbent else None, metric=ctx.config.evaluation.gate_metric,
+        source="nightly", run_name=ctx.run_name, run_dir=str(ctx.run.path),
+    )
+    ctx.run.write_json("promotion.json", event)
+    publish_promotion(ctx, event)
+    progress.info("promotion: %s", event.reason)
+    return event.model_dump(mode="json")
 
 
 # --------------------------------------------------------------------------------------------

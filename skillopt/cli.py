@@ -120,7 +120,44 @@ def _build_parser() -> argparse.ArgumentParser:
         "--min", dest="min_budget", type=int, default=2, help="L_min (optimizer.min_learning_rate)"
     )
     schedule.add_argument("--steps", type=int, required=True, help="total steps T = epochs * steps per epoch")
+    _add_serve_and_skills(commands)
     return parser
+
+
+def _add_serve_and_skills(commands: argparse._SubParsersAction) -> None:
+    serve = commands.add_parser(
+        "serve", help="serve the skill-train/<benchmark> deployments on a Prefect server (nightly runs)",
+        description="Register one deployment skill-train/<benchmark> per benchmark (all registered ones by "
+        "default) with a nightly schedule and mode: nightly, then run their flow runs until interrupted. "
+        "Needs a Prefect server: set PREFECT_API_URL.",
+    )
+    serve.add_argument("benchmarks", nargs="*", metavar="BENCHMARK", help="benchmarks to serve (default: all)")
+    serve.add_argument("--cron", default=None, metavar="EXPR",
+                       help="schedule of every deployment, a cron expression (default: '0 3 * * *')")
+    serve.add_argument("--timezone", default=None, metavar="TZ", help="time zone of the cron schedule (default: UTC)")
+    serve.add_argument("--no-schedule", action="store_true", help="serve without a schedule (runs on demand only)")
+    serve.add_argument("--mode", choices=["nightly", "train"], default="nightly",
+                       help="the deployments' default mode (default: nightly)")
+    _add_config_options(serve)
+
+    skills = commands.add_parser(
+        "skills", help="the registry of promoted skills: list, show, promote, rollback",
+        description="Manage the promoted skills that nightly runs warm-start from (run.skills_dir, default skills/).",
+    )
+    skills_commands = skills.add_subparsers(dest="skills_command", metavar="SUBCOMMAND")
+    listing = skills_commands.add_parser("list", help="every benchmark's current version, or one benchmark's history")
+    listing.add_argument("benchmark", nargs="?", metavar="BENCHMARK")
+    show = skills_commands.add_parser("show", help="print the promoted skill (or one version)")
+    show.add_argument("benchmark", metavar="BENCHMARK")
+    show.add_argument("--version", dest="skill_version", type=int, metavar="N", help="print version N instead")
+    promote = skills_commands.add_parser("promote", help="promote a skill file or a run's best_skill.md by hand")
+    promote.add_argument("benchmark", metavar="BENCHMARK")
+    promote.add_argument("source", metavar="RUN_DIR_OR_FILE", help="a run directory (its best_skill.md) or a file")
+    rollback = skills_commands.add_parser("rollback", help="make the previously promoted version current again")
+    rollback.add_argument("benchmark", metavar="BENCHMARK")
+    for sub in (listing, show, promote, rollback):
+        sub.add_argument("--skills-dir", metavar="DIR", help="the registry folder (default: run.skills_dir)")
+        _add_config_options(sub)
 
 
 def _add_run_options(parser: argparse.ArgumentParser, *, data: bool = True, cache: bool = True) -> None:
@@ -378,6 +415,135 @@ def _cmd_schedule(args: argparse.Namespace, out: _Output) -> int:
     return EXIT_OK
 
 
+def _cmd_serve(args: argparse.Namespace, out: _Output) -> int:
+    from deployments.serve import DEFAULT_CRON, DEFAULT_TIMEZONE, chosen_benchmarks, serve_benchmarks
+    from skillopt.config import load_config
+
+    benchmarks = chosen_benchmarks(args.benchmarks)
+    for benchmark in benchmarks:  # a bad config is reported now, not at 3 a.m.
+        load_config(benchmark, config_file=args.config, overrides=args.override, env=os.environ)
+
+    from prefect.settings import PREFECT_SERVER_ANALYTICS_ENABLED, get_current_settings, temporary_settings
+
+    if not get_current_settings().api.url:
+        raise SkillOptError("skillopt serve needs a Prefect server: set PREFECT_API_URL (e.g. "
+                            "http://127.0.0.1:4200/api after `prefect server start`; see docs/self-hosting.md)")
+    cron = None if args.no_schedule else (args.cron or DEFAULT_CRON)
+    out.print(f"serving {len(benchmarks)} deployment(s): " + ", ".join(f"skill-train/{b}" for b in benchmarks))
+    out.print(f"  schedule: {cron + ' ' + (args.timezone or DEFAULT_TIMEZONE) if cron else 'none'}; "
+              f"default mode: {args.mode}; at most 1 run per benchmark at a time")
+    with temporary_settings(set_defaults={PREFECT_SERVER_ANALYTICS_ENABLED: False}):
+        serve_benchmarks(benchmarks, cron=cron, timezone=args.timezone or DEFAULT_TIMEZONE, config_file=args.config,
+                         overrides=args.override, mode=args.mode)
+    return EXIT_OK
+
+
+def _registry(args: argparse.Namespace):  # noqa: ANN202 - returns a SkillRegistry
+    from pathlib import Path
+
+    from skillopt.config import load_config
+    from skillopt.registry import SkillRegistry
+
+    if args.skills_dir:
+        return SkillRegistry(Path(args.skills_dir))
+    loaded = load_config(args.benchmark, config_file=args.config, overrides=args.override, env=os.environ)
+    return SkillRegistry(Path(loaded.config.run.skills_dir))
+
+
+def _cmd_skills_list(args: argparse.Namespace, out: _Output) -> int:
+    registry = _registry(args)
+    if args.benchmark is None:
+        names = registry.benchmarks()
+        if not names:
+            out.print(f"no promoted skills in {registry.root}")
+        for name in names:
+            current = registry.current(name)
+            last = registry.history(name)[-1]
+            state = f"version {current.version} (sha {current.sha[:12]})" if current else "nothing promoted"
+            out.print(f"{name:<24} {state:<32} last: {last.action} {last.at}")
+        return EXIT_OK
+    events = registry.history(args.benchmark)
+    if not events:
+        out.print(f"{args.benchmark}: no decisions recorded in {registry.folder(args.benchmark)}")
+        return EXIT_OK
+    current = events[-1].version
+    for version in registry.versions(args.benchmark):
+        origin = next((e for e in events if e.action == "promote" and e.version == version), None)
+        marker = "*" if version == current else " "
+        source = f"{origin.source} {origin.at}" if origin else ""
+        out.print(f"{marker} version {version:<4} {source}")
+    out.print("decisions:")
+    for event in events:
+        scores = ""
+        if event.candidate_score is not None and event.incumbent_score is not None:
+            scores = f" [{event.metric} {event.candidate_score:.4f} vs {event.incumbent_score:.4f}]"
+        out.print(f"  {event.at} {event.action:<8} -> {event.version or '-'}{scores} {event.reason}"
+                  + (f" (run {event.run_name})" if event.run_name else ""))
+    return EXIT_OK
+
+
+def _cmd_skills_show(args: argparse.Namespace, out: _Output) -> int:
+    registry = _registry(args)
+    if args.skill_version is not None:
+        out.print(registry.version_text(args.benchmark, args.skill_version).rstrip("\n"))
+        return EXIT_OK
+    current = registry.current(args.benchmark)
+    if current is None:
+        raise SkillOptError(f"{args.benchmark}: nothing is promoted in {registry.folder(args.benchmark)}")
+    out.print(current.text.rstrip("\n"))
+    return EXIT_OK
+
+
+def _cmd_skills_promote(args: argparse.Namespace, out: _Output) -> int:
+    import json
+    from pathlib import Path
+
+    registry = _registry(args)
+    source = Path(args.source)
+    path = source / "best_skill.md" if source.is_dir() else source
+    if not path.is_file():
+        raise SkillOptError(f"skills promote: no skill at {path} (give a run directory or a markdown file)")
+    text = path.read_text(encoding="utf-8")
+    run_name = run_dir = candidate = None
+    summary_path = source / "summary.json" if source.is_dir() else None
+    if summary_path is not None and summary_path.is_file():
+        summary = json.loads(summary_path.read_text(encoding="utf-8"))
+        run_name, run_dir = summary.get("run_name"), str(source)
+        candidate = summary.get("scores", {}).get("best", {}).get("selection", {}).get("hard")
+    event = registry.promote(args.benchmark, text, source=str(path), reason=f"promoted by hand from {path}",
+                             metric="hard" if candidate is not None else None, candidate_score=candidate,
+                             run_name=run_name, run_dir=run_dir)
+    out.print(f"{args.benchmark}: version {event.version} is current (was {event.previous or 'none'}); "
+              f"{registry.folder(args.benchmark) / 'current.md'}")
+    return EXIT_OK
+
+
+def _cmd_skills_rollback(args: argparse.Namespace, out: _Output) -> int:
+    registry = _registry(args)
+    event = registry.rollback(args.benchmark)
+    out.print(f"{args.benchmark}: {event.reason}; {registry.folder(args.benchmark) / 'current.md'}")
+    return EXIT_OK
+
+
+def _cmd_report(args: argparse.Namespace, out: _Output) -> int:
+    from skillopt.report import write_report
+
+    out.print(f"report: {write_report(args.run_dir, args.out)}")
+    return EXIT_OK
+
+
+def _cmd_compare(args: argparse.Namespace, out: _Output) -> int:
+    from pathlib import Path
+
+    from skillopt.atomic import atomic_write_bytes
+    from skillopt.report import load_run, render_compare
+
+    runs = [load_run(path) for path in args.run_dirs]
+    atomic_write_bytes(Path(args.out), render_compare(runs).encode("utf-8"))
+    out.print(f"comparison of {len(runs)} runs: {args.out}")
+    return EXIT_OK
+
+
 def main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = None, stderr: TextIO | None = None) -> int:
     """Run the ``skillopt`` command and return its exit code."""
     out = _Output(Redactor.from_environment(), stdout or sys.stdout, stderr or sys.stderr)
@@ -393,8 +559,14 @@ def main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = None, std
         ("benchmarks", None): _cmd_benchmarks,
         ("backends", None): _cmd_backends,
         ("backends", "check"): _cmd_backends_check,
+        ("serve", None): _cmd_serve,
+        ("skills", "list"): _cmd_skills_list,
+        ("skills", "show"): _cmd_skills_show,
+        ("skills", "promote"): _cmd_skills_promote,
+        ("skills", "rollback"): _cmd_skills_rollback,
     }
-    key = (args.command, getattr(args, "config_command", None) or getattr(args, "backends_command", None))
+    key = (args.command, getattr(args, "config_command", None) or getattr(args, "backends_command", None)
+           or getattr(args, "skills_command", None))
     handler = handlers.get(key)
     if handler is None:
         if args.command == "config":

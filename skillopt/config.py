@@ -247,6 +247,8 @@ class RunSection(_Section):
     run_name: str | None = None
     cache_dir: str = ".skillopt/cache"
     refresh_cache: Bool = False
+    #: The skill registry (skillopt.registry): promoted skills that nightly runs warm-start from.
+    skills_dir: str = "skills"
 
 
 class SkillOptConfig(_Section):

@@ -49,6 +49,7 @@ RESULT_NEUTRAL_FIELDS: tuple[str, ...] = (
     "run.run_name",
     "run.runs_dir",
     "run.refresh_cache",
+    "run.skills_dir",
     "benchmark.workers",
     "gradient.analyst_workers",
 )
@@ -80,7 +81,7 @@ def config_hash(config: SkillOptConfig) -> str:
     """sha256 hex digest of the canonical JSON of the resolved config.
 
     Canonical = ``model_dump(mode="json")`` with keys sorted and no whitespace. The fields in
-    ``RESULT_NEUTRAL_FIELDS`` (``run.run_name``, ``run.runs_dir``, ``run.refresh_cache``,
+    ``RESULT_NEUTRAL_FIELDS`` (``run.run_name``, ``run.runs_dir``, ``run.refresh_cache``, ``run.skills_dir``,
     ``benchmark.workers``, ``gradient.analyst_workers``) are left out, so renaming, moving or
     re-parallelising a run keeps its hash; every other value, benchmark-specific keys included,
     changes it.

@@ -14,6 +14,7 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from skillopt.artifacts import artifact_key, edits_table, gate_table, progress_markdown, skill_diff_markdown
 from skillopt.records import StepRecord
+from skillopt.registry import RegistryEvent, promotion_markdown
 from tasks.context import RunContext
 
 log = logging.getLogger("skillopt.artifacts")
@@ -50,3 +51,9 @@ def publish_step(ctx: RunContext, record: StepRecord, history: list[StepRecord],
         _publish("diff", create_markdown_artifact, key=_key(ctx, "skill-diff"),
                  markdown=skill_diff_markdown(record.step, previous_skill, current_skill, record.gate),
                  description=f"accepted skill change at step {record.step}")
+
+
+def publish_promotion(ctx: RunContext, event: RegistryEvent) -> None:
+    """A nightly run's promotion decision, with the scores it was made on."""
+    _publish("promotion", create_markdown_artifact, key=_key(ctx, "promotion"), markdown=promotion_markdown(event),
+             description=f"promotion decision of {ctx.run_name}")

@@ -67,8 +67,12 @@ def build_run_context(
     run_name: str | None = None,
     registry: BackendRegistry | None = None,
     prefix: str | None = None,
+    initial_skill: str | None = None,
 ) -> RunContext:
-    """Resolve roles, load the benchmark and its splits, open the run directory, prepare the cache."""
+    """Resolve roles, load the benchmark and its splits, open the run directory, prepare the cache.
+
+    ``initial_skill`` replaces ``train.skill_init`` (a nightly run's warm start from the registry).
+    """
     env = os.environ if env is None else env
     config = loaded.config
     name = config.benchmark.name
@@ -113,7 +117,7 @@ def build_run_context(
                     {name: (role.backend, role.price_model) for name, role in used.items()})
     prompts = benchmark.prompts_dir
     guidance = {kind: _read(prompts / f"analyst_{kind}.md") for kind in ("error", "success")}
-    initial = _initial_skill(config, prompts)
+    initial = _initial_skill(config, prompts) if initial_skill is None else initial_skill
     return RunContext(
         loaded=loaded, benchmark=benchmark, bench_cfg=bench_cfg, clients=clients, run=run, run_name=run_name,
         items=items, split_ids=split_ids,

@@ -1,0 +1,283 @@
+"""The skill registry: which skill each benchmark has promoted, and every decision about it (DESIGN.md §5.2).
+
+```
+<run.skills_dir>/<benchmark>/
+  current.md          the promoted skill; nightly runs warm-start from it
+  versions/NNNN.md    every skill ever promoted, numbered from 0001; never changed or removed
+  history.jsonl       one RegistryEvent per decision: promote, keep (a run that did not beat the
+                      promoted skill), rollback
+```
+
+Nothing is ever deleted: a rollback is a new event that makes an older version current again, so
+the whole lineage stays readable. Every file is replaced atomically, and a lock file serialises
+writers (a nightly run and a person at the command line). The history is the source of truth for
+which version is current; ``current.md`` is its copy for people and for the warm start.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import re
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel
+
+from skillopt.atomic import atomic_write_bytes
+from skillopt.errors import SkillOptError
+from skillopt.redact import Redactor
+from skillopt.skill import skill_hash
+
+CURRENT_FILE = "current.md"
+HISTORY_FILE = "history.jsonl"
+VERSIONS_DIR = "versions"
+
+_BENCHMARK_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+class RegistryError(SkillOptError):
+    """A registry operation cannot be done: unknown benchmark folder, nothing to roll back to, bad files."""
+
+
+class PromotedSkill(BaseModel):
+    """The skill a benchmark currently deploys."""
+
+    benchmark: str
+    version: int
+    text: str
+    sha: str
+
+
+class RegistryEvent(BaseModel):
+    """One line of ``history.jsonl``: a decision about a benchmark's promoted skill.
+
+    ``version`` is the current version after the event (None while nothing has been promoted) and
+    ``previous`` the one before it. Scores are gate scores on the selection split, measured in the
+    same run: ``incumbent_score`` for the skill that was promoted (or the initial skill when none
+    was), ``candidate_score`` for the run's best skill.
+    """
+
+    at: str
+    benchmark: str
+    action: Literal["promote", "keep", "rollback"]
+    version: int | None
+    previous: int | None
+    reason: str
+    source: str
+    skill_sha: str | None = None
+    candidate_sha: str | None = None
+    metric: str | None = None
+    incumbent_score: float | None = None
+    candidate_score: float | None = None
+    run_name: str | None = None
+    run_dir: str | None = None
+
+    @property
+    def promoted(self) -> bool:
+        return self.action == "promote"
+
+
+class PromotionVerdict(BaseModel):
+    promote: bool
+    reason: str
+
+
+def promotion_verdict(*, candidate_score: float, incumbent_score: float, candidate_sha: str, incumbent_sha: str,
+                      incumbent_version: int | None, metric: str) -> PromotionVerdict:
+    """Promote only a different skill that scores strictly higher than the incumbent on the selection split.
+
+    The incumbent is the promoted skill (``incumbent_version``) or, before anything was promoted, the
+    initial skill the run started from: the first nightly run promotes only if training beat it.
+    """
+    incumbent = f"promoted version {incumbent_version}" if incumbent_version else "initial skill (nothing promoted yet)"
+    figures = f"{metric} {candidate_score:.4f} vs {incumbent_score:.4f}"
+    if candidate_sha == incumbent_sha:
+        return PromotionVerdict(promote=False, reason=f"training found no better skill than the {incumbent} "
+                                                      f"({metric} {incumbent_score:.4f})")
+    if candidate_score > incumbent_score:
+        return PromotionVerdict(promote=True, reason=f"the best skill beats the {incumbent} on the selection split "
+                                                     f"({figures})")
+    return PromotionVerdict(promote=False, reason=f"the best skill does not beat the {incumbent} on the selection "
+                                                  f"split ({figures})")
+
+
+class SkillRegistry:
+    """The registry folder ``root`` (``run.skills_dir``), one sub-folder per benchmark."""
+
+    def __init__(self, root: Path | str) -> None:
+        self.root = Path(root)
+
+    # ---- reading ----------------------------------------------------------------------------
+
+    def benchmarks(self) -> list[str]:
+        """Benchmarks with a history, sorted by name."""
+        if not self.root.is_dir():
+            return []
+        return sorted(p.parent.name for p in self.root.glob(f"*/{HISTORY_FILE}"))
+
+    def folder(self, benchmark: str) -> Path:
+        if not _BENCHMARK_NAME.fullmatch(benchmark):
+            raise RegistryError(f"not a benchmark name: {benchmark!r} (letters, digits, '.', '_' and '-')")
+        return self.root / benchmark
+
+    def history(self, benchmark: str) -> list[RegistryEvent]:
+        """Every recorded decision, oldest first."""
+        path = self.folder(benchmark) / HISTORY_FILE
+        if not path.is_file():
+            return []
+        events = []
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                events.append(RegistryEvent.model_validate_json(line))
+            except ValueError as error:
+                raise RegistryError(f"{path}:{number}: not a registry event ({error.__class__.__name__})") from None
+        return events
+
+    def current_version(self, benchmark: str) -> int | None:
+        events = self.history(benchmark)
+        return events[-1].version if events else None
+
+    def versions(self, benchmark: str) -> list[int]:
+        folder = self.folder(benchmark) / VERSIONS_DIR
+        return sorted(int(p.stem) for p in folder.glob("*.md") if p.stem.isdigit()) if folder.is_dir() else []
+
+    def version_text(self, benchmark: str, version: int) -> str:
+        path = self._version_path(benchmark, version)
+        if not path.is_file():
+            raise RegistryError(f"{benchmark}: no version {version} in {path.parent}")
+        return path.read_text(encoding="utf-8")
+
+    def current(self, benchmark: str) -> PromotedSkill | None:
+        """The promoted skill, read from ``current.md`` (None when nothing has been promoted)."""
+        version = self.current_version(benchmark)
+        if version is None:
+            return None
+        path = self.folder(benchmark) / CURRENT_FILE
+        if not path.is_file():  # a crash between the history and the copy: the version is authoritative
+            self._write_current(benchmark, version)
+        text = path.read_text(encoding="utf-8")
+        return PromotedSkill(benchmark=benchmark, version=version, text=text, sha=skill_hash(text))
+
+    # ---- writing ----------------------------------------------------------------------------
+
+    def promote(self, benchmark: str, text: str, *, source: str, reason: str, metric: str | None = None,
+                incumbent_score: float | None = None, candidate_score: float | None = None,
+                run_name: str | None = None, run_dir: str | None = None) -> RegistryEvent:
+        """Store ``text`` as a new version and make it current."""
+        if not text.strip():
+            raise RegistryError(f"{benchmark}: refusing to promote an empty skill (from {source})")
+        with self._locked(benchmark):
+            previous = self.current_version(benchmark)
+            version = max(self.versions(benchmark), default=0) + 1
+            atomic_write_bytes(self._version_path(benchmark, version), text.encode("utf-8"))
+            event = self._event(benchmark, "promote", version=version, previous=previous, reason=reason,
+                                source=source, skill_sha=skill_hash(text), candidate_sha=skill_hash(text),
+                                metric=metric, incumbent_score=incumbent_score, candidate_score=candidate_score,
+                                run_name=run_name, run_dir=run_dir)
+            self._append(benchmark, event)
+            self._write_current(benchmark, version)
+        return event
+
+    def keep(self, benchmark: str, *, source: str, reason: str, candidate_sha: str | None = None,
+             metric: str | None = None, incumbent_score: float | None = None,
+             candidate_score: float | None = None, run_name: str | None = None,
+             run_dir: str | None = None) -> RegistryEvent:
+        """Record a decision not to promote; the current version stays."""
+        with self._locked(benchmark):
+            version = self.current_version(benchmark)
+            sha = skill_hash(self.version_text(benchmark, version)) if version else None
+            event = self._event(benchmark, "keep", version=version, previous=version, reason=reason, source=source,
+                                skill_sha=sha, candidate_sha=candidate_sha, metric=metric,
+                                incumbent_score=incumbent_score, candidate_score=candidate_score,
+                                run_name=run_name, run_dir=run_dir)
+            self._append(benchmark, event)
+        return event
+
+    def decide(self, benchmark: str, *, candidate: str, candidate_score: float, incumbent_sha: str,
+               incumbent_score: float, incumbent_version: int | None, metric: str, source: str,
+               run_name: str | None = None, run_dir: str | None = None) -> RegistryEvent:
+        """Promote ``candidate`` if it beats the incumbent (``promotion_verdict``), else record a keep."""
+        verdict = promotion_verdict(candidate_score=candidate_score, incumbent_score=incumbent_score,
+                                    candidate_sha=skill_hash(candidate), incumbent_sha=incumbent_sha,
+                                    incumbent_version=incumbent_version, metric=metric)
+        common = {"source": source, "reason": verdict.reason, "metric": metric, "incumbent_score": incumbent_score,
+                  "candidate_score": candidate_score, "run_name": run_name, "run_dir": run_dir}
+        if verdict.promote:
+            return self.promote(benchmark, candidate, **common)
+        return self.keep(benchmark, candidate_sha=skill_hash(candidate), **common)
+
+    def rollback(self, benchmark: str, *, source: str = "manual") -> RegistryEvent:
+        """Make current again the version that was current before the current one was promoted."""
+        with self._locked(benchmark):
+            events = self.history(benchmark)
+            current = events[-1].version if events else None
+            if current is None:
+                raise RegistryError(f"{benchmark}: nothing is promoted in {self.folder(benchmark)}; "
+                                    "nothing to roll back")
+            origin = next(e for e in reversed(events) if e.action == "promote" and e.version == current)
+            if origin.previous is None:
+                raise RegistryError(f"{benchmark}: version {current} is the first promoted skill; "
+                                    "there is no earlier version to roll back to")
+            target = origin.previous
+            event = self._event(benchmark, "rollback", version=target, previous=current,
+                                reason=f"rolled back from version {current} to version {target}", source=source,
+                                skill_sha=skill_hash(self.version_text(benchmark, target)))
+            self._append(benchmark, event)
+            self._write_current(benchmark, target)
+        return event
+
+    # ---- helpers ----------------------------------------------------------------------------
+
+    def _version_path(self, benchmark: str, version: int) -> Path:
+        return self.folder(benchmark) / VERSIONS_DIR / f"{version:04d}.md"
+
+    def _write_current(self, benchmark: str, version: int) -> None:
+        text = self.version_text(benchmark, version)
+        atomic_write_bytes(self.folder(benchmark) / CURRENT_FILE, text.encode("utf-8"))
+
+    def _append(self, benchmark: str, event: RegistryEvent) -> None:
+        path = self.folder(benchmark) / HISTORY_FILE
+        before = path.read_bytes() if path.is_file() else b""
+        if before and not before.endswith(b"\n"):
+            before += b"\n"
+        atomic_write_bytes(path, before + event.model_dump_json().encode("utf-8") + b"\n")
+
+    @staticmethod
+    def _event(benchmark: str, action: str, **fields: object) -> RegistryEvent:
+        return RegistryEvent(at=datetime.now(UTC).isoformat(timespec="seconds"), benchmark=benchmark, action=action,
+                             **fields)
+
+    @contextlib.contextmanager
+    def _locked(self, benchmark: str) -> Iterator[None]:
+        folder = self.folder(benchmark)
+        folder.mkdir(parents=True, exist_ok=True)
+        with (folder / ".lock").open("a") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def promotion_markdown(event: RegistryEvent, *, redactor: Redactor | None = None) -> str:
+    """The promotion decision of a run as a short markdown report (a Prefect artifact)."""
+    verb = {"promote": f"promoted as version {event.version}", "keep": "not promoted",
+            "rollback": f"rolled back to version {event.version}"}[event.action]
+
+    def score(value: float | None) -> str:
+        return "–" if value is None else f"{value:.4f}"
+
+    current = f"version {event.version} (sha {event.skill_sha[:12]})" if event.version else "none"
+    text = (
+        f"**{event.benchmark}: {verb}**\n\n{event.reason}\n\n"
+        f"| skill | {event.metric or 'score'} on the selection split |\n|---|---|\n"
+        f"| incumbent (version {event.previous or '–'}) | {score(event.incumbent_score)} |\n"
+        f"| this run's best (sha {(event.candidate_sha or '')[:12] or '–'}) | {score(event.candidate_score)} |\n\n"
+        f"Current promoted skill: {current}. Source: {event.source}.\n"
+    )
+    return (redactor or Redactor.from_environment())(text)

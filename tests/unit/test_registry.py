@@ -1,0 +1,101 @@
+"""The skill registry: promotions, kept decisions, rollbacks, and a history that never loses a version."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from skillopt.registry import RegistryError, SkillRegistry, promotion_markdown, promotion_verdict
+from skillopt.skill import skill_hash
+
+
+def test_promote_writes_a_version_current_md_and_a_history_line(tmp_path):
+    registry = SkillRegistry(tmp_path / "skills")
+    event = registry.promote("demo", "# Skill v1\n", source="manual", reason="by hand")
+    folder = tmp_path / "skills" / "demo"
+    assert (folder / "current.md").read_text() == "# Skill v1\n"
+    assert (folder / "versions" / "0001.md").read_text() == "# Skill v1\n"
+    lines = [json.loads(x) for x in (folder / "history.jsonl").read_text().splitlines()]
+    assert [(x["action"], x["version"], x["previous"]) for x in lines] == [("promote", 1, None)]
+    assert event.skill_sha == skill_hash("# Skill v1\n")
+    current = registry.current("demo")
+    assert (current.version, current.text) == (1, "# Skill v1\n")
+    assert registry.benchmarks() == ["demo"]
+
+
+def test_rollback_walks_the_promotion_lineage_and_keeps_every_version(tmp_path):
+    registry = SkillRegistry(tmp_path)
+    for n in (1, 2, 3):
+        registry.promote("demo", f"# v{n}\n", source="manual", reason="test")
+    assert registry.rollback("demo").version == 2
+    registry.promote("demo", "# v4\n", source="manual", reason="after rollback")  # its parent is v2
+    assert registry.rollback("demo").version == 2
+    assert registry.rollback("demo").version == 1
+    assert registry.current("demo").text == "# v1\n"
+    with pytest.raises(RegistryError, match="first promoted skill"):
+        registry.rollback("demo")
+    assert registry.versions("demo") == [1, 2, 3, 4]
+    assert [e.action for e in registry.history("demo")] == ["promote"] * 3 + ["rollback", "promote"] + ["rollback"] * 2
+
+
+def test_rollback_with_nothing_promoted_is_a_clear_error(tmp_path):
+    with pytest.raises(RegistryError, match="nothing is promoted"):
+        SkillRegistry(tmp_path).rollback("demo")
+
+
+def test_decide_promotes_only_a_different_skill_that_scores_strictly_higher(tmp_path):
+    registry = SkillRegistry(tmp_path)
+    first = registry.decide("demo", candidate="# better\n", candidate_score=0.6, incumbent_sha=skill_hash("# init\n"),
+                            incumbent_score=0.4, incumbent_version=None, metric="hard", source="nightly",
+                            run_name="r1")
+    assert first.action == "promote" and first.version == 1
+    assert "initial skill" in first.reason and "0.6000 vs 0.4000" in first.reason
+    tie = registry.decide("demo", candidate="# other\n", candidate_score=0.6, incumbent_sha=first.skill_sha,
+                          incumbent_score=0.6, incumbent_version=1, metric="hard", source="nightly")
+    assert tie.action == "keep" and tie.version == 1 and "does not beat the promoted version 1" in tie.reason
+    assert (tie.incumbent_score, tie.candidate_score) == (0.6, 0.6)
+    same = registry.decide("demo", candidate="# better\n", candidate_score=0.9, incumbent_sha=first.skill_sha,
+                           incumbent_score=0.6, incumbent_version=1, metric="hard", source="nightly")
+    assert same.action == "keep" and "no better skill" in same.reason
+    assert registry.current("demo").text == "# better\n"
+    assert len(registry.history("demo")) == 3
+
+
+def test_first_nightly_run_that_does_not_beat_the_initial_skill_promotes_nothing(tmp_path):
+    registry = SkillRegistry(tmp_path)
+    event = registry.decide("demo", candidate="# worse\n", candidate_score=0.2, incumbent_sha=skill_hash("# init\n"),
+                            incumbent_score=0.4, incumbent_version=None, metric="hard", source="nightly")
+    assert event.action == "keep" and event.version is None
+    assert registry.current("demo") is None
+    assert not (tmp_path / "demo" / "current.md").exists()
+
+
+def test_current_md_is_restored_from_its_version_after_a_crash(tmp_path):
+    registry = SkillRegistry(tmp_path)
+    registry.promote("demo", "# v1\n", source="manual", reason="test")
+    (tmp_path / "demo" / "current.md").unlink()
+    assert registry.current("demo").text == "# v1\n"
+
+
+def test_bad_names_and_corrupt_history_name_the_problem(tmp_path):
+    registry = SkillRegistry(tmp_path)
+    with pytest.raises(RegistryError, match="not a benchmark name"):
+        registry.current("../etc")
+    (tmp_path / "demo").mkdir()
+    (tmp_path / "demo" / "history.jsonl").write_text("{not json\n")
+    with pytest.raises(RegistryError, match=r"history.jsonl:1"):
+        registry.history("demo")
+    with pytest.raises(RegistryError, match="empty skill"):
+        registry.promote("qa", "  \n", source="x.md", reason="manual")
+
+
+def test_promotion_markdown_shows_decision_and_scores():
+    verdict = promotion_verdict(candidate_score=0.75, incumbent_score=0.5, candidate_sha="b" * 64,
+                                incumbent_sha="a" * 64, incumbent_version=3, metric="hard")
+    assert verdict.promote and "promoted version 3" in verdict.reason
+    registry_event = SkillRegistry._event("demo", "promote", version=4, previous=3, reason=verdict.reason,
+                                          source="nightly", skill_sha="b" * 64, candidate_sha="b" * 64,
+                                          metric="hard", incumbent_score=0.5, candidate_score=0.75)
+    text = promotion_markdown(registry_event)
+    assert "promoted as version 4" in text and "| 0.5000 |" in text and "| 0.7500 |" in text
