@@ -7,6 +7,7 @@ items of all splits, the content hashes that go into cache keys, and the result 
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -17,6 +18,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from skillopt.benchmarks.base import Benchmark, BenchmarkSetupError, benchmark_config, load_benchmark
+from skillopt.benchmarks.images import image_digests, item_image_paths
 from skillopt.config import LoadedConfig, SkillOptConfig
 from skillopt.data import Item, check_train_size
 from skillopt.errors import ConfigError
@@ -29,6 +31,7 @@ from skillopt.runs import RunDir, config_hash, default_run_name
 from tasks.cache import digest, result_storage
 
 SPLITS = ("train", "val", "test")
+progress = logging.getLogger("skillopt.progress")
 
 
 @dataclass
@@ -80,12 +83,14 @@ def build_run_context(
         raise ConfigError("benchmark.name is not set: name a benchmark (skillopt train BENCHMARK)")
     benchmark = load_benchmark(name)
     bench_cfg = benchmark_config(benchmark, config.benchmark)
-    benchmark.preflight(bench_cfg)
 
     registry = registry or BackendRegistry.default()
     roles = resolve_roles(loaded, cli=cli, env=env, registry=registry)
+    bench_cfg = _bind_target(benchmark, bench_cfg, roles.target.backend, registry.get(roles.target.backend).kind)
+    benchmark.preflight(bench_cfg)
     if benchmark.needs_judge(bench_cfg) and roles.judge_problem:
         raise BenchmarkSetupError(f"benchmark {name} needs the judge role: {roles.judge_problem}")
+    _check_image_support(name, benchmark, roles, registry)
 
     digest_of_config = config_hash(config)
     run_name = run_name or config.run.run_name or default_run_name(
@@ -121,10 +126,47 @@ def build_run_context(
     return RunContext(
         loaded=loaded, benchmark=benchmark, bench_cfg=bench_cfg, clients=clients, run=run, run_name=run_name,
         items=items, split_ids=split_ids,
-        data_hash=digest({s: [items[i] for i in split_ids[s]] for s in SPLITS}),
+        data_hash=_data_hash(items, split_ids),
         bench_prompt_hash=digest([guidance, _read(prompts / "initial_skill.md"), benchmark.version]),
         storage=result_storage(Path(config.run.cache_dir)), initial_skill=initial, benchmark_guidance=guidance,
     )
+
+
+def _check_image_support(name: str, benchmark: Benchmark, roles: Any, registry: BackendRegistry) -> None:
+    """Preflight: a benchmark whose prompts carry images needs a target (and judge) that takes them."""
+    if not getattr(benchmark, "uses_images", False):
+        return
+    from skillopt.llm.capabilities import image_support_problem
+
+    role = roles.target
+    problem = image_support_problem(role.backend, registry.get(role.backend).kind, role.price_model or role.model,
+                                    role.options, role.capabilities)
+    if problem:
+        raise BenchmarkSetupError(
+            f"benchmark {name} sends images to the target, but [target] {role.label()} cannot take them: {problem} "
+            f"(model.target.capabilities.vision)"
+        )
+
+
+def _data_hash(items: Mapping[str, Item], split_ids: Mapping[str, Sequence[str]]) -> str:
+    """The items of every split plus the content hash of each image they name (paths alone are not enough)."""
+    images = {item_id: image_digests(item_image_paths(item)) for item_id, item in items.items()
+              if item_image_paths(item)}
+    return digest({"splits": {s: [items[i] for i in split_ids[s]] for s in SPLITS}, "images": images})
+
+
+def _bind_target(benchmark: Benchmark, bench_cfg: BaseModel, backend: str, kind: str) -> BaseModel:
+    """The plug-in's optional ``bind_target(cfg, backend=, kind=) -> (cfg, notes)`` hook: choices that
+    depend on the target backend (``auto`` env managers, agent runners, harnesses) are settled before
+    preflight, an unsupported backend raises ``BenchmarkSetupError``, and each note (such as "the
+    environment is simulated") goes into the run header."""
+    bind = getattr(benchmark, "bind_target", None)
+    if bind is None:
+        return bench_cfg
+    bound, notes = bind(bench_cfg, backend=backend, kind=kind)
+    for note in notes:
+        progress.info("%s: %s", benchmark.id, note)
+    return bound
 
 
 def _limiter(config: SkillOptConfig) -> Any:

@@ -140,6 +140,24 @@ def plugin_extras(benchmark: object) -> tuple[str, ...]:
     return tuple(str(extra) for extra in declared or ())
 
 
+#: The reply format every judge rubric ends with (the structured verdict, BENCHMARKS.md §1.11).
+VERDICT_FORMAT = 'Reply with JSON {"verdict": "correct"|"incorrect", "reason": str}; keep the reason to one sentence.'
+
+
+def verdict_request(rubric: str, body: str, *, item_id: str, prediction: str, golds: Sequence[str]) -> ChatRequest:
+    """A judge call (stage ``judge``): the rubric as system text, the case as user text.
+
+    The tags ``prediction`` and ``gold_answers`` let the scripted judge grade offline.
+    """
+    from skillopt.llm.chat import system, user
+
+    return ChatRequest(
+        messages=[system(f"{rubric}\n\n{VERDICT_FORMAT}"), user(body)],
+        stage="judge",
+        tags={"item_id": item_id, "prediction": prediction, "gold_answers": [str(g) for g in golds]},
+    )
+
+
 def split_items(cfg: BaseModel, split: str, *, run_dir: Path, benchmark: str, default_split_mode: str,
                 **loader: Any) -> list[Item]:
     """The items of one split through the shared machinery (``skillopt.data.load_splits``).

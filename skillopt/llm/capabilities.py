@@ -54,3 +54,28 @@ def capabilities_for(price_model: str | None, overrides: Mapping[str, Any] | Non
             base = values
             break
     return Capabilities.model_validate({**base, **(overrides or {})})
+
+
+def image_support_problem(backend: str, kind: str, price_model: str | None, options: Mapping[str, Any],
+                          overrides: Mapping[str, Any] | None = None) -> str | None:
+    """Why a role on ``backend`` cannot take image inputs, or None when it can (checked before any rollout).
+
+    Exec targets take images as attachment files and ``scripted`` as ``[image] <name>`` text; the
+    local backend needs ``options.clip_model_path``; ``openai_compatible`` takes images unless the
+    role's ``capabilities.vision`` says otherwise; every other chat backend follows the capability
+    table of its ``price_model`` (``vision``), which a role's ``capabilities`` may override.
+    """
+    if kind == "exec" or backend == "scripted":
+        return None
+    if backend == "local":
+        if options.get("clip_model_path"):
+            return None
+        return "the local backend takes images only with options.clip_model_path (the model's mmproj GGUF)"
+    if backend == "openai_compatible":
+        vision = bool((overrides or {}).get("vision", True))
+    else:
+        vision = capabilities_for(price_model, overrides).vision
+    if vision:
+        return None
+    return (f"{price_model or 'this model'} takes no images per the capability table; choose a vision model or, "
+            "if it does take images, set capabilities.vision: true for the role")

@@ -79,6 +79,17 @@ class ImagePart(BaseModel):
             return self.source
         return f"data:{self.media_type()};base64,{base64.b64encode(self.data()).decode('ascii')}"
 
+    def content_sha256(self) -> str:
+        """``sha256`` of the image bytes: what cache keys use, so a changed file is a new request."""
+        import hashlib
+
+        return hashlib.sha256(self.data()).hexdigest()
+
+    def fingerprint(self) -> dict[str, Any]:
+        """The image as cache keys see it: content hash, media type, detail and name (never the path)."""
+        return {"type": "image", "sha256": self.content_sha256(), "mime": self.media_type(), "detail": self.detail,
+                "name": self.basename()}
+
     def basename(self) -> str:
         """How the image is named in traces and scripted matching: ``[image] <basename>``."""
         if self.name:
@@ -102,6 +113,13 @@ class Message(BaseModel):
         if isinstance(self.content, str):
             return self.content
         return "\n".join(p.text if isinstance(p, TextPart) else f"[image] {p.basename()}" for p in self.content)
+
+    def fingerprint(self) -> dict[str, Any]:
+        """The message as cache keys see it: text parts verbatim, images by content hash."""
+        if isinstance(self.content, str):
+            return {"role": self.role, "content": self.content}
+        parts = [p.model_dump(mode="json") if isinstance(p, TextPart) else p.fingerprint() for p in self.content]
+        return {"role": self.role, "content": parts}
 
     def images(self) -> list[ImagePart]:
         if isinstance(self.content, str):

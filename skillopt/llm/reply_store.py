@@ -7,7 +7,7 @@ JSON file per reply under the run's ``cache_dir``), and a request with the same 
 answered from here: after a ``kill -9`` at any point, re-running repeats no completed call.
 
 The key covers what decides a reply: the role's fingerprint (backend, model, effort, limits,
-sampling parameters), the messages, the response schema, the per-call overrides and the tags
+sampling parameters), the messages (images by content hash), the response schema, the per-call overrides and the tags
 (item id, turn, sample index ...). ``refresh=True`` skips reads (``run.refresh_cache``).
 """
 
@@ -31,7 +31,8 @@ class ReplyStore:
         schema = request.response_schema.model_json_schema() if request.response_schema else None
         payload = {
             "role": fingerprint,
-            "messages": [m.model_dump(mode="json") for m in request.messages],
+            # Images by content hash, not by path: a changed picture is a new request.
+            "messages": [m.fingerprint() for m in request.messages],
             "schema": schema,
             "overrides": [request.max_tokens, request.temperature, request.reasoning_effort, request.seed],
             "stage": request.stage,

@@ -1,0 +1,291 @@
+"""DocVQA (``docvqa``): short extractive answers read off a single document page image, scored by ANLS
+(BENCHMARKS.md §2.4).
+
+Items come from one CSV per split (``questionId|id, question, answer|ground_truth, image_path,
+topic|category, docId, ucsf_document_id, ucsf_document_page_no, source_split``) or ``items.json``,
+normalized to ``{id, question, answers, answer, image_path (absolute), task_type = topic, …}``. The
+answer cell may be a Python-literal or JSON list. A trailing ``document_path: <path>`` in the question
+is stripped and used when ``image_path`` is empty. Relative image paths resolve against ``data_root``
+(the ``--data`` folder), else the working directory, then the CSV's folder; loading stops with a
+count when any image is missing. The target sees the question and the page image and answers in
+``<answer>…</answer>``; hard = ANLS ≥ 0.999, soft = ANLS.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from skillopt.benchmarks.answers import quote_answer, tag_or_last_line
+from skillopt.benchmarks.base import (
+    BenchmarkSetupError,
+    Judge,
+    Score,
+    check_split_folder,
+    shipped_prompts_dir,
+    skill_section,
+    split_items,
+)
+from skillopt.benchmarks.images import image_part, resolve_image, roots_of
+from skillopt.benchmarks.scripted_target import reply_for_question
+from skillopt.benchmarks.sealqa import parse_list, read_rows
+from skillopt.config import BenchmarkSection
+from skillopt.data import Item
+from skillopt.llm.chat import ChatRequest, Message, TextPart, system, user
+
+BENCHMARK_ID = "docvqa"
+DEFAULT_TASK_TYPE = "docvqa"
+NATIVE_EXTENSIONS = (".csv",)
+#: ANLS at or above this is an exact answer (up to case and spacing).
+HARD_THRESHOLD = 0.999
+#: A gold whose normalised Levenshtein distance reaches this scores 0 (the ANLS cut-off).
+ANLS_CUTOFF = 0.5
+_ROW_DIR = "_row_dir"
+_DOCUMENT_PATH = re.compile(r"\s*document_path:\s*(\S+)\s*$")
+
+_SYSTEM_INTRO = (
+    "You are a document-reading expert. You see one page of a scanned document and answer a question "
+    "about it. Ground the answer in what is visible on the page: prefer exact spans, numbers, dates and "
+    "names as printed; never invent content; when several candidates fit, pick the best-supported one."
+)
+_ANSWER_FORMAT = "Give only the answer, copied as printed on the page, inside <answer>…</answer> at the end of your reply."
+_REMINDER = "Answer with the shortest exact span from the page inside <answer>…</answer>."
+
+
+class DocVQAConfig(BenchmarkSection):
+    """The ``benchmark:`` section for ``docvqa``: the common keys plus the image root and the output cap."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    #: The root of relative image paths; ``--data DIR`` sets it to DIR. None means the working directory.
+    data_root: str | None = None
+    #: The target's output cap for this benchmark (a per-call override of model.target.max_tokens).
+    max_tokens: int = Field(default=768, ge=1)
+
+
+# ----------------------------------------------------------------------------------------- loading
+
+
+def read_csv_rows(path: Path) -> list[dict[str, Any]]:
+    """The raw reader: the CSV (or the one CSV in a folder); each row remembers its file's folder."""
+    path = Path(path)
+    folder = path if path.is_dir() else path.parent
+    return [{**row, _ROW_DIR: str(folder)} for row in read_rows(path)]
+
+
+def _text(row: Mapping[str, Any], *names: str) -> str:
+    for name in names:
+        value = row.get(name)
+        if value not in (None, ""):
+            if isinstance(value, float) and value.is_integer():
+                value = int(value)
+            return str(value).strip()
+    return ""
+
+
+def normalise_row(row: Mapping[str, Any], *, roots: Sequence[Path] = ()) -> dict[str, Any]:
+    """A DocVQA item (idempotent). ``question`` and ``answer|ground_truth`` (or ``answers``) are required.
+
+    The image path is made absolute against ``roots`` and then the row's own folder; when it is
+    found nowhere it stays as given (the loader reports missing images with a count).
+    """
+    question = _text(row, "question")
+    image = _text(row, "image_path")
+    found = _DOCUMENT_PATH.search(question)
+    if found:
+        question = question[: found.start()].rstrip()
+        image = image or found.group(1)
+    if not question:
+        raise KeyError("question")
+    golds = parse_list(row["answers"] if row.get("answers") else row.get("answer", row.get("ground_truth")), "answer")
+    if not golds:
+        raise KeyError("answer")
+    raw_id = _text(row, "questionId", "id")
+    if not raw_id:
+        raise KeyError("questionId")
+    if not image:
+        raise KeyError("image_path")
+    row_dir = row.get(_ROW_DIR)
+    resolved = resolve_image(image, [*roots, *roots_of(row_dir)])
+    topic = _text(row, "topic", "category")
+    item = {
+        "id": _text(row, "id") or raw_id,
+        "question": question,
+        "answers": golds,
+        "answer": golds[0],
+        "image_path": str(resolved) if resolved else image,
+        "task_type": _text(row, "task_type") or topic or DEFAULT_TASK_TYPE,
+        "questionId": _text(row, "questionId") or raw_id,
+        "docId": _text(row, "docId"),
+        "ucsf_document_id": _text(row, "ucsf_document_id"),
+        "ucsf_document_page_no": _text(row, "ucsf_document_page_no"),
+        "source_split": _text(row, "source_split"),
+    }
+    if "source_id" in row:
+        item["source_id"] = row["source_id"]
+    return item
+
+
+# ----------------------------------------------------------------------------------------- scoring
+
+
+def levenshtein(a: str, b: str) -> int:
+    """The edit distance (insertions, deletions, substitutions) between two strings."""
+    if len(a) < len(b):
+        a, b = b, a
+    previous = list(range(len(b) + 1))
+    for i, char_a in enumerate(a, start=1):
+        current = [i]
+        for j, char_b in enumerate(b, start=1):
+            current.append(min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (char_a != char_b)))
+        previous = current
+    return previous[-1]
+
+
+def _anls_normalise(text: str) -> str:
+    return " ".join(str(text).lower().split())
+
+
+def anls(prediction: str, golds: Sequence[str]) -> float:
+    """Average Normalised Levenshtein Similarity of one answer: the best ``1 - NL`` over the golds,
+    where ``NL = levenshtein / max(len)`` on lowercased, whitespace-collapsed text, and 0 when
+    ``NL >= 0.5``. Two empty strings score 1."""
+    predicted = _anls_normalise(prediction)
+    best = 0.0
+    for gold in golds:
+        expected = _anls_normalise(gold)
+        longest = max(len(predicted), len(expected))
+        distance = levenshtein(predicted, expected) / longest if longest else 0.0
+        best = max(best, 1.0 - distance if distance < ANLS_CUTOFF else 0.0)
+    return best
+
+
+# ------------------------------------------------------------------------------- scripted target
+
+#: The scripted target's replies to the fixture questions (tests/fixtures/docvqa): the memo date with
+#: a trailing full stop (ANLS 0.93, not exact), the 1997 total and the signer exactly.
+_SCRIPTED_REPLIES = (
+    (re.compile(r"## Question\nWhat is the date at the top of the memo"), "The header reads the date.\n<answer>March 3, 1998.</answer>"),
+    (re.compile(r"## Question\nWhat is the total for 1997"), "From the totals row.\n<answer>$4.2 million</answer>"),
+    (re.compile(r"## Question\nWho signed the letter"), "The signature block.\n<answer>J. R. Smith</answer>"),
+)
+
+
+def scripted_target(request: ChatRequest, seed: int) -> str | None:
+    """The ``scripted`` target's reply to a fixture question on every turn; None declines other items."""
+    return reply_for_question(request, _SCRIPTED_REPLIES)
+
+
+# ------------------------------------------------------------------------------------------ plugin
+
+
+class DocVQABenchmark:
+    """The ``docvqa`` plug-in (the ``Benchmark`` protocol in ``skillopt.benchmarks.base``)."""
+
+    id = BENCHMARK_ID
+    version = "1"
+    GOLD_FIELDS: tuple[str, ...] = ("answers", "answer")
+    Config = DocVQAConfig
+    default_split_mode = "split_dir"
+    extras: tuple[str, ...] = ()
+    #: Prompts carry the page image, so the target must take images (checked in preflight).
+    uses_images = True
+    scripted_rules: Sequence[Mapping[str, Any]] = (
+        {"name": "docvqa fixture target", "stage": "rollout", "handler": "skillopt.benchmarks.docvqa:scripted_target"},
+        {"name": "docvqa other", "stage": "rollout", "text": "<answer>unknown</answer>"},
+    )
+
+    @property
+    def prompts_dir(self) -> Path:
+        return shipped_prompts_dir(BENCHMARK_ID)
+
+    def load_split(self, cfg: BaseModel, split: str, *, run_dir: Path) -> list[Item]:
+        """The items of ``split``; an item whose image is missing stops the load with a count."""
+        config = _config(cfg)
+        roots = roots_of(config.data_root or Path.cwd())
+        items = split_items(
+            config, split, run_dir=run_dir, benchmark=BENCHMARK_ID, default_split_mode=self.default_split_mode,
+            reader=read_csv_rows,
+            normalise=functools.partial(normalise_row, roots=roots),
+            default_task_type=DEFAULT_TASK_TYPE,
+            native_extensions=NATIVE_EXTENSIONS,
+        )
+        missing = [item for item in items if not Path(item["image_path"]).is_file()]
+        if missing:
+            raise BenchmarkSetupError(
+                f"docvqa: {len(missing)} of {len(items)} {split} items have no image file (first: item "
+                f"{missing[0].id}, {missing[0]['image_path']}); relative paths resolve against benchmark.data_root "
+                f"({config.data_root or 'the working directory'}), then the CSV's folder"
+            )
+        return items
+
+    def build_messages(self, item: Item, skill: str, cfg: BaseModel) -> list[Message]:
+        """System: the reading rules, the skill, the answer format. User: the question, then the page image."""
+        config = _config(cfg)
+        return [
+            system(f"{_SYSTEM_INTRO}\n\n{skill_section(skill)}{_ANSWER_FORMAT}"),
+            user([TextPart(text=f"## Question\n{item['question']}\n\n{_REMINDER}"),
+                  image_part(item["image_path"], config.image_detail)]),
+        ]
+
+    def extract_answer(self, response_text: str) -> str | None:
+        """The answer as ANLS compares it, so self-check turns stop on an unchanged answer."""
+        answer = tag_or_last_line(response_text)
+        return _anls_normalise(answer) or None
+
+    def score(self, item: Item, response_text: str, judge: Judge | None) -> Score:
+        """ANLS of the last ``<answer>`` (else the last line) against the golds; hard when ≥ 0.999."""
+        golds = [str(g) for g in item["answers"]]
+        answer = tag_or_last_line(response_text)
+        extras: dict[str, Any] = {"gold_answers": golds, "image_path": Path(item["image_path"]).name}
+        if not answer:
+            extras["anls"] = 0.0
+            return Score(hard=0.0, soft=0.0, fail_reason="no-answer: empty reply", extras=extras,
+                         expected=" | ".join(golds), detail="ANLS 0.000")
+        value = anls(answer, golds)
+        extras["anls"] = round(value, 4)
+        hard = float(value >= HARD_THRESHOLD)
+        fail = "" if hard else f"wrong: ANLS={value:.2f}, predicted '{quote_answer(answer)}', gold {golds}"
+        return Score(hard=hard, soft=value, predicted_answer=answer, fail_reason=fail, extras=extras,
+                     expected=" | ".join(golds), detail=f"ANLS {value:.3f} (hard needs >= {HARD_THRESHOLD})")
+
+    def task_types(self, items: Sequence[Item]) -> list[str]:
+        """The distinct task types, sorted."""
+        return sorted({item.task_type for item in items}) or [DEFAULT_TASK_TYPE]
+
+    def preflight(self, cfg: BaseModel) -> None:
+        """A missing split folder or data root gets a fix-it message (missing images are counted at load)."""
+        config = _config(cfg)
+        check_split_folder(config, benchmark=BENCHMARK_ID, default_split_mode=self.default_split_mode,
+                           fix="pass --data DIR (a folder holding train/, val/ and test/, each with one DocVQA CSV, "
+                               "and the page images) or set benchmark.split_dir")
+        if config.data_root and not Path(config.data_root).is_dir():
+            raise BenchmarkSetupError(f"docvqa: benchmark.data_root {config.data_root} is not a folder")
+
+    def needs_judge(self, cfg: BaseModel) -> bool:
+        """ANLS needs no judge."""
+        return False
+
+
+def _config(cfg: BaseModel) -> DocVQAConfig:
+    return cfg if isinstance(cfg, DocVQAConfig) else DocVQAConfig.model_validate(cfg.model_dump())
+
+
+plugin = DocVQABenchmark()
+
+__all__ = [
+    "BENCHMARK_ID",
+    "DocVQABenchmark",
+    "DocVQAConfig",
+    "anls",
+    "levenshtein",
+    "normalise_row",
+    "plugin",
+    "read_csv_rows",
+    "scripted_target",
+]

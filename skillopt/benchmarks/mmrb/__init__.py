@@ -1,0 +1,335 @@
+"""MMRB (``mmrb``): reasoning across several images that the question references inline, multiple choice
+or open answers, scored without a model (BENCHMARKS.md §2.7).
+
+Raw rows come from ``<subtask>/<subtask>_human.json`` files (ratio mode; ``data_path`` is one file or a
+folder searched recursively) or a split's ``items.json``. Image paths are relative to the JSON's folder
+(then ``data_root``, the ``--data`` folder); missing files are removed and a row left with no image is
+dropped. Normalized: ``{id = safe_id("<source>:<subtask>:<index>"), question, answer, options,
+is_choice, image_paths, task_type = subtask, reasoning_steps, source, subtask, index}``.
+
+The user message interleaves text and images at the ``{image#k}`` placeholders; unreferenced images
+follow as ``[Additional Image #k]``. Scoring: the label or the option text for choice items,
+normalised equality or whole-word containment for open ones.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import string
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from skillopt.benchmarks.answers import clean_label, last_boxed, last_tag, quote_answer
+from skillopt.benchmarks.base import (
+    BenchmarkSetupError,
+    Judge,
+    Score,
+    check_split_folder,
+    shipped_prompts_dir,
+    skill_section,
+    split_items,
+)
+from skillopt.benchmarks.images import image_part, resolve_image, roots_of
+from skillopt.benchmarks.scripted_target import reply_for_question
+from skillopt.config import BenchmarkSection
+from skillopt.data import DropRow, Item, read_records
+from skillopt.llm.chat import ChatRequest, Message, Part, TextPart, system, user
+
+BENCHMARK_ID = "mmrb"
+DEFAULT_TASK_TYPE = "mmrb"
+NATIVE_EXTENSIONS = (".json",)
+HIDDEN_PATHS = 3
+HIDDEN_REFERENCE_CHARS = 4000
+_ROW_DIR = "_row_dir"
+_PLACEHOLDER = re.compile(r"\{image#(\d+)\}")
+_OPTION_PREFIX = re.compile(r"^\s*\(([A-Za-z])\)\s*")
+_ANSWER_BRACKETS = re.compile(r"Answer\[\s*(.*?)\s*\]", re.DOTALL)
+_PHRASES = re.compile(r"(?:final answer(?: is)?|the answer is|answer:)\s*(.+)", re.IGNORECASE)
+_PUNCTUATION = str.maketrans("", "", string.punctuation)
+
+_SYSTEM_INTRO = (
+    "You reason across several images. The question refers to them by position (Image #1, Image #2, …); "
+    "keep track of which fact comes from which image."
+)
+_ANSWER_FORMAT = (
+    "Put only the final answer inside <answer>…</answer> at the end of your reply: the option letter for a "
+    "multiple-choice question, otherwise a short answer."
+)
+
+
+class MMRBConfig(BenchmarkSection):
+    """The ``benchmark:`` section for ``mmrb``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    #: A second root for relative image paths (after the JSON's folder); ``--data DIR`` sets it.
+    data_root: str | None = None
+    max_tokens: int = Field(default=1024, ge=1)
+
+
+# ----------------------------------------------------------------------------------------- loading
+
+
+def read_human_files(path: Path) -> list[dict[str, Any]]:
+    """The raw reader: one JSON file, or every ``*_human.json`` under a folder (sorted); rows remember
+    their file's folder."""
+    path = Path(path)
+    files = sorted(path.rglob("*_human.json")) if path.is_dir() else [path]
+    if path.is_dir() and not files:
+        return read_records(path)
+    return [{**row, _ROW_DIR: str(file.parent)} for file in files for row in read_records(file)]
+
+
+def _clean(text: Any) -> str:
+    return " ".join(str(text or "").split())
+
+
+def normalise_row(row: Mapping[str, Any], *, roots: Sequence[Path] = ()) -> dict[str, Any]:
+    """An MMRB item (idempotent); missing images are removed and a row with none left is dropped."""
+    raw_paths = row.get("image_paths") or []
+    if isinstance(raw_paths, str):
+        raw_paths = [raw_paths]
+    search = [*roots_of(row.get(_ROW_DIR)), *roots]
+    images = [str(found) for found in (resolve_image(p, search) for p in raw_paths) if found is not None]
+    if not images:
+        raise DropRow("no image")
+    answer = _clean(row.get("answer"))
+    if not answer:
+        raise KeyError("answer")
+    question = _clean(row.get("question"))
+    if not question:
+        raise KeyError("question")
+    index, source, subtask = row.get("index"), _clean(row.get("source")), _clean(row.get("subtask"))
+    if index in (None, ""):
+        raise KeyError("index")
+    options = [_clean(o) for o in row.get("options") or [] if _clean(o)]
+    item = {
+        "id": f"{source}:{subtask}:{index}",
+        "question": question,
+        "answer": answer,
+        "options": options,
+        "is_choice": bool(options),
+        "image_paths": images,
+        "task_type": subtask or DEFAULT_TASK_TYPE,
+        "reasoning_steps": list(row.get("reasoning_steps") or []),
+        "source": source,
+        "subtask": subtask,
+        "index": index,
+    }
+    return item
+
+
+# ----------------------------------------------------------------------------------------- scoring
+
+
+def extract(text: str) -> str:
+    """``<answer>``; the last ``Answer[…]``; ``\\boxed{}``; a bare single letter; the text after
+    "final answer (is)" / "the answer is" / "answer:"; else the whole reply."""
+    text = text or ""
+    tagged = last_tag(text, "answer")
+    if tagged is not None:
+        return tagged
+    bracketed = _ANSWER_BRACKETS.findall(text)
+    if bracketed:
+        return bracketed[-1].strip()
+    boxed = last_boxed(text)
+    if boxed is not None:
+        return boxed
+    if re.fullmatch(r"\s*\(?[A-Za-z]\)?[.\s]*", text):
+        return clean_label(text)
+    phrases = _PHRASES.findall(text)
+    if phrases:
+        return phrases[-1].strip()
+    return text.strip()
+
+
+def normalise_open(text: str) -> str:
+    """Lowercase, punctuation dropped, spaces collapsed."""
+    return " ".join(str(text).lower().translate(_PUNCTUATION).split())
+
+
+def option_text(option: str) -> str:
+    """An option without its ``(X)`` prefix."""
+    return _OPTION_PREFIX.sub("", option).strip()
+
+
+def option_label(option: str, index: int) -> str:
+    found = _OPTION_PREFIX.match(option)
+    return found.group(1).upper() if found else chr(ord("A") + index)
+
+
+def open_match(prediction: str, gold: str) -> bool:
+    """Normalised equality, or one side containing the other as whole words; empty never matches."""
+    predicted, expected = normalise_open(prediction), normalise_open(gold)
+    if not predicted or not expected:
+        return False
+    return predicted == expected or f" {expected} " in f" {predicted} " or f" {predicted} " in f" {expected} "
+
+
+def hidden_reference(item: Mapping[str, Any]) -> str:
+    paths = list(item.get("reasoning_steps") or [])[:HIDDEN_PATHS]
+    if not paths:
+        return ""
+    lines = ["Hidden reference (analyst only; annotated reasoning paths, never teach their content):"]
+    for number, path in enumerate(paths, start=1):
+        steps = path if isinstance(path, list) else [path]
+        for step in steps:
+            if isinstance(step, Mapping):
+                lines.append(f"path {number} step {step.get('reasoning step', '?')} "
+                             f"[{step.get('reasoning type', '')}]: {step.get('rationale', '')}")
+    block = "\n".join(lines)
+    return block if len(block) <= HIDDEN_REFERENCE_CHARS else block[: HIDDEN_REFERENCE_CHARS - 3] + "..."
+
+
+# ------------------------------------------------------------------------------- scripted target
+
+#: The scripted target's replies to the fixture questions (tests/fixtures/mmrb): the shared object by
+#: its option text (correct), image B for the clock (wrong), "The answer is 5 apples" (containment).
+_SCRIPTED_REPLIES = (
+    (re.compile(r"Which object appears in both images"), "Both show a kite.\n<answer>a blue kite</answer>"),
+    (re.compile(r"clock hand furthest along"), "The second clock looks latest.\n<answer>B</answer>"),
+    (re.compile(r"How many apples are there in total"), "Three plus two.\nThe answer is 5 apples"),
+)
+
+
+def scripted_target(request: ChatRequest, seed: int) -> str | None:
+    """The ``scripted`` target's reply to a fixture question on every turn; None declines other items."""
+    return reply_for_question(request, _SCRIPTED_REPLIES)
+
+
+# ------------------------------------------------------------------------------------------ plugin
+
+
+class MMRBBenchmark:
+    """The ``mmrb`` plug-in (the ``Benchmark`` protocol in ``skillopt.benchmarks.base``)."""
+
+    id = BENCHMARK_ID
+    version = "1"
+    GOLD_FIELDS: tuple[str, ...] = ("answer", "reasoning_steps")
+    Config = MMRBConfig
+    default_split_mode = "ratio"
+    extras: tuple[str, ...] = ()
+    uses_images = True
+    scripted_rules: Sequence[Mapping[str, Any]] = (
+        {"name": "mmrb fixture target", "stage": "rollout", "handler": "skillopt.benchmarks.mmrb:scripted_target"},
+        {"name": "mmrb other", "stage": "rollout", "text": "<answer>A</answer>"},
+    )
+
+    @property
+    def prompts_dir(self) -> Path:
+        return shipped_prompts_dir(BENCHMARK_ID)
+
+    def load_split(self, cfg: BaseModel, split: str, *, run_dir: Path) -> list[Item]:
+        config = _config(cfg)
+        return split_items(
+            config, split, run_dir=run_dir, benchmark=BENCHMARK_ID, default_split_mode=self.default_split_mode,
+            reader=read_human_files,
+            normalise=functools.partial(normalise_row, roots=roots_of(config.data_root)),
+            default_task_type=DEFAULT_TASK_TYPE,
+            native_extensions=NATIVE_EXTENSIONS,
+        )
+
+    def build_messages(self, item: Item, skill: str, cfg: BaseModel) -> list[Message]:
+        """System: the multi-image rule, the skill, the format. User: text and images interleaved at
+        the placeholders, unreferenced images after, then the options and the format line."""
+        detail = _config(cfg).image_detail
+        images = item["image_paths"]
+        parts: list[Part] = []
+        used: set[int] = set()
+        position = 0
+        text = "## Question\n"
+        for found in _PLACEHOLDER.finditer(item["question"]):
+            text += item["question"][position:found.start()]
+            position = found.end()
+            number = int(found.group(1))
+            if 1 <= number <= len(images):
+                parts += [TextPart(text=f"{text}[Image #{number}]"), image_part(images[number - 1], detail)]
+                used.add(number)
+                text = ""
+            else:
+                text += f"[Image #{number} unavailable]"
+        text += item["question"][position:]
+        if text.strip():
+            parts.append(TextPart(text=text))
+        for number, path in enumerate(images, start=1):
+            if number not in used:
+                parts += [TextPart(text=f"[Additional Image #{number}]"), image_part(path, detail)]
+        tail = []
+        if item["options"]:
+            tail.append("## Options\n" + "\n".join(item["options"]))
+        tail.append("Answer with the option letter inside <answer>…</answer>." if item["is_choice"]
+                    else "Answer with a short answer inside <answer>…</answer>.")
+        parts.append(TextPart(text="\n\n".join(tail)))
+        return [system(f"{_SYSTEM_INTRO}\n\n{skill_section(skill)}{_ANSWER_FORMAT}"), user(parts)]
+
+    def extract_answer(self, response_text: str) -> str | None:
+        return normalise_open(extract(response_text)) or None
+
+    def score(self, item: Item, response_text: str, judge: Judge | None) -> Score:
+        """Choice: the label, or the gold option's text; open: equality or whole-word containment."""
+        answer = extract(response_text)
+        gold = item["answer"]
+        reference = hidden_reference(item)
+        expected = gold
+        correct = False
+        how = ""
+        if item["is_choice"]:
+            label = gold.upper().strip("() .")
+            by_label = {option_label(o, i): option_text(o) for i, o in enumerate(item["options"])}
+            gold_text = by_label.get(label, "")
+            expected = f"{label} ({gold_text})" if gold_text else label
+            if answer and clean_label(answer).strip("()") == label:
+                correct, how = True, "label match"
+            elif answer and gold_text and normalise_open(answer) == normalise_open(gold_text):
+                correct, how = True, "option-text match"
+        elif open_match(answer, gold):
+            correct, how = True, "normalised equality or containment"
+        detail = "\n".join(p for p in (how or "no match", reference) if p)
+        if not answer:
+            fail = "no-answer: empty reply"
+        else:
+            fail = "" if correct else f"wrong: predicted '{quote_answer(answer)}', gold {expected}"
+        return Score(hard=float(correct), soft=float(correct), predicted_answer=answer, fail_reason=fail,
+                     extras={"is_choice": item["is_choice"], "n_images": len(item["image_paths"])},
+                     expected=expected, detail=detail)
+
+    def task_types(self, items: Sequence[Item]) -> list[str]:
+        return sorted({item.task_type for item in items}) or [DEFAULT_TASK_TYPE]
+
+    def preflight(self, cfg: BaseModel) -> None:
+        config = _config(cfg)
+        check_split_folder(config, benchmark=BENCHMARK_ID, default_split_mode=self.default_split_mode,
+                           fix="pass --data DIR (an MMRB release folder or a folder holding train/, val/ and "
+                               "test/) or set benchmark.data_path")
+        if (config.split_mode or self.default_split_mode) == "ratio" and config.data_path \
+                and not Path(config.data_path).exists():
+            raise BenchmarkSetupError(f"mmrb: no data at {config.data_path}; unpack the MMRB release there "
+                                      "(subtask folders with *_human.json and images) or pass --data")
+
+    def needs_judge(self, cfg: BaseModel) -> bool:
+        """String scoring only."""
+        return False
+
+
+def _config(cfg: BaseModel) -> MMRBConfig:
+    return cfg if isinstance(cfg, MMRBConfig) else MMRBConfig.model_validate(cfg.model_dump())
+
+
+plugin = MMRBBenchmark()
+
+__all__ = [
+    "BENCHMARK_ID",
+    "MMRBBenchmark",
+    "MMRBConfig",
+    "extract",
+    "normalise_open",
+    "normalise_row",
+    "open_match",
+    "plugin",
+    "read_human_files",
+    "scripted_target",
+]
