@@ -41,7 +41,13 @@ from skillopt.select import needs_ranking
 from skillopt.skill import SLOW_UPDATE, inject_block, replace_block, skill_hash
 from skillopt.slow_update import Pairs, pair_by_id, select_pairs
 from skillopt.step_buffer import StepBuffer, StepBufferEntry, failure_patterns
-from tasks.artifacts import publish_progress, publish_promotion, publish_step
+from tasks.artifacts import (
+    publish_cost,
+    publish_progress,
+    publish_promotion,
+    publish_report_link,
+    publish_step,
+)
 from tasks.context import RunContext, build_run_context
 from tasks.epoch import meta_skill, plan_epoch_task, slow_update
 from tasks.optimize import (
@@ -79,6 +85,9 @@ class TrainState(BaseModel):
     history: list[StepRecord] = Field(default_factory=list)
     step_totals: list[Totals] = Field(default_factory=list)
     stopped_by: str | None = None
+    stopped_message: str | None = None
+    #: The id of the run's Prefect progress artifact, updated in place after each step.
+    progress_artifact: str | None = None
 
 
 # --------------------------------------------------------------------------------------------
@@ -160,7 +169,8 @@ def baseline(ctx: RunContext) -> TrainState:
                                           cfg.train.accumulation).steps)
     state = TrainState(initial_skill=skill, current_skill=skill, current_score=score, best_skill=skill, best_score=score,
                        total_steps=cfg.train.epochs * steps_per_epoch, baseline=evaluation.scores)
-    publish_progress(ctx, state.step, state.total_steps, 0, cfg.train.epochs, state.current_score, state.best_score)
+    state.progress_artifact = publish_progress(ctx, state.step, state.total_steps, 0, cfg.train.epochs,
+                                               state.current_score, state.best_score)
     progress.info("baseline on the selection split: %.3f (%d items); %d steps to go", score,
                   len(evaluation.rows), state.total_steps)
     return state
@@ -181,7 +191,7 @@ def skill_epoch(ctx: Any, state: TrainState, epoch: int) -> TrainState:
     epoch_start_skill = state.current_skill
     buffer = StepBuffer()  # memory of this epoch only
     for step_plan in plan.steps:
-        if _budget_stop(ctx, state, epoch, step_plan.index + 1):
+        if _budget_stop(ctx, state, f"epoch {epoch} step {step_plan.index + 1}"):
             return state
         state.step += 1
         before = state.current_skill
@@ -196,10 +206,11 @@ def skill_epoch(ctx: Any, state: TrainState, epoch: int) -> TrainState:
                       record.n_total, record.edits_proposed, record.edits_selected, record.decision,
                       state.current_score, state.best_score)
         publish_step(ctx, record, state.history, previous_skill=before, current_skill=state.current_skill)
-        publish_progress(ctx, state.step, state.total_steps, epoch, cfg.train.epochs, state.current_score,
-                         state.best_score)
+        state.progress_artifact = publish_progress(ctx, state.step, state.total_steps, epoch, cfg.train.epochs,
+                                                   state.current_score, state.best_score, state.progress_artifact)
+        publish_cost(ctx)
     state.epoch_last_skills.append(state.current_skill)
-    if epoch >= 2:
+    if epoch >= 2 and not _budget_stop(ctx, state, f"the epoch {epoch} boundary"):
         epoch_boundary(ctx, state, epoch, epoch_start_skill)
     return state
 
@@ -494,6 +505,7 @@ def longitudinal_pairs(ctx: RunContext, epoch: int, before_skill: str, after_ski
 
 def finish(ctx: RunContext, state: TrainState, *, wall_s: float) -> dict[str, Any]:
     """Promote the last skill if it beats the best, evaluate on test, write ``summary.json``."""
+    from skillopt.report import write_report
     from skillopt.runs import build_summary, summary_dict
 
     cfg = ctx.config
@@ -507,7 +519,11 @@ def finish(ctx: RunContext, state: TrainState, *, wall_s: float) -> dict[str, An
                              skill_sha=final_selection.skill_sha, scores=final_selection.scores)
     best_selection = evaluate(ctx, state.best_skill, "val")
     tests: dict[str, Evaluation] = {}
-    if cfg.evaluation.eval_test:
+    if cfg.evaluation.eval_test and state.stopped_by == "budget":
+        # The selection checks above are cached gate results; the test split would be new spend past the cap.
+        progress.warning("stopped by budget: the test evaluation is skipped; score the best skill later with "
+                         "`skillopt eval %s --skill %s`", ctx.benchmark.id, ctx.run.best_skill_path)
+    elif cfg.evaluation.eval_test:
         for name, skill in (("baseline", state.initial_skill), ("best", state.best_skill)):
             tests[name] = evaluate(ctx, skill, "test")
             ctx.run.write_evaluation(f"{name}_test", tests[name].rows, split="test", skill_sha=tests[name].skill_sha,
@@ -517,10 +533,14 @@ def finish(ctx: RunContext, state: TrainState, *, wall_s: float) -> dict[str, An
         baseline_test=tests["baseline"].scores if tests else None, best_selection=best_selection.scores,
         best_test=tests["best"].scores if tests else None, final_selection=final_selection.scores,
         history=state.history, usage=ctx.clients.ledger.summary(), wall_s=wall_s, stopped_by=state.stopped_by,
-        best_skill_sha=skill_hash(state.best_skill), config=ctx.loaded.config,
+        stopped_message=state.stopped_message, best_skill_sha=skill_hash(state.best_skill), config=ctx.loaded.config,
     )
     ctx.run.write_summary(summary)
     progress.info("wrote %s", ctx.run.summary_path)
+    publish_cost(ctx)
+    report = write_report(ctx.run.path)
+    publish_report_link(ctx, report)
+    progress.info("report: %s", report)
     return {**summary_dict(summary), "run_dir": str(ctx.run.path)}
 
 
@@ -585,15 +605,17 @@ def _gate_value(ctx: RunContext, scores: Scores) -> float:
     return gate_score(scores.hard, scores.soft, cfg.gate_metric, cfg.gate_mixed_weight)
 
 
-def _budget_stop(ctx: RunContext, state: TrainState, epoch: int, step_in_epoch: int) -> bool:
+def _budget_stop(ctx: RunContext, state: TrainState, where: str) -> bool:
+    """The budget guard before a step or an epoch boundary (``where``): stop cleanly, saying why."""
     budget = ctx.config.budget
     if budget.max_usd is None and budget.max_tokens is None and budget.max_calls is None:
         return False
     verdict = check_budget(budget, ctx.clients.ledger.totals(), projection_from_history(state.step_totals, None),
-                           f"epoch {epoch} step {step_in_epoch}")
+                           where)
     if verdict.stop:
-        state.stopped_by = "budget"
+        state.stopped_by, state.stopped_message = "budget", verdict.message
         ctx.run.write_text("STOPPED", verdict.message + "\n")
+        progress.warning("%s", verdict.message)
     return verdict.stop
 
 

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from pydantic import BaseModel
 
@@ -176,6 +178,14 @@ def cost_table(summary: Mapping[str, Any] | BaseModel) -> list[dict[str, Any]]:
             }
         )
     return rows
+
+
+def report_url(report: Path, *, run_name: str, reports_url: str | None) -> str:
+    """Where a person opens the run's HTML report: ``<reports_url>/<run name>/<file>`` when the run
+    directories are served (e.g. by the compose ``reports`` server), else the file's ``file://`` URL."""
+    if reports_url:
+        return f"{reports_url.rstrip('/')}/{quote(run_name)}/{quote(report.name)}"
+    return report.resolve().as_uri()
 
 
 def _edit_decision(decision: str | None) -> str:

@@ -75,6 +75,8 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     train.add_argument("benchmark", metavar="BENCHMARK")
     _add_run_options(train)
+    train.add_argument("--dry-run", action="store_true",
+                       help="print the model calls, tokens and USD the config implies, per stage; call no model")
 
     demo = commands.add_parser(
         "demo", help="run the whole pipeline offline on the built-in demo (a simulation, no key needed)",
@@ -121,7 +123,24 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     schedule.add_argument("--steps", type=int, required=True, help="total steps T = epochs * steps per epoch")
     _add_serve_and_skills(commands)
+    _add_report_commands(commands)
     return parser
+
+
+def _add_report_commands(commands: argparse._SubParsersAction) -> None:
+    report = commands.add_parser(
+        "report", help="write the HTML report of a run (plots, skill diffs, summary)",
+        description="Render one self-contained HTML file (inline SVG plots, no network needed) from a run directory.",
+    )
+    report.add_argument("run_dir", metavar="RUN_DIR", help="a run directory, e.g. runs/demo-20261130-041210-3fa9c1")
+    report.add_argument("--out", metavar="FILE", help="where to write it (default RUN_DIR/report.html)")
+    compare = commands.add_parser(
+        "compare", help="put several runs side by side in one HTML file",
+        description="Render score curves, final scores and cost of several runs into one self-contained HTML file.",
+    )
+    compare.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
+    compare.add_argument("--out", metavar="FILE", default="compare.html",
+                         help="where to write it (default compare.html)")
 
 
 def _add_serve_and_skills(commands: argparse._SubParsersAction) -> None:
@@ -237,14 +256,29 @@ def _data_overrides(data: str | None) -> list[str]:
 
 
 def _cmd_train(args: argparse.Namespace, out: _Output) -> int:
+    overrides = [*_data_overrides(args.data), *args.override]
+    if args.dry_run:
+        return _dry_run(args, overrides, out)
     from flows.run import run_flow
 
-    overrides = [*_data_overrides(args.data), *args.override]
     if args.no_cache:
         overrides.append("run.refresh_cache=true")
     summary = run_flow("train", out, benchmark=args.benchmark, config_file=args.config, overrides=overrides,
                        run_name=args.run_name, cli_roles=_cli_roles(args))
     _print_summary(summary, out)
+    return EXIT_OK
+
+
+def _dry_run(args: argparse.Namespace, overrides: list[str], out: _Output) -> int:
+    """``train --dry-run``: the estimate of calls, tokens and USD; no model call, no Prefect run."""
+    from skillopt.config import load_config
+    from skillopt.estimate import dry_run, format_estimate
+    from skillopt.llm.roles import CliRoleOptions
+
+    loaded = load_config(args.benchmark, config_file=args.config, overrides=overrides, env=os.environ)
+    estimate = dry_run(loaded, cli=CliRoleOptions(**_cli_roles(args)), env=os.environ)
+    for line in format_estimate(estimate):
+        out.print(line)
     return EXIT_OK
 
 
@@ -286,6 +320,8 @@ def _print_summary(summary: dict, out: _Output) -> None:
     out.print()
     out.print(f"run {summary['run_name']} finished" + (f" (stopped by {summary['stopped_by']})"
                                                        if summary.get("stopped_by") else ""))
+    if summary.get("stopped_message"):
+        out.print(f"  {summary['stopped_message']}; best_skill.md holds the best skill so far")
     for phase in ("baseline", "best"):
         parts = [f"{split} hard {v['hard']:.3f} soft {v['soft']:.3f}" for split, v in scores[phase].items()]
         out.print(f"  {phase:<9} " + "; ".join(parts))
@@ -553,6 +589,8 @@ def main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = None, std
         ("config", "show"): _cmd_config_show,
         ("config", "validate"): _cmd_config_validate,
         ("schedule", None): _cmd_schedule,
+        ("report", None): _cmd_report,
+        ("compare", None): _cmd_compare,
         ("train", None): _cmd_train,
         ("demo", None): _cmd_demo,
         ("eval", None): _cmd_eval,

@@ -247,6 +247,9 @@ class RunSection(_Section):
     run_name: str | None = None
     cache_dir: str = ".skillopt/cache"
     refresh_cache: Bool = False
+    #: Base URL under which the run directories are served (e.g. the compose `reports` server); the report
+    #: link artifact points at <reports_url>/<run-name>/report.html. Unset: a file:// link to the run directory.
+    reports_url: str | None = None
     #: The skill registry (skillopt.registry): promoted skills that nightly runs warm-start from.
     skills_dir: str = "skills"
 

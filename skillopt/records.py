@@ -153,5 +153,7 @@ class RunSummary(BaseModel):
     usage: dict[str, Any] = Field(default_factory=dict)
     wall_s: float = 0.0
     stopped_by: str | None = None
+    #: Why the run stopped early, e.g. the budget message (None when it ran to the end).
+    stopped_message: str | None = None
     best_skill_sha: str = ""
     config: dict[str, Any] = Field(default_factory=dict)

@@ -49,6 +49,7 @@ RESULT_NEUTRAL_FIELDS: tuple[str, ...] = (
     "run.run_name",
     "run.runs_dir",
     "run.refresh_cache",
+    "run.reports_url",
     "run.skills_dir",
     "benchmark.workers",
     "gradient.analyst_workers",
@@ -146,6 +147,7 @@ def build_summary(
     usage: Mapping[str, Any] | None = None,
     wall_s: float = 0.0,
     stopped_by: str | None = None,
+    stopped_message: str | None = None,
     best_skill_sha: str = "",
     redactor: Redactor | None = None,
 ) -> RunSummary:
@@ -153,8 +155,8 @@ def build_summary(
 
     ``scores`` is ``{"baseline": {"selection", "test"}, "best": {"selection", "test"}, "final":
     {"selection"}}``, each a ``{"hard", "soft"}`` pair of finite numbers. Test scores are required
-    when ``evaluation.eval_test`` is on and refused when it is off (then the ``test`` keys are
-    absent). Score arguments may be ``gate.Scores``, ``SplitScores`` or ``{"hard", "soft"}`` mappings.
+    when ``evaluation.eval_test`` is on (except for a run stopped early, ``stopped_by`` set, which
+    skips the test evaluation) and refused when it is off (then the ``test`` keys are absent). Score arguments may be ``gate.Scores``, ``SplitScores`` or ``{"hard", "soft"}`` mappings.
 
     ``counts`` tallies ``history`` (the last record per (kind, step) wins):
     ``{"total": tally, "per_epoch": {"<epoch>": tally}, "slow_updates": tally}`` where a tally is
@@ -169,7 +171,7 @@ def build_summary(
     """
     eval_test = config.evaluation.eval_test
     for label, value in (("baseline_test", baseline_test), ("best_test", best_test)):
-        if eval_test and value is None:
+        if eval_test and value is None and stopped_by is None:
             raise ValueError(f"{label} scores are required when evaluation.eval_test is true")
         if not eval_test and value is not None:
             raise ValueError(f"{label} scores were given but evaluation.eval_test is false")
@@ -193,6 +195,7 @@ def build_summary(
         usage=dict(usage or {}),
         wall_s=wall_s,
         stopped_by=stopped_by,
+        stopped_message=stopped_message,
         best_skill_sha=best_skill_sha,
         config=_redact_tree(config.model_dump(mode="json"), redactor),
     )

@@ -9,10 +9,26 @@ from __future__ import annotations
 
 import logging
 from typing import Any
+from uuid import UUID
 
-from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.artifacts import (
+    create_link_artifact,
+    create_markdown_artifact,
+    create_progress_artifact,
+    create_table_artifact,
+    update_progress_artifact,
+)
 
-from skillopt.artifacts import artifact_key, edits_table, gate_table, progress_markdown, skill_diff_markdown
+from skillopt.artifacts import (
+    artifact_key,
+    cost_table,
+    edits_table,
+    gate_table,
+    progress_markdown,
+    progress_percent,
+    report_url,
+    skill_diff_markdown,
+)
 from skillopt.records import StepRecord
 from skillopt.registry import RegistryEvent, promotion_markdown
 from tasks.context import RunContext
@@ -24,18 +40,42 @@ def _key(ctx: RunContext, kind: str) -> str:
     return artifact_key(ctx.benchmark.id, ctx.run_name, kind)
 
 
-def _publish(kind: str, create: Any, **kwargs: Any) -> None:
+def _publish(kind: str, create: Any, **kwargs: Any) -> Any:
     try:
-        create(**kwargs)
+        return create(**kwargs)
     except Exception as error:  # noqa: BLE001 - a view must not stop training; the run dir has everything
         log.warning("could not publish the %s artifact: %s", kind, error)
+        return None
 
 
 def publish_progress(ctx: RunContext, step: int, total_steps: int, epoch: int, epochs: int, current: float,
-                     best: float) -> None:
-    markdown = progress_markdown(epoch, epochs, step, total_steps, current, best)
-    _publish("progress", create_markdown_artifact, key=_key(ctx, "progress"), markdown=markdown,
-             description=f"training progress of {ctx.run_name}")
+                     best: float, artifact_id: str | None = None) -> str | None:
+    """Prefect's progress artifact of the run, created once and then updated in place: the share of
+    steps done, with the epoch, step and current/best gate scores as its description.
+
+    Returns the artifact id to pass back on the next call (None if publishing failed)."""
+    percent = progress_percent(step, total_steps)
+    description = progress_markdown(epoch, epochs, step, total_steps, current, best)
+    if artifact_id is None:
+        created = _publish("progress", create_progress_artifact, progress=percent, key=_key(ctx, "progress"),
+                           description=description)
+        return None if created is None else str(created)
+    _publish("progress", update_progress_artifact, artifact_id=UUID(artifact_id), progress=percent,
+             description=description)
+    return artifact_id
+
+
+def publish_cost(ctx: RunContext) -> None:
+    """Usage per stage so far (calls, tokens, USD) with a total row."""
+    _publish("cost", create_table_artifact, key=_key(ctx, "cost"), table=cost_table(ctx.clients.ledger.summary()),
+             description=f"model calls, tokens and cost by stage of {ctx.run_name}")
+
+
+def publish_report_link(ctx: RunContext, report: Any) -> None:
+    """A link to the run's HTML report: under ``run.reports_url`` when set, else a file:// URL."""
+    url = report_url(report, run_name=ctx.run_name, reports_url=ctx.config.run.reports_url)
+    _publish("report", create_link_artifact, key=_key(ctx, "report"), link=url,
+             link_text=f"HTML report of {ctx.run_name}", description="plots, skill diffs and summary of the run")
 
 
 def publish_step(ctx: RunContext, record: StepRecord, history: list[StepRecord], *, previous_skill: str,

@@ -1,0 +1,85 @@
+"""`skillopt train --dry-run`: calls, tokens and USD per stage from the config, without a model call."""
+
+from __future__ import annotations
+
+import os
+import textwrap
+
+import pytest
+
+from skillopt.cli import main
+from skillopt.config import load_config
+from skillopt.estimate import dry_run, merge_calls
+
+
+def estimate(*overrides: str):
+    return dry_run(load_config("demo", overrides=list(overrides), env=os.environ), env=os.environ)
+
+
+def stage(result, name: str):
+    return next(s for s in result.stages if s.stage == name)
+
+
+# 9 at fan-in 8: level 1 groups [8, 1] (one call, the lone patch passes through), level 2 merges the two.
+@pytest.mark.parametrize(("patches", "fan_in", "calls"), [(1, 8, 0), (2, 8, 1), (8, 8, 1), (9, 8, 2), (10, 8, 3),
+                                                          (17, 4, 6), (64, 8, 9)])
+def test_merge_calls_follow_the_merge_tree(patches, fan_in, calls):
+    assert merge_calls(patches, fan_in) == calls
+
+
+def test_demo_counts_follow_split_sizes_batches_and_epochs(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = estimate()
+    assert result.split_sizes == {"train": 24, "val": 12, "test": 24} and result.steps == 6
+    rollout = stage(result, "rollout")
+    # Lowest: baseline 12 + 6 steps x 8 train items + the initial skill on test 24.
+    assert rollout.calls_low == 12 + 6 * 8 + 24
+    # Highest: + a gate on 12 items every step, 2 x 20 pair rollouts and a 12-item re-score at the epoch-2
+    # boundary, the final selection check, and the best skill on test.
+    assert rollout.calls_high == 12 + 6 * (8 + 12) + 40 + 12 + 12 + 2 * 24
+    assert rollout.calls_low <= rollout.calls <= rollout.calls_high
+    assert stage(result, "slow_update").calls == stage(result, "meta_skill").calls == 1  # one boundary
+    assert stage(result, "analyst").calls_low == 6  # one minibatch of 8 per step at least
+    assert not any(s.stage == "judge" for s in result.stages)  # the demo has no judge
+    assert not (tmp_path / "runs").exists()  # a dry run writes no run directory
+
+
+def test_counts_scale_with_epochs_and_batch_size(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    base = estimate()
+    longer = estimate("train.epochs=4")
+    assert longer.steps == 2 * base.steps
+    assert stage(longer, "slow_update").calls == 3
+    smaller = estimate("gradient.minibatch_size=2")
+    assert stage(smaller, "analyst").calls_low == 6 * 4
+
+
+def test_priced_models_give_usd_and_a_budget_verdict(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    prices = tmp_path / "prices.yaml"
+    prices.write_text(textwrap.dedent("""\
+        entries:
+          - {match: "priced-target", input_per_mtok: 1000, output_per_mtok: 2000}
+    """))
+    result = estimate(f"model.pricing_file={prices}", "model.target.backend=openai_compatible",
+                      "model.target.base_url=http://127.0.0.1:9/v1", "model.target.model=priced-target", "model.target.options={}",
+                      "budget.max_usd=1")
+    rollout = stage(result, "rollout")
+    per_call = (rollout.prompt_tokens_per_call * 1000 + rollout.completion_tokens_per_call * 2000) / 1e6
+    assert rollout.usd == pytest.approx(per_call * rollout.calls)
+    assert rollout.usd_low < rollout.usd < rollout.usd_high
+    assert stage(result, "analyst").usd == 0.0  # the scripted optimizer is free
+    assert result.usd == pytest.approx(rollout.usd)
+    assert result.budget is not None and result.budget.stop and result.budget.cap == "max_usd"
+    assert result.per_step.by_role["target"].usd > 0
+
+
+def test_dry_run_command_prints_stages_and_calls_nothing(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "demo", "--dry-run", "-o", "budget.max_tokens=1000000"]) == 0
+    out = capsys.readouterr().out
+    assert "no model was called" in out
+    for name in ("rollout", "analyst", "slow_update", "meta_skill", "total"):
+        assert f"\n{name} " in out
+    assert "budget: the expected run fits" in out
+    assert not (tmp_path / "runs").exists() and not (tmp_path / ".skillopt").exists()

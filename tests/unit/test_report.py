@@ -1,0 +1,130 @@
+"""The HTML run report and comparison: self-contained, one mark per data point, escaped, with a diff viewer."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from skillopt.cli import main
+from skillopt.gate import decide
+from skillopt.records import StepRecord
+from skillopt.report import ReportError, load_run, render_compare, render_report, write_report
+from skillopt.runs import RunDir
+
+HOSTILE = '<script>alert("x")</script><img src=http://example.invalid/x.png>'
+
+
+def rows(solved: int, total: int = 4) -> list[dict]:
+    return [{"id": f"v{i}", "hard": float(i < solved), "soft": float(i < solved)} for i in range(total)]
+
+
+def make_run(folder: Path, name: str = "toy-run") -> Path:
+    """A three-step run: accepted, rejected, skipped; skills grow; a hostile line in the skill."""
+    run = RunDir(folder / name)
+    run.path.mkdir(parents=True)
+    skills = ["# Skill\n- be brief\n", f"# Skill\n- be brief\n- {HOSTILE}\n", None, None]
+    run.write_skill_snapshot(0, skills[0])
+    gate1 = decide(rows(3), rows(1), current_score=0.25, best_score=0.25, metric="hard")
+    gate2 = decide(rows(2), rows(3), current_score=0.75, best_score=0.75, metric="hard")
+    records = [
+        StepRecord(step=1, epoch=1, step_in_epoch=1, budget=4, decision=gate1.decision, gate=gate1, current_score=0.75,
+                   best_score=0.75, rollout_hard=0.25, edits_applied=1, n_total=4),
+        StepRecord(step=2, epoch=1, step_in_epoch=2, budget=3, decision="reject", gate=gate2, current_score=0.75,
+                   best_score=0.75, rollout_hard=0.5, n_total=4),
+        StepRecord(step=3, epoch=2, step_in_epoch=1, budget=2, decision="skip_no_patches", current_score=0.75,
+                   best_score=0.75, rollout_hard=1.0, n_total=4),
+    ]
+    for record in records:
+        run.record_step(record)
+    for step in (1, 2, 3):
+        run.write_skill_snapshot(step, skills[1])
+    usage = [{"stage": stage, "prompt_tokens": 100, "completion_tokens": 10, "cost_usd": 0.001, "cache_hit": False}
+             for stage in ("rollout", "rollout", "analyst", "rollout", "merge")]
+    run.write_text("usage.jsonl", "".join(json.dumps(u) + "\n" for u in usage))
+    run.write_json("summary.json", {
+        "run_name": name, "benchmark": "toy", "stopped_by": None, "wall_s": 3.0, "best_skill_sha": "ab" * 32,
+        "scores": {"baseline": {"selection": {"hard": 0.25, "soft": 0.25}, "test": {"hard": 0.2, "soft": 0.3}},
+                   "best": {"selection": {"hard": 0.75, "soft": 0.75}, "test": {"hard": 0.6, "soft": 0.7}},
+                   "final": {"selection": {"hard": 0.75, "soft": 0.75}}},
+        "counts": {"total": {"n": 3, "accepts": 1, "rejects": 1, "skips": 1}},
+        "usage": {"total": {"calls": 5, "tokens": 550, "usd": 0.005},
+                  "by_stage": [{"stage": "rollout", "calls": 3, "tokens": 330, "usd": 0.003}]},
+    })
+    return run.path
+
+
+def figure(page: str, chart_id: str) -> str:
+    match = re.search(rf'<figure class="chart" id="{chart_id}" data-points="(\d+)">(.*?)</figure>', page, re.S)
+    assert match, f"no chart {chart_id}"
+    return match.group(0)
+
+
+def test_report_draws_one_mark_per_data_point_in_every_chart(tmp_path):
+    page = render_report(load_run(make_run(tmp_path)))
+    scores = figure(page, "chart-scores")
+    # 3 selection points, 2 gated candidates (one accepted, one rejected), 3 rollout points.
+    assert scores.count('<circle class="point') == 8 and 'data-points="8"' in scores
+    assert scores.count('class="point gate accepted"') == 1 and scores.count('class="point gate rejected"') == 1
+    assert figure(page, "chart-budget").count("<circle") == 6          # budget and edits applied, 3 steps each
+    assert figure(page, "chart-skill-length").count("<circle") == 4    # snapshots 0..3
+    cost = figure(page, "chart-cost")
+    assert cost.count("<circle") == 5 and 'data-series="rollout" data-points="3"' in cost
+    assert "Cumulative USD" in cost  # priced calls plot dollars
+
+
+def test_report_is_self_contained_and_escapes_skill_text(tmp_path):
+    page = render_report(load_run(make_run(tmp_path)))
+    assert HOSTILE not in page and "&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt;" in page
+    assert not re.search(r'<(script|link|img)[^>]+(src|href)=', page)  # nothing fetched
+    assert "default-src 'none'" in page  # and the page may not fetch anything either
+    assert page.count("<script>") == 1  # the diff picker's inline script only
+
+
+def test_diff_viewer_shows_the_last_change_and_keeps_every_step(tmp_path):
+    page = render_report(load_run(make_run(tmp_path)))
+    panels = re.findall(r'<section class="diff-panel" data-step="(\d+)"( hidden)?>', page)
+    assert [step for step, _ in panels] == ["0", "1", "2", "3"]
+    assert [step for step, hidden in panels if not hidden] == ["1"]  # the last step that changed the skill
+    shown = page[page.index('data-step="1">'):page.index('data-step="2"')]
+    assert '<span class="line add">+- &lt;script&gt;' in shown
+
+
+def test_summary_section_lists_scores_and_cost(tmp_path):
+    page = render_report(load_run(make_run(tmp_path)))
+    assert "<td>best</td><td>test</td><td>0.600</td>" in page
+    assert "1 accepted, 1 rejected, 1 skipped" in page and "$0.0050" in page
+
+
+def test_an_unfinished_run_still_gets_a_report(tmp_path):
+    folder = make_run(tmp_path)
+    (folder / "summary.json").unlink()
+    page = render_report(load_run(folder))
+    assert "has not finished" in page and 'id="chart-scores" data-points="8"' in page
+
+
+def test_compare_puts_runs_side_by_side(tmp_path):
+    runs = [load_run(make_run(tmp_path, name)) for name in ("run-a", "run-b")]
+    page = render_compare(runs)
+    curves = figure(page, "chart-compare-scores")
+    assert 'data-series="run-a" data-points="3"' in curves and 'data-series="run-b" data-points="3"' in curves
+    assert page.count("<tr><td>run-") == 2
+
+
+def test_report_and_compare_commands_write_files(tmp_path, capsys):
+    folder = make_run(tmp_path)
+    assert main(["report", str(folder)]) == 0
+    assert (folder / "report.html").read_text().startswith("<!DOCTYPE html>")
+    out = tmp_path / "cmp.html"
+    assert main(["compare", str(folder), str(make_run(tmp_path, "other")), "--out", str(out)]) == 0
+    assert "2 runs compared" in out.read_text()
+    assert write_report(folder, tmp_path / "elsewhere.html").is_file()
+
+
+def test_a_folder_that_is_not_a_run_is_a_clear_error(tmp_path, capsys):
+    with pytest.raises(ReportError, match="not a run directory"):
+        load_run(tmp_path)
+    assert main(["report", str(tmp_path / "missing")]) == 2
+    assert "no such run directory" in capsys.readouterr().err
