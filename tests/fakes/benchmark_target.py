@@ -41,3 +41,20 @@ def fixture_config_of(benchmark: Any, overrides: Sequence[str] = ()) -> Any:
 def items_by_id(benchmark: Any, config: Any, run_dir: Path) -> dict[str, Any]:
     """Every fixture item of all three splits, by id."""
     return {item.id: item for split in SPLITS for item in benchmark.load_split(config, split, run_dir=run_dir)}
+
+
+def scripted_judge_of(benchmark: Any, rules: Any = None, calls: list[Any] | None = None) -> Any:
+    """The ``Judge`` callable a plug-in's ``score`` gets, served by the real scripted judge (the ``auto``
+    set unless ``rules`` are given) through the plug-in's own ``judge_request``; ``calls`` collects the
+    ``(item id, prediction)`` of each call."""
+    import json
+
+    backend = ScriptedBackend(resolve_rule_set(rules, BackendContext(), where="test"), role="judge")
+
+    def judge(item: Any, prediction: str) -> tuple[bool, str]:
+        if calls is not None:
+            calls.append((item.id, prediction))
+        verdict = json.loads(backend.attempt(benchmark.judge_request(item, prediction), timeout_s=30).text)
+        return verdict["verdict"] == "correct", verdict["reason"]
+
+    return judge
