@@ -58,7 +58,13 @@ def run_item(
     call_tags = {"item_id": item.id, "sample": sample, **(tags or {})}
 
     episode = getattr(benchmark, "run_episode", None)
-    if episode is not None:  # multi-step items drive the target themselves
+    if episode is None and _is_exec(target):  # an agentic CLI: one run in a per-item workspace
+        task_messages = list(benchmark.build_messages(item, "", cfg))
+        if probe_instruction:
+            task_messages = _with_readout(task_messages, probe_instruction)
+        text = _exec_turn(target, item, target_text(skill), task_messages, trajectory, call_tags)
+        turn, answered = 1, True
+    elif episode is not None:  # multi-step items drive the target themselves
         result = episode(item, target_text(skill), EpisodeContext(
             target=target, messages=messages, cfg=cfg, record=trajectory.append, deadline=started + deadline,
             tags=call_tags))
@@ -115,6 +121,22 @@ def _turns(benchmark: Benchmark, target: RoleClient, messages: list[Message], tr
         trajectory.append({"type": "feedback", "role": "user", "turn": turn, "content": feedback})
         messages = [*messages, assistant(text), user(feedback)]
     return text, turn, answered
+
+
+def _is_exec(target: Any) -> bool:
+    return getattr(getattr(target, "info", None), "kind", "chat") == "exec"
+
+
+def _exec_turn(target: Any, item: Item, skill: str, messages: list[Message], trajectory: list[dict[str, Any]],
+               tags: dict[str, Any]) -> str:
+    """One run of an exec target (``codex_exec``, ``claude_code_exec``): the prompt's text as ``task.md``,
+    its images as attachments the prompt names, the skill as ``SKILL.md``; the answer is the CLI's
+    final message (self-check turns do not apply)."""
+    from skillopt.llm.exec_harness import exec_task_from_messages
+
+    result = target.run_exec(exec_task_from_messages(item.id, skill, messages, tags={**tags, "turn": 1}))
+    trajectory.append({"type": "message", "role": "assistant", "turn": 1, "content": result.answer})
+    return result.answer
 
 
 def evaluation_event(item: Item, score: Score) -> str:

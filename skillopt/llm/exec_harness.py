@@ -99,6 +99,38 @@ class ExecTask(BaseModel):
         return self
 
 
+def exec_task_from_messages(item_id: str, skill: str, messages: Sequence[Any], *,
+                            tags: Mapping[str, Any] | None = None) -> ExecTask:
+    """The exec form of a chat prompt: its text becomes ``task.md`` and its images attachments.
+
+    Each image must come from a file (``ImagePart`` with a path source); it is attached once, handed
+    to the CLI as an image, and named in ``task.md`` by its workspace path
+    (``[image] attachments/01_page.png``) where the chat prompt says ``[image] page.png``. The skill
+    goes to ``SKILL.md``, so ``messages`` should be built without it.
+    """
+    from skillopt.llm.chat import ImagePart
+
+    files: list[Path] = []
+    for message in messages:
+        for image in message.images():
+            if not isinstance(image.source, str) or image.source.startswith("data:"):
+                raise ConfigError(f"item {item_id}: exec targets take images as files; {image.basename()} has no "
+                                  "file path")
+            files.append(Path(image.source))
+    attached = list(dict.fromkeys(files))
+    names = {path: f"attachments/{_attachment_name(index, path)}" for index, path in enumerate(attached, start=1)}
+
+    def text_of(message: Any) -> str:
+        if isinstance(message.content, str):
+            return message.content
+        return "\n".join(f"[image] {names[Path(str(part.source))]}" if isinstance(part, ImagePart) else part.text
+                         for part in message.content)
+
+    task = "\n\n".join(text_of(m) for m in messages if text_of(m).strip())
+    return ExecTask(item_id=item_id, skill=skill, task=task, attachments=attached, images=attached,
+                    tags=dict(tags or {}))
+
+
 class ExecResult(BaseModel):
     """The answer of one exec run, with its redacted trace and accounting."""
 

@@ -13,6 +13,11 @@ The ``codex`` and ``claude`` scripts next to this file call ``main(<cli>)``. The
 - ``read_outside``: look for ways out of the workspace and answer with a JSON report of them;
 - ``is_error``: the CLI reports an error with exit status 0 (claude: ``is_error: true``);
 - ``old_help``: like ``answer``, but the help text lacks a flag the harness passes.
+- ``images``: answer ``<answer>IMAGES <names></answer>``, the images the CLI was given: codex's
+  ``-i`` files, claude's image attachments (read off ``ATTACHMENTS.md``, the way a model would).
+
+Like the real codex, the fake refuses an ``-i`` file that does not exist or is no PNG/JPEG/GIF/WebP
+(exit 1, an error on stderr) before doing anything else.
 
 The scenario comes from ``FAKE_CLI_SCENARIO`` or, since the exec harness gives the CLI only an
 allowlisted environment, from ``scenario.txt`` next to this file (tests write it into a temp copy
@@ -175,7 +180,35 @@ def value_after(argv: list[str], flag: str) -> str | None:
     return argv[argv.index(flag) + 1] if flag in argv else None
 
 
+IMAGE_SIGNATURES = (b"\x89PNG", b"\xff\xd8\xff", b"GIF8", b"RIFF")
+
+
+def image_flags(argv: list[str]) -> list[str]:
+    return [argv[i + 1] for i, arg in enumerate(argv[:-1]) if arg in ("-i", "--image")]
+
+
+def bad_image(path: str) -> str | None:
+    """Why codex would refuse an ``-i`` file, or None."""
+    file = Path(path)
+    if not file.is_file():
+        return f"image not found: {path}"
+    if not file.read_bytes().startswith(IMAGE_SIGNATURES):
+        return f"not a supported image: {path}"
+    return None
+
+
+def attached_images() -> list[str]:
+    """The image attachments ATTACHMENTS.md lists (claude reads the images it is told about)."""
+    listing = Path("ATTACHMENTS.md").read_text(encoding="utf-8") if Path("ATTACHMENTS.md").is_file() else ""
+    return [line.split("`")[1] for line in listing.splitlines() if line.startswith("- `") and "(image," in line]
+
+
 def codex_run(argv: list[str], name: str) -> int:
+    for path in image_flags(argv):
+        problem = bad_image(path)
+        if problem:
+            print(f"Error: {problem}", file=sys.stderr)
+            return 1
     last_message = Path(value_after(argv, "--output-last-message") or ".last_message")
     usage = {"input_tokens": 1200, "cached_input_tokens": 200, "output_tokens": 40, "reasoning_output_tokens": 8}
     emit({"type": "thread.started", "thread_id": "fake-thread"})
@@ -192,6 +225,8 @@ def codex_run(argv: list[str], name: str) -> int:
         return 0
     answer = {"empty": "", "read_outside": None}.get(name, proof_of_reading())
     answer = outside_report() if answer is None else answer
+    if name == "images":
+        answer = "<answer>IMAGES " + ",".join(Path(p).name for p in image_flags(argv)) + "</answer>"
     emit({"type": "turn.started"})
     for command in ("bash -lc 'cat SKILL.md'", "bash -lc 'cat task.md'"):
         emit({"type": "item.completed", "item": {"id": "i1", "type": "command_execution", "command": command,
@@ -225,6 +260,8 @@ def claude_run(argv: list[str], name: str) -> int:
         result["result"] = ""
     elif name == "read_outside":
         result["result"] = outside_report()
+    elif name == "images":
+        result["result"] = "<answer>IMAGES " + ",".join(Path(p).name for p in attached_images()) + "</answer>"
     else:
         result["result"] = proof_of_reading()
     emit(result)
