@@ -366,6 +366,47 @@ class RecordedRequest:
         return ""
 
 
+    @property
+    def images(self) -> list[dict[str, Any]]:
+        """Every image part of every message, in order, as received: ``{"wire", "url", "detail", "media_type",
+        "data"}`` for Chat Completions ``image_url`` parts (``wire: "chat"``, plus ``detail_sent``: whether the
+        part had a ``detail`` key at all), Responses ``input_image`` parts
+        (``"responses"``) and Anthropic ``image`` blocks with a base64 source (``"anthropic"``); ``data`` is the
+        base64 payload (from the data URI, or the block's ``source.data``)."""
+        if not isinstance(self.body, dict):
+            return []
+        messages = self.body.get("messages")
+        if messages is None:
+            messages = self.body.get("input")
+        found: list[dict[str, Any]] = []
+        for message in messages if isinstance(messages, list) else []:
+            content = message.get("content") if isinstance(message, dict) else None
+            for part in content if isinstance(content, list) else []:
+                if not isinstance(part, dict):
+                    continue
+                kind = part.get("type")
+                if kind == "image_url":
+                    image = part.get("image_url") or {}
+                    found.append({**_image_view("chat", image.get("url"), image.get("detail")),
+                                  "detail_sent": "detail" in image})
+                elif kind == "input_image":
+                    found.append(_image_view("responses", part.get("image_url"), part.get("detail")))
+                elif kind == "image":
+                    source = part.get("source") or {}
+                    found.append({"wire": "anthropic", "url": None, "detail": None,
+                                  "media_type": source.get("media_type"), "data": source.get("data"),
+                                  "source_type": source.get("type")})
+        return found
+
+
+def _image_view(wire: str, url: Any, detail: Any) -> dict[str, Any]:
+    url = url if isinstance(url, str) else ""
+    media_type, data = None, None
+    if url.startswith("data:") and ";base64," in url:
+        media_type, data = url[5:].split(";base64,", 1)
+    return {"wire": wire, "url": url, "detail": detail, "media_type": media_type, "data": data}
+
+
 def _content_text(content: Any) -> str:
     if isinstance(content, str):
         return content
