@@ -189,6 +189,9 @@ class OptimizerSection(_Section):
     slow_update_gate: Bool = False
     use_meta_skill: Bool = True
     use_appendix: Bool = False
+    #: Show the analyst the images of the items it reflects on (as image inputs); off, it sees only
+    #: ``[image] <name>`` references in the trajectories.
+    analyst_images: Bool = False
 
     @field_validator("min_learning_rate")
     @classmethod

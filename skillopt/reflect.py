@@ -31,12 +31,12 @@ budget`` / "at most L suggestions" or no budget section at all, and ``probe`` fo
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
-from skillopt.llm.chat import ChatRequest, system, user
+from skillopt.llm.chat import ChatRequest, Message, TextPart, system, user
 from skillopt.prompts import ReplyModel, optimizer_prompt
 from skillopt.records import Diagnosis, ItemResult, Patch
 from skillopt.skill import Edit
@@ -47,6 +47,28 @@ BudgetUnit = Literal["edits", "suggestions"]
 
 #: The heading of the budget section, by what the budget counts.
 BUDGET_HEADINGS: dict[str, str] = {"edits": "Edit budget", "suggestions": "Suggestion budget"}
+
+
+def with_item_images(request: ChatRequest, rows: Sequence[ItemResult], images_of: Mapping[str, Sequence[Any]],
+                     *, detail: str | None = None) -> ChatRequest:
+    """``request`` with the images of each row's item after its user text (``optimizer.analyst_images``).
+
+    Each item's images follow a line naming its trajectory number and id, so the analyst can tell
+    which trajectory a picture belongs to; rows without images add nothing.
+    """
+    from skillopt.benchmarks.images import image_part
+
+    parts: list[Any] = []
+    for index, row in enumerate(rows, start=1):
+        paths = list(images_of.get(row.id) or [])
+        if paths:
+            parts.append(TextPart(text=f"Images of trajectory {index} (item {row.id}):"))
+            parts += [image_part(path, detail) for path in paths]
+    if not parts:
+        return request
+    *head, last = request.messages
+    body = [TextPart(text=last.content)] if isinstance(last.content, str) else list(last.content)
+    return request.model_copy(update={"messages": [*head, Message(role=last.role, content=[*body, *parts])]})
 
 
 # --------------------------------------------------------------------------------------------------

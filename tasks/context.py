@@ -90,7 +90,7 @@ def build_run_context(
     benchmark.preflight(bench_cfg)
     if benchmark.needs_judge(bench_cfg) and roles.judge_problem:
         raise BenchmarkSetupError(f"benchmark {name} needs the judge role: {roles.judge_problem}")
-    _check_image_support(name, benchmark, roles, registry)
+    _check_image_support(name, benchmark, roles, registry, analyst_images=config.optimizer.analyst_images)
 
     digest_of_config = config_hash(config)
     run_name = run_name or config.run.run_name or default_run_name(
@@ -132,20 +132,24 @@ def build_run_context(
     )
 
 
-def _check_image_support(name: str, benchmark: Benchmark, roles: Any, registry: BackendRegistry) -> None:
-    """Preflight: a benchmark whose prompts carry images needs a target (and judge) that takes them."""
+def _check_image_support(name: str, benchmark: Benchmark, roles: Any, registry: BackendRegistry, *,
+                         analyst_images: bool) -> None:
+    """Preflight: a benchmark whose prompts carry images needs a target that takes them, and with
+    ``optimizer.analyst_images`` an optimizer that does too."""
     if not getattr(benchmark, "uses_images", False):
         return
     from skillopt.llm.capabilities import image_support_problem
 
-    role = roles.target
-    problem = image_support_problem(role.backend, registry.get(role.backend).kind, role.price_model or role.model,
-                                    role.options, role.capabilities)
-    if problem:
-        raise BenchmarkSetupError(
-            f"benchmark {name} sends images to the target, but [target] {role.label()} cannot take them: {problem} "
-            f"(model.target.capabilities.vision)"
-        )
+    for role in (roles.target, roles.optimizer) if analyst_images else (roles.target,):
+        problem = image_support_problem(role.backend, registry.get(role.backend).kind,
+                                        role.price_model or role.model, role.options, role.capabilities)
+        if problem:
+            why = "sends images to the target" if role.role == "target" else "shows images to the analyst " \
+                "(optimizer.analyst_images)"
+            raise BenchmarkSetupError(
+                f"benchmark {name} {why}, but [{role.role}] {role.label()} cannot take them: {problem} "
+                f"(model.{role.role}.capabilities.vision)"
+            )
 
 
 def _data_hash(items: Mapping[str, Item], split_ids: Mapping[str, Sequence[str]]) -> str:

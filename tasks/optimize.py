@@ -14,12 +14,19 @@ from prefect import task
 from pydantic import BaseModel, Field
 
 from skillopt.autonomous import BudgetReply, budget_request, decide_budget
+from skillopt.benchmarks.images import item_image_paths
 from skillopt.llm.errors import ParseError
 from skillopt.merge import MergeReply, concat_fallback, merge_request, patch_from_merge
 from skillopt.probe import ProbeReply, pick_probe_items, probe_request
 from skillopt.prompts import prompt_hash
 from skillopt.records import ItemResult, Patch, Suggestion
-from skillopt.reflect import AnalystReply, analyst_fallback, analyst_request, patch_from_reply
+from skillopt.reflect import (
+    AnalystReply,
+    analyst_fallback,
+    analyst_request,
+    patch_from_reply,
+    with_item_images,
+)
 from skillopt.rewrite import (
     FullRewriteAnalystReply,
     RewriteReply,
@@ -61,6 +68,8 @@ def _reflect_key(p: dict[str, Any]) -> str:
         prompts=prompt_hash("optimizer/analyst_failure", "optimizer/analyst_success", "optimizer/analyst_execution_notes",
                             "optimizer/analyst_suggestions", "optimizer/analyst_full_rewrite"), guidance=ctx.bench_prompt_hash,
         appendix=ctx.config.optimizer.use_appendix,
+        # With analyst_images the pictures are part of the prompt: their content hashes are in data_hash.
+        images=ctx.data_hash if ctx.config.optimizer.analyst_images else None,
     )
 
 
@@ -77,6 +86,9 @@ def reflect_minibatch(ctx: RunContext, kind: str, skill: str, rows: list[ItemRes
     else:
         request = rewrite_analyst_request(mode=mode, **common)
         schema = SuggestionAnalystReply if mode == "rewrite_from_suggestions" else FullRewriteAnalystReply
+    if ctx.config.optimizer.analyst_images:
+        request = with_item_images(request, rows, {row.id: item_image_paths(ctx.items.get(row.id, {})) for row in rows},
+                                   detail=getattr(ctx.bench_cfg, "image_detail", None))
     try:
         reply, _ = ctx.clients.optimizer.structured(request, schema)
     except ParseError as error:

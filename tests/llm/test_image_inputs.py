@@ -173,3 +173,39 @@ def test_judge_benchmarks_stop_in_preflight_without_a_judge_role(name, tmp_path)
     with pytest.raises(BenchmarkSetupError, match=f"benchmark {name} needs the judge role: .*OPENAI_API_KEY"):
         build_run_context(load_config(name, overrides=overrides, env={}), env={})
     assert not (tmp_path / "runs").exists()
+
+
+def test_the_analyst_sees_image_names_by_default_and_the_images_only_with_analyst_images(tmp_path):
+    from skillopt.benchmarks.images import item_image_paths
+    from skillopt.config import OptimizerSection
+    from skillopt.reflect import analyst_request, with_item_images
+    from tests.fakes.benchmark_target import PluginScriptedTarget
+
+    plugin = load_benchmark("mmrb")
+    config = fixture_config_of(plugin)
+    items = items_by_id(plugin, config, tmp_path)
+    rows = [run_item(plugin, item, "", config, target=PluginScriptedTarget(plugin), judge=None)
+            for item in items.values()]
+    request = analyst_request(kind="failure", skill="", budget=2, rows=rows)
+    message = request.messages[-1]
+    assert not message.images() and "[image] s1_2.png" in message.text() and "base64" not in message.text()
+    assert OptimizerSection().analyst_images is False
+
+    shown = with_item_images(request, rows, {row.id: item_image_paths(items[row.id]) for row in rows}, detail="low")
+    parts = shown.messages[-1].content
+    assert parts[0].text == message.text()
+    labels = [p.text for p in parts[1:] if isinstance(p, TextPart)]
+    assert labels == [f"Images of trajectory {i} (item {row.id}):" for i, row in enumerate(rows, start=1)]
+    assert len(shown.messages[-1].images()) == 7 and {p.detail for p in shown.messages[-1].images()} == {"low"}
+    assert ReplyStore.key("fp", shown) != ReplyStore.key("fp", request)
+
+
+def test_analyst_images_needs_an_optimizer_that_takes_images(tmp_path):
+    from tasks.context import build_run_context
+
+    overrides = run_context_overrides("mmrb", tmp_path, "model.target.backend=scripted", "model.judge=null",
+                                      "model.optimizer.backend=openai", "model.optimizer.model=gpt-3.5-turbo",
+                                      "optimizer.analyst_images=true")
+    with pytest.raises(BenchmarkSetupError, match=r"shows images to the analyst .*\[optimizer\] "
+                                                  r"openai/gpt-3.5-turbo cannot take them"):
+        build_run_context(load_config("mmrb", overrides=overrides, env={}), env={"OPENAI_API_KEY": "sk-test-x"})
