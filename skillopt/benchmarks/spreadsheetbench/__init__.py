@@ -249,6 +249,8 @@ class SpreadsheetBenchBenchmark:
     GOLD_FIELDS: tuple[str, ...] = ()
     Config = SpreadsheetBenchConfig
     default_split_mode = "split_dir"
+    #: openpyxl and pandas come with ``pip install 'skillopt[spreadsheetbench]'``.
+    extras: tuple[str, ...] = ("spreadsheetbench",)
     scripted_rules: Sequence[Mapping[str, Any]] = (
         {"name": "spreadsheetbench fixture target", "stage": "rollout",
          "handler": "skillopt.benchmarks.spreadsheetbench:scripted_target"},
