@@ -7,6 +7,8 @@ import os
 import pytest
 
 pytest_plugins = ["tests.fakes.fixtures"]
+# Repository snapshots inside fixtures (the SWE-bench fake harness runs their tests itself) are not ours to collect.
+collect_ignore_glob = ["fixtures/*/repos/*"]
 
 
 @pytest.fixture(autouse=True)
