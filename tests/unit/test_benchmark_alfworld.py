@@ -120,6 +120,7 @@ def test_the_shipped_config_keys_are_all_valid_for_the_plugin_config():
     loaded = load_config("alfworld", env={})
     config = benchmark_config(plugin, loaded.config.benchmark)
     assert (config.max_steps, config.max_api_workers, config.env_manager) == (50, 8, "auto")
+    assert config.task_timeout >= 1800  # a whole game of max_steps calls fits in the item deadline
 
 
 def test_a_chat_backend_gets_the_real_environment_and_no_simulated_note():

@@ -111,6 +111,7 @@ def test_the_shipped_config_keys_are_all_valid_for_the_plugin_config():
     loaded = load_config("swebench", env={})
     config = benchmark_config(plugin, loaded.config.benchmark)
     assert (config.dataset, config.step_limit, config.cost_limit, config.harness) == ("lite", 50, 3.0, "auto")
+    assert config.task_timeout >= config.timeout_per_instance + 60  # the item deadline never cuts the agent short
 
 
 def test_a_chat_backend_gets_the_real_runner_and_harness():
