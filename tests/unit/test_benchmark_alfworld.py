@@ -381,3 +381,58 @@ def test_importing_the_plugin_imports_no_heavy_package():
             "print(sorted(n for n in ('alfworld', 'textworld', 'gymnasium', 'omegaconf') if n in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_the_real_adapter_builds_one_game_from_its_trial_folder(monkeypatch, tmp_path):
+    """The adapter against a stand-in for the documented ``alfworld`` API: ``get_environment("AlfredTWEnv")``
+    → ``AlfredTWEnv(config, train_eval)`` → ``init_env(batch_size=1)`` → batched ``reset``/``step``."""
+    import types
+
+    from skillopt.benchmarks.alfworld.env import AlfworldEnvManager
+
+    built: dict[str, Any] = {}
+
+    class Game:
+        def seed(self, seed):
+            built["seed"] = seed
+
+        def reset(self):
+            return ["Your task is to: cool some egg and put it in fridge."], {
+                "admissible_commands": [["look", "open fridge 1"]], "extra.gamefile": [built["gamefile"]]}
+
+        def step(self, actions):
+            built["actions"] = actions
+            return ["You cool the egg."], [1], [True], {"won": [True], "admissible_commands": [["look"]],
+                                                         "extra.gamefile": [built["gamefile"]]}
+
+        def close(self):
+            built["closed"] = True
+
+    class AlfredTWEnv:
+        def __init__(self, config, train_eval="train"):
+            built["config"], built["train_eval"] = config, train_eval
+
+        def init_env(self, batch_size):
+            built["batch_size"] = batch_size
+            return Game()
+
+    module = types.ModuleType("alfworld.agents.environment")
+    module.get_environment = lambda name: AlfredTWEnv if name == "AlfredTWEnv" else None
+    for name, value in (("alfworld", types.ModuleType("alfworld")), ("alfworld.agents", types.ModuleType("a")),
+                        ("alfworld.agents.environment", module)):
+        monkeypatch.setitem(sys.modules, name, value)
+    gamefile = str(tmp_path / "json_2.1.1/valid_unseen/pick_cool_then_place_in_recep-Egg-None-Fridge-2/trial_T9/game.tw-pddl")
+    built["gamefile"] = gamefile
+    game = AlfworldEnvManager(gamefile, data_root=tmp_path, seed=45, max_steps=7)
+    assert (built["train_eval"], built["batch_size"], built["seed"]) == ("eval_out_of_distribution", 1, 45)
+    assert built["config"]["dataset"]["eval_ood_data_path"] == str(Path(gamefile).parent)
+    assert built["config"]["env"]["domain_randomization"] is False
+    assert built["config"]["env"]["task_types"] == [1, 2, 3, 4, 5, 6]
+    assert built["config"]["logic"]["domain"] == str(tmp_path / "logic" / "alfred.pddl")
+    obs, infos = game.reset()
+    assert infos == [{"extra.gamefile": gamefile, "admissible_commands": ["look", "open fridge 1"], "won": False}]
+    obs, rewards, dones, infos = game.step(["open fridge 1"])
+    assert (obs["text"], rewards, dones, infos[0]["won"]) == (["You cool the egg."], [10.0], [True], True)
+    assert obs["anchor"] == ["Your task is to: cool some egg and put it in fridge."]
+    game.close()
+    assert built["closed"] and built["actions"] == ["open fridge 1"]

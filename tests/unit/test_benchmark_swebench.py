@@ -379,3 +379,69 @@ def test_importing_the_plugin_imports_no_heavy_package():
             "print(sorted(n for n in ('swebench', 'minisweagent', 'datasets', 'litellm') if n in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_the_mini_swe_agent_runner_drives_the_documented_agent_api(monkeypatch, tmp_path):
+    """The runner against a stand-in for mini-swe-agent 1.x: the SWE-bench config file under
+    ``builtin_config_dir/extra``, ``DockerEnvironment(image=…)``, ``DefaultAgent(model, env, **agent)``
+    and ``agent.run(task) -> (exit_status, result)``; the agent's model calls reach the target role."""
+    import types
+
+    from skillopt.benchmarks.swebench.agents import MiniSweAgentRunner
+
+    (tmp_path / "extra").mkdir()
+    (tmp_path / "extra" / "swebench.yaml").write_text(
+        "agent:\n  system_template: You are a helpful assistant.\n  instance_template: 'Task: {{task}}'\n"
+        "environment:\n  cwd: /testbed\n  timeout: 60\n")
+    seen: dict[str, Any] = {}
+
+    class LimitsExceeded(Exception):
+        pass
+
+    class DockerEnvironment:
+        def __init__(self, **kwargs):
+            seen["environment"] = kwargs
+
+        def cleanup(self):
+            seen["cleaned"] = True
+
+    class DefaultAgent:
+        def __init__(self, model, env, **kwargs):
+            self.model, self.env, self.settings = model, env, kwargs
+            self.messages: list[dict[str, str]] = []
+
+        def run(self, task):
+            self.messages = [{"role": "system", "content": self.settings["system_template"]},
+                             {"role": "user", "content": f"Task: {task}"}]
+            reply = self.model.query(self.messages)
+            self.messages.append({"role": "assistant", **reply})
+            seen["settings"] = self.settings
+            return "Submitted", "diff --git a/x b/x\n"
+
+    modules = {"minisweagent": types.ModuleType("minisweagent"),
+               "minisweagent.agents": types.ModuleType("minisweagent.agents"),
+               "minisweagent.agents.default": types.ModuleType("minisweagent.agents.default"),
+               "minisweagent.config": types.ModuleType("minisweagent.config"),
+               "minisweagent.environments": types.ModuleType("minisweagent.environments"),
+               "minisweagent.environments.docker": types.ModuleType("minisweagent.environments.docker")}
+    modules["minisweagent.agents.default"].DefaultAgent = DefaultAgent
+    modules["minisweagent.agents.default"].LimitsExceeded = LimitsExceeded
+    modules["minisweagent.config"].builtin_config_dir = tmp_path
+    modules["minisweagent.environments.docker"].DockerEnvironment = DockerEnvironment
+    for name, module in modules.items():
+        monkeypatch.setitem(sys.modules, name, module)
+
+    item = fixture_items(tmp_path / "run")[RESIZE]
+    target = PluginScriptedTarget(plugin, [{"stage": "rollout", "text": "THOUGHT: look\n```bash\nls\n```"}])
+    events: list[dict[str, Any]] = []
+    ctx = EpisodeContext(target=target, messages=[], cfg=fixture_config(), record=events.append,
+                         deadline=time.monotonic() + 60, tags={"item_id": RESIZE})
+    outcome = MiniSweAgentRunner(step_limit=7, cost_limit=1.5, model_name="m").run(
+        item, "Reproduce first.", ctx, task=item["problem_statement"], timeout_s=30)
+    assert (outcome.patch, outcome.exit_status, outcome.n_calls) == ("diff --git a/x b/x\n", "Submitted", 1)
+    assert seen["settings"]["system_template"].endswith("## Skill\nReproduce first.")
+    assert (seen["settings"]["step_limit"], seen["settings"]["cost_limit"]) == (7, 1.5)
+    assert seen["environment"]["image"] == "swebench/sweb.eval.x86_64.acme_1776_widgets-101:latest"
+    assert seen["environment"]["cwd"] == "/testbed" and seen["cleaned"]
+    assert [event["role"] for event in events] == ["user", "assistant"]  # the system message is left out
+    assert target.requests[0].messages[-1].text() == f"Task: {item['problem_statement']}"

@@ -220,7 +220,10 @@ class AlfworldEnvManager:
         config = alfworld_config(data_root, Path(gamefile).parent, max_steps)
         self.gamefile = gamefile
         self._env = env_class(config, train_eval=eval_split_of(gamefile)).init_env(batch_size=1)
-        self._env.seed(seed)
+        seed_env = getattr(self._env, "seed", None)
+        if callable(seed_env):
+            seed_env(seed)
+        self._anchor: list[str] = []
 
     @staticmethod
     def _obs(texts: Sequence[str], anchor: Sequence[str]) -> dict[str, Any]:
