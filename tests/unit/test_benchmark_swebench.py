@@ -445,3 +445,25 @@ def test_the_mini_swe_agent_runner_drives_the_documented_agent_api(monkeypatch, 
     assert seen["environment"]["cwd"] == "/testbed" and seen["cleaned"]
     assert [event["role"] for event in events] == ["user", "assistant"]  # the system message is left out
     assert target.requests[0].messages[-1].text() == f"Task: {item['problem_statement']}"
+
+
+def test_the_fake_agent_reaches_a_real_backend_over_http_and_each_call_is_accounted(openai_server, tmp_path):
+    """No litellm: the agent's call goes through the target role's own backend (the real ``openai`` SDK
+    against the loopback OpenAI-compatible fake), lands in usage.jsonl and the fix still resolves."""
+    from skillopt.benchmarks.swebench.scripted import RESIZE_FIX
+    from tests.fakes.http_fakes import ok
+
+    openai_server.handler = lambda request: ok(text=f"Derive the height.\n```diff\n{RESIZE_FIX}```")
+    overrides = ["model.target.backend=openai_compatible", f"model.target.base_url={openai_server.openai_base_url}",
+                 "model.target.model=fixture-model"]
+    loaded = load_config("swebench", overrides=overrides, env={})
+    clients = ModelClients.from_config(loaded, env={}, registry=BackendRegistry.default(),
+                                       usage_path=tmp_path / "usage.jsonl")
+    config = fixture_config(backend="openai_compatible", agent_runner="fake", harness="fake")
+    item = items_by_id(plugin, config, tmp_path)[RESIZE]
+    row = run_item(plugin, item, "Fix the root cause.", config, target=clients.target, judge=None)
+    assert (row.hard, row.n_turns) == (1.0, 1)
+    body = openai_server.last("/v1/chat/completions").body
+    assert "Widget.resize() ignores keep_aspect" in body["messages"][-1]["content"]
+    records = [json.loads(line) for line in (tmp_path / "usage.jsonl").read_text().splitlines()]
+    assert [(r["role"], r["stage"], r["backend"]) for r in records] == [("target", "rollout", "openai_compatible")]
