@@ -29,8 +29,9 @@ def prefect_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     home = tmp_path_factory.mktemp("prefect-home")
     port = _free_port()
     url = f"http://127.0.0.1:{port}/api"
+    # PREFECT_UI_API_URL: the UI this server serves talks to this port (the browser tests open it).
     env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-           "PREFECT_LOGGING_LEVEL": "WARNING"}
+           "PREFECT_LOGGING_LEVEL": "WARNING", "PREFECT_UI_API_URL": url}
     env.pop("PREFECT_API_URL", None)
     log = (home / "server.log").open("w")
     server = subprocess.Popen(

@@ -1,0 +1,68 @@
+"""A USD budget below a run's cost stops training cleanly between steps, keeps the best skill and says why.
+
+The demo's target runs over real HTTP (the `openai` SDK against the loopback OpenAI fake, which answers
+with the demo world's scripted target) as a priced model, so every rollout costs money; the optimizer
+stays the free scripted one.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from skillopt.benchmarks.demo.scripted import target
+from skillopt.llm.chat import ChatRequest, assistant, system, user
+from tests.fakes.http_fakes import ok
+
+pytestmark = pytest.mark.slow
+
+#: Every rollout reports 1,000 prompt tokens; at $10 per million that is $0.01 a call.
+USAGE = {"prompt_tokens": 1000, "completion_tokens": 0}
+
+
+def serve_demo_target(openai_server) -> None:
+    builders = {"system": system, "user": user, "assistant": assistant}
+
+    def reply(request):
+        messages = [builders[m["role"]](m["content"]) for m in request.body["messages"]]
+        return ok(text=target(ChatRequest(messages=messages, stage="rollout"), 0), usage=USAGE)
+
+    openai_server.handler = reply
+
+
+def test_max_usd_below_the_run_cost_stops_between_steps_and_keeps_the_best_skill(prefect_settings, in_tmp,
+                                                                                openai_server):
+    from flows.train import skill_train
+
+    serve_demo_target(openai_server)
+    prices = in_tmp / "prices.yaml"
+    prices.write_text('entries:\n  - {match: "priced-demo-target", input_per_mtok: 10, output_per_mtok: 10}\n')
+    overrides = [
+        "model.target.backend=openai_compatible", f"model.target.base_url={openai_server.openai_base_url}",
+        "model.target.model=priced-demo-target", "model.target.options={}", f"model.pricing_file={prices}",
+        # Baseline 12 rollouts ($0.12), step 1: 8 rollouts + a 12-item gate ($0.20); the next step's
+        # projection ($0.20) would pass $0.35, so the run stops before epoch 1 step 2 (a full run: ~$1.70).
+        "budget.max_usd=0.35",
+    ]
+    summary = skill_train(benchmark="demo", overrides=overrides, run_name="demo-budget")
+    run_dir = Path(summary["run_dir"])
+
+    assert summary["stopped_by"] == "budget"
+    message = summary["stopped_message"]
+    assert message.startswith("budget reached: $0.32 of $0.35 (target 100%)")
+    assert "stopped before epoch 1 step 2; raise budget.max_usd and resume" in message
+    assert (run_dir / "STOPPED").read_text().strip() == message
+    assert json.loads((run_dir / "summary.json").read_text())["stopped_by"] == "budget"
+
+    history = [json.loads(line) for line in (run_dir / "history.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in history] == [1]
+    assert summary["usage"]["total"]["usd"] == pytest.approx(0.32)
+    assert summary["usage"]["total"]["usd"] <= 0.35  # nothing spent after the stop (the test split is skipped)
+    assert "test" not in summary["scores"]["best"] and not (run_dir / "eval" / "best_test").exists()
+
+    best = (run_dir / "best_skill.md").read_text()
+    expected_best = "step_0001.md" if history[0]["decision"] in ("accept", "accept_new_best") else "step_0000.md"
+    assert best == (run_dir / "skills" / expected_best).read_text()
+    assert (run_dir / "report.html").is_file()

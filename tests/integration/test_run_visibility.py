@@ -1,0 +1,175 @@
+"""Seeing a demo run: its Prefect artifacts read back from the API, its HTML report and the Prefect UI
+in headless Chromium, and the dry-run estimate against the calls the run made.
+
+One demo run (in a fresh folder, so its cache starts empty and every call is made) against the session's Prefect server serves all tests.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import urllib.request
+
+import pytest
+
+from tests.browser import chromium, screenshot
+
+pytestmark = pytest.mark.slow
+
+RUN = "demo-visible"
+
+
+def key(kind: str) -> str:
+    return f"demo-{RUN}-{kind}"
+
+
+@pytest.fixture(scope="module")
+def demo_run(prefect_api, tmp_path_factory):
+    from prefect.settings import PREFECT_API_URL, PREFECT_LOGGING_LEVEL, temporary_settings
+
+    folder = tmp_path_factory.mktemp("visible")
+    previous = os.getcwd()
+    os.chdir(folder)
+    try:
+        with temporary_settings(updates={PREFECT_API_URL: prefect_api, PREFECT_LOGGING_LEVEL: "WARNING"}):
+            from flows.train import skill_train
+
+            summary = skill_train(benchmark="demo", run_name=RUN)
+    finally:
+        os.chdir(previous)
+    run_dir = folder / summary["run_dir"]
+    history = [json.loads(line) for line in (run_dir / "history.jsonl").read_text().splitlines()]
+    return {"summary": summary, "run_dir": run_dir, "history": history, "cwd": folder}
+
+
+def api(prefect_api: str, path: str, body: dict) -> list[dict]:
+    request = urllib.request.Request(f"{prefect_api}{path}", data=json.dumps(body).encode(), method="POST",
+                                     headers={"content-type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return json.load(response)
+
+
+def versions(prefect_api: str, kind: str) -> list[dict]:
+    """Every version of one artifact key, oldest first."""
+    found = api(prefect_api, "/artifacts/filter", {"artifacts": {"key": {"any_": [key(kind)]}}})
+    return sorted(found, key=lambda a: a["created"])
+
+
+def table(artifact: dict) -> list[dict]:
+    data = artifact["data"]
+    return json.loads(data) if isinstance(data, str) else data
+
+
+def steps(history: list[dict]) -> list[dict]:
+    return [r for r in history if r["kind"] == "step"]
+
+
+def test_artifacts_read_back_from_the_prefect_api(demo_run, prefect_api):
+    history = steps(demo_run["history"])
+    summary = demo_run["summary"]
+
+    progress = versions(prefect_api, "progress")
+    assert len(progress) == 1, "the progress artifact is updated in place, not re-created"
+    assert progress[0]["type"] == "progress" and float(progress[0]["data"]) == 100.0
+    assert f"step {len(history)}/{len(history)}" in progress[0]["description"]
+
+    accepted = [r for r in history if r["gate"] and r["decision"] != "reject"]
+    diffs = versions(prefect_api, "skill-diff")
+    assert len(diffs) == len(accepted) >= 1
+    for artifact, record in zip(diffs, accepted, strict=True):
+        assert artifact["type"] == "markdown"
+        assert f"### Step {record['step']}: {record['decision']}" in artifact["data"]
+        assert "```diff" in artifact["data"] and "\n+- " in artifact["data"]
+
+    edits = table(versions(prefect_api, "edits")[-1])
+    last_with_edits = [r for r in history if r["edits"]][-1]
+    assert [row["op"] for row in edits] == [e["op"] for e in last_with_edits["edits"]]
+    assert set(edits[0]) == {"rank", "op", "target", "support", "status", "decision"}
+
+    gates = table(versions(prefect_api, "gates")[-1])
+    assert [(row["step"], row["decision"]) for row in gates] == [(r["step"], r["decision"]) for r in history]
+    rejected = [row for row in gates if row["decision"] == "reject"]
+    assert rejected and all(row["candidate"] is not None and row["flips"] for row in rejected)
+
+    cost = table(versions(prefect_api, "cost")[-1])
+    assert cost[-1]["stage"] == "total" and cost[-1]["calls"] == summary["usage"]["total"]["calls"]
+    assert {row["stage"] for row in cost} >= {"rollout", "analyst", "total"}
+
+    (link,) = versions(prefect_api, "report")
+    report = demo_run["run_dir"].resolve() / "report.html"
+    assert report.as_uri() in link["data"] and report.is_file()
+
+
+def test_dry_run_estimate_is_within_20_percent_of_the_calls_made(demo_run, monkeypatch):
+    from skillopt.config import load_config
+    from skillopt.estimate import dry_run
+
+    monkeypatch.chdir(demo_run["cwd"])
+    estimate = dry_run(load_config("demo", overrides=[], env=os.environ), env=os.environ)
+    made = demo_run["summary"]["usage"]
+    assert estimate.calls == pytest.approx(made["total"]["calls"], rel=0.2)
+    assert estimate.calls_low <= made["total"]["calls"] <= estimate.calls_high
+    rollouts = next(s for s in estimate.stages if s.stage == "rollout")
+    made_rollouts = next(row for row in made["by_stage"] if row["stage"] == "rollout")["calls"]
+    assert rollouts.calls == pytest.approx(made_rollouts, rel=0.2)
+
+
+def test_report_renders_plots_and_a_diff_in_chromium(demo_run):
+    history = steps(demo_run["history"])
+    run_dir = demo_run["run_dir"]
+    expected = {
+        "chart-scores": 2 * len(history) + sum(1 for r in history if r["gate"]),
+        "chart-budget": 2 * len(history),
+        "chart-skill-length": len(list((run_dir / "skills").glob("step_*.md"))),
+    }
+    with chromium() as browser:
+        page = browser.new_page(viewport={"width": 1100, "height": 900})
+        page.goto((run_dir / "report.html").resolve().as_uri())
+        for chart_id, points in expected.items():
+            chart = page.locator(f"#{chart_id}")
+            assert int(chart.get_attribute("data-points")) == points
+            marks = chart.locator("circle.point")
+            assert marks.count() == points
+            box = marks.first.bounding_box()
+            assert box is not None and box["width"] > 0  # drawn, not just present
+        assert page.locator("#chart-cost circle.point").count() > 0
+        assert page.locator("#chart-cost polyline").count() >= 1
+
+        visible = page.locator(".diff-panel:not([hidden])")
+        assert visible.count() == 1
+        assert visible.locator(".line.add").count() >= 1 and visible.locator(".line.add").first.is_visible()
+        first_change = next(r["step"] for r in history if r["gate"] and r["decision"] != "reject")
+        page.select_option("#diff-step", str(first_change))
+        visible = page.locator(".diff-panel:not([hidden])")
+        assert visible.get_attribute("data-step") == str(first_change)
+        assert visible.locator(".line.add").count() >= 1
+        screenshot(page, "report-demo")
+
+
+def test_prefect_ui_shows_the_skill_diff_and_gate_artifacts(demo_run, prefect_api):
+    ui = prefect_api.removesuffix("/api")
+    (diff,) = api(prefect_api, "/artifacts/latest/filter", {"artifacts": {"key": {"any_": [key("skill-diff")]}}})
+    (gates,) = api(prefect_api, "/artifacts/latest/filter", {"artifacts": {"key": {"any_": [key("gates")]}}})
+    (run,) = api(prefect_api, "/flow_runs/filter", {"flow_runs": {"id": {"any_": [diff["flow_run_id"]]}}})
+    assert run["state_type"] == "COMPLETED"
+    with chromium() as browser:
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.goto(f"{ui}/runs/flow-run/{run['id']}")
+        page.get_by_text(run["name"]).first.wait_for(timeout=60_000)
+        page.get_by_text("Artifacts", exact=True).first.click()
+        page.get_by_text(key("skill-diff")).first.wait_for(timeout=60_000)
+        assert page.get_by_text(key("gates")).count() >= 1
+        screenshot(page, "prefect-ui-flow-run-artifacts")
+
+        page.goto(f"{ui}/artifacts/artifact/{diff['latest_id']}")
+        rendered = page.locator("pre").first
+        rendered.wait_for(timeout=60_000)
+        assert "+- " in rendered.inner_text() and "@@" in rendered.inner_text()
+        assert page.get_by_text(f"Step {diff['data'].split('Step ')[1].split(':')[0]}:").count() >= 1
+        screenshot(page, "prefect-ui-skill-diff")
+
+        page.goto(f"{ui}/artifacts/artifact/{gates['latest_id']}")
+        page.locator("table").first.wait_for(timeout=60_000)
+        cells = page.locator("table").first.inner_text()
+        assert "decision" in cells and "accept_new_best" in cells and "reject" in cells
+        screenshot(page, "prefect-ui-gates")
