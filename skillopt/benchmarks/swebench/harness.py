@@ -47,7 +47,8 @@ class HarnessError(SkillOptError):
 
 class Harness(Protocol):
     """Evaluates ``patch`` for ``instance`` (a SWE-bench row) inside ``work_dir``; writes the report
-    there and returns the report's path. Raises ``HarnessError`` when it cannot run at all."""
+    there and returns its path and a short detail for the analyst (test outcomes, harness exit).
+    Raises ``HarnessError`` when it cannot run at all."""
 
     def evaluate(self, instance: Mapping[str, Any], patch: str, work_dir: Path, run_id: str) -> tuple[Path, str]: ...
 
