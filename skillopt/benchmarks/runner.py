@@ -102,12 +102,15 @@ def _turns(benchmark: Benchmark, target: RoleClient, messages: list[Message], tr
     max_turns = int(getattr(cfg, "max_turns", 1) or 1)
     # A benchmark's ``max_tokens`` is a per-call override of the target role's cap (BENCHMARKS.md §1.11).
     max_tokens = getattr(cfg, "max_tokens", None)
+    # Some benchmarks give self-check turns (2 and later) a smaller cap (BENCHMARKS.md §2.4-§2.6).
+    check_tokens = getattr(cfg, "self_check_max_tokens", None) or max_tokens
     extract = getattr(benchmark, "extract_answer", None)
     text, answered, previous, turn = "", False, None, 0
     for turn in range(1, max_turns + 1):
         if time.monotonic() > deadline_at:
             return text, turn - 1, answered
-        response = target.chat(ChatRequest(messages=messages, stage="rollout", max_tokens=max_tokens,
+        response = target.chat(ChatRequest(messages=messages, stage="rollout",
+                                           max_tokens=max_tokens if turn == 1 else check_tokens,
                                            tags={**tags, "turn": turn}))
         text, answered = response.text, True
         trajectory.append({"type": "message", "role": "assistant", "turn": turn, "content": text})

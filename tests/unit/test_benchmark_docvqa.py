@@ -120,3 +120,15 @@ def test_ratio_output_round_trips_through_its_own_reader(tmp_path):
         assert json.loads((out / split / "items.json").read_text(encoding="utf-8"))[0]["id"] == rows[0].id
         assert plugin.load_split(again, split, run_dir=tmp_path) == rows
     assert {i.id: i for rows in loaded.values() for i in rows} == items(tmp_path / "fixture")
+
+
+def test_self_check_turns_use_the_smaller_cap_and_stop_on_a_repeated_answer(tmp_path):
+    from skillopt.benchmarks.runner import run_item
+    from tests.fakes.benchmark_target import PluginScriptedTarget
+
+    config = fixture_config_of(plugin, ["benchmark.max_turns=3"])
+    target = PluginScriptedTarget(plugin)
+    row = run_item(plugin, items(tmp_path)["90002"], "", config, target=target, judge=None)
+    assert [request.max_tokens for request in target.requests] == [768, 512]  # the answer repeated on turn 2
+    assert row.n_turns == 2 and row.hard == 1.0
+    assert all(request.messages[1].images() for request in target.requests)  # the image is re-sent each turn

@@ -75,6 +75,8 @@ class BabyVisionConfig(BenchmarkSection):
     #: The folder holding ``images/``; ``--data DIR`` sets it. Unset: the row file's folder.
     data_root: str | None = None
     max_tokens: int = Field(default=768, ge=1)
+    #: The cap of self-check turns (``max_turns`` > 1), turn 2 onwards.
+    self_check_max_tokens: int = Field(default=512, ge=1)
 
 
 # ----------------------------------------------------------------------------------------- loading

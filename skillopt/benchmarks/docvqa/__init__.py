@@ -66,6 +66,8 @@ class DocVQAConfig(BenchmarkSection):
     data_root: str | None = None
     #: The target's output cap for this benchmark (a per-call override of model.target.max_tokens).
     max_tokens: int = Field(default=768, ge=1)
+    #: The cap of self-check turns (``max_turns`` > 1), turn 2 onwards.
+    self_check_max_tokens: int = Field(default=512, ge=1)
 
 
 # ----------------------------------------------------------------------------------------- loading

@@ -79,6 +79,8 @@ class MathVerseConfig(BenchmarkSection):
     #: Give the analyst the Text Dominant question of the same problem as a hidden reference.
     use_text_dominant_reference: bool = False
     max_tokens: int = Field(default=1024, ge=1)
+    #: The cap of self-check turns (``max_turns`` > 1), turn 2 onwards.
+    self_check_max_tokens: int = Field(default=768, ge=1)
 
 
 # ----------------------------------------------------------------------------------------- loading
