@@ -436,3 +436,11 @@ def test_the_real_adapter_builds_one_game_from_its_trial_folder(monkeypatch, tmp
     assert obs["anchor"] == ["Your task is to: cool some egg and put it in fridge."]
     game.close()
     assert built["closed"] and built["actions"] == ["open fridge 1"]
+
+
+def test_the_task_directory_decides_the_task_type_over_the_rows_label():
+    path = "json_2.1.1/train/pick_and_place_simple-Mug-None-Shelf-1/trial_T1/game.tw-pddl"
+    assert normalise_row({"id": "a", "gamefile": path, "task_type": "pick_and_place_simple"})["task_type"] == \
+        "pick_and_place"
+    assert normalise_row({"id": "b", "gamefile": "games/g1/game.tw-pddl",
+                          "task_type": "pick_two_obj_and_place"})["task_type"] == "pick_two_obj_and_place"

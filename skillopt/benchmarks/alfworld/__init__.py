@@ -41,6 +41,7 @@ from skillopt.benchmarks.alfworld.env import (
     goal_of,
     normalise_command,
     task_from_observation,
+    task_type_named,
     task_type_of,
 )
 from skillopt.benchmarks.answers import quote_answer
@@ -122,7 +123,9 @@ def normalise_row(row: Mapping[str, Any]) -> dict[str, Any]:
         if not isinstance(value, str | int):
             raise ValueError(f"field {name!r} must be a string, got {type(value).__name__}")
     gamefile = str(row["gamefile"]).strip()
-    task_type = row.get("task_type") or task_type_of(gamefile)
+    # The gamefile's task directory decides; a row's own label counts only when the path names no type.
+    label = str(row.get("task_type") or "").strip()
+    task_type = task_type_of(gamefile) or task_type_named(label) or label
     if not task_type:
         raise ValueError(f"field 'task_type' is missing and the gamefile's task directory names no task type "
                          f"({', '.join(TASK_TYPES)}): {quote_answer(gamefile)}")

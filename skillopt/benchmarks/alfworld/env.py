@@ -74,7 +74,11 @@ def task_directory(gamefile: str) -> str:
 def task_type_of(gamefile: str) -> str | None:
     """The task type from the task directory's prefix before the first ``-``, longest match first;
     None when the prefix names none of the six types."""
-    prefix = task_directory(gamefile).split("-", 1)[0]
+    return task_type_named(task_directory(gamefile).split("-", 1)[0])
+
+
+def task_type_named(prefix: str) -> str | None:
+    """One of the six task types for a label such as ``pick_and_place_simple``, or None."""
     for known, task_type in TASK_TYPE_PREFIXES:
         if prefix == known or prefix.startswith(known):
             return task_type
