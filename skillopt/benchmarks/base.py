@@ -105,6 +105,11 @@ class Benchmark(Protocol):
     - Optional ``extras: tuple[str, ...]``: the pip extras of skillopt the plug-in needs (e.g.
       ``("alfworld",)``); ``skillopt benchmarks`` shows them. Read it with :func:`plugin_extras`
       (absent means none), so plug-ins written before it existed still satisfy the protocol.
+    - Optional ``bind_target(cfg, *, backend, kind) -> (cfg, notes)``: called before ``preflight``
+      with the target role's backend name and kind (``chat`` | ``exec``). It settles choices that
+      depend on the target (``auto`` env managers, agent runners, harnesses → the fakes under
+      ``scripted``), raises ``BenchmarkSetupError`` for a target it cannot serve, and returns notes
+      for the run header (e.g. that the environment is simulated).
     """
 
     id: str
