@@ -28,7 +28,7 @@ from skillopt.benchmarks.alfworld.env import (
     FAKE_WINNING_COMMAND,
     NOTHING_HAPPENS,
     FakeEnvManager,
-    check_alfworld_data,
+    game_data_root,
     goal_of,
     task_type_of,
 )
@@ -212,15 +212,33 @@ def test_the_real_environment_without_the_package_names_the_extra_and_the_data_v
 
 def test_missing_game_data_names_the_data_variable(tmp_path):
     with pytest.raises(BenchmarkSetupError, match=r"ALFWORLD_DATA.*alfworld-download|alfworld-download.*ALFWORLD_DATA"):
-        check_alfworld_data(None)
+        game_data_root([])
     with pytest.raises(BenchmarkSetupError, match="logic/alfred.pddl"):
-        check_alfworld_data(tmp_path)
+        game_data_root([tmp_path])
+    (tmp_path / "logic").mkdir()
+    for name in ("alfred.pddl", "alfred.twl2"):
+        (tmp_path / "logic" / name).write_text("")
+    assert game_data_root([FIXTURES, tmp_path]) == tmp_path
 
 
-def test_the_data_root_falls_back_to_the_environment_variable(tmp_path):
-    bench = AlfworldBenchmark(env={"ALFWORLD_DATA": str(tmp_path)})
-    assert bench.data_root(AlfworldConfig()) == tmp_path
-    assert bench.data_root(AlfworldConfig(alfworld_data=str(FIXTURES))) == FIXTURES
+def test_gamefiles_resolve_under_the_data_folder_then_the_environment_variable(tmp_path):
+    elsewhere = tmp_path / "downloads"
+    game = elsewhere / "json_2.1.1" / "train" / "g" / "game.tw-pddl"
+    game.parent.mkdir(parents=True)
+    game.write_text("")
+    bench = AlfworldBenchmark(env={"ALFWORLD_DATA": str(elsewhere)})
+    assert bench.data_roots(AlfworldConfig(data_root=str(FIXTURES))) == [FIXTURES, elsewhere]
+    assert bench.data_roots(AlfworldConfig(alfworld_data=str(tmp_path), data_root=str(FIXTURES))) == [tmp_path]
+    split_folder = tmp_path / "split"
+    for split in ("train", "val", "test"):
+        (split_folder / split).mkdir(parents=True)
+        (split_folder / split / "items.json").write_text(json.dumps(
+            [{"id": f"{split}:1", "gamefile": "json_2.1.1/train/g/game.tw-pddl", "task_type": "pick_and_place"}]))
+    config = AlfworldConfig(split_mode="split_dir", split_dir=str(split_folder), data_root=str(split_folder),
+                            env_manager="fake")
+    (item,) = bench.load_split(config, "train", run_dir=tmp_path)
+    assert item["game_path"] == str(game)
+    bench.preflight(config)
 
 
 # --------------------------------------------------------------------------------------------- fake

@@ -34,10 +34,10 @@ from skillopt.benchmarks.alfworld.env import (
     AlfworldEnvManager,
     EnvManager,
     FakeEnvManager,
-    alfworld_data_root,
-    check_alfworld_data,
+    alfworld_data_roots,
     check_alfworld_installed,
     first_text,
+    game_data_root,
     goal_of,
     normalise_command,
     task_from_observation,
@@ -135,12 +135,13 @@ def normalise_row(row: Mapping[str, Any]) -> dict[str, Any]:
     return item
 
 
-def resolve_gamefile(gamefile: str, root: Path | None) -> Path:
-    """An absolute gamefile as is; a relative one under ``root`` (unresolved when there is no root)."""
+def resolve_gamefile(gamefile: str, roots: Sequence[Path]) -> Path:
+    """An absolute gamefile as is; a relative one under the first root that holds it (under the
+    first root when none does, so a miss names where it was expected)."""
     path = Path(gamefile).expanduser()
-    if path.is_absolute() or root is None:
+    if path.is_absolute() or not roots:
         return path
-    return root / path
+    return next((root / path for root in roots if (root / path).is_file()), roots[0] / path)
 
 
 # ----------------------------------------------------------------------------------------- prompts
@@ -227,9 +228,10 @@ class AlfworldBenchmark:
     def prompts_dir(self) -> Path:
         return shipped_prompts_dir(BENCHMARK_ID)
 
-    def data_root(self, cfg: BaseModel) -> Path | None:
+    def data_roots(self, cfg: BaseModel) -> list[Path]:
+        """Where gamefiles and game data are looked for: ``alfworld_data``, else ``--data`` then ``$ALFWORLD_DATA``."""
         config = _config(cfg)
-        return alfworld_data_root(config.alfworld_data or config.data_root, self.env)
+        return alfworld_data_roots(config.alfworld_data, config.data_root, self.env)
 
     def load_split(self, cfg: BaseModel, split: str, *, run_dir: Path) -> list[Item]:
         """The items of ``split`` with the resolved gamefile, the goal sentence and the game index."""
@@ -239,8 +241,8 @@ class AlfworldBenchmark:
             reader=read_records, normalise=normalise_row, default_task_type="pick_and_place",
             native_extensions=NATIVE_EXTENSIONS,
         )
-        root = self.data_root(config)
-        return [Item({**item, GAME_PATH_KEY: str(resolve_gamefile(item["gamefile"], root)),
+        roots = self.data_roots(config)
+        return [Item({**item, GAME_PATH_KEY: str(resolve_gamefile(item["gamefile"], roots)),
                       GOAL_KEY: goal_of(item["gamefile"]), INDEX_KEY: index})
                 for index, item in enumerate(items)]
 
@@ -270,10 +272,7 @@ class AlfworldBenchmark:
         if config.env_manager == "fake":
             return FakeEnvManager(str(item[GAME_PATH_KEY]))
         check_alfworld_installed()
-        root = self.data_root(config)
-        check_alfworld_data(root)
-        assert root is not None
-        return AlfworldEnvManager(str(item[GAME_PATH_KEY]), data_root=root,
+        return AlfworldEnvManager(str(item[GAME_PATH_KEY]), data_root=game_data_root(self.data_roots(config)),
                                   seed=config.split_seed + int(item.get(INDEX_KEY, 0)), max_steps=config.max_steps)
 
     def _api_slots(self, workers: int) -> threading.BoundedSemaphore:
@@ -365,7 +364,7 @@ class AlfworldBenchmark:
                                "json_2.1.1/ game files) or set benchmark.split_dir")
         if config.env_manager != "fake":
             check_alfworld_installed()
-            check_alfworld_data(self.data_root(config))
+            game_data_root(self.data_roots(config))
         with tempfile.TemporaryDirectory(prefix="skillopt-alfworld-") as scratch:
             items = [item for split in ("train", "val", "test")
                      for item in self.load_split(config, split, run_dir=Path(scratch))]

@@ -161,11 +161,33 @@ class FakeEnvManager:
 # --------------------------------------------------------------------------------------------- real
 
 
-def alfworld_data_root(configured: str | None, env: Mapping[str, str] | None = None) -> Path | None:
-    """The folder holding ``json_2.1.1/`` and ``logic/``: the configured root, else ``$ALFWORLD_DATA``."""
+def alfworld_data_roots(configured: str | None, data_folder: str | None,
+                        env: Mapping[str, str] | None = None) -> list[Path]:
+    """Where relative gamefiles and the game logic are looked for, in order: ``benchmark.alfworld_data``
+    when set (alone); otherwise the ``--data`` folder, then ``$ALFWORLD_DATA``."""
     env = os.environ if env is None else env
-    value = configured or env.get(DATA_VARIABLE)
-    return Path(value).expanduser() if value else None
+    values = [configured] if configured else [data_folder, env.get(DATA_VARIABLE)]
+    roots: list[Path] = []
+    for value in values:
+        if value and Path(value).expanduser() not in roots:
+            roots.append(Path(value).expanduser())
+    return roots
+
+
+def logic_files(root: Path) -> list[Path]:
+    return [root / "logic" / "alfred.pddl", root / "logic" / "alfred.twl2"]
+
+
+def game_data_root(roots: Sequence[Path]) -> Path:
+    """The first root holding the downloaded game logic; ``BenchmarkSetupError`` naming ``$ALFWORLD_DATA``
+    when none does."""
+    for root in roots:
+        if all(path.is_file() for path in logic_files(root)):
+            return root
+    where = ", ".join(str(root) for root in roots) or f"nothing (benchmark.alfworld_data and ${DATA_VARIABLE} are unset)"
+    raise BenchmarkSetupError(
+        f"alfworld: no ALFWorld game data at {where}: expected logic/alfred.pddl and logic/alfred.twl2; "
+        f"run alfworld-download and set ${DATA_VARIABLE} (or benchmark.alfworld_data) to its folder")
 
 
 def check_alfworld_installed() -> None:
@@ -179,16 +201,6 @@ def check_alfworld_installed() -> None:
             f"alfworld: the real environment needs the alfworld package ({exc}); install it with "
             f"{INSTALL_HINT}, then run alfworld-download and set ${DATA_VARIABLE} (or benchmark.alfworld_data), "
             "or set benchmark.env_manager: fake for the simulated world") from None
-
-
-def check_alfworld_data(root: Path | None) -> None:
-    """``BenchmarkSetupError`` naming ``$ALFWORLD_DATA`` when the game logic files are missing."""
-    logic = [root / "logic" / "alfred.pddl", root / "logic" / "alfred.twl2"] if root else []
-    if root is None or not all(path.is_file() for path in logic):
-        where = str(root) if root else f"nothing (benchmark.alfworld_data and ${DATA_VARIABLE} are unset)"
-        raise BenchmarkSetupError(
-            f"alfworld: no ALFWorld game data at {where}: expected logic/alfred.pddl and logic/alfred.twl2; "
-            f"run alfworld-download and set ${DATA_VARIABLE} (or benchmark.alfworld_data) to its folder")
 
 
 def alfworld_config(data_root: Path, trial_dir: Path, max_steps: int) -> dict[str, Any]:
@@ -214,7 +226,7 @@ class AlfworldEnvManager:
     """One real ALFWorld game through ``alfworld.agents.environment.AlfredTWEnv`` (batch size 1).
 
     The package is imported here, when the game starts; ``check_alfworld_installed`` and
-    ``check_alfworld_data`` run at preflight so a missing extra or download never reaches a rollout.
+    ``game_data_root`` run at preflight so a missing extra or download never reaches a rollout.
     """
 
     def __init__(self, gamefile: str, *, data_root: Path, seed: int, max_steps: int) -> None:
