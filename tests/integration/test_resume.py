@@ -15,78 +15,19 @@ import random
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from skillopt.benchmarks.demo import scripted as demo
-from skillopt.llm.chat import ChatRequest, system, user
-from skillopt.prompts import optimizer_prompt
-from tests.fakes.http_fakes import FakeOpenAIServer, ok
+from tests.fakes.demo_world_http import DemoWorldServer, role_overrides
 
 pytestmark = pytest.mark.slow
 
-CHAT = "/v1/chat/completions"
-
-
-class DemoWorldServer:
-    """The demo world's target and optimizer behind the OpenAI-compatible fake, with a kill switch."""
-
-    def __init__(self) -> None:
-        self.server = FakeOpenAIServer(handler=self.reply)
-        self.lock = threading.Lock()
-        self.answered: list[str] = []
-        self.hold_from: int | None = None
-        self.held = threading.Event()
-        self.release = threading.Event()
-        self.failure_intro = optimizer_prompt("analyst_failure").splitlines()[0]
-
-    def reply(self, request):
-        body = request.body
-        with self.lock:
-            holding = self.hold_from is not None and len(self.answered) >= self.hold_from
-        if holding:
-            self.held.set()
-            self.release.wait(timeout=300)
-            return ok(text="too late")
-        chat = self.as_chat_request(body)
-        handler = {"rollout": demo.target, "analyst": demo.analyst, "merge": demo.merge, "ranking": demo.ranking,
-                   "slow_update": demo.slow_update, "meta_skill": demo.meta_skill}[chat.stage]
-        answer = handler(chat, 0)
-        with self.lock:
-            self.answered.append(canonical(body))
-        return ok(text=answer if isinstance(answer, str) else json.dumps(answer))
-
-    def as_chat_request(self, body: dict) -> ChatRequest:
-        system_text = "\n".join(m["content"] for m in body["messages"] if m["role"] == "system")
-        user_text = "\n".join(m["content"] for m in body["messages"] if m["role"] == "user")
-        stage, tags = "rollout", {}
-        if "## Edit budget" in user_text:
-            stage, tags = "analyst", {"kind": "failure" if system_text.startswith(self.failure_intro) else "success"}
-        elif "## Patches to merge" in user_text:
-            stage = "merge"
-        elif "## Candidate edits" in user_text:
-            stage = "ranking"
-        elif "## Skill at the start of the epoch" in user_text:
-            stage = "slow_update"
-        elif "## Previous epoch's last skill" in user_text:
-            stage = "meta_skill"
-        return ChatRequest(messages=[system(system_text), user(user_text)], stage=stage, tags=tags)
-
-
-def canonical(body: dict) -> str:
-    return json.dumps(body, sort_keys=True)
-
 
 def train_command(url: str) -> list[str]:
-    roles = []
-    for role in ("target", "optimizer"):
-        roles += ["-o", f"model.{role}.backend=openai_compatible", "-o", f"model.{role}.base_url={url}",
-                  "-o", f"model.{role}.model=demo-{role}", "-o", f"model.{role}.options={{}}"]
-    return [sys.executable, "-m", "skillopt.cli", "train", "demo", "--run-name", "resume", *roles,
-            "-o", "model.judge=null"]
+    roles = [part for override in role_overrides(url) for part in ("-o", override)]
+    return [sys.executable, "-m", "skillopt.cli", "train", "demo", "--run-name", "resume", *roles]
 
 
 def start(cwd: Path, api: str, url: str) -> subprocess.Popen:

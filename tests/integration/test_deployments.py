@@ -1,0 +1,269 @@
+"""`skillopt serve` against a real `prefect server start`, used the way a person would use it.
+
+One `skillopt serve demo` process (in the background, its own working directory) serves the
+`skill-train/demo` deployment for the whole module. Runs are triggered with `prefect deployment run`
+and `prefect flow-run retry`, cancelled through the Prefect API, and checked through the API (states,
+task runs, artifacts) and on disk (run directory, skill registry, usage ledger).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.fakes.demo_world_http import DemoWorldServer, role_overrides
+
+pytestmark = pytest.mark.slow
+
+#: Small runs: one epoch of the demo (three steps) keeps each run to seconds.
+SMALL = ["train.epochs=1"]
+FINAL = {"COMPLETED", "FAILED", "CANCELLED", "CRASHED"}
+
+
+@dataclass
+class Served:
+    api: str
+    workdir: Path
+    env: dict[str, str]
+    log: Path
+
+    def client(self) -> Any:
+        from prefect.client.orchestration import get_client
+
+        return get_client(sync_client=True)
+
+    def settings(self) -> Any:
+        from prefect.settings import PREFECT_API_URL, temporary_settings
+
+        return temporary_settings(updates={PREFECT_API_URL: self.api})
+
+    def prefect(self, *args: str) -> str:
+        """Run the `prefect` command line against the test server; returns its output."""
+        done = subprocess.run([sys.executable, "-m", "prefect", *args], env=self.env, cwd=self.workdir,
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, f"prefect {' '.join(args)}:\n{done.stdout}\n{done.stderr}"
+        return done.stdout
+
+    def trigger(self, parameters: dict[str, Any]) -> str:
+        output = self.prefect("deployment", "run", "skill-train/demo", "--params", json.dumps(parameters))
+        match = re.search(r"UUID: ([0-9a-f-]{36})", output)
+        assert match, output
+        return match.group(1)
+
+    def wait(self, flow_run_id: str, states: set[str] = FINAL, timeout: float = 240) -> Any:
+        deadline = time.monotonic() + timeout
+        with self.settings(), self.client() as client:
+            while True:
+                run = client.read_flow_run(flow_run_id)
+                if run.state is not None and run.state.type.value in states:
+                    return run
+                assert time.monotonic() < deadline, (
+                    f"flow run {flow_run_id} still {run.state.type.value if run.state else None}; "
+                    f"serve log:\n{self.log.read_text()[-3000:]}")
+                time.sleep(0.5)
+
+    def run_dirs(self) -> set[Path]:
+        runs = self.workdir / "runs"
+        return set(runs.iterdir()) if runs.is_dir() else set()
+
+    def task_runs(self, flow_run_id: str) -> list[Any]:
+        """Task runs of the flow run and of its subflow runs (the epochs)."""
+        from prefect.client.schemas.filters import (
+            FlowRunFilter,
+            FlowRunFilterId,
+            FlowRunFilterParentFlowRunId,
+        )
+
+        with self.settings(), self.client() as client:
+            children = client.read_flow_runs(flow_run_filter=FlowRunFilter(
+                parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[flow_run_id])))
+            ids = [flow_run_id, *(str(child.id) for child in children)]
+            found: list[Any] = []
+            while True:  # the API returns at most 200 per page
+                page = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=ids)), limit=200,
+                                             offset=len(found))
+                found += page
+                if len(page) < 200:
+                    return found
+
+
+@pytest.fixture(scope="module")
+def served(prefect_api: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    workdir = tmp_path_factory.mktemp("served")
+    env = {**os.environ, "PREFECT_API_URL": prefect_api, "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+           # Pick up scheduled runs (a retry) every 2 s instead of 10 s.
+           "PREFECT_RUNNER_POLL_FREQUENCY": "2"}
+    console_script = Path(sys.executable).with_name("skillopt")
+    command = [str(console_script)] if console_script.exists() else [sys.executable, "-m", "skillopt.cli"]
+    log = workdir / "serve.log"
+    with log.open("w") as sink:
+        process = subprocess.Popen([*command, "serve", "demo"], cwd=workdir, env=env, stdout=sink,
+                                   stderr=subprocess.STDOUT, start_new_session=True)
+    handle = Served(api=prefect_api, workdir=workdir, env=env, log=log)
+    try:
+        from prefect.exceptions import ObjectNotFound
+
+        deadline = time.monotonic() + 120
+        with handle.settings(), handle.client() as client:
+            while True:
+                assert process.poll() is None, f"skillopt serve exited:\n{log.read_text()[-3000:]}"
+                try:
+                    deployment = client.read_deployment_by_name("skill-train/demo")
+                    break
+                except ObjectNotFound:
+                    assert time.monotonic() < deadline, f"no deployment after 120 s:\n{log.read_text()[-3000:]}"
+                    time.sleep(0.5)
+        assert deployment.parameters == {"benchmark": "demo", "mode": "nightly"}
+        assert [s.schedule.cron for s in deployment.schedules] == ["0 3 * * *"]
+        assert deployment.global_concurrency_limit.limit == 1
+        yield handle
+    finally:
+        with _suppress_missing():
+            os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            with _suppress_missing():
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=10)
+
+
+class _suppress_missing:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: Any, error: Any, trace: Any) -> bool:
+        return kind is ProcessLookupError
+
+
+def test_nightly_run_promotes_and_an_identical_train_run_is_served_from_the_cache(served: Served):
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+
+    before = served.run_dirs()
+    nightly_id = served.trigger({"overrides": SMALL})
+    nightly = served.wait(nightly_id)
+    assert nightly.state.type.value == "COMPLETED", nightly.state.message
+    assert nightly.parameters["mode"] == "nightly"
+    (run_dir,) = served.run_dirs() - before
+    assert (run_dir / "best_skill.md").read_text().strip()
+
+    # The promotion decision: in the run directory, in the registry history, and as an artifact.
+    decision = json.loads((run_dir / "promotion.json").read_text())
+    assert decision["action"] in ("promote", "keep")
+    assert decision["candidate_score"] is not None and decision["incumbent_score"] is not None
+    history = [json.loads(x) for x in (served.workdir / "skills" / "demo" / "history.jsonl").read_text().splitlines()]
+    assert history == [decision]
+    if decision["action"] == "promote":
+        assert decision["candidate_score"] > decision["incumbent_score"]
+        assert (served.workdir / "skills" / "demo" / "current.md").read_text() == \
+            (run_dir / "best_skill.md").read_text()
+    with served.settings(), served.client() as client:
+        artifacts = client.read_artifacts(artifact_filter=ArtifactFilter(
+            flow_run_id=ArtifactFilterFlowRunId(any_=[nightly_id])))
+    by_kind = {a.key.rsplit("-", 1)[-1]: a for a in artifacts if a.key}
+    assert {"progress", "promotion"} <= set(by_kind), sorted(by_kind)
+    assert f"{decision['candidate_score']:.4f}" in by_kind["promotion"].data
+
+    # The same parameters in train mode: every task is served from the cache, no model is called.
+    before = served.run_dirs()
+    train_id = served.trigger({"overrides": SMALL, "mode": "train"})
+    train = served.wait(train_id)
+    assert train.state.type.value == "COMPLETED", train.state.message
+    # (Prefect links each subflow run to a task run of its own, here skill-epoch-N: not a task of ours.)
+    task_runs = [t for t in served.task_runs(train_id) if not t.name.startswith("skill-epoch")]
+    evaluations = [t for t in task_runs if t.name.startswith("evaluate_skill")]
+    assert evaluations, [t.name for t in task_runs]
+    assert {t.state.name for t in task_runs} == {"Cached"}, sorted((t.name, t.state.name) for t in task_runs if t.state.name != "Cached")
+    (train_dir,) = served.run_dirs() - before
+    usage = train_dir / "usage.jsonl"
+    assert not usage.exists() or usage.read_text().strip() == "", "the cached re-run called a model"
+    assert (train_dir / "best_skill.md").read_text() == (run_dir / "best_skill.md").read_text()
+
+
+def test_a_cancelled_run_retried_from_the_cli_reuses_every_finished_task(served: Served):
+    from prefect.states import Cancelling
+
+    world = DemoWorldServer()
+    with world.server:
+        overrides = [*SMALL, "benchmark.train_size=8", "benchmark.test_size=8",  # one step, a short test split
+                     *role_overrides(world.server.openai_base_url)]
+        parameters = {"overrides": overrides, "mode": "train"}
+        world.hold_from = 6  # half of the baseline's selection items answer, then every call hangs
+        run_id = served.trigger(parameters)
+        assert world.held.wait(timeout=180), f"the run never reached the hold:\n{served.log.read_text()[-3000:]}"
+        time.sleep(2.0)  # the answered calls' task runs finish and report their states
+        finished = {t.cache_key for t in served.task_runs(run_id) if t.state.name == "Completed"}
+        assert finished, "no task had finished before the cancel"
+
+        with served.settings(), served.client() as client:
+            client.set_flow_run_state(run_id, Cancelling(message="cancelled by the test"))
+        cancelled = served.wait(run_id, states={"CANCELLED", "COMPLETED", "FAILED", "CRASHED"})
+        assert cancelled.state.type.value == "CANCELLED", cancelled.state.message
+        answered_before = set(world.answered)
+        world.hold_from = None
+        world.release.set()
+        world.answered.clear()
+
+        served.prefect("flow-run", "retry", run_id)
+        retried = served.wait(run_id, states={"COMPLETED", "FAILED", "CRASHED"})
+        assert retried.state.type.value == "COMPLETED", retried.state.message
+        answered_after = set(world.answered)
+
+    assert answered_before & answered_after == set(), "a call answered before the cancel was made again"
+    cached = {t.cache_key for t in served.task_runs(run_id) if t.state.name == "Cached"}
+    assert finished <= cached, f"{len(finished - cached)} finished tasks were not reused"
+
+
+def test_prefect_yaml_registers_the_work_pool_deployments(prefect_api: str, tmp_path: Path):
+    """`prefect deploy` from deployments/ (as docs/self-hosting.md says) against the real server, then a
+    process worker runs one of the deployments.
+
+    Two of the thirteen deployments keep it short (they share one YAML anchor; the parse test checks
+    every entry). Runs last in this module: it re-registers skill-train/demo for the work pool.
+    """
+    env = {**os.environ, "PREFECT_API_URL": prefect_api, "SKILLOPT_WORKDIR": str(tmp_path)}
+    folder = Path(__file__).resolve().parents[2] / "deployments"
+    for command in (["work-pool", "create", "skillopt", "--type", "process"], ["deploy", "--name", "demo", "--name", "qa"]):
+        done = subprocess.run([sys.executable, "-m", "prefect", *command], cwd=folder, env=env, capture_output=True,
+                              text=True, timeout=300)
+        assert done.returncode == 0, f"prefect {' '.join(command)}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings(updates={PREFECT_API_URL: prefect_api}), get_client(sync_client=True) as client:
+        deployment = client.read_deployment_by_name("skill-train/qa")
+    assert deployment.work_pool_name == "skillopt"
+    assert deployment.entrypoint == "flows.train.skill_train"
+    assert deployment.parameters == {"benchmark": "qa", "mode": "nightly"}
+    assert [(s.schedule.cron, s.schedule.timezone) for s in deployment.schedules] == [("0 3 * * *", "UTC")]
+    assert deployment.global_concurrency_limit.limit == 1
+    mode = deployment.parameter_openapi_schema["properties"]["mode"]
+    assert mode["enum"] == ["train", "nightly"] and mode["description"]
+    # SKILLOPT_WORKDIR is filled in at deploy time: the workers run flows in that (shared) folder.
+    assert deployment.pull_steps == [{"prefect.deployments.steps.set_working_directory": {
+        "directory": str(tmp_path)}}]
+
+    # A process worker picks up a run of the demo deployment and runs it in SKILLOPT_WORKDIR.
+    def prefect(*args: str) -> str:
+        done = subprocess.run([sys.executable, "-m", "prefect", *args], cwd=tmp_path, env=env, capture_output=True,
+                              text=True, timeout=300)
+        assert done.returncode == 0, f"prefect {' '.join(args)}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+        return done.stdout
+
+    prefect("deployment", "run", "skill-train/demo", "--params", json.dumps({"overrides": SMALL}))
+    prefect("worker", "start", "--pool", "skillopt", "--run-once")
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    assert (run_dir / "best_skill.md").is_file() and (run_dir / "promotion.json").is_file()
+    assert (tmp_path / "skills" / "demo" / "history.jsonl").is_file()
