@@ -151,3 +151,25 @@ def test_images_reach_the_anthropic_fake_as_base64_image_blocks(name, anthropic_
         assert [(b["source_type"], b["media_type"]) for b in blocks] == [("base64", "image/png")] * len(blocks)
         assert [b["data"] for b in blocks] == item_images_b64(item)
     assert all(row.answered for row in rows) and any(row.hard == 1.0 for row in rows)
+
+
+@pytest.mark.parametrize(
+    ("target", "env", "route", "wire"),
+    [
+        (["model.target.backend=openai", "model.target.model=gpt-4.1-mini", "model.target.options.api=responses"],
+         {"OPENAI_API_KEY": "sk-test"}, "/v1/responses", "responses"),
+        (["model.target.backend=azure", "model.target.model=my-gpt4o", "model.target.price_model=gpt-4o"],
+         {"AZURE_OPENAI_API_KEY": "sk-test"}, "/v1/chat/completions", "chat"),
+    ],
+)
+def test_a_docvqa_page_reaches_the_openai_responses_and_azure_wires(target, env, route, wire, openai_server, tmp_path):
+    openai_server.plan(route, *[ok(text="<answer>3/3/98</answer>")] * 3)
+    base = openai_server.openai_base_url if wire == "responses" else openai_server.url
+    items, rows = fixture_rollouts("docvqa", [*target, f"model.target.base_url={base}"], env, tmp_path)
+    requests = openai_server.requests
+    assert len(requests) == 3 and all(request.route == route for request in requests)
+    for item, request in zip(items, requests, strict=True):
+        [image] = request.images
+        assert image["wire"] == wire and image["data"] == item_images_b64(item)[0]
+        assert image["url"].startswith("data:image/png;base64,")
+    assert [row.hard for row in rows] == [1.0, 0.0, 0.0]  # the memo's short form is exact
