@@ -29,6 +29,7 @@ from pydantic import BaseModel
 from skillopt.atomic import atomic_write_bytes
 from skillopt.errors import SkillOptError
 from skillopt.redact import Redactor
+from skillopt.runs import read_jsonl_models
 from skillopt.skill import skill_hash
 
 CURRENT_FILE = "current.md"
@@ -125,18 +126,7 @@ class SkillRegistry:
 
     def history(self, benchmark: str) -> list[RegistryEvent]:
         """Every recorded decision, oldest first."""
-        path = self.folder(benchmark) / HISTORY_FILE
-        if not path.is_file():
-            return []
-        events = []
-        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-            if not line.strip():
-                continue
-            try:
-                events.append(RegistryEvent.model_validate_json(line))
-            except ValueError as error:
-                raise RegistryError(f"{path}:{number}: not a registry event ({error.__class__.__name__})") from None
-        return events
+        return read_jsonl_models(self.folder(benchmark) / HISTORY_FILE, RegistryEvent, RegistryError, "registry event")
 
     def current_version(self, benchmark: str) -> int | None:
         events = self.history(benchmark)

@@ -31,7 +31,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, date, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 from pydantic import BaseModel
@@ -68,6 +68,9 @@ _SAFE_COMPONENT = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")
 # the final check (which carries the last step number).
 _KIND_ORDER = {"step": 0, "slow_update": 1, "final": 2}
 _ACCEPT_DECISIONS = frozenset({"accept", "accept_new_best", "force_accept"})
+
+
+ModelT = TypeVar("ModelT", bound=BaseModel)
 
 
 class RunDirError(SkillOptError):
@@ -298,6 +301,24 @@ def to_json(obj: Any, *, indent: int | None = 2) -> str:
     return json.dumps(obj, indent=indent, ensure_ascii=False, default=_json_default)
 
 
+def read_jsonl_models(path: Path, model: type[ModelT], error: type[SkillOptError], what: str) -> list[ModelT]:
+    """The ``model`` records of a JSON-lines file, blank lines skipped; [] when there is no file.
+
+    A line that is not a valid record raises ``error`` naming ``path:line`` and ``what`` it should be.
+    """
+    if not path.is_file():
+        return []
+    records = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            records.append(model.model_validate_json(line))
+        except ValueError as exc:
+            raise error(f"{path}:{number}: not a valid {what} ({exc})") from None
+    return records
+
+
 def _safe_component(name: str) -> str:
     """``name`` as one file name: kept when already safe, else cleaned and suffixed with a short hash."""
     if _SAFE_COMPONENT.fullmatch(name) and name not in (".", ".."):
@@ -487,17 +508,7 @@ class RunDir:
 
         A line that is not a valid ``StepRecord`` is a ``RunDirError`` naming the file and line.
         """
-        if not self.history_path.is_file():
-            return []
-        records = []
-        for number, line in enumerate(self.history_path.read_text(encoding="utf-8").splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                records.append(StepRecord.model_validate_json(line))
-            except ValueError as exc:
-                raise RunDirError(f"{self.history_path}:{number}: not a valid step record ({exc})") from None
-        return records
+        return read_jsonl_models(self.history_path, StepRecord, RunDirError, "step record")
 
     # ---- evaluations and summary ------------------------------------------------------------
 
