@@ -24,6 +24,8 @@ from skillopt.llm.chat import ImagePart
 
 __all__ = [
     "IMAGE_FIELDS",
+    "ROW_DIR",
+    "rows_from",
     "image_digests",
     "image_part",
     "item_image_paths",
@@ -33,6 +35,16 @@ __all__ = [
 
 #: The item keys that hold image paths: one path, or a list of paths.
 IMAGE_FIELDS = ("image_path", "image_paths")
+#: The key a raw reader adds to each row: the folder of the file it came from, where relative image
+#: paths may resolve. Normalisers read it and never copy it into the item.
+ROW_DIR = "_row_dir"
+
+
+def rows_from(path: str | Path, rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """``rows`` read from ``path`` (a file, or a folder), each marked with that folder under ``ROW_DIR``."""
+    path = Path(path)
+    folder = path if path.is_dir() else path.parent
+    return [{**row, ROW_DIR: str(folder)} for row in rows]
 
 
 def roots_of(*candidates: str | Path | None) -> list[Path]:

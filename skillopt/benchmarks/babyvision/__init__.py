@@ -35,7 +35,7 @@ from skillopt.benchmarks.base import (
     split_items,
     verdict_request,
 )
-from skillopt.benchmarks.images import image_part, resolve_image, roots_of
+from skillopt.benchmarks.images import ROW_DIR, image_part, resolve_image, roots_of, rows_from
 from skillopt.benchmarks.scripted_target import reply_for_question
 from skillopt.config import BenchmarkSection
 from skillopt.data import DropRow, Item, read_records
@@ -45,7 +45,6 @@ BENCHMARK_ID = "babyvision"
 DEFAULT_TASK_TYPE = "babyvision"
 NATIVE_EXTENSIONS = (".jsonl", ".json")
 NO_BOX = "no-answer: no \\boxed{} found"
-_ROW_DIR = "_row_dir"
 AnsType = Literal["choice", "blank"]
 _CHOICE_TYPES = {"choice", "multiple_choice", "mcq", "option"}
 _BLANK_TYPES = {"", "blank", "open", "open_ended", "fill_blank", "short_answer"}
@@ -87,8 +86,7 @@ def read_meta(path: Path) -> list[dict[str, Any]]:
     path = Path(path)
     if path.is_dir() and (path / "meta_data.jsonl").is_file():
         path = path / "meta_data.jsonl"
-    folder = path if path.is_dir() else path.parent
-    return [{**row, _ROW_DIR: str(folder)} for row in read_records(path)]
+    return rows_from(path, read_records(path))
 
 
 def parse_options(value: Any) -> list[dict[str, str]]:
@@ -146,7 +144,7 @@ def _ans_type(row: Mapping[str, Any], options: list[dict[str, str]]) -> AnsType:
 
 def normalise_row(row: Mapping[str, Any], *, roots: Sequence[Path] = ()) -> dict[str, Any]:
     """A BabyVision item (idempotent); drops rows without an image or a resolvable answer."""
-    row_dir = row.get(_ROW_DIR)
+    row_dir = row.get(ROW_DIR)
     image_value = next((row[k] for k in ("image_path", "image", "image_file", "img") if row.get(k)), None)
     image_roots = [r / "images" for r in [*roots, *roots_of(row_dir)]] + [*roots_of(row_dir), *roots]
     image = resolve_image(image_value, image_roots)

@@ -31,7 +31,7 @@ from skillopt.benchmarks.base import (
     skill_section,
     split_items,
 )
-from skillopt.benchmarks.images import image_part, resolve_image, roots_of
+from skillopt.benchmarks.images import ROW_DIR, image_part, resolve_image, roots_of, rows_from
 from skillopt.benchmarks.scripted_target import reply_for_question
 from skillopt.benchmarks.sealqa import parse_list, read_rows
 from skillopt.config import BenchmarkSection
@@ -45,7 +45,6 @@ NATIVE_EXTENSIONS = (".csv",)
 HARD_THRESHOLD = 0.999
 #: A gold whose normalised Levenshtein distance reaches this scores 0 (the ANLS cut-off).
 ANLS_CUTOFF = 0.5
-_ROW_DIR = "_row_dir"
 _DOCUMENT_PATH = re.compile(r"\s*document_path:\s*(\S+)\s*$")
 
 _SYSTEM_INTRO = (
@@ -75,9 +74,7 @@ class DocVQAConfig(BenchmarkSection):
 
 def read_csv_rows(path: Path) -> list[dict[str, Any]]:
     """The raw reader: the CSV (or the one CSV in a folder); each row remembers its file's folder."""
-    path = Path(path)
-    folder = path if path.is_dir() else path.parent
-    return [{**row, _ROW_DIR: str(folder)} for row in read_rows(path)]
+    return rows_from(path, read_rows(Path(path)))
 
 
 def _text(row: Mapping[str, Any], *names: str) -> str:
@@ -112,7 +109,7 @@ def normalise_row(row: Mapping[str, Any], *, roots: Sequence[Path] = ()) -> dict
         raise KeyError("questionId")
     if not image:
         raise KeyError("image_path")
-    row_dir = row.get(_ROW_DIR)
+    row_dir = row.get(ROW_DIR)
     resolved = resolve_image(image, [*roots, *roots_of(row_dir)])
     topic = _text(row, "topic", "category")
     item = {

@@ -34,7 +34,7 @@ from skillopt.benchmarks.base import (
     split_items,
     verdict_request,
 )
-from skillopt.benchmarks.images import image_part, resolve_image, roots_of
+from skillopt.benchmarks.images import ROW_DIR, image_part, resolve_image, roots_of, rows_from
 from skillopt.benchmarks.scripted_target import reply_for_question
 from skillopt.config import BenchmarkSection
 from skillopt.data import ITEMS_FILE, DropRow, Item, read_records
@@ -45,7 +45,6 @@ DEFAULT_TASK_TYPE = "mathverse"
 NATIVE_EXTENSIONS = (".json",)
 TEXT_DOMINANT = "Text Dominant"
 HIDDEN_REFERENCE_CHARS = 4000
-_ROW_DIR = "_row_dir"
 _CHOICES_LINE = re.compile(r"^\s*Choices\s*:\s*$", re.IGNORECASE | re.MULTILINE)
 _CHOICE = re.compile(r"^\s*\(?([A-Z])\s*[:.)]\s*(.*\S)?\s*$")
 _LEADING_LABEL = re.compile(r"^[(\[]?\s*([A-Z])(?![A-Z0-9])")
@@ -88,9 +87,7 @@ class MathVerseConfig(BenchmarkSection):
 
 def read_rows(path: Path) -> list[dict[str, Any]]:
     """The raw reader (a JSON array); rows remember their file's folder."""
-    path = Path(path)
-    folder = path if path.is_dir() else path.parent
-    return [{**row, _ROW_DIR: str(folder)} for row in read_records(path)]
+    return rows_from(path, read_records(path))
 
 
 def split_choices(question: str) -> tuple[str, list[dict[str, str]]]:
@@ -113,7 +110,7 @@ def normalise_row(row: Mapping[str, Any], *, roots: Sequence[Path] = (), version
     answer = str(row.get("answer") or "").strip()
     if not answer:
         raise DropRow("no answer")
-    row_dir = roots_of(row.get(_ROW_DIR))
+    row_dir = roots_of(row.get(ROW_DIR))
     image_value = row.get("image_path") or row.get("image")
     image = resolve_image(image_value, [*roots, *(r / "images" for r in roots), *row_dir,
                                         *(r / "images" for r in row_dir)])

@@ -33,7 +33,7 @@ from skillopt.benchmarks.base import (
     skill_section,
     split_items,
 )
-from skillopt.benchmarks.images import image_part, resolve_image, roots_of
+from skillopt.benchmarks.images import ROW_DIR, image_part, resolve_image, roots_of, rows_from
 from skillopt.benchmarks.scripted_target import reply_for_question
 from skillopt.config import BenchmarkSection
 from skillopt.data import DropRow, Item, read_records
@@ -44,7 +44,6 @@ DEFAULT_TASK_TYPE = "mmrb"
 NATIVE_EXTENSIONS = (".json",)
 HIDDEN_PATHS = 3
 HIDDEN_REFERENCE_CHARS = 4000
-_ROW_DIR = "_row_dir"
 _PLACEHOLDER = re.compile(r"\{image#(\d+)\}")
 _OPTION_PREFIX = re.compile(r"^\s*\(([A-Za-z])\)\s*")
 _ANSWER_BRACKETS = re.compile(r"Answer\[\s*(.*?)\s*\]", re.DOTALL)
@@ -81,7 +80,7 @@ def read_human_files(path: Path) -> list[dict[str, Any]]:
     files = sorted(path.rglob("*_human.json")) if path.is_dir() else [path]
     if path.is_dir() and not files:
         return read_records(path)
-    return [{**row, _ROW_DIR: str(file.parent)} for file in files for row in read_records(file)]
+    return [row for file in files for row in rows_from(file, read_records(file))]
 
 
 def _clean(text: Any) -> str:
@@ -93,7 +92,7 @@ def normalise_row(row: Mapping[str, Any], *, roots: Sequence[Path] = ()) -> dict
     raw_paths = row.get("image_paths") or []
     if isinstance(raw_paths, str):
         raw_paths = [raw_paths]
-    search = [*roots_of(row.get(_ROW_DIR)), *roots]
+    search = [*roots_of(row.get(ROW_DIR)), *roots]
     images = [str(found) for found in (resolve_image(p, search) for p in raw_paths) if found is not None]
     if not images:
         raise DropRow("no image")
