@@ -145,6 +145,19 @@ def plugin_extras(benchmark: object) -> tuple[str, ...]:
     return tuple(str(extra) for extra in declared or ())
 
 
+#: An analyst-only hidden reference is cut to this many characters (BENCHMARKS.md §1.10).
+HIDDEN_REFERENCE_CHARS = 4000
+
+
+def hidden_reference_block(lines: Sequence[str], *, use: str = "never teach its content") -> str:
+    """The "Hidden reference" block a score's ``detail`` carries to the analyst (never to the target):
+    a heading saying how it may be used, then ``lines``; at most 4000 characters, empty without lines."""
+    if not lines:
+        return ""
+    block = f"Hidden reference (analyst only; {use}):\n" + "\n".join(lines)
+    return block if len(block) <= HIDDEN_REFERENCE_CHARS else block[: HIDDEN_REFERENCE_CHARS - 3] + "..."
+
+
 #: The reply format every judge rubric ends with (the structured verdict, BENCHMARKS.md §1.11).
 VERDICT_FORMAT = 'Reply with JSON {"verdict": "correct"|"incorrect", "reason": str}; keep the reason to one sentence.'
 

@@ -119,3 +119,11 @@ def test_ratio_mode_searches_folders_for_human_json_and_round_trips(tmp_path):
     again = MMRBConfig(split_mode="split_dir", split_dir=str(out))
     for split, rows in loaded.items():
         assert plugin.load_split(again, split, run_dir=tmp_path) == rows
+
+
+def test_reasoning_paths_reach_only_the_evaluation_as_a_hidden_reference(tmp_path):
+    kite = items(tmp_path)[KITE]
+    detail = plugin.score(kite, "<answer>A</answer>", None).detail
+    assert "Hidden reference (analyst only; annotated reasoning paths" in detail
+    assert "path 1 step 1 [Perception]: Both show a blue kite." in detail
+    assert plugin.score(items(tmp_path)[APPLES], "5", None).detail == "normalised equality or containment"

@@ -33,9 +33,11 @@ from skillopt.benchmarks.answers import (
     tag_or_last_line,
 )
 from skillopt.benchmarks.base import (
+    HIDDEN_REFERENCE_CHARS,
     Judge,
     Score,
     check_split_folder,
+    hidden_reference_block,
     shipped_prompts_dir,
     skill_section,
     split_items,
@@ -50,8 +52,6 @@ BENCHMARK_ID = "livemathematicianbench"
 DEFAULT_TASK_TYPE = "math_mcq"
 #: The monthly release files a ratio-mode ``data_path`` folder is searched for, recursively.
 RAW_FILE_GLOB = "qa_*_final.json"
-#: The analyst's hidden reference (theorem and sketch) is cut to this many characters.
-HIDDEN_REFERENCE_CHARS = 4000
 
 _MONTH_IN_NAME = re.compile(r"qa_(\d{6})_final\.json$")
 _SYSTEM_INTRO = (
@@ -240,10 +240,7 @@ def hidden_reference(item: Mapping[str, Any]) -> str:
         parts.append(f"Theorem: {item['theorem']}")
     if item.get("sketch"):
         parts.append(f"Proof sketch: {item['sketch']}")
-    if not parts:
-        return ""
-    block = "Hidden reference (analyst only; never teach its content):\n" + "\n".join(parts)
-    return block if len(block) <= HIDDEN_REFERENCE_CHARS else block[: HIDDEN_REFERENCE_CHARS - 3] + "..."
+    return hidden_reference_block(parts)
 
 
 # ------------------------------------------------------------------------------- scripted target
@@ -396,6 +393,7 @@ plugin = LiveMathematicianBenchBenchmark()
 
 __all__ = [
     "BENCHMARK_ID",
+    "HIDDEN_REFERENCE_CHARS",
     "LiveMathematicianBenchBenchmark",
     "LiveMathematicianBenchConfig",
     "hidden_reference",

@@ -29,6 +29,7 @@ from skillopt.benchmarks.base import (
     Judge,
     Score,
     check_split_folder,
+    hidden_reference_block,
     shipped_prompts_dir,
     skill_section,
     split_items,
@@ -44,7 +45,6 @@ BENCHMARK_ID = "mathverse"
 DEFAULT_TASK_TYPE = "mathverse"
 NATIVE_EXTENSIONS = (".json",)
 TEXT_DOMINANT = "Text Dominant"
-HIDDEN_REFERENCE_CHARS = 4000
 _CHOICES_LINE = re.compile(r"^\s*Choices\s*:\s*$", re.IGNORECASE | re.MULTILINE)
 _CHOICE = re.compile(r"^\s*\(?([A-Z])\s*[:.)]\s*(.*\S)?\s*$")
 _LEADING_LABEL = re.compile(r"^[(\[]?\s*([A-Z])(?![A-Z0-9])")
@@ -190,11 +190,8 @@ def normalise_free_form(text: str) -> str:
 
 def hidden_reference(item: Mapping[str, Any]) -> str:
     question = str(item.get("text_dominant_question") or "").strip()
-    if not question:
-        return ""
-    block = ("Hidden reference (analyst only; use it to infer what the Text Lite wording withheld, never teach "
-             f"its content):\nText Dominant question: {question}")
-    return block if len(block) <= HIDDEN_REFERENCE_CHARS else block[: HIDDEN_REFERENCE_CHARS - 3] + "..."
+    return hidden_reference_block([f"Text Dominant question: {question}"] if question else [],
+                                  use="use it to infer what the Text Lite wording withheld, never teach its content")
 
 
 # ------------------------------------------------------------------------------- scripted target

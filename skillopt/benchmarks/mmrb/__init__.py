@@ -29,6 +29,7 @@ from skillopt.benchmarks.base import (
     Judge,
     Score,
     check_split_folder,
+    hidden_reference_block,
     shipped_prompts_dir,
     skill_section,
     split_items,
@@ -43,7 +44,6 @@ BENCHMARK_ID = "mmrb"
 DEFAULT_TASK_TYPE = "mmrb"
 NATIVE_EXTENSIONS = (".json",)
 HIDDEN_PATHS = 3
-HIDDEN_REFERENCE_CHARS = 4000
 _PLACEHOLDER = re.compile(r"\{image#(\d+)\}")
 _OPTION_PREFIX = re.compile(r"^\s*\(([A-Za-z])\)\s*")
 _ANSWER_BRACKETS = re.compile(r"Answer\[\s*(.*?)\s*\]", re.DOTALL)
@@ -171,17 +171,14 @@ def open_match(prediction: str, gold: str) -> bool:
 
 def hidden_reference(item: Mapping[str, Any]) -> str:
     paths = list(item.get("reasoning_steps") or [])[:HIDDEN_PATHS]
-    if not paths:
-        return ""
-    lines = ["Hidden reference (analyst only; annotated reasoning paths, never teach their content):"]
+    lines: list[str] = []
     for number, path in enumerate(paths, start=1):
         steps = path if isinstance(path, list) else [path]
         for step in steps:
             if isinstance(step, Mapping):
                 lines.append(f"path {number} step {step.get('reasoning step', '?')} "
                              f"[{step.get('reasoning type', '')}]: {step.get('rationale', '')}")
-    block = "\n".join(lines)
-    return block if len(block) <= HIDDEN_REFERENCE_CHARS else block[: HIDDEN_REFERENCE_CHARS - 3] + "..."
+    return hidden_reference_block(lines, use="annotated reasoning paths, never teach their content")
 
 
 # ------------------------------------------------------------------------------- scripted target
