@@ -88,6 +88,8 @@ class TrainState(BaseModel):
     stopped_message: str | None = None
     #: The id of the run's Prefect progress artifact, updated in place after each step.
     progress_artifact: str | None = None
+    #: The dry-run estimate of one step's spend: the budget guard's projection until a step has finished.
+    step_estimate: Totals | None = None
 
 
 # --------------------------------------------------------------------------------------------
@@ -169,6 +171,8 @@ def baseline(ctx: RunContext) -> TrainState:
                                           cfg.train.accumulation).steps)
     state = TrainState(initial_skill=skill, current_skill=skill, current_score=score, best_skill=skill, best_score=score,
                        total_steps=cfg.train.epochs * steps_per_epoch, baseline=evaluation.scores)
+    if _has_budget(ctx):
+        state.step_estimate = step_estimate(ctx)
     state.progress_artifact = publish_progress(ctx, state.step, state.total_steps, 0, cfg.train.epochs,
                                                state.current_score, state.best_score)
     progress.info("baseline on the selection split: %.3f (%d items); %d steps to go", score,
@@ -605,13 +609,29 @@ def _gate_value(ctx: RunContext, scores: Scores) -> float:
     return gate_score(scores.hard, scores.soft, cfg.gate_metric, cfg.gate_mixed_weight)
 
 
-def _budget_stop(ctx: RunContext, state: TrainState, where: str) -> bool:
-    """The budget guard before a step or an epoch boundary (``where``): stop cleanly, saying why."""
+def _has_budget(ctx: RunContext) -> bool:
     budget = ctx.config.budget
-    if budget.max_usd is None and budget.max_tokens is None and budget.max_calls is None:
+    return not (budget.max_usd is None and budget.max_tokens is None and budget.max_calls is None)
+
+
+def step_estimate(ctx: RunContext) -> Totals:
+    """The dry-run estimate of one step's spend (``skillopt.estimate``), from this run's data and roles."""
+    from skillopt.estimate import estimate_benchmark_run
+
+    items = {split: ctx.rows_of(ids) for split, ids in ctx.split_ids.items()}
+    return estimate_benchmark_run(ctx.config, benchmark=ctx.benchmark, bench_cfg=ctx.bench_cfg, items=items,
+                                  initial_skill=ctx.initial_skill, roles=ctx.clients.roles,
+                                  prices=ctx.clients.ledger.prices).per_step
+
+
+def _budget_stop(ctx: RunContext, state: TrainState, where: str) -> bool:
+    """The budget guard before a step or an epoch boundary (``where``): stop cleanly, saying why.
+
+    The projection of the next step is the mean of the last three steps, else the dry-run estimate."""
+    if not _has_budget(ctx):
         return False
-    verdict = check_budget(budget, ctx.clients.ledger.totals(), projection_from_history(state.step_totals, None),
-                           where)
+    verdict = check_budget(ctx.config.budget, ctx.clients.ledger.totals(),
+                           projection_from_history(state.step_totals, state.step_estimate), where)
     if verdict.stop:
         state.stopped_by, state.stopped_message = "budget", verdict.message
         ctx.run.write_text("STOPPED", verdict.message + "\n")

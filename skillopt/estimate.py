@@ -408,14 +408,23 @@ def dry_run(loaded: LoadedConfig, *, cli: Any = None, env: Mapping[str, str]) ->
     with tempfile.TemporaryDirectory(prefix="skillopt-dry-run-") as scratch:
         items = {split: benchmark.load_split(bench_cfg, split, run_dir=Path(scratch))
                  for split in ("train", "val", "test")}
-    skill = _initial_skill(config, benchmark.prompts_dir)
+    return estimate_benchmark_run(config, benchmark=benchmark, bench_cfg=bench_cfg, items=items,
+                                  initial_skill=_initial_skill(config, benchmark.prompts_dir), roles=roles,
+                                  prices=PriceTable.load(config.model.pricing_file or None))
+
+
+def estimate_benchmark_run(config: SkillOptConfig, *, benchmark: Any, bench_cfg: BaseModel,
+                           items: Mapping[str, Sequence[Item]], initial_skill: str, roles: Any,
+                           prices: PriceTable) -> RunEstimate:
+    """``estimate_run`` for a loaded benchmark: renders the rollout prompts of the first
+    ``PROMPT_SAMPLE`` items with the initial skill; ``roles`` are the ``ResolvedRoles``. Used by the
+    dry run and, for the budget guard's projection before the first step, by the training flow."""
     sample = [*items["train"], *items["val"], *items["test"]][:PROMPT_SAMPLE]
-    chars = [ChatRequest(messages=benchmark.build_messages(item, skill, bench_cfg), stage="rollout").prompt_chars() for item in sample]
+    chars = [ChatRequest(messages=benchmark.build_messages(item, initial_skill, bench_cfg), stage="rollout")
+             .prompt_chars() for item in sample]
     used = {"target": roles.target, "optimizer": roles.optimizer}
     if roles.judge is not None:
         used["judge"] = roles.judge
-    prices = PriceTable.load(config.model.pricing_file or None)
-    return estimate_run(config, items=items, rollout_prompt_chars=chars, initial_skill=skill,
+    return estimate_run(config, items=items, rollout_prompt_chars=chars, initial_skill=initial_skill,
                         roles={role: (r.backend, r.price_model) for role, r in used.items()}, prices=prices,
                         needs_judge=benchmark.needs_judge(bench_cfg))
-

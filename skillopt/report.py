@@ -140,7 +140,7 @@ def line_chart(chart_id: str, title: str, series: Sequence[Series], *, x_label: 
     """A ``<figure class="chart">`` holding an inline SVG: one ``<circle class="point">`` per data
     point (``data-x``/``data-y`` carry the values), a polyline per series, axes with ticks and a
     legend. The figure's ``data-points`` is the number of marks drawn."""
-    width, height, left, right, top, bottom = 640, 280, 56, 150, 16, 40
+    width, height, left, right, top, bottom = 660, 280, 56, 170, 16, 40
     plot_w, plot_h = width - left - right, height - top - bottom
     xs = [x for s in series for x, _ in s.points]
     ys = [y for s in series for _, y in s.points]
@@ -217,10 +217,10 @@ def score_chart(run: RunData, chart_id: str = "chart-scores") -> str:
     """Selection (gate) score after each step, the candidate's gate score (marked accepted or
     rejected) and the rollout (train batch) score of each step."""
     steps = run.steps
-    selection = Series("selection (current skill)", [(r.step, r.current_score) for r in steps],
+    selection = Series("selection (current)", [(r.step, r.current_score) for r in steps],
                        ["skipped" if _decision_mark(r.decision) == "skipped" else "" for r in steps])
     gated = [r for r in steps if r.gate is not None]
-    candidate = Series("candidate at the gate", [(r.step, r.gate.candidate_gate) for r in gated],
+    candidate = Series("candidate (gate)", [(r.step, r.gate.candidate_gate) for r in gated],
                        ["gate " + _decision_mark(r.decision) for r in gated], line=False)
     rollout = Series("rollout (train batch)", [(r.step, r.rollout_hard) for r in steps if r.rollout_hard is not None])
     return line_chart(chart_id, "Score per step (gate marks: green accepted, red rejected; grey: step skipped)",
@@ -285,7 +285,7 @@ def diff_viewer(run: RunData) -> str:
                     "del" if line.startswith("-") and not line.startswith("---") else
                     "hunk" if line.startswith("@@") else "meta" if line.startswith(("+++", "---")) else "ctx")
             lines.append(f'<span class="line {kind}">{_esc(line)}</span>')
-        body = "\n".join(lines) if lines else '<span class="line ctx">(no change)</span>'
+        body = "".join(lines) if lines else '<span class="line ctx">(no change)</span>'
         hidden = "" if step == shown else " hidden"
         panels.append(f'<section class="diff-panel" data-step="{step}"{hidden}><h3>{_esc(label)}</h3>'
                       f'<pre class="diff">{body}</pre><details><summary>full skill after step {step}</summary>'

@@ -32,16 +32,21 @@ def serve_demo_target(openai_server) -> None:
     openai_server.handler = reply
 
 
+def priced_target(openai_server, folder: Path) -> list[str]:
+    """Overrides that make the demo's target a priced model behind the loopback fake."""
+    serve_demo_target(openai_server)
+    prices = folder / "prices.yaml"
+    prices.write_text('entries:\n  - {match: "priced-demo-target", input_per_mtok: 10, output_per_mtok: 10}\n')
+    return ["model.target.backend=openai_compatible", f"model.target.base_url={openai_server.openai_base_url}",
+            "model.target.model=priced-demo-target", "model.target.options={}", f"model.pricing_file={prices}"]
+
+
 def test_max_usd_below_the_run_cost_stops_between_steps_and_keeps_the_best_skill(prefect_settings, in_tmp,
                                                                                 openai_server):
     from flows.train import skill_train
 
-    serve_demo_target(openai_server)
-    prices = in_tmp / "prices.yaml"
-    prices.write_text('entries:\n  - {match: "priced-demo-target", input_per_mtok: 10, output_per_mtok: 10}\n')
     overrides = [
-        "model.target.backend=openai_compatible", f"model.target.base_url={openai_server.openai_base_url}",
-        "model.target.model=priced-demo-target", "model.target.options={}", f"model.pricing_file={prices}",
+        *priced_target(openai_server, in_tmp),
         # Baseline 12 rollouts ($0.12), step 1: 8 rollouts + a 12-item gate ($0.20); the next step's
         # projection ($0.20) would pass $0.35, so the run stops before epoch 1 step 2 (a full run: ~$1.70).
         "budget.max_usd=0.35",
@@ -66,3 +71,20 @@ def test_max_usd_below_the_run_cost_stops_between_steps_and_keeps_the_best_skill
     expected_best = "step_0001.md" if history[0]["decision"] in ("accept", "accept_new_best") else "step_0000.md"
     assert best == (run_dir / "skills" / expected_best).read_text()
     assert (run_dir / "report.html").is_file()
+
+
+def test_before_the_first_step_the_dry_run_estimate_projects_the_step(prefect_settings, in_tmp, openai_server):
+    from flows.train import skill_train
+
+    overrides = [
+        *priced_target(openai_server, in_tmp),
+        # The baseline spends $0.12; the estimate of one step (8 rollouts and half a gate) would pass $0.15.
+        "budget.max_usd=0.15",
+    ]
+    summary = skill_train(benchmark="demo", overrides=overrides, run_name="demo-budget-first")
+    run_dir = Path(summary["run_dir"])
+    assert summary["stopped_by"] == "budget"
+    assert "stopped before epoch 1 step 1" in summary["stopped_message"]
+    assert summary["usage"]["total"]["calls"] == 12  # the baseline only
+    assert not (run_dir / "history.jsonl").exists() or not (run_dir / "history.jsonl").read_text().strip()
+    assert (run_dir / "best_skill.md").read_text() == (run_dir / "skills" / "step_0000.md").read_text()
