@@ -24,6 +24,7 @@ from typing import Any
 
 from skillopt.errors import SkillOptError
 from skillopt.records import StepRecord
+from skillopt.redact import Redactor
 from skillopt.runs import HISTORY_FILE, SUMMARY_FILE, RunDir
 from skillopt.skill import unified_diff
 
@@ -363,7 +364,8 @@ pre{background:#f7f7f7;padding:8px;overflow:auto;white-space:pre-wrap}.diff .lin
 
 
 def _page(title: str, body: str, script: str = "") -> str:
-    return (
+    """The whole document; every secret the environment holds is redacted from it, as from artifacts."""
+    return Redactor.from_environment()(
         "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
         f"<meta http-equiv=\"Content-Security-Policy\" content=\"{_CSP}\">"
         "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"

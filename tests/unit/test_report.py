@@ -128,3 +128,20 @@ def test_a_folder_that_is_not_a_run_is_a_clear_error(tmp_path, capsys):
         load_run(tmp_path)
     assert main(["report", str(tmp_path / "missing")]) == 2
     assert "no such run directory" in capsys.readouterr().err
+
+
+def test_a_secret_in_the_run_directory_never_reaches_the_report(tmp_path, monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test-visible-in-a-skill-0123456789")
+    folder = make_run(tmp_path)
+    (folder / "skills" / "step_0004.md").write_text("# Skill\nkey: sk-test-visible-in-a-skill-0123456789\n")
+    page = render_report(load_run(folder))
+    assert "sk-test-visible-in-a-skill" not in page and "[REDACTED]" in page
+
+
+def test_report_link_points_at_the_reports_server_or_the_file(tmp_path):
+    from skillopt.artifacts import report_url
+
+    report = tmp_path / "runs" / "My run" / "report.html"
+    assert report_url(report, run_name="My run", reports_url="http://127.0.0.1:8080/") == \
+        "http://127.0.0.1:8080/My%20run/report.html"
+    assert report_url(report, run_name="My run", reports_url=None) == report.resolve().as_uri()
