@@ -226,7 +226,12 @@ def prefect_yaml() -> dict:
 
 
 def test_prefect_yaml_has_one_nightly_deployment_per_benchmark(prefect_yaml):
-    from deployments.serve import CONCURRENCY_PER_BENCHMARK, DEFAULT_CRON, DEFAULT_TIMEZONE, registered_benchmarks
+    from deployments.serve import (
+        CONCURRENCY_PER_BENCHMARK,
+        DEFAULT_CRON,
+        DEFAULT_TIMEZONE,
+        registered_benchmarks,
+    )
 
     deployments = prefect_yaml["deployments"]
     names = [d["name"] for d in deployments]
