@@ -13,6 +13,8 @@ Call counts follow from the config and the split sizes the way ``flows/train.py`
   slow-update call, and the re-score of the updated skill on the selection split;
 - the end: the initial and best skill on the test split.
 
+A rollout is one call per turn (``benchmark.max_turns`` at most) and, with a judge, one verdict.
+
 Which branches run depends on what the models answer, so each count has three values: ``low``
 (no conditional branch runs: nothing reaches the gate, every pair is cached), ``high`` (every
 branch runs, nothing is cached) and ``expected``, with each conditional branch running on
@@ -182,10 +184,14 @@ def call_counts(config: SkillOptConfig, split_sizes: Mapping[str, int], train_id
             run["rollout"].add(0, n_sel, n_sel, times=boundaries)
     run["rollout"].add(0, 0, n_sel)  # the final selection check of a last skill never scored
     run["rollout"].add(n_test, 2 * n_test, 2 * n_test)  # initial and best skill on test
-    if needs_judge:
-        for table in (run, step):
-            rollouts = table["rollout"]
+    turns = cfg.benchmark.max_turns
+    for table in (run, step):
+        rollouts = table["rollout"]
+        if needs_judge:  # one verdict per rollout
             table["judge"].add(rollouts.low, rollouts.expected, rollouts.high)
+        if turns > 1:  # a rollout takes one call per turn: at least one, at most max_turns
+            rollouts.expected *= (1 + turns) / 2
+            rollouts.high *= turns
     return run, step, steps
 
 
@@ -230,7 +236,8 @@ def _schemas() -> dict[str, type[BaseModel] | None]:
             "meta_skill": MetaSkillReply, "deep_probe": ProbeReply}
 
 
-def tokens_per_call(config: SkillOptConfig, *, rollout_prompt: int, skill_tokens: int) -> dict[str, tuple[int, int]]:
+def tokens_per_call(config: SkillOptConfig, *, rollout_prompt: int, skill_tokens: int,
+                    train_size: int | None = None) -> dict[str, tuple[int, int]]:
     """``(prompt, completion)`` tokens of one call per stage.
 
     ``rollout_prompt`` is the mean rendered rollout prompt (skill included), ``skill_tokens`` the
@@ -242,19 +249,21 @@ def tokens_per_call(config: SkillOptConfig, *, rollout_prompt: int, skill_tokens
     trajectory = max(rollout_prompt - skill_tokens, 0) + answer
     template = {stage: math.ceil(len(optimizer_prompt(name)) / 4) for stage, name in _OPTIMIZER_TEMPLATE.items()}
     g = config.gradient
-    samples = config.optimizer.slow_update_samples
+    limit = train_size if train_size else config.train.batch_size
+    minibatch = min(g.minibatch_size, config.train.batch_size, limit)  # trajectories one analyst reads
+    samples = min(config.optimizer.slow_update_samples, limit)
     pool = 2 * config.optimizer.learning_rate * completion["analyst"] // 3
     prompt = {
         "rollout": rollout_prompt,
         "judge": trajectory,
-        "analyst": template["analyst"] + skill_tokens + g.minibatch_size * trajectory,
+        "analyst": template["analyst"] + skill_tokens + minibatch * trajectory,
         "merge": template["merge"] + skill_tokens + g.merge_batch_size * completion["analyst"],
         "ranking": template["ranking"] + skill_tokens + pool,
         "lr": template["lr"] + skill_tokens + pool,
         "rewrite": template["rewrite"] + skill_tokens + pool,
         "slow_update": template["slow_update"] + 2 * skill_tokens + samples * trajectory,
         "meta_skill": template["meta_skill"] + 2 * skill_tokens + samples * trajectory,
-        "deep_probe": template["deep_probe"] + skill_tokens + g.minibatch_size * trajectory,
+        "deep_probe": template["deep_probe"] + skill_tokens + minibatch * trajectory,
     }
     return {stage: (prompt[stage], completion[stage]) for stage in prompt}
 
@@ -287,7 +296,8 @@ def estimate_run(
     initial_tokens = math.ceil(len(initial_skill) / 4)
     mean_prompt = sum(rollout_prompt_chars) / len(rollout_prompt_chars) if rollout_prompt_chars else 0
     rollout_prompt = math.ceil(mean_prompt / 4) + (skill_tokens - initial_tokens)
-    per_call = tokens_per_call(config, rollout_prompt=rollout_prompt, skill_tokens=skill_tokens)
+    per_call = tokens_per_call(config, rollout_prompt=rollout_prompt, skill_tokens=skill_tokens,
+                               train_size=len(train_ids))
 
     def usd(stage: str, calls: float) -> float | None:
         backend, price_model = roles.get(ROLE_OF_STAGE[stage], ("scripted", None))

@@ -83,3 +83,10 @@ def test_dry_run_command_prints_stages_and_calls_nothing(tmp_path, monkeypatch, 
         assert f"\n{name} " in out
     assert "budget: the expected run fits" in out
     assert not (tmp_path / "runs").exists() and not (tmp_path / ".skillopt").exists()
+
+
+def test_a_multi_turn_rollout_counts_up_to_max_turns_calls(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    one, three = stage(estimate(), "rollout"), stage(estimate("benchmark.max_turns=3"), "rollout")
+    assert three.calls_low == one.calls_low and three.calls_high == 3 * one.calls_high
+    assert three.calls == 2 * one.calls  # (1 + 3) / 2 calls per rollout expected
