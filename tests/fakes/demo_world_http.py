@@ -27,6 +27,8 @@ class DemoWorldServer:
         self.held = threading.Event()
         self.release = threading.Event()
         self.failure_intro = optimizer_prompt("analyst_failure").splitlines()[0]
+        #: The usage every reply reports (None: the fake's DEFAULT_USAGE), e.g. to price calls exactly.
+        self.usage: dict[str, int] | None = None
 
     def reply(self, request):
         body = request.body
@@ -42,7 +44,7 @@ class DemoWorldServer:
         answer = handler(chat, 0)
         with self.lock:
             self.answered.append(canonical(body))
-        return ok(text=answer if isinstance(answer, str) else json.dumps(answer))
+        return ok(text=answer if isinstance(answer, str) else json.dumps(answer), usage=self.usage)
 
     def as_chat_request(self, body: dict) -> ChatRequest:
         system_text = "\n".join(m["content"] for m in body["messages"] if m["role"] == "system")

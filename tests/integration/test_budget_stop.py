@@ -1,52 +1,44 @@
 """A USD budget below a run's cost stops training cleanly between steps, keeps the best skill and says why.
 
-The demo's target runs over real HTTP (the `openai` SDK against the loopback OpenAI fake, which answers
-with the demo world's scripted target) as a priced model, so every rollout costs money; the optimizer
-stays the free scripted one.
+The demo world runs over real HTTP (the `openai_compatible` backend against the loopback OpenAI fake,
+tests/fakes/demo_world_http.py) and its target is a priced model: every call reports 1,000 prompt
+tokens, which the price table below makes $0.01 a rollout. The optimizer is priced at 0.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from skillopt.benchmarks.demo.scripted import target
-from skillopt.llm.chat import ChatRequest, assistant, system, user
-from tests.fakes.http_fakes import ok
+from tests.fakes.demo_world_http import DemoWorldServer, role_overrides
 
 pytestmark = pytest.mark.slow
 
-#: Every rollout reports 1,000 prompt tokens; at $10 per million that is $0.01 a call.
-USAGE = {"prompt_tokens": 1000, "completion_tokens": 0}
+PRICES = """entries:
+  - {match: "demo-target", input_per_mtok: 10, output_per_mtok: 10}
+  - {match: "demo-optimizer", input_per_mtok: 0, output_per_mtok: 0}
+"""
 
 
-def serve_demo_target(openai_server) -> None:
-    builders = {"system": system, "user": user, "assistant": assistant}
-
-    def reply(request):
-        messages = [builders[m["role"]](m["content"]) for m in request.body["messages"]]
-        return ok(text=target(ChatRequest(messages=messages, stage="rollout"), 0), usage=USAGE)
-
-    openai_server.handler = reply
-
-
-def priced_target(openai_server, folder: Path) -> list[str]:
-    """Overrides that make the demo's target a priced model behind the loopback fake."""
-    serve_demo_target(openai_server)
-    prices = folder / "prices.yaml"
-    prices.write_text('entries:\n  - {match: "priced-demo-target", input_per_mtok: 10, output_per_mtok: 10}\n')
-    return ["model.target.backend=openai_compatible", f"model.target.base_url={openai_server.openai_base_url}",
-            "model.target.model=priced-demo-target", "model.target.options={}", f"model.pricing_file={prices}"]
+@pytest.fixture
+def priced_demo(in_tmp) -> Iterator[list[str]]:
+    """Overrides that send the demo's calls to the fake, with a $0.01 target call."""
+    prices = in_tmp / "prices.yaml"
+    prices.write_text(PRICES)
+    world = DemoWorldServer()
+    world.usage = {"prompt_tokens": 1000, "completion_tokens": 0}
+    with world.server:
+        yield [*role_overrides(world.server.openai_base_url), f"model.pricing_file={prices}"]
 
 
-def test_max_usd_below_the_run_cost_stops_between_steps_and_keeps_the_best_skill(prefect_settings, in_tmp,
-                                                                                openai_server):
+def test_max_usd_below_the_run_cost_stops_between_steps_and_keeps_the_best_skill(prefect_settings, priced_demo):
     from flows.train import skill_train
 
     overrides = [
-        *priced_target(openai_server, in_tmp),
+        *priced_demo,
         # Baseline 12 rollouts ($0.12), step 1: 8 rollouts + a 12-item gate ($0.20); the next step's
         # projection ($0.20) would pass $0.35, so the run stops before epoch 1 step 2 (a full run: ~$1.70).
         "budget.max_usd=0.35",
@@ -73,11 +65,11 @@ def test_max_usd_below_the_run_cost_stops_between_steps_and_keeps_the_best_skill
     assert (run_dir / "report.html").is_file()
 
 
-def test_before_the_first_step_the_dry_run_estimate_projects_the_step(prefect_settings, in_tmp, openai_server):
+def test_before_the_first_step_the_dry_run_estimate_projects_the_step(prefect_settings, priced_demo):
     from flows.train import skill_train
 
     overrides = [
-        *priced_target(openai_server, in_tmp),
+        *priced_demo,
         # The baseline spends $0.12; the estimate of one step (8 rollouts and half a gate) would pass $0.15.
         "budget.max_usd=0.15",
     ]
