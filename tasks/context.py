@@ -71,7 +71,16 @@ class RunContext:
         return [self.items[i] for i in ids]
 
     def bind(self, task: Any, **options: Any) -> Any:
-        """``task`` with this run's result storage and cache refresh setting."""
+        """``task`` with this run's result storage and cache refresh setting.
+
+        The ``llm:<role>`` tags of the model-calling tasks are kept only with ``model.rate_limit_mode: prefect``.
+        Prefect asks the server for tag concurrency slots before every tagged task run and remembers "no limit
+        for these tags" for only 5 s; with a busy server that round trip held each stage's first tasks for
+        2-2.5 s (``bench/run.py``: batch 40, concurrency 16, latency 0.5 s, SQLite). In ``prefect`` mode the
+        user has chosen Prefect-side limits, and the tags let them add tag limits per role too.
+        """
+        if self.config.model.rate_limit_mode != "prefect" and "tags" not in options:
+            options["tags"] = set()
         return task.with_options(result_storage=self.storage, refresh_cache=self.config.run.refresh_cache, **options)
 
 
