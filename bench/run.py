@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import logging
 import math
 import os
 import platform
@@ -419,8 +420,50 @@ def measure(spec: Spec, *, world: LatencyWorld, api: str, workdir: Path) -> dict
         "non_model_share": round(zero_wall / step_wall, 3) if zero_wall and step_wall else None,
         "peak_rss_mb": result["measured"]["peak_rss_mb"], "run_wall_s": result["measured"]["wall_s"],
         "startup_s": result["measured"]["first_step_start_s"],
+        "calls_per_step": mean([sum(row["calls"] for row in s["calls"].values()) for s in measured]),
     }
     return result
+
+
+def library_call_ms(world: LatencyWorld, api: str, workdir: Path, n: int = 40) -> float:
+    """Mean wall time of one demo rollout through skillopt's own code and the real HTTP client at latency 0, without
+    Prefect (``run_item`` called directly, one thread): what a task costs before Prefect adds anything."""
+    from prefect.settings import PREFECT_API_URL, PREFECT_LOGGING_LEVEL, temporary_settings
+
+    from skillopt.benchmarks.runner import run_item
+    from skillopt.config import load_config
+    from tasks.context import build_run_context
+
+    world.reset(latency_s=0.0, faults=Faults())
+    spec = Spec("library", batch=n, concurrency=1, latency=0.0)
+    cwd = workdir / "library"
+    cwd.mkdir(parents=True, exist_ok=True)
+    overrides = [*spec.overrides(world.base_url), f"run.runs_dir={cwd / 'runs'}", f"run.cache_dir={cwd / 'cache'}"]
+    quiet = logging.getLogger("skillopt")  # the run's own warnings (unpriced model, thinking) are not news here
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
+    with temporary_settings(updates={PREFECT_API_URL: api, PREFECT_LOGGING_LEVEL: "WARNING"}):
+        ctx = build_run_context(load_config("demo", overrides=overrides, env={}), env={}, run_name="library")
+        items = [ctx.items[i] for i in ctx.split_ids["train"][:n]]
+        run_item(ctx.benchmark, items[0], ctx.initial_skill, ctx.bench_cfg, target=ctx.clients.target, judge=None)
+        started = time.perf_counter()
+        for item in items:
+            run_item(ctx.benchmark, item, ctx.initial_skill, ctx.bench_cfg, target=ctx.clients.target, judge=None)
+    quiet.setLevel(level)
+    return round(1000 * (time.perf_counter() - started) / len(items), 2)
+
+
+def prefect_estimate(summary: dict[str, Any], calls_per_step: float | None, library_ms: float | None
+                     ) -> dict[str, Any]:
+    """Prefect's part of a latency-0 step: its wall time minus the calls' own cost (``library_ms`` each, counted as
+    serial: two cores, one GIL), per task run and as a share of the step's wall time at its latency."""
+    zero, runs, wall = summary.get("zero_latency_step_s"), summary.get("task_runs_per_step"), summary.get("step_wall_s")
+    if not (zero and runs and wall and calls_per_step and library_ms):
+        return {}
+    prefect_s = max(0.0, zero - calls_per_step * library_ms / 1000)
+    return {"library_call_ms": library_ms, "calls_per_step": calls_per_step,
+            "prefect_ms_per_task": round(1000 * prefect_s / runs, 1),
+            "prefect_share": round(prefect_s / wall, 3)}
 
 
 def later_steps(run: dict[str, Any]) -> list[dict[str, Any]]:
@@ -643,14 +686,21 @@ def run_plan(plan: Plan, workdir: Path, *, seed: int, api: str | None = None, lo
             # keep them out of the measurements.
             warm = Spec("warm-up", batch=4, concurrency=4, latency=0.0, val_size=4)
             section("warm-up", lambda: launch(warm, world=world, api=api, cwd=workdir / "warm-up"))
+        results["library_call_ms"] = section("library", lambda: library_call_ms(world, api, workdir))
         head = plan.headline
         log(f"headline: batch {head.batch}, concurrency {head.concurrency}, latency {head.latency:g} s")
         results["headline"] = section("headline", lambda: measure(head, world=world, api=api, workdir=workdir))
+        if "summary" in results["headline"] and isinstance(results["library_call_ms"], float):
+            summary = results["headline"]["summary"]
+            summary.update(prefect_estimate(summary, summary["calls_per_step"], results["library_call_ms"]))
         results["grid"] = []
         for spec in plan.grid:
             log(f"grid: batch {spec.batch}, concurrency {spec.concurrency}")
             row = section(f"grid {spec.label}", lambda spec=spec: measure(spec, world=world, api=api,
                                                                           workdir=workdir))
+            if "summary" in row and isinstance(results["library_call_ms"], float):
+                row["summary"].update(prefect_estimate(row["summary"], row["summary"]["calls_per_step"],
+                                                       results["library_call_ms"]))
             results["grid"].append(row.get("summary", {"batch": spec.batch, "concurrency": spec.concurrency, **row}))
         log(f"resume: {plan.resume_trials} kill -9 trials")
         results["resume"] = section("resume", lambda: resume_trials(
@@ -718,6 +768,11 @@ def table(results: dict[str, Any]) -> str:
             f"| Prefect overhead per task (latency 0, upper bound) | {_fmt(head['overhead_per_task_ms'], ' ms')} "
             "| < 50 ms |",
             f"| non-model share of step wall time (upper bound of Prefect's share) | {_fmt(share, ' %')} | < 10 % |",
+            f"| Prefect alone, estimate (latency-0 step minus {_fmt(head.get('calls_per_step'))} calls x "
+            f"{_fmt(head.get('library_call_ms'), ' ms')} without Prefect) | "
+            f"{_fmt(head.get('prefect_ms_per_task'), ' ms')} per task, "
+            f"{_fmt(None if head.get('prefect_share') is None else 100 * head['prefect_share'], ' %')} of the step "
+            "| < 50 ms, < 10 % |",
             f"| task runs per step | {_fmt(head['task_runs_per_step'])} | |",
             f"| peak memory of the training process | {_fmt(head['peak_rss_mb'], ' MB')} | |",
         ]
@@ -747,16 +802,18 @@ def table(results: dict[str, Any]) -> str:
     lines = [line for line in lines if line]
     if results.get("grid"):
         lines += ["", "| batch | concurrency | step s | bound s | ratio | task runs/step | latency-0 step s | "
-                      "overhead/task ms | non-model share |", "|---|---|---|---|---|---|---|---|---|"]
+                      "overhead/task ms | non-model share | Prefect ms/task (est.) | Prefect share (est.) |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
         for row in results["grid"]:
             if "error" in row:
                 lines.append(f"| {row['batch']} | {row['concurrency']} | failed: "
-                             f"{row['error'].splitlines()[0][:120]} | | | | | | |")
+                             f"{row['error'].splitlines()[0][:120]} | | | | | | | | |")
                 continue
             lines.append(f"| {row['batch']} | {row['concurrency']} | {_fmt(row['step_wall_s'])} | "
                          f"{_fmt(row['bound_s'])} | {_fmt(row['ratio'])} | {_fmt(row['task_runs_per_step'])} | "
                          f"{_fmt(row['zero_latency_step_s'])} | {_fmt(row['overhead_per_task_ms'])} | "
-                         f"{_fmt(row['non_model_share'])} |")
+                         f"{_fmt(row['non_model_share'])} | {_fmt(row.get('prefect_ms_per_task'))} | "
+                         f"{_fmt(row.get('prefect_share'))} |")
     if results.get("errors"):
         lines += ["", f"failed sections: {', '.join(results['errors'])}"]
     return "\n".join(lines)
