@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from prefect import flow
+from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
 from prefect.task_runners import ThreadPoolTaskRunner
 from pydantic import BaseModel, Field
 
@@ -145,7 +146,7 @@ def skill_train(benchmark: str, config_file: str | None = None, overrides: list[
         progress.info("warm start from promoted version %d of %s", incumbent.version, benchmark)
     state = baseline(ctx)
     for epoch in range(1, cfg.train.epochs + 1):
-        state = skill_epoch(ctx, state, epoch)
+        state = run_epoch(ctx, state, epoch)
         if state.stopped_by:
             break
     summary = finish(ctx, state, wall_s=time.monotonic() - started)
@@ -178,6 +179,13 @@ def baseline(ctx: RunContext) -> TrainState:
     progress.info("baseline on the selection split: %.3f (%d items); %d steps to go", score,
                   len(evaluation.rows), state.total_steps)
     return state
+
+
+def run_epoch(ctx: RunContext, state: TrainState, epoch: int) -> TrainState:
+    """The ``skill-epoch`` subflow without flow-run heartbeats (the top-level flow keeps them): a sync subflow
+    waits up to 1 s for its heartbeat thread to stop, which held the first step of every epoch after the first."""
+    with temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
+        return skill_epoch(ctx, state, epoch)
 
 
 @flow(name="skill-epoch", flow_run_name="epoch-{epoch}", validate_parameters=False)
