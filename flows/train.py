@@ -359,9 +359,8 @@ def reflect(ctx: RunContext, skill: str, rows: list[ItemResult], *, seed: int, b
 def aggregate(ctx: RunContext, skill: str, failures: list[Patch], successes: list[Patch], *,
               meta_skill: str) -> Patch:
     """Hierarchical merge of each tree, then the final merge that gives failure-driven edits priority."""
-    trees = [merge_tree(ctx, kind, skill, patches, meta_skill=meta_skill)
-             for kind, patches in (("failure", failures), ("success", successes)) if patches]
-    trees = [t for t in trees if _has_content(t)]
+    merged = merge_trees(ctx, skill, {"failure": failures, "success": successes}, meta_skill=meta_skill)
+    trees = [t for t in merged.values() if _has_content(t)]
     if not trees:
         return Patch(reasoning="no edits proposed")
     if len(trees) == 1:
@@ -371,15 +370,26 @@ def aggregate(ctx: RunContext, skill: str, failures: list[Patch], successes: lis
 
 def merge_tree(ctx: RunContext, kind: str, skill: str, patches: list[Patch], *, meta_skill: str) -> Patch:
     """Merge groups of ``merge_batch_size`` level by level until one patch is left."""
-    patches = [p for p in patches if _has_content(p)] or patches[:1]  # nothing to merge in empty patches
+    return merge_trees(ctx, skill, {kind: patches}, meta_skill=meta_skill)[kind]
+
+
+def merge_trees(ctx: RunContext, skill: str, trees: dict[str, list[Patch]], *, meta_skill: str) -> dict[str, Patch]:
+    """Merge each non-empty tree (kind -> patches) level by level until one patch is left, the trees side by side:
+    every merge call of a level is submitted, for all trees, before waiting for any."""
+    pending = {kind: [p for p in patches if _has_content(p)] or patches[:1]  # nothing to merge in empty patches
+               for kind, patches in trees.items() if patches}
     level = 0
     task = ctx.bind(merge_patches)
-    while len(patches) > 1:
+    while any(len(patches) > 1 for patches in pending.values()):
         level += 1
-        groups = merge_groups(patches, ctx.config.gradient.merge_batch_size)
-        futures = [task.submit(ctx, kind, skill, g, level, meta_skill) if len(g) > 1 else g[0] for g in groups]
-        patches = [f if isinstance(f, Patch) else f.result() for f in futures]
-    return patches[0]
+        futures = {
+            kind: [task.submit(ctx, kind, skill, g, level, meta_skill) if len(g) > 1 else g[0]
+                   for g in merge_groups(patches, ctx.config.gradient.merge_batch_size)]
+            for kind, patches in pending.items() if len(patches) > 1
+        }
+        for kind, level_futures in futures.items():
+            pending[kind] = [f if isinstance(f, Patch) else f.result() for f in level_futures]
+    return {kind: patches[0] for kind, patches in pending.items()}
 
 
 def _has_content(patch: Patch) -> bool:
