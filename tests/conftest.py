@@ -6,6 +6,10 @@ import os
 
 import pytest
 
+# Tests that touch Prefect start its ephemeral API server, which logs "Stopping temporary server" at
+# interpreter exit, after pytest has closed the captured streams. INFO chatter is not what tests check.
+os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+
 pytest_plugins = ["tests.fakes.fixtures"]
 # Repository snapshots inside fixtures (the SWE-bench fake harness runs their tests itself) are not ours to collect.
 collect_ignore_glob = ["fixtures/*/repos/*"]
