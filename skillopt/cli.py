@@ -347,14 +347,25 @@ def _cmd_benchmarks(args: argparse.Namespace, out: _Output) -> int:
         except Exception as error:  # noqa: BLE001 - one broken plug-in must not hide the others
             out.print(f"{entry.name:<24} unavailable: {type(error).__name__}: {error}")
             continue
-        module_doc = sys.modules[type(benchmark).__module__].__doc__ or ""
-        summary = module_doc.strip().splitlines()[0] if module_doc.strip() else ""
+        summary = _one_line_summary(sys.modules[type(benchmark).__module__].__doc__ or "")
         judge = "needs the judge role" if benchmark.needs_judge(benchmark.Config()) else "no judge"
         extras = plugin_extras(benchmark)
         needs = "extras: " + ",".join(extras) if extras else "no extras"
         out.print(f"{entry.name:<24} v{benchmark.version:<4} {benchmark.default_split_mode:<10} {judge:<21} "
-                  f"{needs:<20} {summary}")
+                  f"{needs:<24} {summary}")
+    out.print("\nan extra installs with: pip install 'skillopt[NAME]'; a judge role is set with --judge-backend or "
+              "-o model.judge.backend=...")
     return EXIT_OK
+
+
+def _one_line_summary(docstring: str) -> str:
+    """The first sentence of a plug-in module's docstring, without reST markup, for one listing line."""
+    paragraph = " ".join(docstring.strip().split("\n\n")[0].split())
+    paragraph = paragraph.replace("``", "")
+    title_end = paragraph.find(": ")  # "DocVQA (docvqa): short extractive answers ..." -> the description
+    sentence = paragraph[title_end + 2:] if 0 < title_end < 60 else paragraph
+    sentence = sentence.split(". ")[0].rstrip(".")
+    return sentence if len(sentence) <= 110 else sentence[:109].rstrip() + "…"
 
 
 def _cmd_backends(args: argparse.Namespace, out: _Output) -> int:

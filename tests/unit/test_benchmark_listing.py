@@ -58,3 +58,16 @@ def test_extras_default_to_none_for_plugins_that_do_not_declare_them():
         extras = ("alfworld",)
 
     assert plugin_extras(Bare()) == () and plugin_extras(Declared()) == ("alfworld",)
+
+
+def test_listing_lines_show_the_description_without_rest_markup():
+    from skillopt.cli import _one_line_summary
+
+    assert _one_line_summary("DocVQA (``docvqa``): answers read off a page. More detail.\n\nLater.") == (
+        "answers read off a page")
+    assert _one_line_summary("") == ""
+    long = _one_line_summary("x" * 300)
+    assert len(long) == 110 and long.endswith("…")
+    lines = listing()
+    assert "``" not in "".join(lines.values())
+    assert "pip install 'skillopt[NAME]'" in lines["an"]
