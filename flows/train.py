@@ -155,7 +155,6 @@ def skill_train(benchmark: str, config_file: str | None = None, overrides: list[
     return summary
 
 
-
 def baseline(ctx: RunContext) -> TrainState:
     """Score the initial skill on the selection split: it is both the current and the best skill."""
     cfg = ctx.config
