@@ -344,14 +344,16 @@ def _step_scores(state: TrainState, record: StepRecord) -> dict[str, Any]:
 
 def reflect(ctx: RunContext, skill: str, rows: list[ItemResult], *, seed: int, budget: int, buffer: str,
             meta_skill: str) -> tuple[list[Patch], list[Patch]]:
-    """One analyst call per minibatch of failures and of successes, all in parallel."""
+    """One analyst call per minibatch of failures and of successes, at most ``gradient.analyst_workers`` at once."""
     cfg = ctx.config
     failures, successes = split_and_batch(rows, size=cfg.gradient.minibatch_size, seed=seed,
                                           failure_only=cfg.gradient.failure_only)
     task = ctx.bind(reflect_minibatch)
-    futures = [(kind, task.submit(ctx, kind, skill, batch, budget, buffer, meta_skill))
-               for kind, groups in (("failure", failures), ("success", successes)) for batch in groups]
-    patches = [(kind, future.result()) for kind, future in futures]
+    with ThreadPoolTaskRunner(max_workers=cfg.gradient.analyst_workers) as runner:
+        futures = [(kind, runner.submit(task, {"ctx": ctx, "kind": kind, "skill": skill, "rows": batch,
+                                               "budget": budget, "step_buffer": buffer, "meta_skill": meta_skill}))
+                   for kind, groups in (("failure", failures), ("success", successes)) for batch in groups]
+        patches = [(kind, future.result()) for kind, future in futures]
     return [p for k, p in patches if k == "failure"], [p for k, p in patches if k == "success"]
 
 

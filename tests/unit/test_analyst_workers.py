@@ -1,0 +1,62 @@
+"""``gradient.analyst_workers`` bounds how many analyst calls of one step run at once (DESIGN.md §7)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from types import SimpleNamespace
+
+from prefect import flow, task
+from prefect.cache_policies import NONE
+
+import flows.train as train
+from skillopt.records import ItemResult, Patch
+
+
+class Gauge:
+    def __init__(self) -> None:
+        self.lock, self.now, self.peak, self.seen = threading.Lock(), 0, 0, []
+
+    def enter(self, ids: list[str]) -> None:
+        with self.lock:
+            self.now += 1
+            self.peak = max(self.peak, self.now)
+            self.seen.append(ids)
+
+    def leave(self) -> None:
+        with self.lock:
+            self.now -= 1
+
+
+GAUGE = Gauge()
+
+
+@task(cache_policy=NONE, persist_result=False)
+def fake_analyst(ctx, kind, skill, rows, budget, step_buffer, meta_skill) -> Patch:
+    GAUGE.enter([row.id for row in rows])
+    time.sleep(0.2)
+    GAUGE.leave()
+    return Patch(reasoning=f"{kind}:" + ",".join(row.id for row in rows))
+
+
+def rows(n: int) -> list[ItemResult]:
+    return [ItemResult(id=f"i{i}", task_type="t", hard=float(i % 2), soft=float(i % 2)) for i in range(n)]
+
+
+def context(workers: int) -> SimpleNamespace:
+    gradient = SimpleNamespace(minibatch_size=1, failure_only=False, analyst_workers=workers)
+    return SimpleNamespace(config=SimpleNamespace(gradient=gradient), bind=lambda _task: fake_analyst)
+
+
+@flow(validate_parameters=False)
+def one_reflection(ctx, batch):
+    return train.reflect(ctx, "skill", batch, seed=1, budget=2, buffer="", meta_skill="")
+
+
+def test_analyst_calls_never_exceed_analyst_workers_and_every_minibatch_is_reflected():
+    GAUGE.__init__()
+    failures, successes = one_reflection(context(2), rows(6))
+    assert GAUGE.peak == 2
+    assert sorted(ids[0] for ids in GAUGE.seen) == [f"i{i}" for i in range(6)]
+    assert sorted(p.reasoning for p in failures) == ["failure:i0", "failure:i2", "failure:i4"]
+    assert sorted(p.reasoning for p in successes) == ["success:i1", "success:i3", "success:i5"]
