@@ -27,14 +27,15 @@ FIXTURES_ROOT = Path(__file__).resolve().parents[1] / "fixtures"
 SPLITS = ("train", "val", "test")
 
 
-def fixture_config_of(benchmark: Any, overrides: Sequence[str] = ()) -> Any:
-    """The benchmark config a user gets from ``skillopt train <id> --data tests/fixtures/<id> -o ...``."""
+def fixture_config_of(benchmark: Any, overrides: Sequence[str] = (), *, data: Path | None = None) -> Any:
+    """The benchmark config a user gets from ``skillopt train <id> --data tests/fixtures/<id> -o ...``
+    (``--data <data>`` when a folder is given)."""
     from skillopt.benchmarks.base import benchmark_config
     from skillopt.cli import _data_overrides
     from skillopt.config import load_config
 
-    data = _data_overrides(str(FIXTURES_ROOT / benchmark.id))
-    loaded = load_config(benchmark.id, overrides=[*data, *overrides], env={})
+    data_overrides = _data_overrides(str(data or FIXTURES_ROOT / benchmark.id))
+    loaded = load_config(benchmark.id, overrides=[*data_overrides, *overrides], env={})
     return benchmark_config(benchmark, loaded.config.benchmark)
 
 
