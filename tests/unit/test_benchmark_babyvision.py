@@ -13,6 +13,7 @@ from skillopt.benchmarks.babyvision import (
     normalise_row,
     parse_options,
     plugin,
+    read_meta,
     resolve_correct,
 )
 from skillopt.benchmarks.base import BenchmarkSetupError
@@ -150,3 +151,16 @@ def test_ratio_mode_reads_meta_data_jsonl_with_images_beside_it(tmp_path):
 def test_a_missing_data_path_fails_preflight_with_the_download_hint(tmp_path):
     with pytest.raises(BenchmarkSetupError, match="download_babyvision"):
         plugin.preflight(BabyVisionConfig(split_mode="ratio", data_path=str(tmp_path / "none")))
+
+
+def test_rows_without_task_id_take_their_position_in_the_file_as_id(tmp_path):
+    """BENCHMARKS.md §2.5: the id is ``taskId``, else ``id``, else the row's index + 1."""
+    image = FIXTURES / "images" / "101.png"
+    rows = [{"question": "Q1?", "image": str(image), "blankAns": "1"},
+            {"taskId": 77, "question": "Q2?", "image": str(image), "blankAns": "2"},
+            {"question": "Q3?", "image": str(image), "blankAns": "3"}]
+    meta = tmp_path / "meta_data.jsonl"
+    meta.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    items = [normalise_row(row) for row in read_meta(tmp_path)]
+    assert [item["id"] for item in items] == [1, 77, 3]
+    assert all(not key.startswith("_") for item in items for key in item)

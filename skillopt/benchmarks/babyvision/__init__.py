@@ -81,12 +81,18 @@ class BabyVisionConfig(BenchmarkSection):
 # ----------------------------------------------------------------------------------------- loading
 
 
+#: The key ``read_meta`` adds to each raw row: its 1-based position in the file, the id of a row that has
+#: neither ``taskId`` nor ``id`` (BENCHMARKS.md §2.5). Normalisers never copy it into the item.
+ROW_NUMBER = "_row_number"
+
+
 def read_meta(path: Path) -> list[dict[str, Any]]:
     """The raw reader: ``meta_data.jsonl`` (or a folder holding it); rows remember their file's folder."""
     path = Path(path)
     if path.is_dir() and (path / "meta_data.jsonl").is_file():
         path = path / "meta_data.jsonl"
-    return rows_from(path, read_records(path))
+    rows = rows_from(path, read_records(path))
+    return [{**row, ROW_NUMBER: number} for number, row in enumerate(rows, start=1)]
 
 
 def parse_options(value: Any) -> list[dict[str, str]]:
@@ -166,7 +172,7 @@ def normalise_row(row: Mapping[str, Any], *, roots: Sequence[Path] = ()) -> dict
         blank = [str(v).strip() for v in values if v is not None and str(v).strip()]
         if not blank:
             raise DropRow("blank row without an answer")
-    raw_id = next((row[k] for k in ("id", "taskId") if row.get(k) not in (None, "")), None)
+    raw_id = next((row[k] for k in ("id", "taskId") if row.get(k) not in (None, "")), row.get(ROW_NUMBER))
     if raw_id is None:
         raise KeyError("taskId")
     subtype = str(row.get("task_type") or row.get("subtype") or row.get("subType") or "").strip()
