@@ -401,20 +401,12 @@ def dry_run(loaded: LoadedConfig, *, cli: Any = None, env: Mapping[str, str]) ->
     Loads the benchmark and its splits (split manifests go to a temporary folder, so nothing is
     written under ``runs/``) and resolves the roles for their price models.
     """
-    from skillopt.benchmarks.base import benchmark_config, load_benchmark
-    from skillopt.errors import ConfigError
     from skillopt.llm.base import BackendRegistry
-    from skillopt.llm.roles import resolve_roles
-    from tasks.context import _initial_skill  # the same reading of train.skill_init as training
+    from tasks.context import _initial_skill, resolve_benchmark  # the same readings as training
 
     config = loaded.config
-    name = config.benchmark.name
-    if not name:
-        raise ConfigError("benchmark.name is not set: name a benchmark (skillopt train BENCHMARK --dry-run)")
-    benchmark = load_benchmark(name)
-    bench_cfg = benchmark_config(benchmark, config.benchmark)
-    benchmark.preflight(bench_cfg)
-    roles = resolve_roles(loaded, cli=cli, env=env, registry=BackendRegistry.default())
+    benchmark, bench_cfg, roles = resolve_benchmark(loaded, cli=cli, env=env, registry=BackendRegistry.default(),
+                                                    command="skillopt train BENCHMARK --dry-run")
     with tempfile.TemporaryDirectory(prefix="skillopt-dry-run-") as scratch:
         items = {split: benchmark.load_split(bench_cfg, split, run_dir=Path(scratch))
                  for split in ("train", "val", "test")}

@@ -84,6 +84,21 @@ class RunContext:
         return task.with_options(result_storage=self.storage, refresh_cache=self.config.run.refresh_cache, **options)
 
 
+def resolve_benchmark(loaded: LoadedConfig, *, cli: CliRoleOptions | None, env: Mapping[str, str],
+                      registry: BackendRegistry, command: str) -> tuple[Benchmark, BaseModel, Any]:
+    """The configured benchmark, its config bound to the target backend, and the resolved roles, after
+    the plug-in's preflight. ``command`` is what the "no benchmark named" error tells the user to run."""
+    config = loaded.config
+    if not config.benchmark.name:
+        raise ConfigError(f"benchmark.name is not set: name a benchmark ({command})")
+    benchmark = load_benchmark(config.benchmark.name)
+    bench_cfg = benchmark_config(benchmark, config.benchmark)
+    roles = resolve_roles(loaded, cli=cli, env=env, registry=registry)
+    bench_cfg = _bind_target(benchmark, bench_cfg, roles.target.backend, registry.get(roles.target.backend).kind)
+    benchmark.preflight(bench_cfg)
+    return benchmark, bench_cfg, roles
+
+
 def build_run_context(
     loaded: LoadedConfig,
     *,
@@ -100,16 +115,10 @@ def build_run_context(
     """
     env = os.environ if env is None else env
     config = loaded.config
-    name = config.benchmark.name
-    if not name:
-        raise ConfigError("benchmark.name is not set: name a benchmark (skillopt train BENCHMARK)")
-    benchmark = load_benchmark(name)
-    bench_cfg = benchmark_config(benchmark, config.benchmark)
-
     registry = registry or BackendRegistry.default()
-    roles = resolve_roles(loaded, cli=cli, env=env, registry=registry)
-    bench_cfg = _bind_target(benchmark, bench_cfg, roles.target.backend, registry.get(roles.target.backend).kind)
-    benchmark.preflight(bench_cfg)
+    benchmark, bench_cfg, roles = resolve_benchmark(loaded, cli=cli, env=env, registry=registry,
+                                                    command="skillopt train BENCHMARK")
+    name = config.benchmark.name
     if benchmark.needs_judge(bench_cfg) and roles.judge_problem:
         raise BenchmarkSetupError(f"benchmark {name} needs the judge role: {roles.judge_problem}")
     _check_image_support(name, benchmark, roles, registry, analyst_images=config.optimizer.analyst_images)
