@@ -49,6 +49,7 @@ def run_flow(kind: str, out: _Printer, **parameters: Any) -> dict[str, Any]:
         PREFECT_LOGGING_LEVEL,
         PREFECT_SERVER_ANALYTICS_ENABLED,
         PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS,
+        PREFECT_SERVER_LOGGING_LEVEL,
         temporary_settings,
     )
 
@@ -56,6 +57,10 @@ def run_flow(kind: str, out: _Printer, **parameters: Any) -> dict[str, Any]:
         PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS: 120,
         PREFECT_LOGGING_LEVEL: "WARNING",
         PREFECT_SERVER_ANALYTICS_ENABLED: False,
+        # The ephemeral API server (a subprocess that inherits these settings) is stopped when the command
+        # ends; its event recorder then logs a cancelled flush as an ERROR with a traceback, under a run
+        # that finished correctly. Failures that matter reach the client and are reported there.
+        PREFECT_SERVER_LOGGING_LEVEL: "CRITICAL",
     }
     progress = logging.getLogger(PROGRESS_LOGGER)
     handler = _ProgressHandler(out)

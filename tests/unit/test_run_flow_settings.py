@@ -1,0 +1,46 @@
+"""``run_flow`` sets Prefect defaults for a CLI run; an ephemeral API server started inside the run
+inherits them through ``to_environment_variables`` (what Prefect passes to that subprocess)."""
+
+from __future__ import annotations
+
+import io
+
+import flows.train
+from flows.run import run_flow
+
+
+class Printer:
+    def __init__(self) -> None:
+        self.out = io.StringIO()
+
+    def print(self, *args: object) -> None:
+        print(*args, file=self.out)
+
+
+def server_environment_inside_a_run(monkeypatch) -> dict[str, str]:
+    seen: dict[str, str] = {}
+
+    def fake_train(**parameters):
+        from prefect.settings import get_current_settings
+
+        seen.update(get_current_settings().to_environment_variables(exclude_unset=True))
+        return {}
+
+    monkeypatch.setattr(flows.train, "skill_train", fake_train)
+    run_flow("train", Printer(), benchmark="demo")
+    return seen
+
+
+def test_the_ephemeral_server_gets_quiet_logging_and_the_cli_defaults(monkeypatch):
+    monkeypatch.delenv("PREFECT_SERVER_LOGGING_LEVEL", raising=False)
+    env = server_environment_inside_a_run(monkeypatch)
+    assert env["PREFECT_SERVER_LOGGING_LEVEL"] == "CRITICAL"
+    assert env["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"] == "120"
+
+
+def test_a_users_own_server_logging_level_wins(monkeypatch):
+    from prefect.settings import PREFECT_SERVER_LOGGING_LEVEL, temporary_settings
+
+    with temporary_settings(updates={PREFECT_SERVER_LOGGING_LEVEL: "DEBUG"}):
+        env = server_environment_inside_a_run(monkeypatch)
+    assert env["PREFECT_SERVER_LOGGING_LEVEL"] == "DEBUG"
