@@ -6,7 +6,9 @@ A rule is a small mapping. Its **match keys** all have to hold for the rule to a
 - ``stage``: the request's stage (``rollout``, ``judge``, ``analyst`` ...);
 - ``item_id``: equals ``request.tags["item_id"]`` (compared as text);
 - ``system``: a regular expression searched (``re.search``) in the system text;
-- ``user``: a regular expression searched in the text of the last user message.
+- ``user``: a regular expression searched in the text of the last user message;
+- ``question``: a regular expression searched in the text of the first user message (the item's
+  question, which stays the same over a rollout's self-check turns while the last one changes).
 
 Images never reach the matcher as bytes: each one appears in the text as ``[image] <basename>``.
 A rule has exactly one **reply**:
@@ -156,15 +158,19 @@ class ScriptedRule(ScriptedReply):
     item_id: str | int | None = None
     system: str | None = None
     user: str | None = None
+    question: str | None = None
 
     _system_re: re.Pattern[str] | None = PrivateAttr(default=None)
     _user_re: re.Pattern[str] | None = PrivateAttr(default=None)
+    _question_re: re.Pattern[str] | None = PrivateAttr(default=None)
 
     def _patterns(self) -> tuple[re.Pattern[str] | None, re.Pattern[str] | None]:
         if self._system_re is None and self.system is not None:
             self._system_re = _compile(self.system, "system")
         if self._user_re is None and self.user is not None:
             self._user_re = _compile(self.user, "user")
+        if self._question_re is None and self.question is not None:
+            self._question_re = _compile(self.question, "question")
         return self._system_re, self._user_re
 
     def match(self, request: ChatRequest, role: str) -> _Match | None:
@@ -184,6 +190,10 @@ class ScriptedRule(ScriptedReply):
         if user_re is not None:
             user_match = user_re.search(request.last_user_text())
             if user_match is None:
+                return None
+        if self._question_re is not None:
+            question = next((m.text() for m in request.messages if m.role == "user"), "")
+            if self._question_re.search(question) is None:
                 return None
         return _Match(system_match, user_match)
 

@@ -168,6 +168,18 @@ def test_user_pattern_reads_only_the_last_user_message() -> None:
     assert b.attempt(request, timeout_s=5).text == "current"
 
 
+def test_question_pattern_reads_the_first_user_message_on_every_turn() -> None:
+    b = backend(rules=[{"question": "first question", "text": "same"}], default={"text": "other"})
+    later_turn = ChatRequest(
+        messages=[user("first question"), Message(role="assistant", content="ok"), user("check your answer")],
+        stage="rollout",
+    )
+    assert b.attempt(later_turn, timeout_s=5).text == "same"
+    assert ask(b, "another question").text == "other"
+    with pytest.raises(ConfigError, match="question"):
+        backend(rules=[{"question": "(", "text": "x"}])
+
+
 # --- replies ----------------------------------------------------------------------------------
 
 

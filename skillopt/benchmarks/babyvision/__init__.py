@@ -36,7 +36,7 @@ from skillopt.benchmarks.base import (
     verdict_request,
 )
 from skillopt.benchmarks.images import ROW_DIR, image_part, resolve_image, roots_of, rows_from
-from skillopt.benchmarks.scripted_target import reply_for_question
+from skillopt.benchmarks.scripted_target import question_rules
 from skillopt.config import BenchmarkSection
 from skillopt.data import DropRow, Item, read_records
 from skillopt.llm.chat import ChatRequest, Message, TextPart, system, user
@@ -237,10 +237,6 @@ _SCRIPTED_REPLIES = (
 )
 
 
-def scripted_target(request: ChatRequest, seed: int) -> str | None:
-    """The ``scripted`` target's reply to a fixture question on every turn; None declines other items."""
-    return reply_for_question(request, _SCRIPTED_REPLIES)
-
 
 # ------------------------------------------------------------------------------------------ plugin
 
@@ -256,8 +252,7 @@ class BabyVisionBenchmark:
     extras: tuple[str, ...] = ()
     uses_images = True
     scripted_rules: Sequence[Mapping[str, Any]] = (
-        {"name": "babyvision fixture target", "stage": "rollout",
-         "handler": "skillopt.benchmarks.babyvision:scripted_target"},
+        *question_rules(BENCHMARK_ID, _SCRIPTED_REPLIES),
         {"name": "babyvision other", "stage": "rollout", "text": "I cannot tell.\n\\boxed{A}"},
     )
 
@@ -366,5 +361,4 @@ __all__ = [
     "plugin",
     "read_meta",
     "resolve_correct",
-    "scripted_target",
 ]

@@ -32,11 +32,11 @@ from skillopt.benchmarks.base import (
     split_items,
 )
 from skillopt.benchmarks.images import ROW_DIR, image_part, resolve_image, roots_of, rows_from
-from skillopt.benchmarks.scripted_target import reply_for_question
+from skillopt.benchmarks.scripted_target import question_rules
 from skillopt.benchmarks.sealqa import parse_list, read_rows
 from skillopt.config import BenchmarkSection
 from skillopt.data import Item
-from skillopt.llm.chat import ChatRequest, Message, TextPart, system, user
+from skillopt.llm.chat import Message, TextPart, system, user
 
 BENCHMARK_ID = "docvqa"
 DEFAULT_TASK_TYPE = "docvqa"
@@ -175,10 +175,6 @@ _SCRIPTED_REPLIES = (
 )
 
 
-def scripted_target(request: ChatRequest, seed: int) -> str | None:
-    """The ``scripted`` target's reply to a fixture question on every turn; None declines other items."""
-    return reply_for_question(request, _SCRIPTED_REPLIES)
-
 
 # ------------------------------------------------------------------------------------------ plugin
 
@@ -195,7 +191,7 @@ class DocVQABenchmark:
     #: Prompts carry the page image, so the target must take images (checked in preflight).
     uses_images = True
     scripted_rules: Sequence[Mapping[str, Any]] = (
-        {"name": "docvqa fixture target", "stage": "rollout", "handler": "skillopt.benchmarks.docvqa:scripted_target"},
+        *question_rules(BENCHMARK_ID, _SCRIPTED_REPLIES),
         {"name": "docvqa other", "stage": "rollout", "text": "<answer>unknown</answer>"},
     )
 
@@ -286,5 +282,4 @@ __all__ = [
     "normalise_row",
     "plugin",
     "read_csv_rows",
-    "scripted_target",
 ]

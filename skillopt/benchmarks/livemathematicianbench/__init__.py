@@ -42,11 +42,11 @@ from skillopt.benchmarks.base import (
     skill_section,
     split_items,
 )
-from skillopt.benchmarks.scripted_target import reply_for_question
+from skillopt.benchmarks.scripted_target import question_rules
 from skillopt.config import BenchmarkSection
 from skillopt.data import DropRow, Item, read_records
 from skillopt.errors import DataError
-from skillopt.llm.chat import ChatRequest, Message, system, user
+from skillopt.llm.chat import Message, system, user
 
 BENCHMARK_ID = "livemathematicianbench"
 DEFAULT_TASK_TYPE = "math_mcq"
@@ -264,10 +264,6 @@ _SCRIPTED_REPLIES = (
 )
 
 
-def scripted_target(request: ChatRequest, seed: int) -> str | None:
-    """The ``scripted`` target's reply to a fixture question on every turn; None declines other items."""
-    return reply_for_question(request, _SCRIPTED_REPLIES)
-
 
 # ------------------------------------------------------------------------------------------ plugin
 
@@ -282,11 +278,7 @@ class LiveMathematicianBenchBenchmark:
     Config = LiveMathematicianBenchConfig
     default_split_mode = "split_dir"
     scripted_rules: Sequence[Mapping[str, Any]] = (
-        {
-            "name": "livemathematicianbench fixture target",
-            "stage": "rollout",
-            "handler": "skillopt.benchmarks.livemathematicianbench:scripted_target",
-        },
+        *question_rules(BENCHMARK_ID, _SCRIPTED_REPLIES),
         {
             "name": "livemathematicianbench other",
             "stage": "rollout",
@@ -400,6 +392,5 @@ __all__ = [
     "normalise_row",
     "plugin",
     "read_raw",
-    "scripted_target",
     "shuffled_view",
 ]

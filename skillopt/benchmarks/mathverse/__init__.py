@@ -36,7 +36,7 @@ from skillopt.benchmarks.base import (
     verdict_request,
 )
 from skillopt.benchmarks.images import ROW_DIR, image_part, resolve_image, roots_of, rows_from
-from skillopt.benchmarks.scripted_target import reply_for_question
+from skillopt.benchmarks.scripted_target import question_rules
 from skillopt.config import BenchmarkSection
 from skillopt.data import ITEMS_FILE, DropRow, Item, read_records
 from skillopt.llm.chat import ChatRequest, Message, TextPart, system, user
@@ -205,10 +205,6 @@ _SCRIPTED_REPLIES = (
 )
 
 
-def scripted_target(request: ChatRequest, seed: int) -> str | None:
-    """The ``scripted`` target's reply to a fixture question on every turn; None declines other items."""
-    return reply_for_question(request, _SCRIPTED_REPLIES)
-
 
 # ------------------------------------------------------------------------------------------ plugin
 
@@ -224,8 +220,7 @@ class MathVerseBenchmark:
     extras: tuple[str, ...] = ()
     uses_images = True
     scripted_rules: Sequence[Mapping[str, Any]] = (
-        {"name": "mathverse fixture target", "stage": "rollout",
-         "handler": "skillopt.benchmarks.mathverse:scripted_target"},
+        *question_rules(BENCHMARK_ID, _SCRIPTED_REPLIES),
         {"name": "mathverse other", "stage": "rollout", "text": "<answer>A</answer>"},
     )
 
@@ -356,6 +351,5 @@ __all__ = [
     "normalise_free_form",
     "normalise_row",
     "plugin",
-    "scripted_target",
     "split_choices",
 ]

@@ -35,10 +35,10 @@ from skillopt.benchmarks.base import (
     split_items,
 )
 from skillopt.benchmarks.images import ROW_DIR, image_part, resolve_image, roots_of, rows_from
-from skillopt.benchmarks.scripted_target import reply_for_question
+from skillopt.benchmarks.scripted_target import question_rules
 from skillopt.config import BenchmarkSection
 from skillopt.data import DropRow, Item, read_records
-from skillopt.llm.chat import ChatRequest, Message, Part, TextPart, system, user
+from skillopt.llm.chat import Message, Part, TextPart, system, user
 
 BENCHMARK_ID = "mmrb"
 DEFAULT_TASK_TYPE = "mmrb"
@@ -192,10 +192,6 @@ _SCRIPTED_REPLIES = (
 )
 
 
-def scripted_target(request: ChatRequest, seed: int) -> str | None:
-    """The ``scripted`` target's reply to a fixture question on every turn; None declines other items."""
-    return reply_for_question(request, _SCRIPTED_REPLIES)
-
 
 # ------------------------------------------------------------------------------------------ plugin
 
@@ -211,7 +207,7 @@ class MMRBBenchmark:
     extras: tuple[str, ...] = ()
     uses_images = True
     scripted_rules: Sequence[Mapping[str, Any]] = (
-        {"name": "mmrb fixture target", "stage": "rollout", "handler": "skillopt.benchmarks.mmrb:scripted_target"},
+        *question_rules(BENCHMARK_ID, _SCRIPTED_REPLIES),
         {"name": "mmrb other", "stage": "rollout", "text": "<answer>A</answer>"},
     )
 
@@ -327,5 +323,4 @@ __all__ = [
     "open_match",
     "plugin",
     "read_human_files",
-    "scripted_target",
 ]

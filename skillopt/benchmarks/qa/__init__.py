@@ -42,7 +42,7 @@ from skillopt.benchmarks.base import (
     skill_section,
     split_items,
 )
-from skillopt.benchmarks.scripted_target import reply_for_question
+from skillopt.benchmarks.scripted_target import question_rules
 from skillopt.config import BenchmarkSection
 from skillopt.data import Item, read_records
 from skillopt.errors import DataError
@@ -369,10 +369,6 @@ _SCRIPTED_REPLIES = (
 )
 
 
-def scripted_target(request: ChatRequest, seed: int) -> str | None:
-    """The ``scripted`` target's reply to a fixture question on every turn; None declines other items."""
-    return reply_for_question(request, _SCRIPTED_REPLIES)
-
 
 # ------------------------------------------------------------------------------------------ plugin
 
@@ -386,11 +382,7 @@ class QABenchmark:
     Config = QAConfig
     default_split_mode = "ratio"
     scripted_rules: Sequence[Mapping[str, Any]] = (
-        {
-            "name": "qa fixture target",
-            "stage": "rollout",
-            "handler": "skillopt.benchmarks.qa:scripted_target",
-        },
+        *question_rules(BENCHMARK_ID, _SCRIPTED_REPLIES),
         {"name": "qa other", "stage": "rollout", "text": "I do not know.\n<answer>unknown</answer>"},
     )
 
@@ -512,5 +504,4 @@ __all__ = [
     "plugin",
     "read_rows",
     "resolve_label",
-    "scripted_target",
 ]

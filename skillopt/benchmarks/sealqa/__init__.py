@@ -40,7 +40,7 @@ from skillopt.benchmarks.base import (
     skill_section,
     split_items,
 )
-from skillopt.benchmarks.scripted_target import reply_for_question
+from skillopt.benchmarks.scripted_target import question_rules
 from skillopt.benchmarks.sealqa.fetch import FetchError, UrlFetcher, UrllibFetcher, check_scheme, page_text
 from skillopt.config import BenchmarkSection
 from skillopt.data import Item, read_records
@@ -264,10 +264,6 @@ _SCRIPTED_REPLIES = (
 )
 
 
-def scripted_target(request: ChatRequest, seed: int) -> str | None:
-    """The ``scripted`` target's reply to a fixture question on every turn; None declines other items."""
-    return reply_for_question(request, _SCRIPTED_REPLIES)
-
 
 # ------------------------------------------------------------------------------------------ plugin
 
@@ -285,11 +281,7 @@ class SealQABenchmark:
     Config = SealQAConfig
     default_split_mode = "split_dir"
     scripted_rules: Sequence[Mapping[str, Any]] = (
-        {
-            "name": "sealqa fixture target",
-            "stage": "rollout",
-            "handler": "skillopt.benchmarks.sealqa:scripted_target",
-        },
+        *question_rules(BENCHMARK_ID, _SCRIPTED_REPLIES),
         {
             "name": "sealqa other",
             "stage": "rollout",
@@ -465,6 +457,5 @@ __all__ = [
     "parse_list",
     "plugin",
     "read_rows",
-    "scripted_target",
     "string_match",
 ]

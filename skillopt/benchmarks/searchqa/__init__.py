@@ -32,10 +32,10 @@ from skillopt.benchmarks.base import (
     skill_section,
     split_items,
 )
-from skillopt.benchmarks.scripted_target import reply_for_question
+from skillopt.benchmarks.scripted_target import question_rules
 from skillopt.config import BenchmarkSection
 from skillopt.data import Item
-from skillopt.llm.chat import ChatRequest, Message, system, user
+from skillopt.llm.chat import Message, system, user
 
 BENCHMARK_ID = "searchqa"
 DEFAULT_TASK_TYPE = "qa"
@@ -142,10 +142,6 @@ _SCRIPTED_REPLIES = (
 )
 
 
-def scripted_target(request: ChatRequest, seed: int) -> str | None:
-    """The ``scripted`` target's reply to a fixture clue on every turn; None declines other items."""
-    return reply_for_question(request, _SCRIPTED_REPLIES)
-
 
 class SearchQABenchmark:
     """The ``searchqa`` plug-in (the ``Benchmark`` protocol in ``skillopt.benchmarks.base``)."""
@@ -156,11 +152,7 @@ class SearchQABenchmark:
     Config = SearchQAConfig
     default_split_mode = "split_dir"
     scripted_rules: Sequence[Mapping[str, Any]] = (
-        {
-            "name": "searchqa fixture target",
-            "stage": "rollout",
-            "handler": "skillopt.benchmarks.searchqa:scripted_target",
-        },
+        *question_rules(BENCHMARK_ID, _SCRIPTED_REPLIES),
         {
             "name": "searchqa other",
             "stage": "rollout",
@@ -246,5 +238,4 @@ __all__ = [
     "normalise_row",
     "plugin",
     "read_answer",
-    "scripted_target",
 ]

@@ -38,7 +38,7 @@ from skillopt.benchmarks.base import (
     skill_section,
     split_items,
 )
-from skillopt.benchmarks.scripted_target import reply_for_question
+from skillopt.benchmarks.scripted_target import question_rules
 from skillopt.benchmarks.spreadsheetbench.cells import (
     CaseOutcome,
     compare_workbooks,
@@ -229,10 +229,6 @@ _SCRIPTED_REPLIES = (
 )
 
 
-def scripted_target(request: ChatRequest, seed: int) -> str | None:
-    """The ``scripted`` target's script for a fixture item (the same on every round); None declines."""
-    return reply_for_question(request, _SCRIPTED_REPLIES)
-
 
 # ------------------------------------------------------------------------------------------ plugin
 
@@ -252,8 +248,7 @@ class SpreadsheetBenchBenchmark:
     #: openpyxl and pandas come with ``pip install 'skillopt[spreadsheetbench]'``.
     extras: tuple[str, ...] = ("spreadsheetbench",)
     scripted_rules: Sequence[Mapping[str, Any]] = (
-        {"name": "spreadsheetbench fixture target", "stage": "rollout",
-         "handler": "skillopt.benchmarks.spreadsheetbench:scripted_target"},
+        *question_rules(BENCHMARK_ID, _SCRIPTED_REPLIES),
         {"name": "spreadsheetbench other", "stage": "rollout",
          "text": "```python\nimport shutil\nshutil.copyfile(INPUT_PATH, OUTPUT_PATH)\n```"},
     )
@@ -442,5 +437,4 @@ __all__ = [
     "plugin",
     "prepare_script",
     "resolve_task_dir",
-    "scripted_target",
 ]
