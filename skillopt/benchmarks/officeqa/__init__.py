@@ -19,7 +19,7 @@ import json
 import os
 import re
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -110,38 +110,31 @@ class OfficeQAConfig(BenchmarkSection):
 
 def parse_source_files(value: Any) -> list[str]:
     """``source_files`` as a list: a list, a JSON list, a newline list (CR/LF), a comma list or one name."""
-    if value is None:
-        return []
-    if isinstance(value, str):
-        text = value.strip()
-        if text.startswith("["):
-            try:
-                value = json.loads(text)
-            except json.JSONDecodeError:
-                raise ValueError(f"field 'source_files' is not a JSON list: {quote_answer(text)}") from None
-        else:
-            parts = _LIST_SPLIT.split(text) if _LIST_SPLIT.search(text) else text.split(",")
-            return [part.strip() for part in parts if part.strip()]
-    if not isinstance(value, list | tuple):
-        raise ValueError(f"field 'source_files' must be a list or a string, got {type(value).__name__}")
-    return [str(entry).strip() for entry in value if entry is not None and str(entry).strip()]
+    def split(text: str) -> list[str]:
+        return _LIST_SPLIT.split(text) if _LIST_SPLIT.search(text) else text.split(",")
+
+    return _parse_list(value, "source_files", split)
 
 
 def parse_source_docs(value: Any) -> list[str]:
     """``source_docs`` as a list of URLs: a list, a JSON list, or URLs split by whitespace or commas."""
+    return _parse_list(value, "source_docs", _URL_SPLIT.split)
+
+
+def _parse_list(value: Any, field: str, split: Callable[[str], list[str]]) -> list[str]:
+    """A list field given as a list, a JSON list, or text that ``split`` cuts into entries."""
     if value is None:
         return []
     if isinstance(value, str):
         text = value.strip()
-        if text.startswith("["):
-            try:
-                value = json.loads(text)
-            except json.JSONDecodeError:
-                raise ValueError(f"field 'source_docs' is not a JSON list: {quote_answer(text)}") from None
-        else:
-            return [part.strip() for part in _URL_SPLIT.split(text) if part and part.strip()]
+        if not text.startswith("["):
+            return [part.strip() for part in split(text) if part and part.strip()]
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError:
+            raise ValueError(f"field {field!r} is not a JSON list: {quote_answer(text)}") from None
     if not isinstance(value, list | tuple):
-        raise ValueError(f"field 'source_docs' must be a list or a string, got {type(value).__name__}")
+        raise ValueError(f"field {field!r} must be a list or a string, got {type(value).__name__}")
     return [str(entry).strip() for entry in value if entry is not None and str(entry).strip()]
 
 
