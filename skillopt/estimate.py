@@ -401,8 +401,8 @@ def dry_run(loaded: LoadedConfig, *, cli: Any = None, env: Mapping[str, str]) ->
     Loads the benchmark and its splits (split manifests go to a temporary folder, so nothing is
     written under ``runs/``) and resolves the roles for their price models.
     """
+    from skillopt.benchmarks.resolve import initial_skill, resolve_benchmark  # the same readings as training
     from skillopt.llm.base import BackendRegistry
-    from tasks.context import _initial_skill, resolve_benchmark  # the same readings as training
 
     config = loaded.config
     benchmark, bench_cfg, roles = resolve_benchmark(loaded, cli=cli, env=env, registry=BackendRegistry.default(),
@@ -411,7 +411,7 @@ def dry_run(loaded: LoadedConfig, *, cli: Any = None, env: Mapping[str, str]) ->
         items = {split: benchmark.load_split(bench_cfg, split, run_dir=Path(scratch))
                  for split in ("train", "val", "test")}
     return estimate_benchmark_run(config, benchmark=benchmark, bench_cfg=bench_cfg, items=items,
-                                  initial_skill=_initial_skill(config, benchmark.prompts_dir), roles=roles,
+                                  initial_skill=initial_skill(config, benchmark.prompts_dir), roles=roles,
                                   prices=PriceTable.load(config.model.pricing_file or None))
 
 

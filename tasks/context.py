@@ -16,15 +16,16 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from skillopt.benchmarks.base import Benchmark, BenchmarkSetupError, benchmark_config, load_benchmark
+from skillopt.benchmarks.base import Benchmark, BenchmarkSetupError
 from skillopt.benchmarks.images import image_digests, item_image_paths
+from skillopt.benchmarks.resolve import initial_skill as read_initial_skill
+from skillopt.benchmarks.resolve import read_prompt, resolve_benchmark
 from skillopt.config import LoadedConfig, SkillOptConfig
 from skillopt.data import Item, check_train_size
-from skillopt.errors import ConfigError
 from skillopt.llm.base import BackendContext, BackendRegistry, EnvSecrets
 from skillopt.llm.clients import ModelClients
 from skillopt.llm.reply_store import ReplyStore
-from skillopt.llm.roles import CliRoleOptions, resolve_roles
+from skillopt.llm.roles import CliRoleOptions
 from skillopt.llm.usage import check_startable
 from skillopt.runs import RunDir, config_hash, default_run_name
 from tasks.cache import digest, result_storage
@@ -84,21 +85,6 @@ class RunContext:
         return task.with_options(result_storage=self.storage, refresh_cache=self.config.run.refresh_cache, **options)
 
 
-def resolve_benchmark(loaded: LoadedConfig, *, cli: CliRoleOptions | None, env: Mapping[str, str],
-                      registry: BackendRegistry, command: str) -> tuple[Benchmark, BaseModel, Any]:
-    """The configured benchmark, its config bound to the target backend, and the resolved roles, after
-    the plug-in's preflight. ``command`` is what the "no benchmark named" error tells the user to run."""
-    config = loaded.config
-    if not config.benchmark.name:
-        raise ConfigError(f"benchmark.name is not set: name a benchmark ({command})")
-    benchmark = load_benchmark(config.benchmark.name)
-    bench_cfg = benchmark_config(benchmark, config.benchmark)
-    roles = resolve_roles(loaded, cli=cli, env=env, registry=registry)
-    bench_cfg = _bind_target(benchmark, bench_cfg, roles.target.backend, registry.get(roles.target.backend).kind)
-    benchmark.preflight(bench_cfg)
-    return benchmark, bench_cfg, roles
-
-
 def build_run_context(
     loaded: LoadedConfig,
     *,
@@ -152,13 +138,13 @@ def build_run_context(
     check_startable(config.budget, clients.ledger.prices,
                     {name: (role.backend, role.price_model) for name, role in used.items()})
     prompts = benchmark.prompts_dir
-    guidance = {kind: _read(prompts / f"analyst_{kind}.md") for kind in ("error", "success")}
-    initial = _initial_skill(config, prompts) if initial_skill is None else initial_skill
+    guidance = {kind: read_prompt(prompts / f"analyst_{kind}.md") for kind in ("error", "success")}
+    initial = read_initial_skill(config, prompts) if initial_skill is None else initial_skill
     return RunContext(
         loaded=loaded, benchmark=benchmark, bench_cfg=bench_cfg, clients=clients, run=run, run_name=run_name,
         items=items, split_ids=split_ids,
         data_hash=_data_hash(items, split_ids),
-        bench_prompt_hash=digest([guidance, _read(prompts / "initial_skill.md"), benchmark.version]),
+        bench_prompt_hash=digest([guidance, read_prompt(prompts / "initial_skill.md"), benchmark.version]),
         storage=result_storage(Path(config.run.cache_dir)), initial_skill=initial, benchmark_guidance=guidance,
     )
 
@@ -190,40 +176,9 @@ def _data_hash(items: Mapping[str, Item], split_ids: Mapping[str, Sequence[str]]
     return digest({"splits": {s: [items[i] for i in split_ids[s]] for s in SPLITS}, "images": images})
 
 
-def _bind_target(benchmark: Benchmark, bench_cfg: BaseModel, backend: str, kind: str) -> BaseModel:
-    """The plug-in's optional ``bind_target(cfg, backend=, kind=) -> (cfg, notes)`` hook: choices that
-    depend on the target backend (``auto`` env managers, agent runners, harnesses) are settled before
-    preflight, an unsupported backend raises ``BenchmarkSetupError``, and each note (such as "the
-    environment is simulated") goes into the run header."""
-    bind = getattr(benchmark, "bind_target", None)
-    if bind is None:
-        return bench_cfg
-    bound, notes = bind(bench_cfg, backend=backend, kind=kind)
-    for note in notes:
-        progress.info("%s: %s", benchmark.id, note)
-    return bound
-
-
 def _limiter(config: SkillOptConfig) -> Any:
     if config.model.rate_limit_mode != "prefect":
         return None
     from tasks.limits import PrefectRateLimiter
 
     return PrefectRateLimiter(config.model.providers)
-
-
-def _initial_skill(config: SkillOptConfig, prompts_dir: Path) -> str:
-    """``train.skill_init``: null = the benchmark's initial skill, "" = blank, else a file."""
-    if config.train.skill_init is None:
-        return _read(prompts_dir / "initial_skill.md")
-    if config.train.skill_init == "":
-        return ""
-    path = Path(config.train.skill_init)
-    if not path.is_file():
-        raise ConfigError(f"train.skill_init: no file at {path}")
-    return path.read_text(encoding="utf-8")
-
-
-def _read(path: Path) -> str:
-    return path.read_text(encoding="utf-8") if path.is_file() else ""
-

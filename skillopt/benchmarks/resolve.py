@@ -1,0 +1,65 @@
+"""Resolving the configured benchmark before anything runs: shared by training (``tasks/context.py``)
+and the dry run (``skillopt/estimate.py``), and free of Prefect so a dry run starts quickly."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+from skillopt.benchmarks.base import Benchmark, benchmark_config, load_benchmark
+from skillopt.config import LoadedConfig, SkillOptConfig
+from skillopt.errors import ConfigError
+from skillopt.llm.base import BackendRegistry
+from skillopt.llm.roles import CliRoleOptions, resolve_roles
+
+progress = logging.getLogger("skillopt.progress")
+
+
+def resolve_benchmark(loaded: LoadedConfig, *, cli: CliRoleOptions | None, env: Mapping[str, str],
+                      registry: BackendRegistry, command: str) -> tuple[Benchmark, BaseModel, Any]:
+    """The configured benchmark, its config bound to the target backend, and the resolved roles, after
+    the plug-in's preflight. ``command`` is what the "no benchmark named" error tells the user to run."""
+    config = loaded.config
+    if not config.benchmark.name:
+        raise ConfigError(f"benchmark.name is not set: name a benchmark ({command})")
+    benchmark = load_benchmark(config.benchmark.name)
+    bench_cfg = benchmark_config(benchmark, config.benchmark)
+    roles = resolve_roles(loaded, cli=cli, env=env, registry=registry)
+    bench_cfg = bind_target(benchmark, bench_cfg, roles.target.backend, registry.get(roles.target.backend).kind)
+    benchmark.preflight(bench_cfg)
+    return benchmark, bench_cfg, roles
+
+
+def bind_target(benchmark: Benchmark, bench_cfg: BaseModel, backend: str, kind: str) -> BaseModel:
+    """The plug-in's optional ``bind_target(cfg, backend=, kind=) -> (cfg, notes)`` hook: choices that
+    depend on the target backend (``auto`` env managers, agent runners, harnesses) are settled before
+    preflight, an unsupported backend raises ``BenchmarkSetupError``, and each note (such as "the
+    environment is simulated") goes into the run header."""
+    bind = getattr(benchmark, "bind_target", None)
+    if bind is None:
+        return bench_cfg
+    bound, notes = bind(bench_cfg, backend=backend, kind=kind)
+    for note in notes:
+        progress.info("%s: %s", benchmark.id, note)
+    return bound
+
+
+def initial_skill(config: SkillOptConfig, prompts_dir: Path) -> str:
+    """``train.skill_init``: null = the benchmark's initial skill, "" = blank, else a file."""
+    if config.train.skill_init is None:
+        return read_prompt(prompts_dir / "initial_skill.md")
+    if config.train.skill_init == "":
+        return ""
+    path = Path(config.train.skill_init)
+    if not path.is_file():
+        raise ConfigError(f"train.skill_init: no file at {path}")
+    return path.read_text(encoding="utf-8")
+
+
+def read_prompt(path: Path) -> str:
+    """A plug-in prompt file's text; "" when the plug-in ships no such file."""
+    return path.read_text(encoding="utf-8") if path.is_file() else ""
