@@ -124,16 +124,16 @@ class RoleClient:
                 tags=request.tags, price_model=self.role.price_model,
             )
             raise
+        response = response.model_copy(update={"attempts": attempts, "backend": self.role.backend})
+        if self.replies is not None and store_key is not None:
+            # Kept before its usage line is written: a kill between the two must not pay for the call again.
+            self.replies.put(store_key, response)
         record = self.ledger.record(
             role=self.role.role, backend=self.role.backend, model_requested=self.role.model,
             model_served=response.model, stage=request.stage, usage=response.usage, latency_s=response.latency_s,
             attempts=attempts, status="ok", tags=request.tags, price_model=self.role.price_model,
         )
-        response = response.model_copy(update={"attempts": attempts, "cost_usd": record.cost_usd,
-                                               "backend": self.role.backend})
-        if self.replies is not None and store_key is not None:
-            self.replies.put(store_key, response)
-        return response
+        return response.model_copy(update={"cost_usd": record.cost_usd})
 
     def _with_context(self, error: BackendError, request: ChatRequest) -> BackendError:
         error.role = error.role or self.role.role

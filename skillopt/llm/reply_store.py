@@ -9,22 +9,35 @@ answered from here: after a ``kill -9`` at any point, re-running repeats no comp
 The key covers what decides a reply: the role's fingerprint (backend, model, effort, limits,
 sampling parameters), the messages (images by content hash), the response schema, the per-call overrides and the tags
 (item id, turn, sample index ...). ``refresh=True`` skips reads (``run.refresh_cache``).
+
+A reply is written before its usage line (``RoleClient.chat``), so a kill between the two costs at
+most an unrecorded cache hit, never a second payment. A kill in the middle of a write leaves a
+temporary file named after its host and pid; opening the store removes those whose process is gone
+(and any older than an hour, e.g. from another host on shared storage).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import os
+import socket
+import time
 from pathlib import Path
 
 from skillopt.atomic import atomic_write_bytes
 from skillopt.llm.chat import ChatRequest, ChatResponse
+
+#: A temporary reply file older than this is an orphan whoever wrote it (a write takes milliseconds).
+ORPHAN_AGE_S = 3600.0
 
 
 class ReplyStore:
     def __init__(self, folder: Path, *, refresh: bool = False) -> None:
         self.folder = folder
         self.refresh = refresh
+        self.sweep_orphans()
 
     @staticmethod
     def key(fingerprint: str, request: ChatRequest) -> str:
@@ -56,4 +69,44 @@ class ReplyStore:
             return None  # a torn or foreign file: call again and overwrite it
 
     def put(self, key: str, response: ChatResponse) -> None:
-        atomic_write_bytes(self._path(key), response.model_dump_json(exclude={"parsed"}).encode("utf-8"))
+        atomic_write_bytes(self._path(key), response.model_dump_json(exclude={"parsed"}).encode("utf-8"),
+                           owner=_owner())
+
+    def sweep_orphans(self) -> int:
+        """Remove temporary reply files left by killed writers; returns how many."""
+        if not self.folder.is_dir():
+            return 0
+        host, now, removed = socket.gethostname(), time.time(), 0
+        for shard in os.scandir(self.folder):
+            if not shard.is_dir():
+                continue
+            for entry in os.scandir(shard.path):
+                if not (entry.name.startswith(".") and entry.name.endswith(".tmp")):
+                    continue
+                with contextlib.suppress(OSError):
+                    if _writer_gone(entry.name, host) or now - entry.stat().st_mtime > ORPHAN_AGE_S:
+                        os.unlink(entry.path)
+                        removed += 1
+        return removed
+
+
+def _owner() -> str:
+    """Who writes a temporary file: ``<host>-<pid>`` (dots and dashes of the host name kept apart)."""
+    return f"{socket.gethostname().replace('.', '_')}-{os.getpid()}"
+
+
+def _writer_gone(name: str, host: str) -> bool:
+    """``.<key>.json.<host>-<pid>.<random>.tmp`` written on this host by a process that no longer runs."""
+    parts = name.split(".")
+    if len(parts) < 6:
+        return False
+    writer_host, _, pid = parts[3].rpartition("-")
+    if writer_host != host.replace(".", "_") or not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False

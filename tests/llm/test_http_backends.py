@@ -29,6 +29,7 @@ from skillopt.llm.errors import (
     PermissionDenied,
     RateLimited,
 )
+from skillopt.llm.pricing import PriceTable
 from tests.fakes.http_fakes import drip, malformed_body, ok, reset, slow, status, truncated
 
 KEY = "sk-SENTINEL-5c1d2e3f4a5b6c7d"
@@ -471,3 +472,55 @@ def test_a_reply_is_stored_the_moment_it_arrives_and_never_paid_for_twice(openai
     assert openai_server.calls(CHAT) == 2
     assert bundle(refresh=True).target.chat(ask()).text == "ok"  # --no-cache calls again
     assert openai_server.calls(CHAT) == 3
+
+
+def test_a_reply_is_in_the_store_before_its_usage_line_so_a_kill_between_them_pays_nothing(openai_server, tmp_path):
+    from skillopt.llm.reply_store import ReplyStore
+    from skillopt.llm.usage import UsageLedger
+
+    class KilledWhileRecording(UsageLedger):
+        """The process dies as the usage line is written: only what is on disk by then survives."""
+
+        def record(self, **fields):
+            if fields.get("status") == "ok" and not fields.get("cache_hit"):
+                raise SystemExit("killed")
+            return super().record(**fields)
+
+    env = {"OPENAI_API_KEY": KEY}
+    loaded = load_config(None, overrides=[f"model.target.base_url={openai_server.openai_base_url}",
+                                          "model.target.options.api=chat_completions"], env=env)
+    openai_server.plan(CHAT, ok(text="paid once"), ok(text="paid twice"))
+    dying = ModelClients.from_config(loaded, env=env, registry=REGISTRY, replies=ReplyStore(tmp_path / "r"),
+                                     ledger=KilledWhileRecording(tmp_path / "usage.jsonl", PriceTable.load(None)))
+    with pytest.raises(SystemExit):
+        dying.target.chat(ask())
+    restarted = ModelClients.from_config(loaded, env=env, registry=REGISTRY, replies=ReplyStore(tmp_path / "r"))
+    assert restarted.target.chat(ask()).text == "paid once"
+    assert openai_server.calls(CHAT) == 1
+
+
+def test_opening_the_reply_store_removes_temporary_files_of_writers_that_are_gone(tmp_path):
+    import os
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    from skillopt.llm.reply_store import ReplyStore
+
+    shard = tmp_path / "replies" / "ab"
+    shard.mkdir(parents=True)
+    host = socket.gethostname().replace(".", "_")
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True)
+    dead_pid = int(gone.stdout)
+    orphan = shard / f".ab12.json.{host}-{dead_pid}.x1y2.tmp"
+    in_flight = shard / f".ab34.json.{host}-{os.getpid()}.x3y4.tmp"  # a live writer's file stays
+    stale = shard / ".ab56.json.otherhost-1.x5y6.tmp"
+    reply = shard / "ab78.json"
+    for path in (orphan, in_flight, stale, reply):
+        path.write_text("{}")
+    old = time.time() - 2 * 3600
+    os.utime(stale, (old, old))  # another host's, but far older than any write takes
+    ReplyStore(tmp_path / "replies")
+    assert sorted(p.name for p in shard.iterdir()) == sorted([in_flight.name, reply.name])
