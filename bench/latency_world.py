@@ -42,6 +42,7 @@ if str(ROOT) not in sys.path:  # bench/ is not installed: reach the repository's
 
 from skillopt.benchmarks.demo import scripted as demo  # noqa: E402
 from skillopt.llm.chat import ChatRequest, Message  # noqa: E402
+from skillopt.llm.clients import CORRECTION_LEAD  # noqa: E402
 from skillopt.prompts import optimizer_prompt  # noqa: E402
 from tests.fakes.http_fakes import (  # noqa: E402
     Entry,
@@ -234,12 +235,13 @@ class LatencyWorld:
     def classify(self, body: dict[str, Any]) -> tuple[str, ChatRequest, bool]:
         """The stage, the demo request to answer (the original conversation) and whether it is a re-ask."""
         messages = body.get("messages") or []
-        original = []
+        # A re-ask is the same conversation with a short correction added to its last user turn.
+        original, reask = [], False
         for message in messages:
-            if message.get("role") == "assistant":
-                break
-            original.append(message)
-        reask = len(original) < len(messages)
+            content = _text(message.get("content"))
+            if message.get("role") == "user" and CORRECTION_LEAD in content:
+                content, reask = content.split(CORRECTION_LEAD, 1)[0].rstrip("\n"), True
+            original.append({**message, "content": content})
         system_text = "\n".join(_text(m.get("content")) for m in original if m.get("role") == "system")
         stage, kind = self._intros.get(system_text.lstrip().split("\n", 1)[0].strip(), ("rollout", None))
         request = ChatRequest(

@@ -108,6 +108,8 @@ class RoleSpec(_Section):
     options: dict[str, Any] = Field(default_factory=dict)
     capabilities: dict[str, Any] = Field(default_factory=dict)
     strict_params: Bool = False
+    #: The model's context window in tokens; unset: what the backend reports, else the known-models table.
+    context_tokens: int | None = Field(default=None, ge=256)
 
 
 class TargetSpec(RoleSpec):

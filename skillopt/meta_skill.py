@@ -25,7 +25,7 @@ from __future__ import annotations
 from skillopt.llm.chat import ChatRequest
 from skillopt.prompts import ReplyModel
 from skillopt.reflect import skill_or_empty
-from skillopt.slow_update import Pairs, block_text, comparison_message, comparison_request
+from skillopt.slow_update import Pairs, block_text, comparison_request
 
 
 class MetaSkillReply(ReplyModel):
@@ -35,20 +35,23 @@ class MetaSkillReply(ReplyModel):
     memory: str
 
 
-def format_meta_skill_message(*, previous_skill: str, current_skill: str, previous_memory: str, pairs: Pairs) -> str:
-    """The meta-skill user message (format in the module docstring)."""
-    return comparison_message([
+def meta_skill_sections(*, previous_skill: str, current_skill: str, previous_memory: str) -> list[tuple[str, str]]:
+    """The meta-skill message before the comparison: both skills and the previous memory."""
+    return [
         ("Previous epoch's last skill", skill_or_empty(previous_skill)),
         ("This epoch's last skill", skill_or_empty(current_skill)),
         ("Previous memory", previous_memory.strip() or "(none)"),
-    ], pairs)
+    ]
 
 
-def meta_skill_request(*, previous_skill: str, current_skill: str, previous_memory: str, pairs: Pairs) -> ChatRequest:
-    """The meta-skill call: stage ``meta_skill``, tags ``{"item_ids"}`` (train items only)."""
-    message = format_meta_skill_message(previous_skill=previous_skill, current_skill=current_skill,
-                                        previous_memory=previous_memory, pairs=pairs)
-    return comparison_request("meta_skill", message, pairs)
+def meta_skill_request(*, previous_skill: str, current_skill: str, previous_memory: str, pairs: Pairs,
+                       prompt_chars: int | None = None, trajectory_chars: int | None = None) -> ChatRequest:
+    """The meta-skill call: stage ``meta_skill``, tags ``{"item_ids"}`` (train items only), sized to
+    ``prompt_chars`` (None: whole trajectories)."""
+    sections = meta_skill_sections(previous_skill=previous_skill, current_skill=current_skill,
+                                   previous_memory=previous_memory)
+    return comparison_request("meta_skill", sections, pairs, prompt_chars=prompt_chars,
+                              trajectory_chars=trajectory_chars)
 
 
 def memory_from_reply(reply: MetaSkillReply) -> str:

@@ -30,7 +30,7 @@ from pydantic import field_validator
 from skillopt.llm.chat import ChatRequest, system, user
 from skillopt.prompts import ReplyModel, optimizer_prompt
 from skillopt.records import ItemResult
-from skillopt.reflect import format_analyst_message
+from skillopt.reflect import format_analyst_message, room_left
 from skillopt.skill import strip_markers
 
 
@@ -65,13 +65,17 @@ def probe_request(
     rows: Sequence[ItemResult],
     step_buffer: str = "",
     meta_skill: str = "",
-    trajectory_chars: int = 6000,
+    prompt_chars: int | None = None,
+    trajectory_chars: int | None = None,
 ) -> ChatRequest:
-    """The deep-probe call on the picked rows: stage ``deep_probe``, tags ``{"item_ids"}``."""
+    """The deep-probe call on the picked rows: stage ``deep_probe``, tags ``{"item_ids"}``; sized
+    like an analyst's (``reflect.analyst_request``)."""
+    instructions = optimizer_prompt("deep_probe") + "\n"
     message = format_analyst_message(skill=skill, budget=None, rows=rows, step_buffer=step_buffer,
-                                     meta_skill=meta_skill, trajectory_chars=trajectory_chars)
+                                     meta_skill=meta_skill, message_chars=room_left(prompt_chars, instructions),
+                                     trajectory_chars=trajectory_chars)
     return ChatRequest(
-        messages=[system(optimizer_prompt("deep_probe") + "\n"), user(message)],
+        messages=[system(instructions), user(message)],
         stage="deep_probe",
         tags={"item_ids": [row.id for row in rows]},
     )

@@ -26,6 +26,9 @@ budget`` / "at most L suggestions" or no budget section at all, and ``probe`` fo
     <format_trajectory block 1>
 
     <format_trajectory block 2> ...
+
+The trajectories share the room the prompt size leaves (``trajectory.fit_trajectories``): whole
+when they fit, else with the middles of their longest fields elided.
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ from skillopt.llm.chat import ChatRequest, Message, TextPart, system, user
 from skillopt.prompts import ReplyModel, optimizer_prompt
 from skillopt.records import Diagnosis, ItemResult, Patch
 from skillopt.skill import Edit
-from skillopt.trajectory import format_trajectory
+from skillopt.trajectory import fit_trajectories
 
 Kind = Literal["failure", "success"]
 BudgetUnit = Literal["edits", "suggestions"]
@@ -121,13 +124,16 @@ def format_analyst_message(
     rows: Sequence[ItemResult],
     step_buffer: str = "",
     meta_skill: str = "",
-    trajectory_chars: int = 6000,
+    message_chars: int | None = None,
+    trajectory_chars: int | None = None,
     budget_unit: BudgetUnit = "edits",
 ) -> str:
     """The analyst's user message (format in the module docstring); trajectories numbered from 1.
 
     ``budget_unit`` names the budget section (``## Edit budget`` / ``## Suggestion budget``) and its
     sentence; ``budget`` None leaves the section out (full rewrites and the deep probe have none).
+    The trajectories share what ``message_chars`` leaves after the other sections (None: no limit),
+    each at most ``trajectory_chars`` (``trajectory.fit_trajectories``).
     """
     sections = [f"## Current skill\n{skill_or_empty(skill)}"]
     if budget is not None:
@@ -136,9 +142,16 @@ def format_analyst_message(
         sections.append(f"## Step buffer\n{step_buffer.strip()}")
     if meta_skill.strip():
         sections.append(f"## Optimizer memory\n{meta_skill.strip()}")
-    blocks = [format_trajectory(row, index=i, max_chars=trajectory_chars) for i, row in enumerate(rows, 1)]
-    sections.append("## Trajectories\n" + ("\n\n".join(blocks) if blocks else "(none)"))
+    heading = "## Trajectories\n"
+    room = room_left(message_chars, "\n\n".join(sections), "\n\n", heading, "\n")
+    blocks = fit_trajectories(rows, budget_chars=room, per_trajectory_chars=trajectory_chars)
+    sections.append(heading + ("\n\n".join(blocks) if blocks else "(none)"))
     return "\n\n".join(sections) + "\n"
+
+
+def room_left(total_chars: int | None, *taken: str) -> int | None:
+    """What ``total_chars`` leaves after the ``taken`` texts (None stays None: no limit)."""
+    return None if total_chars is None else max(0, total_chars - sum(len(text) for text in taken))
 
 
 def analyst_system_prompt(
@@ -165,20 +178,24 @@ def analyst_request(
     meta_skill: str = "",
     benchmark_guidance: str = "",
     use_appendix: bool = False,
-    trajectory_chars: int = 6000,
+    prompt_chars: int | None = None,
+    trajectory_chars: int | None = None,
 ) -> ChatRequest:
     """One analyst call on one minibatch: stage ``analyst``, tags ``{"kind", "item_ids"}``.
 
     ``rows`` must be train rows (the flow guarantees it). Success analysts never get the
-    execution-notes instructions. Raises ``ValueError`` for a negative budget.
+    execution-notes instructions. The whole prompt stays within ``prompt_chars`` where shortening
+    the trajectories can make it (None: whole trajectories), each trajectory within
+    ``trajectory_chars``. Raises ``ValueError`` for a negative budget.
     """
     if budget < 0:
         raise ValueError(f"edit budget must be >= 0, got {budget}")
+    instructions = analyst_system_prompt(kind=kind, benchmark_guidance=benchmark_guidance, use_appendix=use_appendix)
     message = format_analyst_message(skill=skill, budget=budget, rows=rows, step_buffer=step_buffer,
-                                     meta_skill=meta_skill, trajectory_chars=trajectory_chars)
+                                     meta_skill=meta_skill, message_chars=room_left(prompt_chars, instructions),
+                                     trajectory_chars=trajectory_chars)
     return ChatRequest(
-        messages=[system(analyst_system_prompt(kind=kind, benchmark_guidance=benchmark_guidance,
-                                               use_appendix=use_appendix)), user(message)],
+        messages=[system(instructions), user(message)],
         stage="analyst",
         tags={"kind": kind, "item_ids": [row.id for row in rows]},
     )

@@ -78,6 +78,7 @@ from skillopt.reflect import (
     diagnosis_from_reply,
     format_analyst_message,
     notes_from_reply,
+    room_left,
     skill_or_empty,
 )
 from skillopt.select import format_ranking_message
@@ -145,7 +146,8 @@ def rewrite_analyst_request(
     meta_skill: str = "",
     benchmark_guidance: str = "",
     use_appendix: bool = False,
-    trajectory_chars: int = 6000,
+    prompt_chars: int | None = None,
+    trajectory_chars: int | None = None,
 ) -> ChatRequest:
     """One rewrite-mode analyst call on one minibatch: stage ``analyst``, tags ``{"kind", "mode",
     "item_ids"}``.
@@ -158,13 +160,15 @@ def rewrite_analyst_request(
     if budget < 0:
         raise ValueError(f"suggestion budget must be >= 0, got {budget}")
     suggestions = mode == "rewrite_from_suggestions"
+    template = optimizer_prompt("analyst_suggestions" if suggestions else "analyst_full_rewrite")
+    instructions = analyst_system_prompt(kind=kind, benchmark_guidance=benchmark_guidance,
+                                         use_appendix=use_appendix, template=template)
     message = format_analyst_message(skill=skill, budget=budget if suggestions else None, rows=rows,
                                      step_buffer=step_buffer, meta_skill=meta_skill,
+                                     message_chars=room_left(prompt_chars, instructions),
                                      trajectory_chars=trajectory_chars, budget_unit="suggestions")
-    template = optimizer_prompt("analyst_suggestions" if suggestions else "analyst_full_rewrite")
     return ChatRequest(
-        messages=[system(analyst_system_prompt(kind=kind, benchmark_guidance=benchmark_guidance,
-                                               use_appendix=use_appendix, template=template)), user(message)],
+        messages=[system(instructions), user(message)],
         stage="analyst",
         tags={"kind": kind, "mode": mode, "item_ids": [row.id for row in rows]},
     )

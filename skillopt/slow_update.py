@@ -14,7 +14,9 @@ with the meta skill::
     Stable successes: N
 
     ### Improved
-    <the AFTER trajectory of each pair, format_trajectory>
+    <the new skill's trajectory of each pair, format_trajectory>
+    Previous skill's run (outcome: failed (hard 0.00, soft 0.00), answer `X`; <its failure reason>)
+    New skill's run (outcome: solved (hard 1.00, soft 1.00), answer `Y`)
 
     ### Regressed
     ...
@@ -23,9 +25,10 @@ with the meta skill::
     ...
 
     ### Stable successes
-    - `id`
+    - `id`: before: solved (hard 1.00, soft 1.00), answer `Y`; after: solved (...), answer `Y`
 
-An empty group reads ``(none)``; trajectories are numbered from 1 across the whole section.
+An empty group reads ``(none)``; trajectories are numbered from 1 across the whole section and
+share the room the prompt size leaves (``trajectory.fit_trajectories``).
 """
 
 from __future__ import annotations
@@ -39,15 +42,15 @@ from pydantic import BaseModel, Field
 from skillopt.llm.chat import ChatRequest, system, user
 from skillopt.prompts import ReplyModel, optimizer_prompt
 from skillopt.records import ItemResult
-from skillopt.reflect import skill_or_empty
+from skillopt.reflect import room_left, skill_or_empty
 from skillopt.skill import strip_markers
-from skillopt.trajectory import format_trajectory
+from skillopt.trajectory import elide_middle, fit_trajectories, one_line
 
 Pair = tuple[ItemResult, ItemResult]
 PairPolicy = Literal["mixed", "changed", "unchanged"]
 
-#: Each trajectory block's size in the comparison; up to 20 pairs share one prompt.
-COMPARISON_TRAJECTORY_CHARS = 4000
+#: How much of an answer (and of the previous run's failure reason) a pair line shows.
+ANSWER_CHARS = 300
 
 
 class Pairs(BaseModel):
@@ -109,8 +112,13 @@ def select_pairs(pairs: Pairs, policy: PairPolicy) -> Pairs:
     raise ValueError(f"unknown longitudinal pair policy {policy!r}; expected mixed, changed or unchanged")
 
 
-def format_comparison(pairs: Pairs, *, trajectory_chars: int = COMPARISON_TRAJECTORY_CHARS) -> str:
-    """The ``## Comparison`` section (format in the module docstring)."""
+def format_comparison(pairs: Pairs, *, section_chars: int | None = None,
+                      trajectory_chars: int | None = None) -> str:
+    """The ``## Comparison`` section (format in the module docstring).
+
+    The new runs' trajectories share what ``section_chars`` leaves after the rest of the section
+    (None: no limit), each at most ``trajectory_chars`` (``trajectory.fit_trajectories``).
+    """
     lines = [
         "## Comparison",
         f"Improved: {len(pairs.improved)}",
@@ -118,17 +126,38 @@ def format_comparison(pairs: Pairs, *, trajectory_chars: int = COMPARISON_TRAJEC
         f"Persistent failures: {len(pairs.persistent_fail)}",
         f"Stable successes: {len(pairs.stable_success)}",
     ]
-    index = 0
-    for title, group in (("Improved", pairs.improved), ("Regressed", pairs.regressed),
-                         ("Persistent failures", pairs.persistent_fail)):
-        blocks = []
-        for _, after in group:
-            index += 1
-            blocks.append(format_trajectory(after, index=index, max_chars=trajectory_chars))
-        lines.append(f"\n### {title}\n" + ("\n\n".join(blocks) if blocks else "(none)"))
-    stable = "\n".join(f"- `{after.id}`" for _, after in pairs.stable_success) or "(none)"
-    lines.append(f"\n### Stable successes\n{stable}")
+    groups = (("Improved", pairs.improved), ("Regressed", pairs.regressed),
+              ("Persistent failures", pairs.persistent_fail))
+    shown = [pair for _, group in groups for pair in group]
+    stable = "\n".join(f"- `{after.id}`: {_side('before', before)}; {_side('after', after)}"
+                       for before, after in pairs.stable_success) or "(none)"
+    tail = f"\n### Stable successes\n{stable}"
+    comparisons = [_pair_lines(before, after) for before, after in shown]
+    fixed = [*lines, *(f"\n### {title}\n" + ("" if group else "(none)") for title, group in groups), *comparisons,
+             tail]
+    room = room_left(section_chars, *fixed, "\n" * (len(fixed) + 2 * len(shown)))
+    blocks = iter(fit_trajectories([after for _, after in shown], budget_chars=room,
+                                   per_trajectory_chars=trajectory_chars))
+    notes = iter(comparisons)
+    for title, group in groups:
+        texts = [f"{next(blocks)}\n{next(notes)}" for _ in group]
+        lines.append(f"\n### {title}\n" + ("\n\n".join(texts) if texts else "(none)"))
+    lines.append(tail)
     return "\n".join(lines)
+
+
+def _side(label: str, row: ItemResult) -> str:
+    answer = elide_middle(one_line(row.predicted_answer), ANSWER_CHARS) if row.predicted_answer.strip() else ""
+    outcome = "failed" if row.failed else "solved"
+    text = f"{label}: {outcome} (hard {row.hard:.2f}, soft {row.soft:.2f}), answer `{answer or '(none)'}`"
+    return text
+
+
+def _pair_lines(before: ItemResult, after: ItemResult) -> str:
+    """The previous and the new skill's answers and scores of one pair, under the new run's trajectory."""
+    reason = f"; {elide_middle(one_line(before.fail_reason), ANSWER_CHARS)}" if before.fail_reason else ""
+    return (f"Previous skill's run ({_side('outcome', before)}{reason})\n"
+            f"New skill's run ({_side('outcome', after)})")
 
 
 class SlowUpdateReply(ReplyModel):
@@ -138,19 +167,26 @@ class SlowUpdateReply(ReplyModel):
     guidance: str
 
 
-def comparison_message(sections: Sequence[tuple[str, str]], pairs: Pairs) -> str:
-    """``## <title>\n<text>`` for each ``(title, text)`` section, then ``format_comparison(pairs)``."""
-    return "\n\n".join([*(f"## {title}\n{text}" for title, text in sections), format_comparison(pairs)]) + "\n"
+def comparison_message(sections: Sequence[tuple[str, str]], pairs: Pairs, *, message_chars: int | None = None,
+                       trajectory_chars: int | None = None) -> str:
+    """``## <title>\n<text>`` for each ``(title, text)`` section, then ``format_comparison(pairs)``
+    sized to what ``message_chars`` leaves (None: no limit)."""
+    head = [f"## {title}\n{text}" for title, text in sections]
+    room = room_left(message_chars, *head, "\n\n" * (len(head) + 1))
+    comparison = format_comparison(pairs, section_chars=room, trajectory_chars=trajectory_chars)
+    return "\n\n".join([*head, comparison]) + "\n"
 
 
-def comparison_request(stage: Literal["slow_update", "meta_skill"], message: str, pairs: Pairs) -> ChatRequest:
-    """An epoch-boundary call: the template named like ``stage`` as the system message, ``message``
-    as the user message, tags ``{"item_ids"}`` (train items only)."""
-    return ChatRequest(
-        messages=[system(optimizer_prompt(stage) + "\n"), user(message)],
-        stage=stage,
-        tags={"item_ids": pairs.ids()},
-    )
+def comparison_request(stage: Literal["slow_update", "meta_skill"], sections: Sequence[tuple[str, str]],
+                       pairs: Pairs, *, prompt_chars: int | None = None,
+                       trajectory_chars: int | None = None) -> ChatRequest:
+    """An epoch-boundary call: the template named like ``stage`` as the system message, the
+    ``sections`` and the comparison (sized to ``prompt_chars``) as the user message, tags
+    ``{"item_ids"}`` (train items only)."""
+    instructions = optimizer_prompt(stage) + "\n"
+    message = comparison_message(sections, pairs, message_chars=room_left(prompt_chars, instructions),
+                                 trajectory_chars=trajectory_chars)
+    return ChatRequest(messages=[system(instructions), user(message)], stage=stage, tags={"item_ids": pairs.ids()})
 
 
 def block_text(text: str) -> str:
@@ -158,24 +194,25 @@ def block_text(text: str) -> str:
     return strip_markers(text).strip()
 
 
-def format_slow_update_message(
-    *, start_skill: str, current_skill: str, previous_guidance: str, pairs: Pairs
-) -> str:
-    """The slow-update user message: both skills, the previous guidance (``(none)``), the comparison."""
-    return comparison_message([
+def slow_update_sections(*, start_skill: str, current_skill: str, previous_guidance: str) -> list[tuple[str, str]]:
+    """The slow-update message before the comparison: both skills and the previous guidance."""
+    return [
         ("Skill at the start of the epoch", skill_or_empty(start_skill)),
         ("Current skill", skill_or_empty(current_skill)),
         ("Previous guidance", previous_guidance.strip() or "(none)"),
-    ], pairs)
+    ]
 
 
 def slow_update_request(
-    *, start_skill: str, current_skill: str, previous_guidance: str, pairs: Pairs
+    *, start_skill: str, current_skill: str, previous_guidance: str, pairs: Pairs, prompt_chars: int | None = None,
+    trajectory_chars: int | None = None,
 ) -> ChatRequest:
-    """The slow-update call: stage ``slow_update``, tags ``{"item_ids"}`` (train items only)."""
-    message = format_slow_update_message(start_skill=start_skill, current_skill=current_skill,
-                                         previous_guidance=previous_guidance, pairs=pairs)
-    return comparison_request("slow_update", message, pairs)
+    """The slow-update call: stage ``slow_update``, tags ``{"item_ids"}`` (train items only), sized
+    to ``prompt_chars`` (None: whole trajectories)."""
+    sections = slow_update_sections(start_skill=start_skill, current_skill=current_skill,
+                                    previous_guidance=previous_guidance)
+    return comparison_request("slow_update", sections, pairs, prompt_chars=prompt_chars,
+                              trajectory_chars=trajectory_chars)
 
 
 def guidance_from_reply(reply: SlowUpdateReply) -> str:

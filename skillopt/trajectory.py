@@ -1,7 +1,7 @@
 """How one scored rollout reads in an optimizer prompt (DESIGN.md §4.3 step 2, BENCHMARKS.md §1.6).
 
-``format_trajectory`` is shared by reflection, the slow update and the meta skill, so every
-optimizer call sees a trajectory the same way::
+``format_trajectory`` is shared by reflection, the deep probe, the slow update and the meta skill,
+so every optimizer call sees a trajectory the same way::
 
     ### Trajectory 3: id `q-17`
     Task type: lookup
@@ -15,24 +15,36 @@ optimizer call sees a trajectory the same way::
     [EVALUATION RESULT] predicted 'X', expected 'Y' ...
 
 The target's system message is left out (it holds the skill, which the prompt shows once). The
-evaluation event is printed verbatim and never cut: it is the only place the reference answer
-reaches the optimizer. Every other event is one line, cut to fit ``max_chars``.
+evaluation event is printed verbatim and never shortened: it is the only place the reference
+answer reaches the optimizer.
+
+Trajectories are shown whole when they fit. Otherwise the *longest fields* (an event's content,
+a tool's command or observation, a step's action, observation or reasoning, the task line, the
+failure reason) are shortened to a common width by eliding their middle, marked
+``[… N characters elided …]``: a third of the kept text comes from the start and two thirds
+from the end, so the question's end (its choices), the last lines of a reasoning (its final
+answer) and a tool result's tail survive. Only when even that leaves every field below
+``MIN_FIELD_CHARS`` are whole events from the middle left out (``[… N events elided …]``); the
+first user message and the last events always stay. ``fit_trajectories`` shares one character
+budget among the trajectories of a prompt: short ones are shown whole and the long ones share
+what is left.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from skillopt.records import ItemResult
 
-TRUNCATION_MARK = "…[truncated]"
-
-# Below this many characters per event line, cutting every line stops being useful and events
-# from the middle of the trajectory are left out instead (its start and its end matter most).
-_MIN_EVENT_LINE = 160
+#: Below this many characters per field, shortening fields stops being useful and events from the
+#: middle of the trajectory are left out instead (its start and its end matter most).
+MIN_FIELD_CHARS = 160
+#: The share of a shortened field kept from its start; the rest comes from its end.
+HEAD_SHARE = 1 / 3
 _NEWLINES = re.compile(r"\s*\n\s*")
 
 
@@ -42,10 +54,68 @@ def one_line(text: str) -> str:
     return _NEWLINES.sub(" / ", text.strip())
 
 
+def elision_marker(count: int, unit: str = "characters") -> str:
+    return f"[… {count} {unit} elided …]"
+
+
+def elide_middle(text: str, width: int) -> str:
+    """``text`` if it is at most ``width`` characters, else its start and end around an elision
+    marker, at most ``width`` characters in all (a third from the start, two thirds from the end)."""
+    if len(text) <= width:
+        return text
+    keep = max(0, width - len(elision_marker(len(text))))
+    head = int(keep * HEAD_SHARE)
+    tail = keep - head
+    return text[:head] + elision_marker(len(text) - keep) + (text[len(text) - tail:] if tail else "")
+
+
 def _text(value: Any) -> str:
     if value is None:
         return ""
     return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+
+
+@dataclass
+class _Line:
+    """One line of a block: fixed text around fields that may be shortened.
+
+    ``parts`` alternates literal text (even positions) and shortenable fields (odd positions)."""
+
+    parts: list[str]
+
+    def render(self, width: int | None) -> str:
+        return "".join(part if i % 2 == 0 or width is None else elide_middle(part, width)
+                       for i, part in enumerate(self.parts))
+
+    def size(self, width: int | None) -> int:
+        return sum(len(part) if i % 2 == 0 or width is None else min(len(part), width)
+                   for i, part in enumerate(self.parts)) + 1
+
+
+def _line(*parts: str) -> _Line:
+    return _Line(list(parts))
+
+
+def _event_lines(event: Mapping[str, Any]) -> list[_Line]:
+    kind = str(event.get("type", "event"))
+    if kind == "message":
+        role = str(event.get("role", "message"))
+        if role == "system":
+            return []
+        return [_line(f"- [{role}] ", one_line(_text(event.get("content"))))]
+    if kind == "tool_call":
+        return [_line("- [tool] ", one_line(_text(event.get("command"))), " -> ",
+                      one_line(_text(event.get("observation"))))]
+    if kind == "env_step":
+        reasoning = one_line(_text(event.get("reasoning")))
+        step = _line(f"- [step {event.get('step', '?')}] ", one_line(_text(event.get("action"))), " -> ",
+                     one_line(_text(event.get("observation"))))
+        return [_line("- [reasoning] ", reasoning), step] if reasoning else [step]
+    if "content" in event:
+        content = _text(event.get("content"))
+    else:
+        content = json.dumps({k: v for k, v in event.items() if k != "type"}, ensure_ascii=False, default=str)
+    return [_line(f"- [{kind}] ", one_line(content))]
 
 
 def format_event(event: Mapping[str, Any]) -> list[str]:
@@ -56,95 +126,140 @@ def format_event(event: Mapping[str, Any]) -> list[str]:
     ``env_step`` → ``[step k] <action> -> <observation>``, preceded by ``[reasoning] <text>`` when
     the step recorded reasoning; any other type → ``[<type>] <content>`` (``feedback`` included).
     """
-    kind = str(event.get("type", "event"))
-    if kind == "message":
-        role = str(event.get("role", "message"))
-        if role == "system":
-            return []
-        return [f"[{role}] {one_line(_text(event.get('content')))}"]
-    if kind == "tool_call":
-        command, observation = one_line(_text(event.get("command"))), one_line(_text(event.get("observation")))
-        return [f"[tool] {command} -> {observation}"]
-    if kind == "env_step":
-        action, observation = one_line(_text(event.get("action"))), one_line(_text(event.get("observation")))
-        reasoning = one_line(_text(event.get("reasoning")))
-        step = f"[step {event.get('step', '?')}] {action} -> {observation}"
-        return [f"[reasoning] {reasoning}", step] if reasoning else [step]
-    if "content" in event:
-        content = _text(event.get("content"))
-    else:
-        content = json.dumps({k: v for k, v in event.items() if k != "type"}, ensure_ascii=False, default=str)
-    return [f"[{kind}] {one_line(content)}"]
+    return [line.render(None)[2:] for line in _event_lines(event)]
 
 
-def format_trajectory(row: ItemResult, *, index: int, max_chars: int = 6000) -> str:
-    """One trajectory block for an optimizer prompt (format in the module docstring).
+@dataclass
+class _Block:
+    header: list[_Line]
+    events: list[list[_Line]]  # the lines of each event, in order
+    evaluations: list[str]
+    #: The event the question is in (the first user message): never left out.
+    question_event: int | None
 
-    The block is at most ``max_chars`` long unless its header and evaluation event alone are
-    longer (those are never cut). When the event lines do not fit, each is cut to a common
-    length with ``…[truncated]``; if that length would fall below ``_MIN_EVENT_LINE``, events
-    from the middle are left out too, replaced by one line that says how many.
-    """
+    def render(self, max_chars: int | None) -> str:
+        events = self.events
+        width = None
+        if max_chars is not None and self._size(events, None) > max_chars:
+            width = self._widest(events, max_chars)
+            if width < MIN_FIELD_CHARS:
+                events = self._fewer_events(max_chars)
+                width = max(self._widest(events, max_chars), 0)
+        lines = [line.render(width) for line in [*self.header, *(line for event in events for line in event)]]
+        if not events:
+            lines.append("- (none)")
+        return "\n".join([*lines, *self.evaluations]).rstrip("\n")
+
+    def _size(self, events: list[list[_Line]], width: int | None) -> int:
+        lines = [*self.header, *(line for event in events for line in event)]
+        return sum(line.size(width) for line in lines) + sum(len(text) + 1 for text in self.evaluations)
+
+    def _widest(self, events: list[list[_Line]], max_chars: int) -> int:
+        """The widest common field width at which the block fits ``max_chars`` (0 if none does)."""
+        low, high = 0, max((len(p) for line in [*self.header, *(x for e in events for x in e)]
+                            for p in line.parts[1::2]), default=0)
+        while low < high:
+            middle = (low + high + 1) // 2
+            if self._size(events, middle) <= max_chars:
+                low = middle
+            else:
+                high = middle - 1
+        return low
+
+    def _fewer_events(self, max_chars: int) -> list[list[_Line]]:
+        """Events from both ends (the question's event always) with one marker for the ones left
+        out, as many as fit with every field at least ``MIN_FIELD_CHARS`` wide."""
+        count = len(self.events)
+        keep_first = {self.question_event} if self.question_event is not None else set()
+        head, tail = 0, 0
+        chosen: list[list[_Line]] = []
+        while head + tail < count:
+            take_head = head <= tail
+            trial_head, trial_tail = (head + 1, tail) if take_head else (head, tail + 1)
+            trial = self._pick(keep_first, trial_head, trial_tail)
+            if self._size(trial, MIN_FIELD_CHARS) > max_chars:
+                break
+            head, tail, chosen = trial_head, trial_tail, trial
+        return chosen or self._pick(keep_first, 0, 1)
+
+    def _pick(self, always: set[int], head: int, tail: int) -> list[list[_Line]]:
+        count = len(self.events)
+        kept = sorted(set(range(head)) | set(range(count - tail, count)) | always)
+        out: list[list[_Line]] = []
+        previous = -1
+        for index in kept:
+            if index - previous > 1:
+                out.append([_line(f"- {elision_marker(index - previous - 1, 'events')}")])
+            out.append(self.events[index])
+            previous = index
+        if count - 1 - previous > 0:
+            out.append([_line(f"- {elision_marker(count - 1 - previous, 'events')}")])
+        return out
+
+
+def _block(row: ItemResult, index: int) -> _Block:
     outcome = "failed" if row.failed else "solved"
     header = [
-        f"### Trajectory {index}: id `{row.id}`",
-        f"Task type: {row.task_type}",
-        f"Task: {row.task_description}",
-        f"Outcome: {outcome}; {row.fail_reason or 'no failure'}",
-        "Events:",
+        _line(f"### Trajectory {index}: id `{row.id}`"),
+        _line(f"Task type: {row.task_type}"),
+        _line("Task: ", one_line(row.task_description)),
+        _line(f"Outcome: {outcome}; ", one_line(row.fail_reason or "no failure")),
+        _line("Events:"),
     ]
-    events: list[str] = []
+    events: list[list[_Line]] = []
     evaluations: list[str] = []
+    question_event = None
     for event in row.trajectory:
         if event.get("type") == "evaluation":
             evaluations.append(_text(event.get("content")).strip("\n"))
-        else:
-            events.extend(f"- {line}" for line in format_event(event))
-    if not events:
-        events = ["- (none)"]
-    fixed = sum(len(line) + 1 for line in header) + sum(len(text) + 1 for text in evaluations)
-    events = _fit(events, max_chars - fixed)
-    return "\n".join([*header, *events, *evaluations]).rstrip("\n")
+            continue
+        lines = _event_lines(event)
+        if not lines:
+            continue
+        if question_event is None and event.get("type") == "message" and event.get("role") == "user":
+            question_event = len(events)
+        events.append(lines)
+    return _Block(header, events, evaluations, question_event)
 
 
-def _size(lines: list[str]) -> int:
-    return sum(len(line) + 1 for line in lines)
+def format_trajectory(row: ItemResult, *, index: int, max_chars: int | None = None) -> str:
+    """One trajectory block for an optimizer prompt (format and shortening in the module docstring).
+
+    ``max_chars`` None shows the whole trajectory. Otherwise the block is at most ``max_chars``
+    long unless its fixed parts (header labels, the evaluation event, the elision markers) alone
+    are longer: those are never cut.
+    """
+    return _block(row, index).render(max_chars)
 
 
-def _cut(line: str, width: int) -> str:
-    return line if len(line) <= width else line[: max(0, width - len(TRUNCATION_MARK))] + TRUNCATION_MARK
+def fit_trajectories(rows: Sequence[ItemResult], *, budget_chars: int | None, first_index: int = 1,
+                     per_trajectory_chars: int | None = None) -> list[str]:
+    """The blocks of ``rows`` (numbered from ``first_index``) sharing ``budget_chars`` characters
+    (the blank lines between blocks counted), each at most ``per_trajectory_chars`` when given.
 
+    A block that fits a fair share is shown whole and leaves the rest to the longer ones: the
+    result uses the largest common cap at which the blocks fit. ``budget_chars`` None means
+    no shared limit.
+    """
+    blocks = [_block(row, i) for i, row in enumerate(rows, start=first_index)]
+    if not blocks:
+        return []
 
-def _fit(lines: list[str], budget: int) -> list[str]:
-    """``lines`` made to fit ``budget`` characters (newlines counted)."""
-    if _size(lines) <= budget:
-        return lines
-    # The widest common cap that fits: every line longer than it is cut to it.
-    low, high = 0, max(len(line) for line in lines)
+    def render(cap: int | None) -> list[str]:
+        caps = [c for c in (cap, per_trajectory_chars) if c is not None]
+        return [block.render(min(caps) if caps else None) for block in blocks]
+
+    def total(texts: list[str]) -> int:
+        return sum(len(text) for text in texts) + 2 * (len(texts) - 1)
+
+    whole = render(None)
+    if budget_chars is None or total(whole) <= budget_chars:
+        return whole
+    low, high = 0, max(len(text) for text in whole)
     while low < high:
         middle = (low + high + 1) // 2
-        if sum(min(len(line), middle) + 1 for line in lines) <= budget:
+        if total(render(middle)) <= budget_chars:
             low = middle
         else:
             high = middle - 1
-    if low >= _MIN_EVENT_LINE:
-        return [_cut(line, low) for line in lines]
-    # Too many events: keep whole-ish lines from both ends and say how many were left out.
-    cut = [_cut(line, _MIN_EVENT_LINE) for line in lines]
-    head: list[str] = []
-    tail: list[str] = []
-    remaining = list(cut)
-    while remaining:
-        take_head = len(head) <= len(tail)
-        candidate = remaining[0] if take_head else remaining[-1]
-        omitted = len(remaining) - 1
-        note = [f"- {TRUNCATION_MARK} {omitted} events left out"] if omitted else []
-        if _size(head) + _size(tail) + len(candidate) + 1 + _size(note) > budget:
-            break
-        if take_head:
-            head.append(remaining.pop(0))
-        else:
-            tail.insert(0, remaining.pop())
-    if remaining:
-        return [*head, f"- {TRUNCATION_MARK} {len(remaining)} events left out", *tail]
-    return [*head, *tail]
+    return render(low)

@@ -23,8 +23,14 @@ from pydantic import BaseModel, ValidationError
 from skillopt.config import LoadedConfig
 from skillopt.errors import ConfigError
 from skillopt.llm.base import BackendContext, BackendInfo, BackendRegistry, EnvSecrets, SecretSource
-from skillopt.llm.chat import ChatRequest, ChatResponse, assistant, user
-from skillopt.llm.errors import BackendError, ParseError, RateLimited
+from skillopt.llm.chat import ChatRequest, ChatResponse, Message, TextPart, user
+from skillopt.llm.context import (
+    DEFAULT_CONTEXT_TOKENS,
+    PromptRoom,
+    known_context_tokens,
+    window_from_error,
+)
+from skillopt.llm.errors import BackendError, ContextLengthExceeded, ParseError, RateLimited
 from skillopt.llm.json_extract import extract_json, schema_instruction
 from skillopt.llm.limiter import LocalRateLimiter, NoLimits, RateLimiter
 from skillopt.llm.pricing import PriceTable
@@ -40,6 +46,41 @@ M = TypeVar("M", bound=BaseModel)
 
 #: Replies to a re-ask may need more room than the first try; never more than this.
 MAX_REASK_TOKENS = 65536
+#: After an overflow the request is rebuilt at most this share of its size (or to the learned window).
+SHRINK_AFTER_OVERFLOW = 0.6
+#: A structured call's request, or a function from a prompt size in characters to a request that fits it.
+RequestBuilder = Callable[[int], ChatRequest]
+
+
+def _schema_chars(schema: type[BaseModel]) -> int:
+    """What the schema adds to a prompt on servers that take it in the text (its instruction and a blank line)."""
+    return len(schema_instruction(schema)) + 2
+
+
+def _fixed(request: ChatRequest) -> RequestBuilder:
+    return lambda _limit: request
+
+
+def with_correction(request: ChatRequest, text: str) -> ChatRequest:
+    """``request`` with ``text`` added to its last user message (a new user message if it ends otherwise):
+    one user turn, as every chat template accepts."""
+    *head, last = request.messages
+    if last.role != "user":
+        return request.model_copy(update={"messages": [*request.messages, user(text.lstrip())]})
+    content = last.content + text if isinstance(last.content, str) else [*last.content, TextPart(text=text)]
+    return request.model_copy(update={"messages": [*head, Message(role="user", content=content)]})
+
+
+#: How a re-ask's correction starts (fakes recognise a re-ask by it).
+CORRECTION_LEAD = "Your previous reply could not be used: "
+
+
+def correction_text(problem: str, schema: type[BaseModel]) -> str:
+    """The re-ask's user message: the problem (at most 200 characters) and the keys to reply with."""
+    keys = ", ".join(f'"{name}"' for name in schema.model_fields)
+    problem = problem if len(problem) <= 200 else problem[:197] + "..."
+    return (f"{CORRECTION_LEAD}{problem}. Reply again with one JSON object with the keys "
+            f"{keys}, as the instructions describe, and nothing else.")
 
 
 class RoleClient:
@@ -70,6 +111,8 @@ class RoleClient:
         self.redactor = redactor
         self._backend: Any = None
         self._lock = threading.Lock()
+        self._window: int | None = None
+        self._window_lock = threading.Lock()
 
     @property
     def backend(self) -> Any:
@@ -143,34 +186,99 @@ class RoleClient:
         error.reason = self.redactor(error.reason)
         return error
 
+    # -- context window ---------------------------------------------------------------------
+
+    def context_window(self) -> int:
+        """This role's context window in tokens (``skillopt.llm.context``: setting, backend, table,
+        default), found once; a window learned from an overflow error replaces it."""
+        with self._window_lock:
+            if self._window is None:
+                self._window = self._find_window()
+            return self._window
+
+    def _find_window(self) -> int:
+        if self.role.context_tokens:
+            return self.role.context_tokens
+        ask = getattr(self.backend, "context_tokens", None)
+        reported = ask() if callable(ask) else None
+        if reported:
+            return int(reported)
+        return known_context_tokens(self.role.price_model) or DEFAULT_CONTEXT_TOKENS
+
+    def prompt_room(self) -> PromptRoom:
+        """The room a structured call's prompt and reply have in this role's window."""
+        return PromptRoom.of(self.context_window(), self.role.max_tokens)
+
+    def _learn_window(self, error: BackendError) -> None:
+        window = window_from_error(error.reason)
+        if window:
+            with self._window_lock:
+                if self._window is None or window < self._window:
+                    log.warning("[%s] the server's context window is %d tokens; prompts are sized to it",
+                                self.role.role, window)
+                    self._window = window
+
     # -- structured calls -------------------------------------------------------------------
 
-    def structured(self, request: ChatRequest, schema: type[M], *, repair: bool | None = None) -> tuple[M, ChatResponse]:
-        """A validated ``schema`` object from the reply, with one re-ask on a parse failure.
+    def structured(self, request: ChatRequest | RequestBuilder, schema: type[M], *,
+                   repair: bool | None = None) -> tuple[M, ChatResponse]:
+        """A validated ``schema`` object from the reply, fitted to the context window, with one
+        re-ask on a parse failure.
 
-        The re-ask repeats the conversation with the bad reply and a user message stating the
-        problem, the schema and "reply with JSON only"; ``max_tokens`` doubles if the first reply
-        was cut off. A second failure raises ``ParseError``; the caller applies its stage's fallback.
+        ``request`` is a request or a builder: a function from a prompt size in characters to a
+        request that fits it (stages with long evidence shorten it to fit). The first request is
+        built for the role's ``prompt_room``; its reply cap is lowered if prompt plus cap would pass
+        the window. A ``ContextLengthExceeded`` reply (the estimate was off, or the server's window is
+        smaller than assumed) is answered once with a request built for a smaller size; a second
+        overflow raises. A parse failure gets one re-ask: the request rebuilt a correction's length
+        smaller plus a short correction naming the problem and the keys (never the bad reply or the
+        schema), so a re-ask is never larger than the first call; a builder that cannot shrink (a
+        fixed request) grows by the correction only. ``max_tokens`` doubles if the first reply was
+        cut off. A second failure raises ``ParseError``; the caller applies its stage's fallback.
         """
         if repair is None:
             repair = self.role.role == "optimizer"
-        request = request.model_copy(update={"response_schema": schema})
-        first = self.chat(request)
+        build = request if callable(request) else _fixed(request)
+        # json_object servers carry the schema in the prompt (BACKENDS.md §3.4): leave it room.
+        limit = self.prompt_room().prompt_chars - _schema_chars(schema)
+        first_request, first = self._send_fitting(build, schema, limit)
         try:
-            return self._parse(first, schema, request, repair), first
+            return self._parse(first, schema, first_request, repair), first
         except ParseError as error:
             problem = error.reason
-        cap = request.max_tokens or self.role.max_tokens or 1024
+        correction = "\n\n" + correction_text(problem, schema)
+        rebuilt = build(first_request.prompt_chars() - len(correction))
+        cap = first_request.max_tokens or self.role.max_tokens or 1024
         if first.truncated:
-            cap = min(cap * 2, MAX_REASK_TOKENS)
-        reask = user(
-            f"Your reply could not be used: {problem}.\n{schema_instruction(schema)}\nReply with JSON only."
-        )
-        second_request = request.model_copy(update={
-            "messages": [*request.messages, assistant(first.text or "(empty)"), reask], "max_tokens": cap,
+            cap = self.prompt_room().answer_cap(rebuilt.prompt_chars(), min(cap * 2, MAX_REASK_TOKENS))
+        second_request = with_correction(rebuilt, correction).model_copy(update={
+            "max_tokens": cap, "response_schema": schema,
         })
         second = self.chat(second_request)
         return self._parse(second, schema, second_request, repair), second
+
+    def _send_fitting(self, build: RequestBuilder, schema: type[BaseModel], limit: int
+                      ) -> tuple[ChatRequest, ChatResponse]:
+        request = self._capped(build(limit), schema)
+        try:
+            return request, self.chat(request)
+        except ContextLengthExceeded as error:
+            self._learn_window(error)
+            smaller_limit = min(self.prompt_room().prompt_chars - _schema_chars(schema),
+                                int(request.prompt_chars() * SHRINK_AFTER_OVERFLOW))
+            smaller = self._capped(build(smaller_limit), schema)
+            if smaller.prompt_chars() >= request.prompt_chars() and smaller.max_tokens == request.max_tokens:
+                raise  # nothing left to shrink: the stage falls back
+            log.warning("[%s] stage %s overflowed the context window (%d prompt characters); sending it once "
+                        "more at %d", self.role.role, request.stage, request.prompt_chars(), smaller.prompt_chars())
+            return smaller, self.chat(smaller)
+
+    def _capped(self, request: ChatRequest, schema: type[BaseModel]) -> ChatRequest:
+        """``request`` with the response schema and a reply cap that fits the window beside its prompt."""
+        wanted = request.max_tokens or self.role.max_tokens
+        cap = self.prompt_room().answer_cap(request.prompt_chars() + _schema_chars(schema), wanted)
+        return request.model_copy(update={"response_schema": schema,
+                                          "max_tokens": request.max_tokens if cap == wanted else cap})
 
     def _parse(self, response: ChatResponse, schema: type[M], request: ChatRequest, repair: bool) -> M:
         context = {"role": self.role.role, "backend": self.role.backend, "model": self.role.model,

@@ -33,7 +33,8 @@ from skillopt.redact import Redactor
 
 log = logging.getLogger("skillopt.llm")
 
-_CONTEXT_WORDS = ("context_length", "context length", "maximum context", "prompt is too long", "too many tokens")
+_CONTEXT_WORDS = ("context_length", "context length", "maximum context", "prompt is too long", "too many tokens",
+                  "context window", "context size", "exceed_context_size")
 
 
 def host_of(url: str | None) -> str:

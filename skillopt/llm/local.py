@@ -146,6 +146,10 @@ class LocalBackend:
     def model_name(self) -> str:
         return self.model_path.name
 
+    def context_tokens(self) -> int:
+        """The window the model is loaded with (``options.n_ctx``)."""
+        return self.options.n_ctx
+
     def attempt(self, request: ChatRequest, *, timeout_s: float) -> ChatResponse:
         """Generate one reply; ``CallTimeout`` when generation passes ``timeout_s``."""
         messages = [self._message(m) for m in request.messages]

@@ -129,6 +129,41 @@ class CompatibleWire(OpenAIWire):
                 response = response.model_copy(update={"text": text, "reasoning_text": joined})
         return response
 
+    def context_tokens(self) -> int | None:
+        """The context window the server reports for this model, or None when it reports none.
+
+        ``GET /models`` first (vLLM ``max_model_len``, llama.cpp ``meta.n_ctx``, gateways'
+        ``context_length``), then llama.cpp's ``GET /props`` (``default_generation_settings.n_ctx``).
+        A server that answers neither is not an error: the caller falls back to the table.
+        """
+        import httpx
+
+        base = str(self.client.base_url).rstrip("/")
+        headers = {"Authorization": f"Bearer {self.client.api_key}"}
+        for url, read in ((f"{base}/models", self._window_in_models),
+                          (f"{base.removesuffix('/v1')}/props", _window_in_props)):
+            try:
+                reply = httpx.get(url, headers=headers, timeout=5.0)
+                window = read(reply.json()) if reply.status_code == 200 else None
+            except (httpx.HTTPError, ValueError):
+                window = None
+            if window:
+                return window
+        return None
+
+    def _window_in_models(self, listing: Any) -> int | None:
+        entries = listing.get("data") if isinstance(listing, dict) else None
+        if not isinstance(entries, list):
+            return None
+        ours = [e for e in entries if isinstance(e, dict) and e.get("id") == self.role.model]
+        for entry in ours or (entries if len(entries) == 1 else []):
+            meta = entry.get("meta") if isinstance(entry.get("meta"), dict) else {}
+            for value in (entry.get("max_model_len"), entry.get("context_length"), entry.get("context_window"),
+                          meta.get("n_ctx")):
+                if isinstance(value, int) and value > 0:
+                    return value
+        return None
+
     def attempt(self, request: ChatRequest, *, timeout_s: float) -> ChatResponse:
         if self.preset.stream_thinking and self.thinking == "on":
             return self._streamed(request, timeout_s=timeout_s)
@@ -179,6 +214,12 @@ class CompatibleWire(OpenAIWire):
             truncated=finish == "length",
             request_id=headers.get("x-request-id"),
         )
+
+
+def _window_in_props(props: Any) -> int | None:
+    settings = props.get("default_generation_settings") if isinstance(props, dict) else None
+    value = settings.get("n_ctx") if isinstance(settings, dict) else None
+    return value if isinstance(value, int) and value > 0 else None
 
 
 def _adjust(values: dict[str, Any], options: BaseModel, env: Mapping[str, str]) -> dict[str, Any]:

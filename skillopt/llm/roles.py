@@ -85,6 +85,8 @@ class ResolvedRole(BaseModel):
     capabilities: dict[str, Any]
     strict_params: bool
     provenance: dict[str, str]
+    #: ``model.<role>.context_tokens``: the context window, when the user states it.
+    context_tokens: int | None = None
 
     def label(self) -> str:
         """``backend(preset)/model`` as error messages show it."""
@@ -101,6 +103,8 @@ class ResolvedRole(BaseModel):
             "seed": self.seed, "host": host, "preset": self.options.get("preset"), "extra_body": self.extra_body,
             "options": {k: v for k, v in sorted(self.options.items()) if k not in ("workspace_root",)},
         }
+        if self.context_tokens:  # it decides how much of a long trajectory the prompt shows
+            payload["context_tokens"] = self.context_tokens
         return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -236,6 +240,7 @@ def _resolve_one(
         options=values["options"],
         capabilities=dict(values.get("capabilities") or {}),
         strict_params=bool(values.get("strict_params")),
+        context_tokens=values.get("context_tokens"),
         provenance={k: v for k, v in provenance.items() if k in ResolvedRole.model_fields},
     )
 

@@ -7,6 +7,7 @@ one re-ask, thinking switches, and that keys go only where they belong.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -211,9 +212,13 @@ def test_a_bad_reply_gets_exactly_one_re_ask_then_a_parse_error(openai_server):
         openai_chat(openai_server).target.structured(ask(), Verdict)
     assert openai_server.calls(CHAT) == 2
     assert info.value.role == "target"
-    reask = openai_server.last(CHAT).body["messages"]
-    assert reask[-2] == {"role": "assistant", "content": "I think it is correct."}
-    assert "Reply with JSON only" in reask[-1]["content"]
+    first, reask = (r.body["messages"] for r in openai_server.requests_for(CHAT))
+    # A short correction in the same user turn: never the bad reply, never the schema again.
+    assert [m["role"] for m in reask] == [m["role"] for m in first]
+    assert "I think it is correct." not in json.dumps(reask)
+    correction = reask[-1]["content"].removeprefix(first[-1]["content"])
+    assert correction.startswith("\n\nYour previous reply could not be used: ")
+    assert '"verdict", "reason"' in correction and len(correction) < 400
 
 
 def test_a_truncated_reply_is_re_asked_with_double_the_tokens(openai_server):

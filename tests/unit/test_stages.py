@@ -53,6 +53,7 @@ def make_row(item_id: str, *, solved: bool = False, events: list[dict] | None = 
     return ItemResult(
         id=item_id, task_type="lookup", hard=1.0 if solved else 0.0, soft=1.0 if solved else 0.0,
         fail_reason="" if solved else "wrong: predicted 'Paris'", task_description=f"Question {item_id}?",
+        predicted_answer="Paris",
         trajectory=[*trajectory, {"type": "evaluation", "content": EVALUATION}],
     )
 
@@ -107,15 +108,17 @@ def test_env_step_reasoning_is_its_own_line_before_the_step():
     assert lines[5:7] == ["- [reasoning] look first", "- [step 1] look -> a room"]
 
 
-def test_long_trajectory_is_cut_to_max_chars_but_the_evaluation_is_kept_verbatim():
+def test_long_trajectory_elides_the_middle_of_its_longest_fields_and_keeps_the_evaluation_verbatim():
     long_evaluation = "[EVALUATION RESULT] " + "detail " * 300
-    events = [{"type": "message", "role": "assistant", "content": "x" * 3000} for _ in range(4)]
+    events = [{"type": "message", "role": "assistant", "content": f"start{k} " + "x" * 3000 + f" end{k}"}
+              for k in range(4)]
     row = make_row("long", events=[*events])
     row = row.model_copy(update={"trajectory": [*events, {"type": "evaluation", "content": long_evaluation}]})
     block = format_trajectory(row, index=1, max_chars=4000)
     assert len(block) <= 4000
     assert block.endswith(long_evaluation)
-    assert block.count("…[truncated]") == 4
+    assert len(re.findall(r"\[… \d+ characters elided …\]", block)) == 4
+    assert all(f"start{k}" in block and f"end{k}" in block for k in range(4))
 
 
 def test_many_events_keep_both_ends_and_say_how_many_were_left_out():
@@ -124,7 +127,7 @@ def test_many_events_keep_both_ends_and_say_how_many_were_left_out():
     block = format_trajectory(make_row("many", events=events), index=1, max_chars=3000)
     assert len(block) <= 3000
     assert "[step 0] act 0" in block and "[step 199] act 199" in block
-    assert re.search(r"^- …\[truncated\] \d+ events left out$", block, re.M)
+    assert re.search(r"^- \[… \d+ events elided …\]$", block, re.M)
     assert block.endswith(EVALUATION)
 
 
@@ -426,10 +429,11 @@ def test_slow_update_message_has_both_skills_previous_guidance_and_the_compariso
     assert text.startswith(f"## Skill at the start of the epoch\n# Old\n\n## Current skill\n{SKILL.rstrip()}\n\n"
                            "## Previous guidance\n(none)\n\n## Comparison\n"
                            "Improved: 1\nRegressed: 1\nPersistent failures: 1\nStable successes: 1\n\n### Improved\n")
-    assert format_trajectory(after[0], index=1, max_chars=4000) in text  # the AFTER run
-    assert "### Regressed\n" + format_trajectory(after[1], index=2, max_chars=4000) in text
+    assert format_trajectory(after[0], index=1) in text  # the new skill's run
+    assert "### Regressed\n" + format_trajectory(after[1], index=2) in text
     assert "### Persistent failures\n### Trajectory 3: id `per`" in text
-    assert text.rstrip().endswith("### Stable successes\n- `sta`")
+    assert text.rstrip().endswith("### Stable successes\n- `sta`: before: solved (hard 1.00, soft 1.00), answer "
+                                  "`Paris`; after: solved (hard 1.00, soft 1.00), answer `Paris`")
     assert "id `sta`" not in text
     assert '"guidance"' in system_text and "second person" in system_text
     assert all(marker in system_text for marker in PROTECTED_MARKERS)
