@@ -245,6 +245,9 @@ class BenchmarkSection(_Section):
     task_timeout: float = Field(default=0, ge=0)
     image_detail: Literal["auto", "low", "high"] = "auto"
     workers: int = Field(default=16, ge=1)
+    #: How model-written code runs: ``bwrap`` (bubblewrap OS sandbox; the run stops before its first
+    #: rollout when none can be made) or ``none`` (no OS sandbox, at the user's risk; warned every run).
+    sandbox: Literal["bwrap", "none"] = "bwrap"
 
 
 class RunSection(_Section):

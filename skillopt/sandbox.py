@@ -1,58 +1,465 @@
-"""Run code a target wrote, contained (BENCHMARKS.md §1.10).
+"""Run code a target wrote, contained by the operating system (bubblewrap).
 
-:func:`run_sandboxed` runs ``[python, *argv]`` — a child of the current interpreter — in a fresh
-temporary copy of a workspace folder and returns a :class:`SandboxResult`. The containment:
+:func:`run_sandboxed` runs ``[python, *argv]`` in a fresh temporary copy of a workspace folder and
+returns a :class:`SandboxResult`. :func:`run_confined` runs any command (an exec target's CLI) in a
+workspace the same way. The boundary is the kernel, through ``bwrap`` (bubblewrap):
 
-- **Time.** The child leads its own process group; the whole group is killed at the wall-clock
-  limit (and after a normal exit, so nothing it started outlives it). ``RLIMIT_CPU`` backs this up.
-- **Memory and files.** ``RLIMIT_AS`` is ``mem_mb`` MiB; ``RLIMIT_FSIZE`` caps any file it writes.
-- **Network.** A fresh network namespace (``unshare -rn``) when the host allows one; always, a
-  guard module that runs before the code (this module's ``sitecustomize`` equivalent) refuses
-  every socket connect, send and name lookup through an audit hook, which code cannot remove.
-- **Files and processes.** The same guard refuses writes, renames, deletes and directory changes
-  outside the sandbox's own folder, any read under ``deny_read`` roots (split folders, golden
-  workbooks), and starting new processes.
-- **Environment.** Only ``PATH``, ``HOME``, ``LANG`` and ``TMPDIR`` (the last two inside the
-  sandbox): no API keys, no ``PYTHON*`` variables.
-- **Output.** stdout and stderr go to files outside the workspace and come back cut to
-  ``max_output_chars`` (head and tail kept).
+- **Namespaces.** New user, pid, network, ipc, uts and cgroup namespaces (``--unshare-all
+  --unshare-user``), ``--disable-userns`` (no nested namespaces), ``--new-session`` (no terminal
+  injection), ``--die-with-parent``, every capability dropped. The network namespace is empty: no
+  route to the host's loopback or anywhere else (exec targets may opt into the host's network, since
+  their CLI must reach its model API).
+- **Files.** The root is empty; only what the interpreter needs is bound read-only (``/usr`` and its
+  ``/bin``/``/lib`` links, the dynamic-linker cache, the Python installation and the site-packages
+  of the running environment), plus a fresh ``/proc`` and ``/dev``, a private tmpfs ``/tmp``, and the
+  workspace copy, the only writable host folder. The user's home, the repository, data roots and
+  every other file simply do not exist inside.
+- **Environment.** Cleared: only ``PATH``, ``HOME`` and ``TMPDIR`` (both ``/tmp``) and ``LANG``.
+- **Processes.** Generated Python gets a seccomp filter that refuses every new process (``fork``,
+  ``vfork``, ``clone`` without ``CLONE_THREAD``, ``clone3``): no fork bomb, no daemon. Exec targets
+  may start processes, capped by ``RLIMIT_NPROC`` inside their own user namespace. When the run ends
+  (normally or at the wall-clock limit) the whole process group is killed; bwrap's init is pid 1 of
+  the namespace, and when it dies the kernel kills every process left in it.
+- **Limits.** ``RLIMIT_CPU`` (the time limit), ``RLIMIT_AS`` (``mem_mb``), ``RLIMIT_FSIZE``,
+  ``RLIMIT_NOFILE``, ``RLIMIT_NPROC``, no core files.
+- **Output.** stdout and stderr are read through pipes keeping only their head and tail, so a
+  flood of output costs neither memory nor disk; what comes back is cut to ``max_output_chars``.
 
-A refusal raises ``PermissionError("sandbox refused …")`` inside the child, so the child fails
-with that line in its traceback and :attr:`SandboxResult.reason` reports it. The temporary folder is
-removed before returning; the files named in ``collect`` are returned as bytes.
+Inside, a Python audit hook still refuses writes outside the workspace, reads of ``deny_read``
+roots, process starts and sockets with a clear ``PermissionError("sandbox refused …")``: defence in
+depth and readable reasons, never the boundary itself.
+
+When no sandbox can be made (no ``bwrap``, or user namespaces disabled) the run fails closed with
+:class:`SandboxUnavailable`, unless the caller passes ``mode="none"`` (``benchmark.sandbox: none``),
+which runs the code with only the audit hook and rlimits and logs a warning every time.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import json
+import logging
 import os
+import platform
+import select
 import shutil
 import signal
+import site
+import struct
 import subprocess
 import sys
+import sysconfig
 import tempfile
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO, Literal
+
+from skillopt.errors import SecurityError
+
+log = logging.getLogger("skillopt.sandbox")
 
 DEFAULT_MEM_MB = 2048
 DEFAULT_MAX_OUTPUT_CHARS = 20_000
-#: No file the child writes may exceed this (stdout and stderr files included).
+#: No file the child writes may exceed this.
 MAX_FILE_BYTES = 256 * 1024 * 1024
+#: Open files per process.
+MAX_OPEN_FILES = 256
+#: Processes (threads included) of one exec-target run, counted inside its own user namespace.
+MAX_PROCESSES = 256
 REFUSED = "sandbox refused"
 _MEMORY_MARKERS = ("MemoryError", "Cannot allocate memory", "std::bad_alloc", "Unable to allocate")
+#: How much of each output stream is kept while reading (head and tail each).
+_KEEP_BYTES = 1024 * 1024
 
-# The guard the child runs before the target's code. It is a template: the limits and roots are
-# filled in per run, so the child needs no extra environment variables.
+SandboxMode = Literal["bwrap", "none"]
+SANDBOX_FIX = ("install bubblewrap (Debian/Ubuntu: apt-get install bubblewrap; Fedora: dnf install bubblewrap) "
+               "and allow unprivileged user namespaces, or set benchmark.sandbox: none to run generated code "
+               "without an OS sandbox (at your own risk)")
+NO_SANDBOX_WARNING = ("benchmark.sandbox is none: model-written code runs WITHOUT an OS sandbox; it can read "
+                      "your files and reach the network. Install bubblewrap and remove the setting.")
+
+
+class SandboxUnavailable(SecurityError):
+    """No OS sandbox can be made here; running generated code anyway needs ``benchmark.sandbox: none``."""
+
+
+# --------------------------------------------------------------------------------------------
+# Whether a sandbox can be made
+
+
+@dataclass(frozen=True)
+class SandboxStatus:
+    """Whether bubblewrap works on this host; ``detail`` says why not (or which bwrap)."""
+
+    available: bool
+    bwrap: str | None
+    detail: str
+
+    def describe(self) -> str:
+        return f"bubblewrap ({self.detail})" if self.available else f"unavailable: {self.detail}"
+
+
+def sandbox_status() -> SandboxStatus:
+    """Probe (once per ``PATH``) whether ``bwrap`` can create the namespaces a sandbox needs."""
+    return _probe(os.environ.get("PATH", os.defpath))
+
+
+@functools.lru_cache(maxsize=8)
+def _probe(search_path: str) -> SandboxStatus:
+    bwrap = shutil.which("bwrap", path=search_path)
+    if bwrap is None:
+        return SandboxStatus(False, None, "bubblewrap (bwrap) is not installed (not found on PATH)")
+    command = [bwrap, *_namespace_flags(network=False), *_system_binds(), "--", "/bin/true"]
+    try:
+        probe = subprocess.run(command, capture_output=True, timeout=20, env={"PATH": "/usr/bin:/bin"},
+                               stdin=subprocess.DEVNULL, check=False)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return SandboxStatus(False, bwrap, f"{bwrap} could not be started: {exc}")
+    if probe.returncode != 0:
+        why = probe.stderr.decode("utf-8", errors="replace").strip().splitlines()
+        return SandboxStatus(False, bwrap, f"{bwrap} cannot create namespaces here (user namespaces disabled?): "
+                                           + (why[-1] if why else f"exit status {probe.returncode}"))
+    return SandboxStatus(True, bwrap, bwrap)
+
+
+def require_sandbox(mode: SandboxMode, *, what: str) -> SandboxStatus:
+    """Fail closed before any generated code runs: raise :class:`SandboxUnavailable` naming ``what`` and
+    the fix when ``mode`` is ``bwrap`` and no sandbox can be made; with ``none``, warn (every run)."""
+    status = sandbox_status()
+    if mode == "none":
+        log.warning("%s: %s", what, NO_SANDBOX_WARNING)
+        return status
+    if not status.available:
+        raise SandboxUnavailable(f"{what} runs model-written code and no OS sandbox can be made: "
+                                 f"{status.detail}. Fix: {SANDBOX_FIX}")
+    return status
+
+
+# --------------------------------------------------------------------------------------------
+# The bwrap command line
+
+
+def _namespace_flags(*, network: bool) -> list[str]:
+    flags = ["--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session",
+             "--cap-drop", "ALL", "--clearenv"]
+    return [*flags, "--share-net"] if network else flags
+
+
+def _system_binds() -> list[str]:
+    """``/usr`` read-only, the merged-/usr links (or binds) and the dynamic-linker cache, ``/proc``,
+    ``/dev`` and a private ``/tmp``."""
+    args = ["--ro-bind", "/usr", "/usr"]
+    for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64"):
+        if os.path.islink(top):
+            args += ["--symlink", os.readlink(top), top]
+        elif os.path.isdir(top):
+            args += ["--ro-bind", top, top]
+    if os.path.exists("/etc/ld.so.cache"):
+        args += ["--ro-bind", "/etc/ld.so.cache", "/etc/ld.so.cache"]
+    return [*args, "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+
+
+def python_paths() -> tuple[str, list[str], list[str]]:
+    """The real interpreter, the folders to bind for it (its installation and the site-packages of the
+    running environment, e.g. a virtualenv's, so openpyxl and pandas import inside) and those
+    site-packages folders, which the child adds to its path."""
+    executable = os.path.realpath(sys.executable)
+    paths = sysconfig.get_paths()
+    sites = [paths["purelib"], paths["platlib"], *site.getsitepackages()]
+    if site.ENABLE_USER_SITE and site.getusersitepackages() in sys.path:
+        sites.append(site.getusersitepackages())
+    site_dirs = list(dict.fromkeys(os.path.realpath(p) for p in sites if os.path.isdir(p)))
+    return executable, _outermost({os.path.realpath(sys.base_prefix), *site_dirs}), site_dirs
+
+
+def _outermost(folders: set[str]) -> list[str]:
+    """``folders`` without those inside another one (and without what ``/usr`` already covers)."""
+    kept: list[str] = []
+    for folder in sorted(folders):
+        if folder == "/usr" or folder.startswith("/usr/"):
+            continue
+        if not any(folder.startswith(k.rstrip("/") + "/") for k in kept):
+            kept.append(folder)
+    return kept
+
+
+def bwrap_argv(bwrap: str, command: Sequence[str], *, workspace: Path, read_only: Sequence[str] = (),
+               env: Mapping[str, str], network: bool = False, seccomp_fd: int | None = None,
+               info_fd: int | None = None) -> list[str]:
+    """The full ``bwrap … -- command`` line: namespaces, system binds, ``read_only`` folders at their own
+    paths, ``workspace`` writable at its own path (the working directory), and only ``env``.
+    ``info_fd`` receives bwrap's JSON (``child-pid``: the namespace's init, as the host sees it)."""
+    args = [bwrap, *_namespace_flags(network=network), *_system_binds()]
+    if info_fd is not None:
+        args += ["--info-fd", str(info_fd)]
+    for path in read_only:
+        args += ["--ro-bind", path, path]
+    args += ["--bind", str(workspace), str(workspace), "--chdir", str(workspace), "--unsetenv", "PWD"]
+    for name, value in env.items():
+        args += ["--setenv", name, value]
+    if seccomp_fd is not None:
+        args += ["--seccomp", str(seccomp_fd)]
+    return [*args, "--", *command]
+
+
+# --------------------------------------------------------------------------------------------
+# A seccomp filter that refuses new processes (threads stay allowed)
+
+_SECCOMP_RET_ALLOW = 0x7FFF0000
+_SECCOMP_RET_ERRNO = 0x00050000
+_SECCOMP_RET_KILL_PROCESS = 0x80000000
+_CLONE_THREAD = 0x00010000
+_EPERM, _ENOSYS = 1, 38
+# (audit arch, fork, vfork, clone, clone3); -1 where the syscall does not exist.
+_ARCHES = {
+    "x86_64": (0xC000003E, 57, 58, 56, 435),
+    "aarch64": (0xC00000B7, -1, -1, 220, 435),
+}
+
+
+def no_process_filter() -> bytes | None:
+    """The classic-BPF program (``struct sock_filter[]``) bwrap loads with ``--seccomp``: ``fork`` and
+    ``vfork`` fail with EPERM, ``clone`` without ``CLONE_THREAD`` with EPERM, ``clone3`` with ENOSYS
+    (so libc falls back to ``clone`` for threads); another ABI (x32, i386) is killed. None on an
+    architecture the table does not know."""
+    arch = _ARCHES.get(platform.machine())
+    if arch is None:
+        return None
+    audit_arch, fork, vfork, clone, clone3 = arch
+
+    def stmt(code: int, k: int) -> tuple[int, int, int, int]:
+        return code, 0, 0, k
+
+    def jump(code: int, k: int, jt: int, jf: int) -> tuple[int, int, int, int]:
+        return code, jt, jf, k
+
+    ld_w_abs, jeq_k, jge_k, jset_k, ret_k = 0x20, 0x15, 0x35, 0x45, 0x06
+    # The checks, in order; every jump lands on one of the four returns that end the program.
+    checks: list[tuple[str, int]] = [("arch", audit_arch), ("load_nr", 0)]
+    if platform.machine() == "x86_64":
+        checks.append(("x32", 0x40000000))
+    checks += [("deny", n) for n in (fork, vfork) if n >= 0]
+    checks += [("nosys", clone3), ("clone", clone), ("flags", 0)]
+    size = 1 + sum(2 if kind == "flags" else 1 for kind, _ in checks)
+    allow_at, eperm_at, enosys_at, kill_at = size, size + 1, size + 2, size + 3
+    program = [stmt(ld_w_abs, 4)]  # seccomp_data.arch
+
+    def to(target: int) -> int:
+        return target - len(program) - 1
+
+    for kind, value in checks:
+        if kind == "arch":
+            program.append(jump(jeq_k, value, 0, to(kill_at)))
+        elif kind == "load_nr":
+            program.append(stmt(ld_w_abs, 0))  # seccomp_data.nr
+        elif kind == "x32":
+            program.append(jump(jge_k, value, to(kill_at), 0))
+        elif kind == "deny":
+            program.append(jump(jeq_k, value, to(eperm_at), 0))
+        elif kind == "nosys":
+            program.append(jump(jeq_k, value, to(enosys_at), 0))
+        elif kind == "clone":
+            program.append(jump(jeq_k, value, 0, to(allow_at)))  # any other syscall is allowed
+        else:
+            program.append(stmt(ld_w_abs, 16))  # the low half of args[0], clone's flags (little-endian)
+            program.append(jump(jset_k, _CLONE_THREAD, to(allow_at), to(eperm_at)))
+    program += [stmt(ret_k, _SECCOMP_RET_ALLOW), stmt(ret_k, _SECCOMP_RET_ERRNO | _EPERM),
+                stmt(ret_k, _SECCOMP_RET_ERRNO | _ENOSYS), stmt(ret_k, _SECCOMP_RET_KILL_PROCESS)]
+    return b"".join(struct.pack("<HBBI", *ins) for ins in program)
+
+
+# --------------------------------------------------------------------------------------------
+# Running
+
+
+@dataclass
+class ProcessOutcome:
+    """How a confined command ended; ``exit_code`` is None when it was killed at the wall clock."""
+
+    exit_code: int | None
+    stdout: str
+    stderr: str
+    timed_out: bool
+    elapsed_s: float
+
+
+class _Drain(threading.Thread):
+    """Reads a pipe to its end keeping only the first and last ``_KEEP_BYTES`` bytes."""
+
+    def __init__(self, stream: IO[bytes]) -> None:
+        super().__init__(daemon=True)
+        self._stream = stream
+        self._head = bytearray()
+        self._tail = bytearray()
+        self.dropped = 0
+
+    def run(self) -> None:
+        try:
+            while chunk := self._stream.read1(65536):  # type: ignore[attr-defined]
+                room = _KEEP_BYTES - len(self._head)
+                if room > 0:
+                    self._head += chunk[:room]
+                    chunk = chunk[room:]
+                self._tail += chunk
+                if len(self._tail) > _KEEP_BYTES:
+                    self.dropped += len(self._tail) - _KEEP_BYTES
+                    del self._tail[: len(self._tail) - _KEEP_BYTES]
+        except (OSError, ValueError):
+            pass
+
+    def text(self) -> str:
+        self.join(timeout=2.0)
+        middle = f"\n... [{self.dropped} bytes not kept] ...\n".encode() if self.dropped else b""
+        return (bytes(self._head) + middle + bytes(self._tail)).decode("utf-8", errors="replace")
+
+
+def run_confined(command: Sequence[str], *, workspace: Path, timeout_s: float, env: Mapping[str, str],
+                 read_only: Sequence[str] = (), network: bool = False, stdin_text: str | None = None,
+                 grace_s: float = 0.0, seccomp: bytes | None = None,
+                 mode: SandboxMode = "bwrap") -> ProcessOutcome:
+    """Run ``command`` under bubblewrap with ``workspace`` as its only writable host folder.
+
+    At ``timeout_s`` the process group gets SIGTERM, then SIGKILL after ``grace_s``; in every case it is
+    killed before returning, which ends the namespace and everything in it. ``mode="none"`` runs the
+    command without bwrap (cleared environment and own process group only). Raises
+    :class:`SandboxUnavailable` when ``mode`` is ``bwrap`` and bubblewrap does not work here.
+    """
+    pass_fds: tuple[int, ...] = ()
+    seccomp_fd: int | None = None
+    info: _Info | None = None
+    if mode == "bwrap":
+        status = sandbox_status()
+        if not status.available or status.bwrap is None:
+            raise SandboxUnavailable(f"no OS sandbox can be made: {status.detail}. Fix: {SANDBOX_FIX}")
+        if seccomp is not None:  # a few hundred bytes: the pipe holds them until bwrap reads
+            seccomp_fd, filled = os.pipe()
+            os.write(filled, seccomp)
+            os.close(filled)
+        info = _Info()
+        pass_fds = tuple(fd for fd in (seccomp_fd, info.write_fd) if fd is not None)
+        argv = bwrap_argv(status.bwrap, command, workspace=workspace, read_only=read_only, env=env,
+                          network=network, seccomp_fd=seccomp_fd, info_fd=info.write_fd)
+        # bwrap itself (pid 1 of the namespace, whose /proc/1/environ the code can read) gets no secrets.
+        launch_env = {"PATH": "/usr/bin:/bin"}
+    else:
+        argv, launch_env = list(command), dict(env)
+    started = time.monotonic()
+    try:
+        proc = subprocess.Popen(argv, cwd=workspace, env=launch_env, start_new_session=True, pass_fds=pass_fds,
+                                stdin=subprocess.DEVNULL if stdin_text is None else subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    except BaseException:
+        if info is not None:
+            info.close()
+        raise
+    finally:
+        if seccomp_fd is not None:
+            os.close(seccomp_fd)
+        if info is not None:
+            info.started()
+    assert proc.stdout is not None and proc.stderr is not None
+    out, err = _Drain(proc.stdout), _Drain(proc.stderr)
+    out.start()
+    err.start()
+    if stdin_text is not None and proc.stdin is not None:
+        threading.Thread(target=_feed, args=(proc.stdin, stdin_text.encode("utf-8")), daemon=True).start()
+    timed_out = False
+    try:
+        proc.wait(timeout=max(timeout_s, 0.01))
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        if grace_s > 0:
+            kill_group(proc.pid, signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=grace_s)
+    finally:
+        kill_group(proc.pid, signal.SIGKILL)
+        proc.wait()
+        if info is not None:
+            info.end_namespace()
+    return ProcessOutcome(None if timed_out else proc.returncode, out.text(), err.text(), timed_out,
+                          time.monotonic() - started)
+
+
+class _Info(threading.Thread):
+    """Reads bwrap's ``--info-fd`` report and, at the end, makes sure the namespace is gone.
+
+    bwrap's init (pid 1 of the namespace) can outlive the bwrap process we started by a moment, and
+    it is not our child. Killing it makes the kernel kill everything left in the namespace; waiting
+    on its pidfd until it is gone means no process of the run is alive when the run returns.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self._read_fd, self.write_fd = os.pipe()
+        self._pidfd: int | None = None
+
+    def started(self) -> None:
+        os.close(self.write_fd)
+        self.start()
+
+    def run(self) -> None:
+        with os.fdopen(self._read_fd, "rb") as stream:
+            data = stream.read(65536)
+        try:
+            pid = int(json.loads(data.decode("utf-8", errors="replace") or "{}").get("child-pid", 0))
+        except (ValueError, AttributeError):
+            return
+        if pid > 0:
+            with contextlib.suppress(OSError):
+                self._pidfd = os.pidfd_open(pid)
+
+    def close(self) -> None:
+        for fd in (self._read_fd, self.write_fd):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def end_namespace(self, wait_s: float = 10.0) -> None:
+        self.join(timeout=wait_s)
+        if self._pidfd is None:
+            return
+        try:
+            with contextlib.suppress(ProcessLookupError):
+                signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
+            if not select.select([self._pidfd], [], [], wait_s)[0]:
+                log.warning("sandbox: the namespace's init did not exit within %.0f s", wait_s)
+        finally:
+            os.close(self._pidfd)
+
+
+def _feed(stream: IO[bytes], data: bytes) -> None:
+    try:
+        stream.write(data)
+        stream.close()
+    except (BrokenPipeError, OSError):
+        pass
+
+
+def kill_group(pgid: int, sig: int = signal.SIGKILL) -> None:
+    """Send ``sig`` to the process group ``pgid`` (gone already is fine)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+# --------------------------------------------------------------------------------------------
+# Generated Python
+
+# The guard the child runs before the target's code: limits first, then the audit hook. It is a
+# template: the limits and roots are filled in per run, so the child needs no extra environment.
 _GUARD = r'''
 import os, resource, sys
 
-resource.setrlimit(resource.RLIMIT_AS, ({mem_bytes}, {mem_bytes}))
-resource.setrlimit(resource.RLIMIT_CPU, ({cpu_s}, {cpu_s}))
-resource.setrlimit(resource.RLIMIT_FSIZE, ({fsize}, {fsize}))
-resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+for _limit, _value in (("RLIMIT_AS", {mem_bytes}), ("RLIMIT_CPU", {cpu_s}), ("RLIMIT_FSIZE", {fsize}),
+                       ("RLIMIT_CORE", 0), ("RLIMIT_NOFILE", {nofile}), ("RLIMIT_NPROC", {nproc})):
+    resource.setrlimit(getattr(resource, _limit), (_value, _value))
 sys.dont_write_bytecode = True
+import site
+for _folder in {site_dirs!r}:
+    site.addsitedir(_folder)
 
 _WRITE_ROOTS = {write_roots!r}
 _DENY_READ = {deny_read!r}
@@ -143,7 +550,7 @@ class SandboxResult:
 
     ``exit_code`` is None when the run was killed at the wall clock (``timed_out``); a negative
     value is the signal that ended it. ``outputs`` holds the ``collect`` files the run left (a
-    missing one is simply absent). ``network_isolation`` is ``namespace`` or ``guard``.
+    missing one is simply absent). ``isolation`` is ``bwrap`` or ``none`` (``benchmark.sandbox: none``).
     """
 
     exit_code: int | None
@@ -153,7 +560,7 @@ class SandboxResult:
     killed_for_memory: bool
     cpu_limited: bool
     duration_s: float
-    network_isolation: str
+    isolation: str
     outputs: dict[str, bytes] = field(default_factory=dict)
 
     @property
@@ -187,91 +594,61 @@ def run_sandboxed(
     collect: Sequence[str] = (),
     deny_read: Sequence[Path | str] = (),
     max_output_chars: int = DEFAULT_MAX_OUTPUT_CHARS,
+    mode: SandboxMode = "bwrap",
 ) -> SandboxResult:
-    """Run ``python *argv`` in a fresh temporary copy of ``cwd`` under the limits above.
+    """Run ``python *argv`` in a fresh temporary copy of ``cwd`` inside the OS sandbox.
 
     ``argv`` is what follows the interpreter: a script path relative to the workspace (with its
     arguments) or ``["-c", code]``. ``collect`` names workspace-relative files to return.
-    ``deny_read`` are folders the code may not read or list (data roots, split folders). Never
-    raises for anything the code does; raises ``OSError`` only when the sandbox itself cannot be
-    set up (e.g. ``cwd`` is missing).
+    ``deny_read`` are folders the audit hook refuses to read (they are not mounted inside anyway).
+    Never raises for anything the code does; raises ``OSError`` when the workspace cannot be set up
+    and :class:`SandboxUnavailable` when ``mode`` is ``bwrap`` and no sandbox can be made.
     """
     if not argv:
         raise ValueError("run_sandboxed: argv is empty")
     source = Path(cwd)
     if not source.is_dir():
         raise FileNotFoundError(f"run_sandboxed: workspace {source} is not a folder")
+    if mode == "none":
+        log.warning("sandbox: %s", NO_SANDBOX_WARNING)
     root = Path(tempfile.mkdtemp(prefix="skillopt-sandbox-")).resolve()
     try:
-        work, home, tmp = root / "work", root / "home", root / "tmp"
+        work = root / "work"
         shutil.copytree(source, work, symlinks=True)
-        home.mkdir()
-        tmp.mkdir()
+        executable, folders, site_dirs = python_paths()
+        # Without bwrap there is no private /tmp: give the code a folder of its own.
+        tmp = "/tmp" if mode == "bwrap" else str(root / "tmp")
+        if mode == "none":
+            Path(tmp).mkdir()
         guard = root / "guard.py"
         guard.write_text(_GUARD.format(
             mem_bytes=int(mem_mb) * 1024 * 1024, cpu_s=max(1, int(timeout_s) + 1), fsize=MAX_FILE_BYTES,
-            write_roots=(str(work), str(tmp), str(home)), refused=REFUSED,
+            nofile=MAX_OPEN_FILES, nproc=MAX_PROCESSES, write_roots=(str(work), tmp), refused=REFUSED,
             deny_read=tuple(str(Path(p).resolve()) for p in deny_read),
+            site_dirs=site_dirs,
         ), encoding="utf-8")
-        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home),
-               "LANG": "C.UTF-8", "TMPDIR": str(tmp)}
-        prefix = _namespace_prefix()
-        command = [*prefix, sys.executable, "-I", str(guard), *argv]
-        started = time.monotonic()
-        with open(root / "stdout", "wb") as out, open(root / "stderr", "wb") as err:
-            process = subprocess.Popen(command, cwd=work, env=env, stdin=subprocess.DEVNULL, stdout=out,
-                                       stderr=err, start_new_session=True)
-            timed_out = False
-            try:
-                process.wait(timeout=max(timeout_s, 0.01))
-            except subprocess.TimeoutExpired:
-                timed_out = True
-            finally:
-                _kill_group(process.pid)
-                process.wait()
-        duration = time.monotonic() - started
-        stdout = _cut(_read_text(root / "stdout"), max_output_chars)
-        stderr = _cut(_read_text(root / "stderr"), max_output_chars)
-        code = None if timed_out else process.returncode
+        guard.chmod(0o444)
+        env = {"PATH": "/usr/bin:/bin", "HOME": tmp, "LANG": "C.UTF-8", "TMPDIR": tmp}
+        command = [executable, "-I", str(guard), *argv]
+        outcome = run_confined(command, workspace=work, timeout_s=timeout_s, env=env, read_only=[*folders, str(guard)],
+                               seccomp=no_process_filter(), mode=mode)
+        code = outcome.exit_code
+        stderr = _cut(outcome.stderr, max_output_chars)
         outputs = {name: (work / name).read_bytes() for name in collect
                    if (work / name).is_file() and _inside(work / name, work)}
         return SandboxResult(
-            exit_code=code, stdout=stdout, stderr=stderr, timed_out=timed_out,
-            killed_for_memory=not timed_out and code != 0 and any(m in stderr for m in _MEMORY_MARKERS),
-            cpu_limited=not timed_out and code == -signal.SIGXCPU,
-            duration_s=duration, network_isolation="namespace" if prefix else "guard", outputs=outputs,
+            exit_code=code, stdout=_cut(outcome.stdout, max_output_chars), stderr=stderr,
+            timed_out=outcome.timed_out,
+            killed_for_memory=not outcome.timed_out and code != 0 and any(m in stderr for m in _MEMORY_MARKERS),
+            cpu_limited=not outcome.timed_out and code == -signal.SIGXCPU,
+            duration_s=outcome.elapsed_s, isolation=mode, outputs=outputs,
         )
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def network_namespace_available() -> bool:
-    """Whether ``unshare -rn`` can give a child its own, empty network namespace on this host."""
-    return bool(_namespace_prefix())
-
-
-def _namespace_prefix() -> list[str]:
-    unshare = shutil.which("unshare")
-    if unshare is None:
-        return []
-    try:
-        probe = subprocess.run([unshare, "-rn", "true"], capture_output=True, timeout=10, env={"PATH": "/usr/bin:/bin"})
-    except (OSError, subprocess.SubprocessError):
-        return []
-    return [unshare, "-rn"] if probe.returncode == 0 else []
-
-
-def _kill_group(pgid: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, signal.SIGKILL)
-
-
 def _inside(path: Path, root: Path) -> bool:
     return path.resolve().is_relative_to(root)
-
-
-def _read_text(path: Path) -> str:
-    return path.read_bytes().decode("utf-8", errors="replace")
 
 
 def _cut(text: str, limit: int) -> str:
@@ -283,4 +660,8 @@ def _cut(text: str, limit: int) -> str:
     return f"{text[:head]}\n... [{len(text) - limit} characters cut] ...\n{text[-tail:]}"
 
 
-__all__ = ["DEFAULT_MEM_MB", "REFUSED", "SandboxResult", "network_namespace_available", "run_sandboxed"]
+__all__ = [
+    "DEFAULT_MEM_MB", "REFUSED", "ProcessOutcome", "SandboxMode", "SandboxResult", "SandboxStatus",
+    "SandboxUnavailable", "kill_group", "no_process_filter", "require_sandbox", "run_confined", "run_sandboxed",
+    "sandbox_status",
+]

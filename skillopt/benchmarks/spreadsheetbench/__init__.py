@@ -50,7 +50,7 @@ from skillopt.benchmarks.spreadsheetbench.cells import (
 from skillopt.config import BenchmarkSection
 from skillopt.data import Item
 from skillopt.llm.chat import ChatRequest, Message, assistant, system, user
-from skillopt.sandbox import SandboxResult, run_sandboxed
+from skillopt.sandbox import SandboxMode, SandboxResult, SandboxUnavailable, require_sandbox, run_sandboxed
 
 BENCHMARK_ID = "spreadsheetbench"
 TASK_TYPES = {"Cell-Level Manipulation": "cell_level", "Sheet-Level Manipulation": "sheet_level"}
@@ -168,14 +168,14 @@ def prepare_script(code: str) -> str:
 
 
 def execute(code: str, input_path: Path, *, timeout_s: float, mem_mb: int,
-            deny_read: Sequence[str]) -> SandboxResult:
+            deny_read: Sequence[str], sandbox: SandboxMode = "bwrap") -> SandboxResult:
     """Run the target's ``code`` on a temp copy of ``input_path`` through the sandbox."""
     workspace = Path(tempfile.mkdtemp(prefix="skillopt-sheet-"))
     try:
         shutil.copyfile(input_path, workspace / INPUT_NAME)
         (workspace / SCRIPT_NAME).write_text(prepare_script(code), encoding="utf-8")
         return run_sandboxed([SCRIPT_NAME], workspace, timeout_s, mem_mb, collect=[OUTPUT_NAME],
-                             deny_read=deny_read)
+                             deny_read=deny_read, mode=sandbox)
     finally:
         shutil.rmtree(workspace, ignore_errors=True)
 
@@ -268,7 +268,8 @@ class SpreadsheetBenchBenchmark:
         deny = tuple(str(Path(root).resolve()) for root in (config.data_root, config.split_dir) if root)
         return [
             Item({**item, "task_dir": str(resolve_task_dir(item["spreadsheet_path"], roots)), "deny_read": deny,
-                  "code_timeout": config.code_timeout, "sandbox_mem_mb": config.sandbox_mem_mb})
+                  "code_timeout": config.code_timeout, "sandbox_mem_mb": config.sandbox_mem_mb,
+                  "sandbox": config.sandbox})
             for item in items
         ]
 
@@ -328,7 +329,7 @@ class SpreadsheetBenchBenchmark:
         if not code:
             return _ASK_AGAIN
         run = execute(code, cases[0].input_path, timeout_s=min(config.code_timeout, timeout_s),
-                      mem_mb=config.sandbox_mem_mb, deny_read=item.get("deny_read", ()))
+                      mem_mb=config.sandbox_mem_mb, deny_read=item.get("deny_read", ()), sandbox=config.sandbox)
         if not run.ok:
             tail = (run.stderr.strip() or run.reason)[-TRACEBACK_CHARS:]
             return _FIX_ERROR.format(tail=tail if run.stderr.strip() else f"{run.reason}")
@@ -361,7 +362,8 @@ class SpreadsheetBenchBenchmark:
         outcomes = []
         for case in cases:
             run = execute(code, case.input_path, timeout_s=float(item.get("code_timeout", 120)),
-                          mem_mb=int(item.get("sandbox_mem_mb", 2048)), deny_read=item.get("deny_read", ()))
+                          mem_mb=int(item.get("sandbox_mem_mb", 2048)), deny_read=item.get("deny_read", ()),
+                          sandbox=item.get("sandbox", "bwrap"))
             failure = exec_failure(run)
             outcomes.append(CaseOutcome(case.number, failure) if failure else
                             compare_workbooks(case.number, run.outputs[OUTPUT_NAME], case.golden_path, ranges))
@@ -382,8 +384,13 @@ class SpreadsheetBenchBenchmark:
         return sorted({item.task_type for item in items}) or list(DEFAULT_TASK_TYPES)
 
     def preflight(self, cfg: BaseModel) -> None:
-        """openpyxl and pandas importable; the split folder and the data root exist."""
+        """An OS sandbox for the target's code (or ``benchmark.sandbox: none``); openpyxl and pandas
+        importable; the split folder and the data root exist."""
         config = _config(cfg)
+        try:
+            require_sandbox(config.sandbox, what=BENCHMARK_ID)
+        except SandboxUnavailable as exc:
+            raise BenchmarkSetupError(str(exc)) from None
         try:
             import openpyxl  # noqa: F401
             import pandas  # noqa: F401

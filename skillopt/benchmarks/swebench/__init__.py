@@ -56,6 +56,7 @@ from skillopt.benchmarks.swebench.scripted import SCRIPTED_RULES
 from skillopt.config import BenchmarkSection
 from skillopt.data import Item, SplitSpec, parse_split_ratio, read_records
 from skillopt.llm.chat import Message, system, user
+from skillopt.sandbox import SandboxUnavailable, require_sandbox
 
 BENCHMARK_ID = "swebench"
 DEFAULT_TASK_TYPE = "swebench"
@@ -216,6 +217,7 @@ class SwebenchBenchmark:
             "harness": config.harness, "dataset": config.dataset, "hf_split": config.hf_split,
             "eval_workers": config.eval_workers, "harness_timeout": config.harness_timeout,
             "repos_root": str(Path(config.data_root) / REPOS_FOLDER) if config.data_root else None,
+            "sandbox": config.sandbox,
         }
         return [Item({**item, EVAL_KEY: settings}) for item in items]
 
@@ -251,7 +253,7 @@ class SwebenchBenchmark:
         settings = item.get(EVAL_KEY) or {}
         if settings.get("harness") == "fake":
             root = settings.get("repos_root")
-            return FakeHarness(repos_root=Path(root) if root else None)
+            return FakeHarness(repos_root=Path(root) if root else None, sandbox=settings.get("sandbox", "bwrap"))
         return DockerHarness(dataset=str(settings.get("dataset", "lite")), hf_split=str(settings.get("hf_split", "test")),
                              eval_workers=int(settings.get("eval_workers", 8)),
                              timeout_s=float(settings.get("harness_timeout", 7200)))
@@ -313,8 +315,13 @@ class SwebenchBenchmark:
                     f"swebench: the Docker harness needs a running Docker engine: {problem}; start Docker (and pull "
                     "the SWE-bench images), or set benchmark.harness: fake for the simulated harness")
         if config.harness == "fake" and self.harness_factory is None and config.data_root and \
-                (Path(config.data_root) / REPOS_FOLDER).is_dir() and shutil.which("git") is None:
-            raise BenchmarkSetupError("swebench: the fake harness applies patches with git, which is not installed")
+                (Path(config.data_root) / REPOS_FOLDER).is_dir():
+            if shutil.which("git") is None:
+                raise BenchmarkSetupError("swebench: the fake harness applies patches with git, which is not installed")
+            try:  # it runs the repository's tests, patched by the model
+                require_sandbox(config.sandbox, what=f"{BENCHMARK_ID} (fake harness)")
+            except SandboxUnavailable as exc:
+                raise BenchmarkSetupError(str(exc)) from None
 
     def needs_judge(self, cfg: BaseModel) -> bool:
         return False

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from skillopt.errors import SkillOptError
-from skillopt.sandbox import run_sandboxed
+from skillopt.sandbox import SandboxMode, run_sandboxed
 
 MODEL_NAME = "skillopt"
 #: The harness ``--dataset_name`` for each ``benchmark.dataset``.
@@ -174,8 +174,9 @@ class FakeHarness:
     """The offline harness (see the module docstring for the three ways it decides)."""
 
     def __init__(self, *, repos_root: Path | None = None, resolved_ids: Sequence[str] | None = None,
-                 test_timeout_s: float = 60.0) -> None:
+                 test_timeout_s: float = 60.0, sandbox: SandboxMode = "bwrap") -> None:
         self.repos_root = repos_root
+        self.sandbox = sandbox
         self.resolved_ids = None if resolved_ids is None else {str(i) for i in resolved_ids}
         self.test_timeout_s = test_timeout_s
 
@@ -216,7 +217,7 @@ class FakeHarness:
             shutil.rmtree(repo / ".git")
             (repo / TEST_RUNNER).write_text(_RUNNER_SOURCE, encoding="utf-8")
             wanted = [*test_ids(instance.get("FAIL_TO_PASS", "[]")), *test_ids(instance.get("PASS_TO_PASS", "[]"))]
-            run = run_sandboxed([TEST_RUNNER, *wanted], cwd=repo, timeout_s=self.test_timeout_s)
+            run = run_sandboxed([TEST_RUNNER, *wanted], cwd=repo, timeout_s=self.test_timeout_s, mode=self.sandbox)
         if not run.ok:
             return False, f"fake harness: the tests did not run ({'timed out' if run.timed_out else run.exit_code}): " \
                           + run.stderr.strip()[-300:]
