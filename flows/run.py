@@ -11,7 +11,11 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, Protocol
+
+from skillopt.interrupt import InterruptGuard
 
 PROGRESS_LOGGER = "skillopt.progress"
 
@@ -34,6 +38,17 @@ class _UserErrorsWithoutTraceback(logging.Filter):
         return True
 
 
+class _QuietAfterInterrupt(logging.Filter):
+    """After Ctrl-C, drop Prefect's "Crash detected" lines of every run and task: the CLI says it once."""
+
+    def __init__(self, guard: InterruptGuard) -> None:
+        super().__init__()
+        self.guard = guard
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not self.guard.interrupted
+
+
 class _ProgressHandler(logging.Handler):
     def __init__(self, out: _Printer) -> None:
         super().__init__(logging.INFO)
@@ -43,8 +58,13 @@ class _ProgressHandler(logging.Handler):
         self.out.print(f"  {record.getMessage()}")
 
 
-def run_flow(kind: str, out: _Printer, **parameters: Any) -> dict[str, Any]:
-    """Run ``skill-train`` (``kind="train"``) or ``skill-eval`` (``"eval"``) in this process."""
+def run_flow(kind: str, out: _Printer, guard: InterruptGuard | None = None, **parameters: Any) -> dict[str, Any]:
+    """Run ``skill-train`` (``kind="train"``) or ``skill-eval`` (``"eval"``) in this process.
+
+    With no ``PREFECT_API_URL`` the temporary API server is started here, in its own session, so the
+    terminal's Ctrl-C reaches only this process; ``guard`` then stops it on exit and stops the run
+    if the server dies.
+    """
     from prefect.settings import (
         PREFECT_LOGGING_LEVEL,
         PREFECT_SERVER_ANALYTICS_ENABLED,
@@ -67,12 +87,15 @@ def run_flow(kind: str, out: _Printer, **parameters: Any) -> dict[str, Any]:
     progress.addHandler(handler)
     progress.setLevel(logging.INFO)
     progress.propagate = False
-    quiet = _UserErrorsWithoutTraceback()
+    filters: list[logging.Filter] = [_UserErrorsWithoutTraceback()]
+    if guard is not None:
+        filters.append(_QuietAfterInterrupt(guard))
     run_loggers = [logging.getLogger(name) for name in ("prefect.flow_runs", "prefect.task_runs")]
     for logger in run_loggers:
-        logger.addFilter(quiet)
+        for log_filter in filters:
+            logger.addFilter(log_filter)
     try:
-        with temporary_settings(set_defaults=defaults):
+        with temporary_settings(set_defaults=defaults), _server_watched(guard):
             if kind == "train":
                 from flows.train import skill_train
 
@@ -83,8 +106,25 @@ def run_flow(kind: str, out: _Printer, **parameters: Any) -> dict[str, Any]:
     finally:
         progress.removeHandler(handler)
         for logger in run_loggers:
-            logger.removeFilter(quiet)
+            for log_filter in filters:
+                logger.removeFilter(log_filter)
         # The ephemeral API server stops when this process exits and may log the cancellation of
         # its last event flush as an error; the run is complete by then, so keep that off the screen.
         logging.getLogger("prefect.server").setLevel(logging.CRITICAL)
         sys.stdout.flush()
+
+
+@contextmanager
+def _server_watched(guard: InterruptGuard | None) -> Iterator[None]:
+    from flows.temporary_server import start_temporary_server, watch_server
+
+    server = start_temporary_server()
+    if server is None or guard is None:
+        yield
+        return
+    guard.add_cleanup(server.stop_without_waiting)
+    watching = watch_server(server, guard.stop_because)
+    try:
+        yield
+    finally:
+        watching.set()

@@ -12,17 +12,21 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
+from contextlib import nullcontext
 from typing import TextIO
 
 import yaml
 
 from skillopt import __version__
 from skillopt.errors import SkillOptError
+from skillopt.interrupt import EXIT_INTERRUPTED, INTERRUPTED_MESSAGE, InterruptGuard
 from skillopt.redact import Redactor
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
+#: The commands that run a flow: Ctrl-C stops them through an ``InterruptGuard``.
+_RUN_COMMANDS = frozenset({("train", None), ("demo", None), ("eval", None)})
 
 
 class _Output:
@@ -32,6 +36,8 @@ class _Output:
         self.redactor = redactor
         self.out = out
         self.err = err
+        #: Ctrl-C handling of a run command (None for the others), handed to the flow runner.
+        self.guard: InterruptGuard | None = None
 
     def print(self, text: str = "") -> None:
         self.out.write(self.redactor(text) + "\n")
@@ -263,8 +269,8 @@ def _cmd_train(args: argparse.Namespace, out: _Output) -> int:
 
     if args.no_cache:
         overrides.append("run.refresh_cache=true")
-    summary = run_flow("train", out, benchmark=args.benchmark, config_file=args.config, overrides=overrides,
-                       run_name=args.run_name, cli_roles=_cli_roles(args))
+    summary = run_flow("train", out, out.guard, benchmark=args.benchmark, config_file=args.config,
+                       overrides=overrides, run_name=args.run_name, cli_roles=_cli_roles(args))
     _print_summary(summary, out)
     return EXIT_OK
 
@@ -288,7 +294,7 @@ def _cmd_demo(args: argparse.Namespace, out: _Output) -> int:
     out.print("skillopt demo: a simulated run on the built-in demo benchmark with the deterministic `scripted`")
     out.print("backend (no model, no key, no network). Every number below comes from that simulation.")
     overrides = [*args.override, *(["run.refresh_cache=true"] if args.no_cache else [])]
-    summary = run_flow("train", out, benchmark="demo", config_file=args.config, overrides=overrides,
+    summary = run_flow("train", out, out.guard, benchmark="demo", config_file=args.config, overrides=overrides,
                        run_name=args.run_name, cli_roles=_cli_roles(args))
     _print_summary(summary, out)
     out.print()
@@ -304,7 +310,7 @@ def _cmd_demo(args: argparse.Namespace, out: _Output) -> int:
 def _cmd_eval(args: argparse.Namespace, out: _Output) -> int:
     from flows.run import run_flow
 
-    result = run_flow("eval", out, benchmark=args.benchmark, skill_file=args.skill, split=args.split,
+    result = run_flow("eval", out, out.guard, benchmark=args.benchmark, skill_file=args.skill, split=args.split,
                       config_file=args.config, overrides=[*_data_overrides(args.data), *args.override],
                       run_name=args.run_name, cli_roles=_cli_roles(args))
     out.print(f"{args.benchmark} {result['split']}: hard {result['hard']:.3f}  soft {result['soft']:.3f}  "
@@ -591,6 +597,22 @@ def _cmd_compare(args: argparse.Namespace, out: _Output) -> int:
     return EXIT_OK
 
 
+def _interrupted(out: _Output, guard: InterruptGuard | None) -> int:
+    """Ctrl-C (or a dead API server) during a command: one line, no traceback."""
+    if guard is None:
+        out.err.write(f"{INTERRUPTED_MESSAGE}\n")
+        return EXIT_INTERRUPTED
+    if guard.report_once():
+        if guard.reason:
+            out.error(guard.reason)
+        else:
+            out.err.write(f"{INTERRUPTED_MESSAGE}\n")
+    if guard.signals:
+        # A real signal: exit now rather than wait for the model calls still in flight in worker threads.
+        guard.force_exit()
+    return guard.exit_code()
+
+
 def main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = None, stderr: TextIO | None = None) -> int:
     """Run the ``skillopt`` command and return its exit code."""
     out = _Output(Redactor.from_environment(), stdout or sys.stdout, stderr or sys.stderr)
@@ -622,14 +644,16 @@ def main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = None, std
             parser.parse_args(["config", "--help"])
         parser.print_help(out.out)
         return EXIT_USAGE if args.command else EXIT_OK
+    guard = InterruptGuard(out.err) if key in _RUN_COMMANDS else None
     try:
-        return handler(args, out)
+        with guard or nullcontext():
+            out.guard = guard
+            return handler(args, out)
     except SkillOptError as exc:
         out.error(str(exc))
         return EXIT_USAGE
     except KeyboardInterrupt:
-        out.error("interrupted")
-        return 130
+        return _interrupted(out, guard)
     except BrokenPipeError:
         # The reader went away (e.g. `| head`); stop quietly like other command-line tools.
         devnull = os.open(os.devnull, os.O_WRONLY)

@@ -1,0 +1,132 @@
+"""Stopping a run from the terminal: the first Ctrl-C stops it cleanly, a second one at once.
+
+A run spends most of its time waiting on model calls in worker threads, which Python cannot cancel:
+after a ``KeyboardInterrupt`` the thread pool would wait for every call in flight (tens of seconds
+with a real model). So the first SIGINT raises ``KeyboardInterrupt`` in the main thread (the flow
+marks its run as ended, ``finally`` blocks run) and arms a short deadline; if the process has not
+exited by then it says so, runs the cleanup (stops the temporary API server) and exits with 130.
+A second SIGINT does that at once. Nothing is lost by exiting early: every finished model call is
+already in the cache and the run directory's files are written atomically, so re-running the same
+command resumes.
+
+The same path stops a run whose temporary Prefect API server died (``stop_because``): the main
+thread gets a real SIGINT (so a blocking socket call returns) and the reason is reported instead
+of "interrupted".
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import threading
+from collections.abc import Callable
+from types import FrameType, TracebackType
+from typing import TextIO
+
+EXIT_INTERRUPTED = 130
+RESUME_HINT = "re-run the same command to resume"
+INTERRUPTED_MESSAGE = f"interrupted — {RESUME_HINT}"
+#: How long the first Ctrl-C waits for an orderly exit before the process exits anyway.
+DEFAULT_GRACE_S = 1.5
+
+
+class RunInterrupted(Exception):
+    """The run was stopped on purpose (Ctrl-C) or because its API server went away; ``reason`` says which."""
+
+    def __init__(self, reason: str | None) -> None:
+        super().__init__(reason or INTERRUPTED_MESSAGE)
+        self.reason = reason
+
+
+class InterruptGuard:
+    """SIGINT handling for one run, as a context manager (installed only in the main thread).
+
+    ``cleanup`` runs once before a forced exit (e.g. stop the server this process started); ``err``
+    receives the one message of a forced exit.
+    """
+
+    def __init__(self, err: TextIO, *, grace_s: float = DEFAULT_GRACE_S) -> None:
+        self.err = err
+        self.grace_s = grace_s
+        self.reason: str | None = None
+        self.signals = 0
+        self._cleanups: list[Callable[[], None]] = []
+        self._lock = threading.Lock()
+        self._reported = False
+        self._previous: object = None
+        self._installed = False
+
+    # ---- context manager -----------------------------------------------------------------
+
+    def __enter__(self) -> InterruptGuard:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._on_sigint)
+            self._installed = True
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        # Once interrupted, the process is on its way out (possibly waiting for worker threads): the
+        # handler stays, so another Ctrl-C still exits at once.
+        if self._installed and not self.interrupted:
+            signal.signal(signal.SIGINT, self._previous)  # type: ignore[arg-type]
+            self._installed = False
+
+    # ---- API -----------------------------------------------------------------------------
+
+    @property
+    def interrupted(self) -> bool:
+        return self.signals > 0
+
+    def add_cleanup(self, cleanup: Callable[[], None]) -> None:
+        """Run ``cleanup`` before a forced exit (never twice, errors ignored)."""
+        self._cleanups.append(cleanup)
+
+    def stop_because(self, reason: str) -> None:
+        """Stop the run from another thread with ``reason`` (e.g. the API server died)."""
+        if self.reason is None:
+            self.reason = reason
+        os.kill(os.getpid(), signal.SIGINT)
+
+    def message(self) -> str:
+        return self.reason or INTERRUPTED_MESSAGE
+
+    def exit_code(self) -> int:
+        return EXIT_INTERRUPTED if self.reason is None else 1
+
+    # ---- internals -----------------------------------------------------------------------
+
+    def _on_sigint(self, signum: int, frame: FrameType | None) -> None:
+        self.signals += 1
+        if self.signals >= 2:
+            self.force_exit()
+        deadline = threading.Timer(self.grace_s, self.force_exit)
+        deadline.daemon = True
+        deadline.start()
+        raise KeyboardInterrupt
+
+    def force_exit(self) -> None:
+        """Print the message (unless already printed), run the cleanups and end the process now.
+
+        Worker threads still waiting on a model call are dropped; their finished calls are cached."""
+        if self.report_once():
+            try:
+                self.err.write(f"error: {self.message()}\n" if self.reason else f"{self.message()}\n")
+                self.err.flush()
+                sys.stdout.flush()
+            except (OSError, ValueError):
+                pass
+        for cleanup in self._cleanups:
+            with contextlib.suppress(Exception):  # exiting anyway: a failed cleanup must not block the exit
+                cleanup()
+        os._exit(self.exit_code())
+
+    def report_once(self) -> bool:
+        """True the first time the interruption is reported: by the orderly path or by a forced exit."""
+        with self._lock:
+            if self._reported:
+                return False
+            self._reported = True
+            return True

@@ -1,0 +1,122 @@
+"""Ctrl-C on a real `skillopt demo` with Prefect's temporary API server, as a terminal sends it.
+
+A terminal's Ctrl-C goes to its whole foreground process group; the run must stop with exit 130,
+one line and no traceback, the temporary server must not get the signal (it lives in its own
+session), and re-running the same command resumes without repeating a finished model call.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from skillopt.interrupt import INTERRUPTED_MESSAGE
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _env(home: Path) -> dict[str, str]:
+    env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+           "PYTHONPATH": str(ROOT)}
+    env.pop("PREFECT_API_URL", None)  # the temporary server is the point here
+    return env
+
+
+def _demo(tmp_path: Path, run_name: str) -> list[str]:
+    return [sys.executable, "-m", "skillopt.cli", "demo", "--run-name", run_name,
+            "-o", f"run.runs_dir={tmp_path / 'runs'}", "-o", f"run.cache_dir={tmp_path / 'cache'}"]
+
+
+def _start_and_wait_for(command: list[str], env: dict[str, str], cwd: Path, marker: str,
+                        ) -> tuple[subprocess.Popen[str], list[str]]:
+    """Start ``command`` as the leader of a new process group (a terminal's foreground job) and read its
+    stdout until a line contains ``marker``."""
+    process = subprocess.Popen(command, env=env, cwd=cwd, text=True, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, start_new_session=True)
+    assert process.stdout is not None
+    lines: list[str] = []
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline:
+        line = process.stdout.readline()
+        if not line:
+            break
+        lines.append(line)
+        if marker in line:
+            return process, lines
+    process.kill()
+    raise AssertionError(f"never saw {marker!r}; stdout: {''.join(lines)} stderr: {process.stderr.read()}")
+
+
+def _children(pid: int) -> list[int]:
+    path = Path(f"/proc/{pid}/task/{pid}/children")
+    return [int(child) for child in path.read_text().split()] if path.exists() else []
+
+
+def _usage_lines(run_dir: Path) -> int:
+    path = run_dir / "usage.jsonl"
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+def test_ctrl_c_to_the_process_group_stops_the_demo_and_the_rerun_resumes(tmp_path: Path):
+    env = _env(tmp_path / "prefect-home")
+    process, _ = _start_and_wait_for(_demo(tmp_path, "ctrlc"), env, tmp_path, "step 2/")
+    server = _children(process.pid)
+    assert server, "the temporary API server should be a child of the run"
+    assert all(os.getsid(pid) != os.getsid(process.pid) for pid in server), "server in the terminal's session"
+
+    started = time.monotonic()
+    os.killpg(process.pid, signal.SIGINT)  # what a terminal does on Ctrl-C
+    out, err = process.communicate(timeout=60)
+    print(f"exit {process.returncode} {time.monotonic() - started:.2f} s after SIGINT")
+    assert process.returncode == 130
+    assert err.strip().splitlines()[-1] == INTERRUPTED_MESSAGE
+    assert "Traceback" not in out + err
+    assert "Crash detected" not in err
+    time.sleep(1)
+    assert not any(Path(f"/proc/{pid}").exists() and "zombie" not in Path(f"/proc/{pid}/status").read_text()
+                   for pid in server), "the temporary server outlived the run"
+
+    run_dir = tmp_path / "runs" / "ctrlc"
+    before = _usage_lines(run_dir)
+    assert before > 0 and not (run_dir / "summary.json").exists()
+
+    resumed = subprocess.run(_demo(tmp_path, "ctrlc"), env=env, cwd=tmp_path, capture_output=True, text=True,
+                             timeout=600)
+    assert resumed.returncode == 0, resumed.stderr
+    added = _usage_lines(run_dir) - before
+
+    # The same demo from scratch (another cache) makes every call once: the resumed run made only those
+    # the interrupted one had not finished (a call in flight at the interrupt may be made again).
+    fresh = subprocess.run(_demo(tmp_path / "fresh", "fresh") , env=env, cwd=tmp_path, capture_output=True,
+                           text=True, timeout=600)
+    assert fresh.returncode == 0, fresh.stderr
+    total = _usage_lines(tmp_path / "fresh" / "runs" / "fresh")
+    summary = json.loads((run_dir / "summary.json").read_text())
+    print(f"interrupted run: {before} calls, resumed run: {added} calls, a run from scratch: {total} calls")
+    assert 0 < added < total
+    assert before + added <= total + 16  # at most one call per worker thread was in flight
+    assert summary["scores"] == json.loads((tmp_path / "fresh" / "runs" / "fresh" / "summary.json").read_text()
+                                           )["scores"]
+
+
+def test_a_dead_api_server_stops_the_run_with_a_message(tmp_path: Path):
+    env = _env(tmp_path / "prefect-home")
+    process, _ = _start_and_wait_for(_demo(tmp_path, "dead"), env, tmp_path, "baseline")
+    server = _children(process.pid)
+    assert server
+    started = time.monotonic()
+    for pid in server:
+        os.kill(pid, signal.SIGKILL)
+    out, err = process.communicate(timeout=120)
+    print(f"exit {process.returncode} {time.monotonic() - started:.2f} s after the server died")
+    assert process.returncode == 1
+    assert "temporary Prefect API server" in err and "re-run the same command to resume" in err
+    assert "Traceback" not in out + err

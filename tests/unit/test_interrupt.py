@@ -1,0 +1,87 @@
+"""Ctrl-C handling without Prefect: a real process, real signals, a worker thread stuck in a "model call"."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+from skillopt.interrupt import INTERRUPTED_MESSAGE
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# A stand-in for a run: the main thread waits on a worker thread that would take a minute (a slow
+# model call Python cannot cancel), inside the guard, and reports the interrupt the way the CLI does.
+_RUN = textwrap.dedent("""
+    import sys, time
+    from concurrent.futures import ThreadPoolExecutor
+    from skillopt.interrupt import InterruptGuard
+
+    guard = InterruptGuard(sys.stderr, grace_s={grace})
+    guard.add_cleanup(lambda: sys.stderr.write("cleanup ran\\n"))
+    with guard:
+        try:
+            with ThreadPoolExecutor(max_workers=1) as pool:  # leaving it waits for the call in flight
+                call = pool.submit(time.sleep, 60)
+                print("ready", flush=True)
+                call.result()
+        except KeyboardInterrupt:
+            if guard.report_once():
+                sys.stderr.write("reported by the main thread\\n")
+    sys.exit(guard.exit_code())
+""")
+
+
+def _start(grace: float) -> subprocess.Popen[str]:
+    process = subprocess.Popen([sys.executable, "-c", _RUN.format(grace=grace)], cwd=ROOT, text=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert process.stdout is not None and process.stdout.readline().strip() == "ready"
+    return process
+
+
+def test_first_sigint_exits_130_after_the_grace_period_although_a_worker_is_still_busy():
+    process = _start(grace=0.5)
+    started = time.monotonic()
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=30)
+    print(f"exited {time.monotonic() - started:.2f} s after SIGINT")
+    assert process.returncode == 130
+    # The main thread is still waiting for the pool to shut down: the deadline reports and exits.
+    assert err.splitlines() == [INTERRUPTED_MESSAGE, "cleanup ran"]
+
+
+def test_second_sigint_exits_at_once():
+    process = _start(grace=60)  # the deadline alone would keep it for a minute
+    process.send_signal(signal.SIGINT)
+    time.sleep(0.5)
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=30)
+    assert process.returncode == 130
+    assert "cleanup ran" in err
+    assert "Traceback" not in err
+
+
+def test_stop_because_reports_the_reason_and_exits_1(tmp_path: Path):
+    script = textwrap.dedent("""
+        import sys, threading, time
+        from skillopt.interrupt import InterruptGuard
+
+        guard = InterruptGuard(sys.stderr, grace_s=0.5)
+        with guard:
+            threading.Timer(0.2, guard.stop_because, args=("the API server exited",)).start()
+            try:
+                threading.Thread(target=time.sleep, args=(60,)).start()
+                time.sleep(60)
+            except KeyboardInterrupt:
+                pass
+        sys.exit(3)  # never reached in time: the deadline exits first
+    """)
+    result = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=30,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert result.returncode == 1
+    assert result.stderr.strip() == "error: the API server exited"
