@@ -22,13 +22,11 @@ help command, and how to read the CLI's output. Errors raised by ``run`` (``Exec
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
 import re
 import shutil
-import signal
 import subprocess
 import tempfile
 import threading
@@ -49,6 +47,7 @@ from skillopt.llm.chat import Usage
 from skillopt.llm.errors import BackendError, EmptyAnswer, ExecError, ExecTimeout
 from skillopt.llm.http_common import WarnOnce, require_key, resolve_key
 from skillopt.llm.roles import ResolvedRole
+from skillopt.process_group import end_group, own_group
 from skillopt.redact import Redactor
 from skillopt.resources import load_prompt
 
@@ -346,18 +345,6 @@ def _feed(stream: IO[bytes], data: bytes) -> None:
         pass
 
 
-def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
-    """Send ``sig`` to the child's whole process group (the tree on Windows)."""
-    if os.name == "nt":  # pragma: no cover - exercised on Windows only
-        if sig == signal.SIGTERM:
-            proc.terminate()
-        else:
-            subprocess.run(["taskkill", "/T", "/F", "/PID", str(proc.pid)], capture_output=True, check=False)
-        return
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, sig)
-
-
 def run_process(
     argv: Sequence[str], *, cwd: Path, env: Mapping[str, str], stdin_text: str, timeout_s: float, grace_s: float
 ) -> ProcessOutcome:
@@ -367,12 +354,9 @@ def run_process(
     is killed before returning, so no grandchild outlives the run.
     """
     started = time.monotonic()
-    group = (
-        {"creationflags": subprocess.CREATE_NEW_PROCESS_GROUP} if os.name == "nt" else {"start_new_session": True}
-    )
     proc = subprocess.Popen(
         list(argv), cwd=cwd, env=dict(env), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, **group,  # type: ignore[call-overload]
+        stderr=subprocess.PIPE, **own_group(),
     )
     assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
     out, err = _Drain(proc.stdout), _Drain(proc.stderr)
@@ -384,12 +368,9 @@ def run_process(
         proc.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
         timed_out = True
-        _signal_group(proc, signal.SIGTERM)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=grace_s)
+        end_group(proc, grace_s=grace_s)
     finally:
-        _signal_group(proc, getattr(signal, "SIGKILL", signal.SIGTERM))
-        proc.wait()
+        end_group(proc, grace_s=0)
     return ProcessOutcome(proc.returncode, out.text(), err.text(), timed_out, time.monotonic() - started)
 
 

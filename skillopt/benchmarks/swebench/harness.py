@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from skillopt.errors import SkillOptError
+from skillopt.process_group import run_in_group
 from skillopt.sandbox import SandboxMode, run_sandboxed
 
 MODEL_NAME = "skillopt"
@@ -120,8 +121,9 @@ class DockerHarness:
         instance_id = str(instance["instance_id"])
         predictions = write_predictions(work_dir, instance_id, patch)
         try:
-            run = subprocess.run(self.command(predictions, run_id, instance_id), cwd=work_dir, capture_output=True,
-                                 text=True, timeout=self.timeout_s, check=False)
+            # The harness starts Docker clients and workers: a timeout stops all of them, not just the harness.
+            run = run_in_group(self.command(predictions, run_id, instance_id), cwd=work_dir,
+                               timeout_s=self.timeout_s)
         except subprocess.TimeoutExpired:
             raise HarnessError(f"swebench: the harness did not finish within {self.timeout_s:.0f}s") from None
         except OSError as exc:
