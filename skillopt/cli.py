@@ -359,9 +359,18 @@ def _cmd_benchmarks(args: argparse.Namespace, out: _Output) -> int:
         needs = "extras: " + ",".join(extras) if extras else "no extras"
         out.print(f"{entry.name:<24} v{benchmark.version:<4} {benchmark.default_split_mode:<10} {judge:<21} "
                   f"{needs:<24} {summary}")
-    out.print("\nan extra installs with: pip install 'skillopt[NAME]'; a judge role is set with --judge-backend or "
+    out.print(f"\nsandbox for model-written code (spreadsheetbench, swebench's fake harness): {_sandbox_line()}")
+    out.print("an extra installs with: pip install 'skillopt[NAME]'; a judge role is set with --judge-backend or "
               "-o model.judge.backend=...")
     return EXIT_OK
+
+
+def _sandbox_line() -> str:
+    """Whether the OS sandbox works here, and the fix when it does not."""
+    from skillopt.sandbox import SANDBOX_FIX, sandbox_status
+
+    status = sandbox_status()
+    return status.describe() if status.available else f"{status.describe()}; fix: {SANDBOX_FIX}"
 
 
 def _one_line_summary(docstring: str) -> str:
@@ -421,6 +430,7 @@ def _cmd_backends_check(args: argparse.Namespace, out: _Output) -> int:
         if not result.ok:
             failed = True
             out.error(f"{role}: {result.problem}")
+    out.print(f"sandbox (model-written code): {_sandbox_line()}")
     return EXIT_FAILURE if failed else EXIT_OK
 
 

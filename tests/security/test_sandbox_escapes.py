@@ -24,7 +24,8 @@ import pytest
 
 from skillopt.sandbox import run_confined, run_sandboxed, sandbox_status
 
-pytestmark = pytest.mark.skipif(not sandbox_status().available,
+# CI sets SKILLOPT_REQUIRE_SANDBOX=1: there a missing sandbox fails these tests instead of skipping them.
+pytestmark = pytest.mark.skipif(not sandbox_status().available and not os.environ.get("SKILLOPT_REQUIRE_SANDBOX"),
                                 reason=f"no OS sandbox on this host: {sandbox_status().detail}")
 
 SECRET = "SENTINEL-sandbox-4b1d-secret"
