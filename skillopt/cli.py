@@ -302,7 +302,7 @@ def _cmd_demo(args: argparse.Namespace, out: _Output) -> int:
     out.print("  export OPENAI_API_KEY=...            # or ANTHROPIC_API_KEY, or a local server (docs/backends.md)")
     out.print("  skillopt backends check              # check the credential and endpoint first")
     out.print("  skillopt train qa --data my_items.jsonl --backend openai --model gpt-4.1-mini")
-    out.print("Or run this demo with a local GGUF model: skillopt demo --backend local "
+    out.print("Or run this demo with a local GGUF model as the target: skillopt demo --target-backend local "
               "-o model.target.options.model_path=PATH.gguf")
     return EXIT_OK
 

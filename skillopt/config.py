@@ -346,6 +346,8 @@ def parse_yaml_text(text: str, *, source: str) -> Any:
 
 #: Provenance label of values that come from the models' own defaults.
 DEFAULT_SOURCE = "default"
+#: The provenance of a value from a config file shipped with skillopt (``configs/``).
+SHIPPED_SOURCE_PREFIX = "shipped:"
 
 Path_ = tuple[str, ...]
 
@@ -469,7 +471,7 @@ def source_label(path: Path) -> str:
     resolved = path.resolve()
     shipped = shipped_dir("configs").resolve()
     if resolved.is_relative_to(shipped):
-        return f"shipped:configs/{resolved.relative_to(shipped).as_posix()}"
+        return f"{SHIPPED_SOURCE_PREFIX}configs/{resolved.relative_to(shipped).as_posix()}"
     try:
         return f"yaml:{resolved.relative_to(Path.cwd().resolve()).as_posix()}"
     except ValueError:

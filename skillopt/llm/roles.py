@@ -21,7 +21,7 @@ from urllib.parse import urlparse
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from skillopt.config import ROLES, LoadedConfig, RoleSpec
+from skillopt.config import ROLES, SHIPPED_SOURCE_PREFIX, LoadedConfig, RoleSpec
 from skillopt.errors import ConfigError
 from skillopt.llm.base import BackendInfo, BackendRegistry
 
@@ -129,6 +129,8 @@ def resolve_roles(
 ) -> ResolvedRoles:
     """Resolve target, optimizer and judge. Raises ``ConfigError`` for an unusable target or optimizer."""
     cli = cli or CliRoleOptions()
+    for role, name in cli.role_backend.items():  # a typo is an error even for a judge nobody needs
+        _known_backend(role, name, "cli", registry)
     target = _resolve_one("target", loaded, cli, env, registry, inherited=None)
     optimizer = _resolve_one("optimizer", loaded, cli, env, registry, inherited=None)
 
@@ -182,7 +184,7 @@ def _resolve_one(
     if role in cli.effort:
         values["reasoning_effort"], provenance["reasoning_effort"] = cli.effort[role], "cli"
 
-    backend_name = RoleSpec.model_validate({"backend": values.get("backend") or "openai"}).backend
+    backend_name = _known_backend(role, values.get("backend") or "openai", provenance.get("backend", ""), registry)
     info = registry.get(backend_name)
     if role not in info.roles:
         raise ConfigError(f"model.{role}.backend: {backend_name} can serve only {', '.join(info.roles)}")
@@ -198,7 +200,8 @@ def _resolve_one(
         elif values.get(name) is None and env.get(variable):
             values[name], provenance[name] = env[variable], f"env:{variable}"
 
-    options = _validate_options(role, info, values.get("options") or {})
+    options = _validate_options(role, info, _options_for(role, info, values.get("options") or {}, loaded,
+                                                         backend_source=provenance.get("backend", "")))
     values["options"] = options.model_dump(exclude_none=False)
     if info.adjust is not None:
         for name, value in info.adjust(values, options, env).items():
@@ -243,6 +246,34 @@ def _resolve_one(
         context_tokens=values.get("context_tokens"),
         provenance={k: v for k, v in provenance.items() if k in ResolvedRole.model_fields},
     )
+
+
+def _known_backend(role: str, name: str, source: str, registry: BackendRegistry) -> str:
+    """``name`` as a registered backend (aliases normalised), or a one-line ``ConfigError`` naming where it was
+    set and the backends there are."""
+    try:
+        normalised = RoleSpec.model_validate({"backend": name}).backend
+    except ValidationError:
+        normalised = None
+    if normalised is None or normalised not in registry.names():
+        where = f"--backend (or --{role}-backend)" if source == "cli" else f"model.{role}.backend"
+        raise ConfigError(f"{where}: unknown backend {name!r}; the backends are: {', '.join(registry.names())}")
+    return normalised
+
+
+def _options_for(role: str, info: BackendInfo, options: Mapping[str, Any], loaded: LoadedConfig, *,
+                 backend_source: str) -> dict[str, Any]:
+    """The options to validate for ``info``'s backend.
+
+    When the backend was replaced (command line, ``-o`` or the user's file) the options a shipped config
+    gave the backend it named there (e.g. the demo's scripted ``rules``) do not apply: the keys the new
+    backend does not take are left out. Options the user gave are always kept, and checked.
+    """
+    if backend_source.startswith(SHIPPED_SOURCE_PREFIX):
+        return dict(options)
+    known = set(info.options_model.model_fields)
+    return {key: value for key, value in options.items()
+            if key in known or not loaded.source_of(f"model.{role}.options.{key}").startswith(SHIPPED_SOURCE_PREFIX)}
 
 
 def _validate_options(role: str, info: BackendInfo, options: Mapping[str, Any]) -> BaseModel:

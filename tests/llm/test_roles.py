@@ -111,3 +111,38 @@ def test_credential_state_never_shows_the_value():
     target = roles().target
     assert credential_state(target, {"OPENAI_API_KEY": "sk-SENTINEL-abcdefgh"}) == "set (env:OPENAI_API_KEY)"
     assert credential_state(target, {}) == "missing (env:OPENAI_API_KEY)"
+
+
+def test_a_mistyped_backend_is_one_line_naming_the_known_backends():
+    with pytest.raises(ConfigError) as raised:
+        roles(cli=CliRoleOptions(backend="opnai"))
+    message = str(raised.value)
+    assert message.startswith("--backend (or --target-backend): unknown backend 'opnai'; the backends are: ")
+    assert "openai, anthropic" in message and "\n" not in message
+    with pytest.raises(ConfigError, match=r"--backend \(or --judge-backend\): unknown backend 'x'"):
+        roles(cli=CliRoleOptions(role_backend={"judge": "x"}))
+
+
+def test_a_backend_the_registry_lacks_is_refused_like_a_typo():
+    with pytest.raises(ConfigError, match="model.target.backend: unknown backend 'local'; the backends are: openai"):
+        roles("model.target.backend=local")
+
+
+def test_demo_with_another_backend_replaces_the_scripted_roles_and_their_rules():
+    registry = BackendRegistry.default()
+    loaded = load_config("demo", env={})
+    resolved = resolve_roles(loaded, cli=CliRoleOptions(backend="openai"), env={}, registry=registry)
+    for role in (resolved.target, resolved.optimizer, resolved.judge):
+        assert role is not None and role.backend == "openai" and "rules" not in role.options
+
+    local = load_config("demo", overrides=["model.target.options.model_path=m.gguf"], env={})
+    mixed = resolve_roles(local, cli=CliRoleOptions(role_backend={"target": "local"}), env={}, registry=registry)
+    assert mixed.target.backend == "local" and mixed.target.options["model_path"] == "m.gguf"
+    assert "rules" not in mixed.target.options
+    assert mixed.optimizer.backend == "scripted" and mixed.optimizer.options["rules"] == "demo"  # untouched
+
+
+def test_an_option_the_user_gives_a_replaced_backend_is_still_checked():
+    loaded = load_config("demo", overrides=["model.target.options.modle_path=m.gguf"], env={})
+    with pytest.raises(ConfigError, match="model.target.options.modle_path: unknown option"):
+        resolve_roles(loaded, cli=CliRoleOptions(backend="local"), env={}, registry=BackendRegistry.default())

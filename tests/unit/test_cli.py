@@ -106,3 +106,18 @@ def test_benchmarks_lists_the_installed_plug_ins_one_line_each():
     for name in ("demo", "qa", "searchqa"):
         assert name in lines and "unavailable" not in lines[name]
     assert "generated" in lines["demo"] and "ratio" in lines["qa"]
+
+
+@pytest.mark.parametrize("command", [["backends"], ["train", "qa", "--dry-run"], ["backends", "check", "--no-call"]])
+def test_a_mistyped_backend_is_one_line_with_exit_2(command):
+    code, out, err = run(*command, "--backend", "opnai")
+    assert code == 2
+    assert err.strip() == ("error: --backend (or --target-backend): unknown backend 'opnai'; the backends are: "
+                           "openai, azure_openai, anthropic, openai_compatible, codex_exec, claude_code_exec, "
+                           "local, scripted")
+
+
+def test_demo_with_another_backend_gets_past_the_scripted_options():
+    code, out, err = run("train", "demo", "--dry-run", "--backend", "openai")
+    assert (code, err) == (0, "")
+    assert out.startswith("dry run of demo:")
