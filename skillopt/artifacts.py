@@ -18,7 +18,7 @@ from pydantic import BaseModel
 
 from skillopt.gate import GateResult
 from skillopt.llm.chat import ROLE_OF_STAGE
-from skillopt.records import StepRecord
+from skillopt.records import StepRecord, unusable_replies_warning
 from skillopt.redact import Redactor
 from skillopt.skill import ApplyReport, Edit, unified_diff
 
@@ -62,15 +62,25 @@ def progress_markdown(
     current: float | None,
     best: float | None,
     *,
+    last_step: StepRecord | None = None,
     redactor: Redactor | None = None,
 ) -> str:
     """Where training is and how it scores, e.g. ``**Epoch 2/4 · step 7/16 (43.8%)**`` plus a
-    two-row table of the current and best gate scores (``–`` before the baseline is known)."""
+    two-row table of the current and best gate scores (``–`` before the baseline is known), then
+    what ``last_step`` was made of: its optimizer replies (parsed / fallback) and error rows, with
+    a warning when most replies were unusable."""
     text = (
         f"**Epoch {epoch}/{epochs} · step {step}/{total_steps} ({progress_percent(step, total_steps):.1f}%)**\n\n"
         "| skill | gate score |\n|---|---|\n"
         f"| current | {_score(current)} |\n| best | {_score(best)} |\n"
     )
+    if last_step is not None:
+        text += (f"\nLast step: optimizer replies {last_step.replies_parsed} parsed, {last_step.replies_fallback} "
+                 f"fallback; error rows {last_step.n_error} in the batch, {len(last_step.gate_error_ids)} in the "
+                 "gate\n")
+        warning = unusable_replies_warning(last_step.replies_parsed, last_step.replies_fallback)
+        if warning:
+            text += f"\n**Warning:** {warning}\n"
     return _redactor(redactor)(text)
 
 
@@ -128,7 +138,9 @@ def gate_table(history: Sequence[StepRecord]) -> list[dict[str, Any]]:
     """Gate results over time, one row per record in ``history`` order: step, epoch, decision,
     candidate / current / best gate scores (rounded to 4 places; ``None`` for a record without a
     gate, such as a skipped step, which shows the current and best scores after it) and flips
-    ``+improved/-regressed``. Records other than plain steps show their kind in the decision."""
+    ``+improved/-regressed``, the selection items left out as error rows, and the optimizer replies used
+    of those the step asked for (``parsed/total``). Records other than plain steps show their kind in the
+    decision."""
     rows = []
     for record in history:
         decision = record.decision if record.kind == "step" else f"{record.kind}: {record.decision}"
@@ -142,6 +154,8 @@ def gate_table(history: Sequence[StepRecord]) -> list[dict[str, Any]]:
                 "current": round(record.current_score if gate is None else gate.current_gate, 4),
                 "best": round(record.best_score if gate is None else gate.best_gate, 4),
                 "flips": None if gate is None else gate.flips.label(),
+                "errors": len(record.gate_error_ids),
+                "replies": f"{record.replies_parsed}/{record.replies_parsed + record.replies_fallback}",
             }
         )
     return rows

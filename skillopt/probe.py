@@ -27,6 +27,7 @@ from typing import Any
 
 from pydantic import field_validator
 
+from skillopt.error_rows import answered_rows
 from skillopt.llm.chat import ChatRequest, system, user
 from skillopt.prompts import ReplyModel, optimizer_prompt
 from skillopt.records import ItemResult
@@ -37,12 +38,13 @@ from skillopt.skill import strip_markers
 def pick_probe_items(rows: Sequence[ItemResult], *, failures: int, successes: int) -> list[ItemResult]:
     """Up to ``failures`` failed rows, then up to ``successes`` solved rows, to probe.
 
-    Within each group, rows are taken in id order, one per task type first (task types in the
+    Error rows are never picked. Within each group, rows are taken in id order, one per task type first (task types in the
     order of their first id), then the rest; a repeated id is probed once. Deterministic: the
     result depends on the rows, not their order. Raises ``ValueError`` for a negative count.
     """
     if failures < 0 or successes < 0:
         raise ValueError(f"probe counts must be >= 0, got failures={failures}, successes={successes}")
+    rows = answered_rows(rows)  # an error row has no judgement to probe
     return (_one_per_task_type_first([row for row in rows if row.failed], failures)
             + _one_per_task_type_first([row for row in rows if not row.failed], successes))
 

@@ -48,6 +48,11 @@ class ItemResult(BaseModel):
     def failed(self) -> bool:
         return self.hard < FAILURE_EPSILON
 
+    @property
+    def is_error(self) -> bool:
+        """The model call failed after its retries: no evidence about the skill (``skillopt.error_rows``)."""
+        return self.phase == "error"
+
 
 class Diagnosis(BaseModel):
     """An analyst's explanation of some items: which ids, what kind of problem, in a sentence."""
@@ -104,6 +109,14 @@ class StepRecord(BaseModel):
     batch_ids: list[str] = Field(default_factory=list)
     n_fail: int = 0
     n_total: int = 0
+    #: Error rows of the batch (model calls that failed after their retries): neither failures nor
+    #: successes, never shown to analysts; ``n_fail`` and the rollout scores leave them out.
+    n_error: int = 0
+    #: Selection items left out of the gate because they were error rows under either skill.
+    gate_error_ids: list[str] = Field(default_factory=list)
+    #: Optimizer calls of the step whose reply was used, and those that took their stage's fallback.
+    replies_parsed: int = 0
+    replies_fallback: int = 0
     rollout_hard: float | None = None
     rollout_soft: float | None = None
     patches_proposed: int = 0
@@ -133,6 +146,16 @@ class StepRecord(BaseModel):
     wall_s: dict[str, float] = Field(default_factory=dict)
 
 
+def unusable_replies_warning(parsed: int, fallback: int) -> str | None:
+    """A warning when most optimizer replies took their stage's fallback (None otherwise)."""
+    total = parsed + fallback
+    if not total or fallback * 2 <= total:
+        return None
+    return (f"most optimizer replies were unusable: {fallback} of {total} took their stage's fallback "
+            "(unparseable JSON, or a call that failed for good); the optimizer model may be too small for the "
+            "task, its context window too short, or its server misconfigured")
+
+
 class SplitScores(BaseModel):
     hard: float
     soft: float
@@ -157,3 +180,5 @@ class RunSummary(BaseModel):
     stopped_message: str | None = None
     best_skill_sha: str = ""
     config: dict[str, Any] = Field(default_factory=dict)
+    #: What a reader must not miss, e.g. that most optimizer replies were unusable.
+    warnings: list[str] = Field(default_factory=list)

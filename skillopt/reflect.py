@@ -39,6 +39,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
+from skillopt.error_rows import answered_rows
 from skillopt.llm.chat import ChatRequest, Message, TextPart, system, user
 from skillopt.prompts import ReplyModel, optimizer_prompt
 from skillopt.records import Diagnosis, ItemResult, Patch
@@ -93,10 +94,12 @@ def split_and_batch(
 ) -> tuple[list[list[ItemResult]], list[list[ItemResult]]]:
     """``(failure minibatches, success minibatches)`` of one batch's rows (DESIGN.md §4.3 step 2).
 
+    Error rows (a model call that failed after its retries) are neither: they are left out.
     Failures (``hard < 1e-9``) are shuffled with ``seed``, successes with ``seed + 1``; the input
     order is the batch order, so the result depends only on the rows and the seed. With
     ``failure_only`` there are no success minibatches.
     """
+    rows = answered_rows(rows)
     failures = [row for row in rows if row.failed]
     successes = [] if failure_only else [row for row in rows if not row.failed]
     return minibatches(failures, size=size, seed=seed), minibatches(successes, size=size, seed=seed + 1)

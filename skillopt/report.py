@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from skillopt.errors import SkillOptError
-from skillopt.records import StepRecord
+from skillopt.records import StepRecord, unusable_replies_warning
 from skillopt.redact import Redactor
 from skillopt.runs import HISTORY_FILE, SUMMARY_FILE, RunDir
 from skillopt.skill import unified_diff
@@ -334,14 +334,37 @@ def summary_section(run: RunData) -> str:
     ]
     if summary.get("stopped_message"):
         facts.insert(-1, ("stop message", summary["stopped_message"]))
+    replies = (summary.get("counts") or {}).get("optimizer_replies") or {}
+    errors = (summary.get("counts") or {}).get("errors") or {}
+    facts.insert(2, ("optimizer replies", f"{replies.get('parsed', 0)} parsed, {replies.get('fallback', 0)} "
+                                          "unusable (stage fallback)"))
+    facts.insert(3, ("error rows", f"{errors.get('rollout', 0)} training rollouts, {errors.get('gate', 0)} gate "
+                                   "items (left out of reflection and gates)"))
     dl = "".join(f"<dt>{_esc(k)}</dt><dd>{_esc(v)}</dd>" for k, v in facts)
+    warnings = "".join(f"<p class='warning'><strong>Warning:</strong> {_esc(w)}</p>"
+                       for w in summary.get("warnings") or [])
     stages = (summary.get("usage") or {}).get("by_stage") or []
     cost_rows = "".join(
         f"<tr><td>{_esc(r.get('stage'))}</td><td>{_esc(r.get('calls'))}</td><td>{_esc(r.get('tokens'))}</td>"
         f"<td>{_fmt(r.get('usd'), 4)}</td></tr>" for r in stages)
     cost = ("<table class='cost'><tr><th>stage</th><th>calls</th><th>tokens</th><th>USD</th></tr>"
             + cost_rows + "</table>") if stages else ""
-    return f'<div id="summary">{scores}<dl>{dl}</dl>{cost}</div>'
+    return f'<div id="summary">{warnings}{scores}<dl>{dl}</dl>{cost}{steps_table(run)}</div>'
+
+
+def steps_table(run: RunData) -> str:
+    """One row per step: decision, failures and error rows of the batch, gate items left out as errors,
+    and the optimizer replies used (parsed) and unusable (fallback), flagged when most were unusable."""
+    rows = []
+    for record in run.steps:
+        flag = " ⚠" if unusable_replies_warning(record.replies_parsed, record.replies_fallback) else ""
+        rows.append(f"<tr><td>{record.step}</td><td>{_esc(record.decision)}</td><td>{record.n_fail}/{record.n_total}"
+                    f"</td><td>{record.n_error}</td><td>{len(record.gate_error_ids)}</td><td>{record.replies_parsed}"
+                    f"</td><td>{record.replies_fallback}{flag}</td></tr>")
+    if not rows:
+        return ""
+    return ("<table class='steps'><tr><th>step</th><th>decision</th><th>failed</th><th>error rows</th>"
+            "<th>gate errors</th><th>replies parsed</th><th>replies unusable</th></tr>" + "".join(rows) + "</table>")
 
 
 def _fmt(value: Any, places: int = 3) -> str:
@@ -359,7 +382,7 @@ table{border-collapse:collapse;margin:8px 0}td,th{border:1px solid #ddd;padding:
 dl{display:grid;grid-template-columns:max-content auto;gap:2px 12px}dt{font-weight:600}dd{margin:0;word-break:break-all}
 pre{background:#f7f7f7;padding:8px;overflow:auto;white-space:pre-wrap}.diff .line{display:block}
 .diff .add{background:#e6ffed;color:#22863a}.diff .del{background:#ffeef0;color:#b31d28}.diff .hunk{color:#6f42c1}
-.diff .meta{color:#888}.empty{color:#888;font-style:italic}
+.diff .meta{color:#888}.empty{color:#888;font-style:italic}.warning{background:#fff4e5;padding:6px 8px}
 """
 
 

@@ -40,7 +40,14 @@ from skillopt.atomic import atomic_write_bytes
 from skillopt.config import SkillOptConfig
 from skillopt.errors import ConfigError, SkillOptError
 from skillopt.gate import Scores, score_rows
-from skillopt.records import ItemResult, PhaseScores, RunSummary, SplitScores, StepRecord
+from skillopt.records import (
+    ItemResult,
+    PhaseScores,
+    RunSummary,
+    SplitScores,
+    StepRecord,
+    unusable_replies_warning,
+)
 from skillopt.redact import Redactor
 
 #: Config fields left out of ``config_hash``: they name or place the run, or change only how fast
@@ -194,14 +201,43 @@ def build_summary(
             "best": phase(best_selection, best_test, "best"),
             "final": phase(final_selection, None, "final"),
         },
-        counts=decision_counts(history),
+        counts={**decision_counts(history), **signal_counts(history)},
         usage=dict(usage or {}),
         wall_s=wall_s,
         stopped_by=stopped_by,
         stopped_message=stopped_message,
         best_skill_sha=best_skill_sha,
         config=_redact_tree(config.model_dump(mode="json"), redactor),
+        warnings=summary_warnings(history),
     )
+
+
+def _latest_steps(history: Sequence[StepRecord]) -> list[StepRecord]:
+    latest = {(record.kind, record.step): record for record in history}
+    return [r for key, r in sorted(latest.items(), key=lambda kv: _history_key(kv[1])) if key[0] == "step"]
+
+
+def signal_counts(history: Sequence[StepRecord]) -> dict[str, Any]:
+    """What the optimizer's evidence was made of: ``optimizer_replies`` ``{"parsed", "fallback"}`` over the
+    steps, and ``errors`` ``{"rollout", "gate"}``: error rows in training batches and selection items left
+    out of gates (the last record per step counts)."""
+    steps = _latest_steps(history)
+    return {
+        "optimizer_replies": {"parsed": sum(r.replies_parsed for r in steps),
+                              "fallback": sum(r.replies_fallback for r in steps)},
+        "errors": {"rollout": sum(r.n_error for r in steps), "gate": sum(len(r.gate_error_ids) for r in steps)},
+    }
+
+
+def summary_warnings(history: Sequence[StepRecord]) -> list[str]:
+    """The run-level warnings of ``summary.json``: most optimizer replies unusable; error rows seen."""
+    counts = signal_counts(history)
+    replies, errors = counts["optimizer_replies"], counts["errors"]
+    warnings = [w for w in [unusable_replies_warning(replies["parsed"], replies["fallback"])] if w]
+    if errors["rollout"] or errors["gate"]:
+        warnings.append(f"{errors['rollout']} training rollouts and {errors['gate']} gate items were error rows "
+                        "(model calls that failed after their retries); they were left out of reflection and gates")
+    return warnings
 
 
 def summary_dict(summary: RunSummary) -> dict[str, Any]:
@@ -220,7 +256,7 @@ def summary_dict(summary: RunSummary) -> dict[str, Any]:
 def decision_counts(history: Sequence[StepRecord]) -> dict[str, Any]:
     """Accept / reject / skip tallies of ``history`` per epoch and in total (see ``build_summary``)."""
     latest = {(record.kind, record.step): record for record in history}
-    steps = [r for key, r in sorted(latest.items(), key=lambda kv: _history_key(kv[1])) if key[0] == "step"]
+    steps = _latest_steps(history)
     per_epoch: dict[str, dict[str, int]] = {}
     for epoch in sorted({record.epoch for record in steps}):
         per_epoch[str(epoch)] = _tally(record for record in steps if record.epoch == epoch)

@@ -72,7 +72,9 @@ class Pairs(BaseModel):
 def pair_by_id(before: Sequence[ItemResult], after: Sequence[ItemResult]) -> Pairs:
     """Pair the rows of the same item ids, in the order of ``before``, and sort them by outcome.
 
-    Raises ``ValueError`` when an id repeats on either side or the two sides hold different ids.
+    A pair with an error row on either side is left out: a failed model call says nothing about
+    either skill. Raises ``ValueError`` when an id repeats on either side or the two sides hold
+    different ids.
     """
     for side, rows in (("before", before), ("after", after)):
         repeated = sorted(i for i, n in Counter(row.id for row in rows).items() if n > 1)
@@ -89,6 +91,8 @@ def pair_by_id(before: Sequence[ItemResult], after: Sequence[ItemResult]) -> Pai
     pairs = Pairs()
     for old in before:
         new = after_by_id[old.id]
+        if old.is_error or new.is_error:
+            continue
         if old.failed and not new.failed:
             pairs.improved.append((old, new))
         elif not old.failed and new.failed:

@@ -51,9 +51,10 @@ def failure_patterns(rows: Sequence[ItemResult], diagnoses: Iterable[Diagnosis])
     Diagnoses with the same kind and description (whitespace-stripped) form one pattern whose ids
     are the failed rows they name, sorted; ids of solved or unknown rows are ignored, and a pattern
     left with no id is dropped. Failed rows no diagnosis names form a last ``undiagnosed`` pattern.
+    Error rows are not failures and appear in no pattern.
     Patterns are ordered by how many items they explain, then kind and description.
     """
-    failed = {row.id for row in rows if row.failed}
+    failed = {row.id for row in rows if row.failed and not row.is_error}
     grouped: dict[tuple[str, str], set[str]] = {}
     for diagnosis in diagnoses:
         ids = failed.intersection(diagnosis.ids)

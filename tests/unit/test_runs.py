@@ -371,9 +371,10 @@ def test_edits_table_lists_rank_op_target_support_status_and_decision() -> None:
 
 def test_gate_table_lists_each_decision_with_scores_and_flips() -> None:
     history = [record(1, "accept_new_best", gate=gate_result([1, 1], [0, 1])), record(2, "skip_no_patches")]
+    history[0] = history[0].model_copy(update={"gate_error_ids": ["v7"], "replies_parsed": 3, "replies_fallback": 1})
     rows = artifacts.gate_table(history)
     assert rows[0] == {"step": 1, "epoch": 1, "decision": "accept_new_best", "candidate": 1.0, "current": 0.5,
-                       "best": 0.5, "flips": "+1/-0"}
+                       "best": 0.5, "flips": "+1/-0", "errors": 1, "replies": "3/4"}
     assert rows[1]["candidate"] is None and rows[1]["flips"] is None and rows[1]["current"] == 0.5
 
 
