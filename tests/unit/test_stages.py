@@ -17,6 +17,7 @@ from skillopt.merge import (
     plan_merge_levels,
 )
 from skillopt.meta_skill import MetaSkillReply, memory_from_reply, meta_skill_request
+from skillopt.probe import probe_request
 from skillopt.prompts import OPTIMIZER_PROMPTS, ReplyModel, prompt_hash
 from skillopt.records import Diagnosis, ItemResult, Patch
 from skillopt.reflect import (
@@ -179,6 +180,20 @@ def test_execution_notes_instructions_only_with_the_appendix_and_only_for_failur
     assert "## Execution notes" in system_text("failure", True)
     assert "## Execution notes" not in system_text("failure", False)
     assert "## Execution notes" not in system_text("success", True)
+
+
+def test_a_lapse_gets_a_note_not_a_body_edit_and_the_failure_analyst_says_the_same():
+    text = analyst_request(kind="failure", skill="", budget=1, rows=[make_row("a")], use_appendix=True).system_text()
+    notes = text[text.index("## Execution notes"):]
+    assert "**not a body edit**" in notes and "prefer the note" in notes
+    assert "then a lapse gets a note there, not a body edit" in text[:text.index("## Execution notes")]
+
+
+def test_the_deep_probe_says_what_a_good_probe_asks_and_what_it_must_not_do():
+    text = probe_request(skill="", rows=[make_row("a")]).system_text()
+    assert "runner-up" in text and "decisive cue" in text and "counted unit" in text
+    assert "Do not prescribe a new solving procedure" in text
+    assert "full chain of thought" in text and "exhaustive enumeration" in text
 
 
 def analyst_reply(n_edits: int, ids: list) -> AnalystReply:
