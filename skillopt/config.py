@@ -140,6 +140,9 @@ class RetryPolicy(_Section):
     max_attempts: int = Field(default=6, ge=1)
     deadline_s: float = Field(default=600.0, gt=0)
     max_server_wait_s: float = Field(default=300.0, ge=0)
+    #: How long one call keeps retrying while the provider answers 429 (rate limited), counted from the
+    #: first 429; within it ``max_attempts`` does not apply to 429s. Past it the call fails and says so.
+    rate_limit_patience_s: float = Field(default=300.0, ge=0)
 
 
 class ModelSection(_Section):

@@ -15,6 +15,7 @@ their own 429s.
 
 from __future__ import annotations
 
+import random
 import re
 import threading
 import time
@@ -24,6 +25,7 @@ from contextlib import contextmanager
 from prefect.concurrency.sync import concurrency, rate_limit
 
 from skillopt.config import ProviderLimits
+from skillopt.llm.limiter import Pause
 
 
 def limit_name(key: str, kind: str) -> str:
@@ -40,13 +42,15 @@ class PrefectRateLimiter:
         self.providers = providers
         self.clock = clock
         self.sleep = sleep
-        self._paused_until: dict[str, float] = {}
+        self._pauses: dict[str, Pause] = {}
+        self._rng = random.Random()
         self._lock = threading.Lock()
 
     @contextmanager
     def acquire(self, key: str, *, tokens: int) -> Iterator[None]:
         with self._lock:
-            wait = self._paused_until.get(key, 0.0) - self.clock()
+            now = self.clock()
+            wait = self._pauses[key].start(now, self._rng) - now if key in self._pauses else 0.0
         if wait > 0:
             self.sleep(wait)
         limits = self.providers.get(key)
@@ -65,4 +69,4 @@ class PrefectRateLimiter:
 
     def pause(self, key: str, seconds: float) -> None:
         with self._lock:
-            self._paused_until[key] = max(self._paused_until.get(key, 0.0), self.clock() + seconds)
+            self._pauses.setdefault(key, Pause()).extend(self.clock(), seconds)

@@ -5,8 +5,10 @@ One bucket per ``rate_limit_key`` (``<backend>:<host>`` by default), configured 
 next request slot (``60/rpm`` apart) and room for its estimated tokens (``tokens * 60/tpm``), so the
 requests a bucket lets through never exceed the configured rate in any window, however many
 threads ask at once. ``max_concurrency`` caps calls in flight. A 429 pauses the bucket until the
-server's retry time, so concurrent callers back off together. Estimates are never refunded: the
-limiter errs on the safe side.
+server's retry time, so concurrent callers back off together, but not in lockstep: each caller that
+meets a pause starts at its end plus its own random share of half the pause (a :class:`Pause`), so the
+retries of a 429 storm are spread out instead of all hitting the provider within milliseconds.
+Estimates are never refunded: the limiter errs on the safe side.
 
 ``RateLimiter`` is the protocol the clients use; the Prefect global-concurrency implementation
 (``model.rate_limit_mode: prefect``) lives in the ``tasks`` package and is injected the same way.
@@ -14,6 +16,7 @@ limiter errs on the safe side.
 
 from __future__ import annotations
 
+import random
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -46,11 +49,35 @@ class NoLimits:
 
 
 @dataclass
+class Pause:
+    """A provider's shared pause after 429s. Not thread-safe by itself: its owner holds a lock.
+
+    ``until`` is the latest end any caller asked for; ``spread`` is half the longest pause asked for.
+    A caller arriving during the pause starts at ``until + U(0, spread)``: together after the pause,
+    yet each with its own jitter.
+    """
+
+    until: float = float("-inf")
+    spread: float = 0.0
+
+    def extend(self, now: float, seconds: float) -> None:
+        self.until = max(self.until, now + seconds)
+        self.spread = max(self.spread, seconds / 2)
+
+    def start(self, now: float, rng: random.Random) -> float:
+        """When a caller arriving at ``now`` may start (``now`` when there is no pause)."""
+        if now >= self.until:
+            self.spread = 0.0
+            return now
+        return self.until + rng.uniform(0, self.spread)
+
+
+@dataclass
 class _Bucket:
     limits: ProviderLimits
     request_at: float = float("-inf")  # earliest start of the next request slot
     tokens_at: float = float("-inf")  # when the token budget has room again
-    paused_until: float = float("-inf")
+    pause: Pause = field(default_factory=Pause)
     semaphore: threading.BoundedSemaphore | None = None
 
 
@@ -63,6 +90,8 @@ class LocalRateLimiter:
     sleep: Callable[[float], None] = time.sleep
     #: Limits for keys with no entry in ``providers`` (e.g. the exec backends' ``max_parallel``).
     defaults: Mapping[str, ProviderLimits] = field(default_factory=dict)
+    #: Each caller's jitter after a shared pause.
+    rng: random.Random = field(default_factory=random.Random)
     _buckets: dict[str, _Bucket] = field(default_factory=dict, init=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False)
 
@@ -79,7 +108,7 @@ class LocalRateLimiter:
         with self._lock:
             bucket = self._bucket(key)
             now = self.clock()
-            start = max(now, bucket.paused_until)
+            start = bucket.pause.start(now, self.rng)
             if bucket.limits.rpm:
                 start = max(start, bucket.request_at)
                 bucket.request_at = start + 60.0 / bucket.limits.rpm
@@ -104,5 +133,4 @@ class LocalRateLimiter:
 
     def pause(self, key: str, seconds: float) -> None:
         with self._lock:
-            bucket = self._bucket(key)
-            bucket.paused_until = max(bucket.paused_until, self.clock() + seconds)
+            self._bucket(key).pause.extend(self.clock(), seconds)

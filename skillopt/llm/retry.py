@@ -3,7 +3,9 @@
 Only errors marked ``retryable`` (429, 5xx, 529, timeouts, connection resets, empty exec answers)
 are repeated, with exponential backoff and equal jitter: ``d = min(cap, base * 2**(n-1))``, sleep
 ``d/2 + U(0, d/2)``. A server's ``Retry-After`` sets a minimum delay; a requested wait longer than
-``max_server_wait_s`` fails at once. SDK retries are always off, so a fake server sees exactly the
+``max_server_wait_s`` fails at once. A provider refusing with 429 is waited out for up to
+``rate_limit_patience_s`` from the call's first 429 (however many attempts that takes, within the
+per-call deadline); past it the call fails with a message naming the setting. SDK retries are always off, so a fake server sees exactly the
 attempts made here. ``sleep``, ``clock`` and the random source are injectable for tests.
 """
 
@@ -78,6 +80,7 @@ class Retrier:
         deadline is raised with ``attempts`` set.
         """
         started = self.clock()
+        refused_since: float | None = None  # the first 429 of this call
         attempt = 0
         while True:
             attempt += 1
@@ -85,9 +88,12 @@ class Retrier:
                 return call(attempt), attempt
             except BackendError as error:
                 error.attempts = attempt
-                if not error.retryable or attempt >= self.policy.max_attempts:
+                limited = isinstance(error, RateLimited)
+                if limited and refused_since is None:
+                    refused_since = self.clock()
+                if not error.retryable or (attempt >= self.policy.max_attempts and not limited):
                     raise
-                asked = error.retry_after if isinstance(error, RateLimited) else None
+                asked = error.retry_after if limited else None
                 if asked is not None and asked > self.policy.max_server_wait_s:
                     error.hint = (
                         f"the server asked to wait {asked:.0f} s, more than "
@@ -95,6 +101,16 @@ class Retrier:
                     )
                     raise
                 wait = self.delay(attempt, error.retry_after)
+                if refused_since is not None and limited and \
+                        self.clock() - refused_since + wait > self.policy.rate_limit_patience_s:
+                    error.hint = (
+                        f"giving up: the provider kept answering 429 (rate limited) for "
+                        f"{self.clock() - refused_since:.0f} s over {attempt} attempts, and the next retry would "
+                        f"pass model.retry.rate_limit_patience_s ({self.policy.rate_limit_patience_s:.0f} s); "
+                        "lower the request rate (model.providers.<key>.rpm or max_concurrency, or fewer "
+                        "benchmark.workers) or raise model.retry.rate_limit_patience_s"
+                    )
+                    raise
                 if self.clock() - started + wait > self.policy.deadline_s:
                     error.hint = f"giving up: the next retry would pass model.retry.deadline_s ({self.policy.deadline_s:.0f} s)"
                     raise

@@ -121,7 +121,10 @@ def test_429_then_500_then_success_retries_and_honours_retry_after(openai_server
     assert response.attempts == 3
     assert openai_server.calls(CHAT) == 3  # no hidden SDK retries
     assert sleeps[0] >= 2.0  # Retry-After is a minimum
-    assert 1.0 <= sleeps[1] <= 2.0  # second backoff: d = 2 s, equal jitter
+    # The fake sleep does not move the clock, so the next call still meets the 429's shared pause: it waits
+    # the pause out plus its own jitter of up to half the pause.
+    assert sleeps[0] - 0.5 <= sleeps[1] <= sleeps[0] * 1.5
+    assert 1.0 <= sleeps[2] <= 2.0  # second backoff: d = 2 s, equal jitter
     records = bundle.ledger.records()
     assert [r.attempts for r in records] == [3]
 

@@ -154,10 +154,11 @@ def test_a_429_pauses_the_whole_bucket():
     limiter.pause("p", 5.0)
     with limiter.acquire("p", tokens=1):
         pass
-    assert clock.now == pytest.approx(5.0)
+    waited = clock.now
+    assert 5.0 <= waited <= 7.5  # the pause, plus this caller's own jitter of up to half the pause
     with limiter.acquire("other", tokens=1):
         pass
-    assert clock.now == pytest.approx(5.0)
+    assert clock.now == waited
 
 
 def test_max_concurrency_caps_calls_in_flight():
