@@ -22,6 +22,8 @@ import prefect
 from prefect.server.api.server import SubprocessASGIServer
 from prefect.settings import get_current_settings
 
+from skillopt.process_group import own_group
+
 #: Seconds between two looks at the server process.
 WATCH_INTERVAL_S = 0.5
 
@@ -52,7 +54,7 @@ class OwnSessionServer(SubprocessASGIServer):
         return subprocess.Popen(
             [sys.executable, "-c", _CHILD, str(os.getpid()), *uvicorn_args],
             env={**os.environ, **server_env, **get_current_settings().to_environment_variables(exclude_unset=True)},
-            start_new_session=True,
+            **own_group(),
         )
 
     def stop_without_waiting(self) -> None:

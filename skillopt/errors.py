@@ -27,3 +27,13 @@ class SkillFormatError(SkillOptError, ValueError):
 
 class SecurityError(SkillOptError):
     """An action would expose a secret or reach outside its allowed paths."""
+
+
+class StorageError(SkillOptError, OSError):
+    """A file or folder skillopt must write cannot be written: a read-only place, a full disk, a lock held."""
+
+
+def storage_error(path: object, error: OSError, doing: str = "write") -> StorageError:
+    """One line naming ``path`` and the system's reason, e.g. "cannot write runs/x/summary.json: No space left
+    on device"."""
+    return StorageError(f"cannot {doing} {path}: {error.strerror or error}")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import html
 import json
+import logging
 import math
 import re
 from collections.abc import Sequence
@@ -33,6 +34,7 @@ REPORT_FILE = "report.html"
 #: At most this many marks per cost series; longer series are thinned evenly (first and last kept).
 MAX_SERIES_POINTS = 300
 
+_log = logging.getLogger(__name__)
 _SNAPSHOT = re.compile(r"step_(\d{4,})\.md")
 _ACCEPTED = frozenset({"accept", "accept_new_best", "force_accept"})
 _COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf", "#7f7f7f")
@@ -97,8 +99,9 @@ def load_run(path: Path | str) -> RunData:
                 continue
             try:
                 usage.append(json.loads(line))
-            except ValueError:
-                raise ReportError(f"{run.usage_path}:{number}: not a JSON line") from None
+            except ValueError:  # a line cut short by a crash or a full disk; the ledger skips it too
+                _log.warning("%s:%d: not a JSON line (a write cut short?); left out of the report", run.usage_path,
+                             number)
     name = str(summary.get("run_name")) if summary and summary.get("run_name") else folder.name
     return RunData(path=folder, name=name, history=history, summary=summary, skills=skills, usage=usage)
 

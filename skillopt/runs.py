@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import math
+import os
 import re
 import threading
 from collections import Counter
@@ -36,9 +38,9 @@ from typing import Any, TypeVar
 import yaml
 from pydantic import BaseModel
 
-from skillopt.atomic import atomic_write_bytes
+from skillopt.atomic import atomic_write_bytes, check_writable
 from skillopt.config import SkillOptConfig
-from skillopt.errors import ConfigError, SkillOptError
+from skillopt.errors import ConfigError, SkillOptError, StorageError, storage_error
 from skillopt.gate import Scores, score_rows
 from skillopt.records import (
     ItemResult,
@@ -67,6 +69,10 @@ HISTORY_FILE = "history.jsonl"
 SUMMARY_FILE = "summary.json"
 BEST_SKILL_FILE = "best_skill.md"
 USAGE_FILE = "usage.jsonl"
+#: Held (``lockf``) by the process writing the run; it holds that process's pid.
+LOCK_FILE = ".lock"
+
+_log = logging.getLogger(__name__)
 
 _HASH_HEADER = re.compile(r"^# config_hash: ([0-9a-f]{64})\s*$", re.MULTILINE)
 _RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -337,20 +343,32 @@ def to_json(obj: Any, *, indent: int | None = 2) -> str:
     return json.dumps(obj, indent=indent, ensure_ascii=False, default=_json_default)
 
 
-def read_jsonl_models(path: Path, model: type[ModelT], error: type[SkillOptError], what: str) -> list[ModelT]:
+def read_jsonl_models(path: Path, model: type[ModelT], error: type[SkillOptError], what: str, *,
+                      torn_last_line_ok: bool = False) -> list[ModelT]:
     """The ``model`` records of a JSON-lines file, blank lines skipped; [] when there is no file.
 
-    A line that is not a valid record raises ``error`` naming ``path:line`` and ``what`` it should be.
+    A line that is not a valid record raises ``error`` naming ``path:line`` and ``what`` it should be,
+    except, with ``torn_last_line_ok``, the last line: a write cut short (a crash, a full disk) is
+    dropped with a warning naming the file and line, and the next rewrite of the file repairs it.
     """
     if not path.is_file():
         return []
+    try:
+        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError as exc:
+        raise storage_error(path, exc, "read") from None
+    last = max((n for n, line in enumerate(lines, 1) if line.strip()), default=0)
     records = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
             records.append(model.model_validate_json(line))
         except ValueError as exc:
+            if torn_last_line_ok and number == last:
+                _log.warning("%s:%d: not a valid %s (a write cut short?); ignored, the file is rewritten whole "
+                             "at the next record", path, number, what)
+                continue
             raise error(f"{path}:{number}: not a valid {what} ({exc})") from None
     return records
 
@@ -375,6 +393,12 @@ class RunDir:
     def __init__(self, path: Path | str) -> None:
         self.path = Path(path)
         self._history_lock = threading.Lock()
+        self._lock_handle: int | None = None
+        #: While a resumed run replays the steps it had recorded (up to this step), ``best_skill.md`` is not
+        #: rewritten: the replay passes through older bests, and a replay that fails must leave the file
+        #: as it was. The newest best is written once the run gets past the recorded steps (or finishes).
+        self._replaying_through: int | None = None
+        self._pending_best: str | None = None
 
     def __repr__(self) -> str:
         return f"RunDir({str(self.path)!r})"
@@ -404,9 +428,11 @@ class RunDir:
                 f"run name {name!r} must start with a letter or digit and contain only letters, digits, "
                 "'.', '_' and '-'"
             )
+        check_writable(Path(runs_dir), "run.runs_dir")
         run = cls(Path(runs_dir) / name)
         run.path.mkdir(parents=True, exist_ok=True)
-        if run.config_path.is_file():
+        run.lock()
+        if run.config_path.is_file() and (run.started() or run.recorded_config_hash() == config_hash):
             recorded = run.recorded_config_hash()
             if recorded is None:
                 raise ConfigError(
@@ -419,9 +445,47 @@ class RunDir:
                     f"config hashes to {config_hash[:12]} (full: {recorded} vs {config_hash}); resume it "
                     "with the same config, or start a new run with --run-name"
                 )
+            history = run.read_history()  # a damaged record stops the resume now, before anything is written
+            run._replaying_through = max((r.step for r in history if r.kind == "step"), default=0)
             return run
+        # New, or a run that stopped during its set-up (a config or data error): nothing in it is a result,
+        # so it takes this config rather than blocking the name.
         run.write_text(CONFIG_FILE, _config_yaml(config, config_hash, provenance))
         return run
+
+    def started(self) -> bool:
+        """Whether the run got past its set-up: it made a model call or recorded a result, so it has a record
+        to keep (a folder with only ``config.yaml`` and ``splits/`` has none)."""
+        return any(path.exists() for path in (self.usage_path, self.skill_snapshot_path(0), self.history_path,
+                                              self.summary_path, self.best_skill_path))
+
+    def lock(self) -> None:
+        """Hold the run's lock file for the life of this process, or raise naming the process that holds it.
+
+        A POSIX record lock: released by the system when the holder exits or is killed, so a crashed run
+        never leaves a stale lock. Taking it again from the same process is allowed (a test, a second flow).
+        """
+        if self._lock_handle is not None or os.name == "nt":  # pragma: no branch - POSIX record locks only
+            return
+        import fcntl
+
+        path = self.path / LOCK_FILE
+        try:
+            handle = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise storage_error(path, exc, "create") from None
+        try:
+            fcntl.lockf(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = os.pread(handle, 32, 0).decode("ascii", "replace").strip() or "unknown"
+            os.close(handle)
+            raise StorageError(
+                f"run directory {self.path} is in use by another skillopt process (pid {holder}); wait for it "
+                "to finish or stop it, or choose another --run-name"
+            ) from None
+        os.ftruncate(handle, 0)
+        os.pwrite(handle, f"{os.getpid()}\n".encode("ascii"), 0)
+        self._lock_handle = handle
 
     def recorded_config_hash(self) -> str | None:
         """The hash in ``config.yaml``'s header, or None when there is no file or no header."""
@@ -522,8 +586,17 @@ class RunDir:
         return path
 
     def write_best_skill(self, text: str) -> Path:
-        """Replace ``best_skill.md`` atomically."""
+        """Replace ``best_skill.md`` atomically (held back while a resumed run replays its recorded steps)."""
+        if self._replaying_through is not None:
+            self._pending_best = text
+            return self.best_skill_path
         return self.write_text(BEST_SKILL_FILE, text)
+
+    def _end_replay(self) -> None:
+        self._replaying_through = None
+        if self._pending_best is not None:
+            pending, self._pending_best = self._pending_best, None
+            self.write_text(BEST_SKILL_FILE, pending)
 
     # ---- history --------------------------------------------------------------------------
 
@@ -538,13 +611,16 @@ class RunDir:
             records[(record.kind, record.step)] = record
             ordered = sorted(records.values(), key=_history_key)
             self.write_text(HISTORY_FILE, "".join(r.model_dump_json() + "\n" for r in ordered))
+            if self._replaying_through is not None and record.kind == "step" and record.step > self._replaying_through:
+                self._end_replay()
 
     def read_history(self) -> list[StepRecord]:
         """The records in ``history.jsonl`` (for reports; never used to decide what to skip).
 
-        A line that is not a valid ``StepRecord`` is a ``RunDirError`` naming the file and line.
+        A line that is not a valid ``StepRecord`` is a ``RunDirError`` naming the file and line, except a
+        torn last line (a write cut short), which is dropped with a warning.
         """
-        return read_jsonl_models(self.history_path, StepRecord, RunDirError, "step record")
+        return read_jsonl_models(self.history_path, StepRecord, RunDirError, "step record", torn_last_line_ok=True)
 
     # ---- evaluations and summary ------------------------------------------------------------
 
@@ -600,7 +676,9 @@ class RunDir:
         return folder
 
     def write_summary(self, summary: RunSummary) -> Path:
-        """Write ``summary.json`` in the DESIGN.md §3 shape (see ``summary_dict``)."""
+        """Write ``summary.json`` in the DESIGN.md §3 shape (see ``summary_dict``); the run reached its end, so
+        a best skill held back during a replay is written first."""
+        self._end_replay()
         return self.write_json(SUMMARY_FILE, summary_dict(summary))
 
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from skillopt.atomic import check_writable
 from skillopt.benchmarks.base import Benchmark, BenchmarkSetupError
 from skillopt.benchmarks.images import image_digests, item_image_paths
 from skillopt.benchmarks.resolve import initial_skill as read_initial_skill
@@ -112,6 +113,7 @@ def build_run_context(
     digest_of_config = config_hash(config)
     run_name = run_name or config.run.run_name or default_run_name(
         f"{name}-{prefix}" if prefix else name, digest_of_config, datetime.now())
+    check_writable(Path(config.run.cache_dir), "run.cache_dir")  # before any call is paid for
     run = RunDir.open(Path(config.run.runs_dir), run_name, config, config_hash=digest_of_config,
                       provenance=loaded.sources)
 

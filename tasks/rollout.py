@@ -18,7 +18,7 @@ from pydantic import BaseModel
 
 from skillopt.benchmarks.runner import check_infrastructure, error_row, run_item
 from skillopt.data import Item
-from skillopt.errors import SkillOptError
+from skillopt.errors import SkillOptError, StorageError
 from skillopt.gate import Scores, score_rows
 from skillopt.llm.chat import ChatRequest, system, user
 from skillopt.records import ItemResult
@@ -136,6 +136,8 @@ def run_rollouts(ctx: RunContext, skill: str, split: str, item_ids: list[str], *
         for item_id, future in zip(item_ids, futures, strict=True):
             try:
                 rows.append(future.result())
+            except StorageError:
+                raise  # a read-only folder or a full disk stops the run: it is not the item's failure
             except Exception as error:  # noqa: BLE001 - recorded as an error row, never as a score
                 errors.append(error)
                 rows.append(error_row(ctx.items[item_id], error))
