@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import threading
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
@@ -154,11 +155,14 @@ def _role_order(role: str) -> tuple[int, str]:
 
 
 class UsageLedger:
-    """Thread-safe record of every model call of a run, appended to a JSONL file.
+    """Thread- and process-safe record of every model call of a run, appended to a JSONL file.
 
-    ``path`` None keeps the ledger in memory only (tests, dry runs). An existing file is read
-    back once, at construction, to restore the spend totals; a corrupt line (a crash mid-write)
-    is skipped with a warning. Records are only ever appended, one line per write, never rewritten.
+    ``path`` None keeps the ledger in memory only (tests, dry runs). With a file, the file is the truth:
+    each record is appended as one line in a single ``O_APPEND`` write, and the ledger learns records by
+    reading what the file gained since it last looked — its own lines and those of the run's other
+    processes (the rollouts of a Dask worker) alike. So an existing file restores the spend totals of
+    earlier attempts, and the flow's totals and budget checks count every process's calls. A corrupt line
+    (a crash mid-write) is skipped with a warning. Records are only ever appended, never rewritten.
     """
 
     def __init__(self, path: Path | None, prices: PriceTable, budget: BudgetSection | None = None) -> None:
@@ -169,27 +173,43 @@ class UsageLedger:
         self._records: list[UsageRecord] = []
         self._totals = Totals()
         self._warned_unpriced: set[tuple[str, str | None]] = set()
+        #: How far into the file this ledger has read, and the number of lines read so far.
+        self._offset = 0
+        self._lines = 0
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
             if path.exists():
-                self._restore(path)
+                data = path.read_bytes()
+                if data and not data.endswith(b"\n"):
+                    # Terminate a half-written last line so the next record starts on a line of its own.
+                    with path.open("ab") as handle:
+                        handle.write(b"\n")
+                self._catch_up()
 
-    def _restore(self, path: Path) -> None:
-        data = path.read_bytes()
-        for number, line in enumerate(data.decode("utf-8", errors="replace").splitlines(), start=1):
+    def _catch_up(self) -> None:
+        """Read the complete lines the file gained since the last look (call with the lock held or alone)."""
+        if self.path is None:
+            return
+        try:
+            with self.path.open("rb") as handle:
+                handle.seek(self._offset)
+                data = handle.read()
+        except FileNotFoundError:
+            return
+        complete = data[: data.rfind(b"\n") + 1]  # a line still being written by another process waits
+        self._offset += len(complete)
+        for line in complete.decode("utf-8", errors="replace").splitlines():
+            self._lines += 1
             if not line.strip():
                 continue
             try:
                 record = UsageRecord.model_validate_json(line)
             except ValidationError:
-                _log.warning("%s: line %d is not a usage record (a crash mid-write?); skipped", path, number)
+                _log.warning("%s: line %d is not a usage record (a crash mid-write?); skipped", self.path,
+                             self._lines)
                 continue
             self._records.append(record)
             self._totals.add(record)
-        if data and not data.endswith(b"\n"):
-            # Terminate a half-written last line so the next record starts on a line of its own.
-            with path.open("ab") as handle:
-                handle.write(b"\n")
 
     def record(
         self,
@@ -244,12 +264,16 @@ class UsageLedger:
         line = record.model_dump_json(fallback=str) + "\n"
         warn = False
         with self._lock:
-            if self.path is not None:
-                with self.path.open("a", encoding="utf-8") as handle:
-                    handle.write(line)
-                    handle.flush()
-            self._records.append(record)
-            self._totals.add(record)
+            if self.path is None:
+                self._records.append(record)
+                self._totals.add(record)
+            else:
+                descriptor = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+                try:
+                    os.write(descriptor, line.encode("utf-8"))  # one write: lines of processes never interleave
+                finally:
+                    os.close(descriptor)
+                self._catch_up()
             if cost is None and (backend, price_model) not in self._warned_unpriced:
                 self._warned_unpriced.add((backend, price_model))
                 warn = True
@@ -278,6 +302,7 @@ class UsageLedger:
         if self.budget is None:
             return
         with self._lock:
+            self._catch_up()
             spent = self._totals.model_copy(deep=True)
         factor = self.budget.hard_factor
         for cap in _caps(self.budget):
@@ -296,15 +321,18 @@ class UsageLedger:
     def mark(self) -> int:
         """A position in the ledger; pass it as ``since`` to count only the calls after it."""
         with self._lock:
+            self._catch_up()
             return len(self._records)
 
     def records(self, since: int = 0) -> list[UsageRecord]:
         with self._lock:
+            self._catch_up()
             return list(self._records[since:])
 
     def totals(self, since: int = 0) -> Totals:
         """Spend of the whole run (restored records included), or of the calls after ``since``."""
         with self._lock:
+            self._catch_up()
             if since == 0:
                 return self._totals.model_copy(deep=True)
             records = self._records[since:]

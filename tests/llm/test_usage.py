@@ -201,6 +201,21 @@ def test_ledger_appends_one_json_line_per_call_with_cost(tmp_path: Path, prices:
     assert ledger.totals().calls == 2 and ledger.totals().errors == 1
 
 
+def test_ledgers_of_several_processes_on_one_file_count_every_line(tmp_path: Path, prices: PriceTable):
+    """A Dask worker appends its rollouts' lines to the run's usage.jsonl: the flow's ledger counts them too."""
+    path = tmp_path / "usage.jsonl"
+    flow, worker = UsageLedger(path, prices), UsageLedger(path, prices)
+    mark = flow.mark()
+    call(flow, tags={"item_id": "q1"})
+    call(worker, tags={"item_id": "q2"})
+    call(worker, tags={"item_id": "q3"})
+    with path.open("a", encoding="utf-8") as handle:
+        handle.write('{"ts": "2026-')  # a line another process is still writing is not read yet
+    assert flow.totals().calls == 3 and flow.totals(since=mark).calls == 3
+    assert [r.tags["item_id"] for r in flow.records(mark)] == ["q1", "q2", "q3"]
+    assert worker.totals().calls == 3
+
+
 def test_unreported_token_counts_stay_null_in_the_record(tmp_path: Path, prices: PriceTable):
     ledger = UsageLedger(tmp_path / "usage.jsonl", prices)
     record = call(ledger, usage=Usage(prompt_tokens=0, completion_tokens=12))
