@@ -5,19 +5,30 @@ the user set (environment or profile) always wins: the ephemeral API start-up ti
 120 s (the 20 s default often fails on a new database on two cores), Prefect's own INFO logs are
 quietened, and Prefect's telemetry (its only outbound connection) is off. ``PREFECT_API_URL`` and
 the active profile are never touched.
+
+Which API a run talks to: the user's own (``PREFECT_API_URL`` or the profile) if set; else the local
+server of ``skillopt server start`` when it runs; else Prefect's temporary server, started in a
+background thread while the flow's modules import (and the CLI says once that a running local server
+makes runs start faster). When the flow returns, Prefect's log and event queues are drained while
+the API is still up, so every task and flow run is recorded in a final state before the process exits.
 """
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import sys
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, Protocol
 
 from skillopt.interrupt import InterruptGuard
 
 PROGRESS_LOGGER = "skillopt.progress"
+#: How long the exit waits for Prefect's log and event queues to reach the API.
+FLUSH_TIMEOUT_S = 10.0
 
 
 class _Printer(Protocol):
@@ -95,14 +106,22 @@ def run_flow(kind: str, out: _Printer, guard: InterruptGuard | None = None, **pa
         for log_filter in filters:
             logger.addFilter(log_filter)
     try:
-        with temporary_settings(set_defaults=defaults), _server_watched(guard):
-            if kind == "train":
-                from flows.train import skill_train
-
-                return skill_train(**parameters)
-            from flows.evaluate import skill_eval
-
-            return skill_eval(**parameters)
+        with temporary_settings(set_defaults=defaults, updates=_api_choice(out)):
+            starting = _TemporaryServerStart.if_needed()
+            try:
+                if kind == "train":
+                    from flows.train import skill_train as run
+                else:
+                    from flows.evaluate import skill_eval as run
+                server = starting.wait() if starting is not None else None
+                with _server_watched(server, guard):
+                    try:
+                        return run(**parameters)
+                    finally:
+                        flush_prefect()
+            finally:
+                if starting is not None:
+                    starting.release()
     finally:
         progress.removeHandler(handler)
         for logger in run_loggers:
@@ -115,10 +134,10 @@ def run_flow(kind: str, out: _Printer, guard: InterruptGuard | None = None, **pa
 
 
 @contextmanager
-def _server_watched(guard: InterruptGuard | None) -> Iterator[None]:
-    from flows.temporary_server import start_temporary_server, watch_server
+def _server_watched(server: Any, guard: InterruptGuard | None) -> Iterator[None]:
+    """While the run lasts, a temporary ``server`` that dies stops it through ``guard`` (and Ctrl-C stops it)."""
+    from flows.temporary_server import watch_server
 
-    server = start_temporary_server()
     if server is None or guard is None:
         yield
         return
@@ -128,3 +147,86 @@ def _server_watched(guard: InterruptGuard | None) -> Iterator[None]:
         yield
     finally:
         watching.set()
+
+
+def _api_choice(out: _Printer) -> dict[Any, Any]:
+    """``PREFECT_API_URL`` of the running local server when the user has set no API; else nothing."""
+    from prefect.settings import PREFECT_API_URL, get_current_settings
+
+    from skillopt import local_server
+
+    settings = get_current_settings()
+    if settings.api.url:
+        return {}
+    server = local_server.running(Path(settings.home))
+    if server is None:
+        out.print("note: starting a temporary Prefect server for this run; `skillopt server start` keeps one "
+                  "running, so runs start faster")
+        return {}
+    out.print(f"Prefect: the local server at {server.ui_url} (skillopt server)")
+    return {PREFECT_API_URL: server.api_url}
+
+
+class _TemporaryServerStart(threading.Thread):
+    """Prefect's temporary API server, started while the flow's modules import (both take seconds).
+
+    The client would start the same server (one per process) on its first request; starting it here
+    overlaps the two waits. ``wait`` returns the server, or re-raises a failed start in the caller.
+    The thread lives until ``release``: the server is told to die with the thread that started it
+    (``PR_SET_PDEATHSIG`` follows the parent thread, not the process).
+    """
+
+    def __init__(self) -> None:
+        super().__init__(name="prefect-temporary-server", daemon=True)
+        self._settings = contextvars.copy_context()  # the temporary settings hold in this thread too
+        self._ready = threading.Event()
+        self._released = threading.Event()
+        self.server: Any = None
+        self.error: BaseException | None = None
+
+    @classmethod
+    def if_needed(cls) -> _TemporaryServerStart | None:
+        from prefect.settings import get_current_settings
+
+        settings = get_current_settings()
+        if settings.api.url or not settings.server.ephemeral.enabled:
+            return None
+        starting = cls()
+        starting.start()
+        return starting
+
+    def run(self) -> None:
+        try:
+            self._settings.run(self._start)
+        except BaseException as error:  # noqa: BLE001 - re-raised in the caller by wait()
+            self.error = error
+        finally:
+            self._ready.set()
+        self._released.wait()
+
+    def _start(self) -> None:
+        from flows.temporary_server import start_temporary_server
+
+        self.server = start_temporary_server()
+
+    def wait(self) -> Any:
+        self._ready.wait()
+        if self.error is not None:
+            raise self.error
+        return self.server
+
+    def release(self) -> None:
+        self._released.set()
+
+
+def flush_prefect(timeout_s: float = FLUSH_TIMEOUT_S) -> None:
+    """Send what Prefect still queues (run logs, state events) to the API now, while it is up.
+
+    Otherwise the queues drain at interpreter exit, after the temporary server may have stopped, and
+    the database keeps task runs RUNNING or PENDING whose final state never arrived.
+    """
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
+
+    for service in (APILogWorker, EventsWorker):
+        service.drain_all(timeout=timeout_s, at_exit=False)

@@ -130,7 +130,21 @@ def _build_parser() -> argparse.ArgumentParser:
     schedule.add_argument("--steps", type=int, required=True, help="total steps T = epochs * steps per epoch")
     _add_serve_and_skills(commands)
     _add_report_commands(commands)
+    _add_server_commands(commands)
     return parser
+
+
+def _add_server_commands(commands: argparse._SubParsersAction) -> None:
+    server = commands.add_parser(
+        "server", help="a local Prefect server that stays up, so runs start without waiting for one",
+        description="Start, stop or show the local Prefect server (127.0.0.1, database under PREFECT_HOME). "
+        "train, eval and demo use it when PREFECT_API_URL is unset; without it each run starts a temporary one.",
+    )
+    server_commands = server.add_subparsers(dest="server_command", metavar="SUBCOMMAND")
+    start = server_commands.add_parser("start", help="start it in the background (or find the running one)")
+    start.add_argument("--port", type=int, help="port on 127.0.0.1 (default 4200, or a free one if 4200 is taken)")
+    server_commands.add_parser("stop", help="stop it")
+    server_commands.add_parser("status", help="say whether it runs and where (exit 1 if it does not)")
 
 
 def _add_report_commands(commands: argparse._SubParsersAction) -> None:
@@ -265,14 +279,28 @@ def _cmd_train(args: argparse.Namespace, out: _Output) -> int:
     overrides = [*_data_overrides(args.data), *args.override]
     if args.dry_run:
         return _dry_run(args, overrides, out)
-    from flows.run import run_flow
-
     if args.no_cache:
         overrides.append("run.refresh_cache=true")
+    _check_before_prefect(args.benchmark, args, overrides)
+    from flows.run import run_flow
+
     summary = run_flow("train", out, out.guard, benchmark=args.benchmark, config_file=args.config,
                        overrides=overrides, run_name=args.run_name, cli_roles=_cli_roles(args))
     _print_summary(summary, out)
     return EXIT_OK
+
+
+def _check_before_prefect(benchmark: str, args: argparse.Namespace, overrides: list[str], *,
+                          roles_used: tuple[str, ...] = ("target", "optimizer"), split: str | None = None) -> None:
+    """Config, benchmark, roles, credentials and data, checked before Prefect is imported: a bad input is
+    reported in under a second, once, instead of after Prefect's import and server start."""
+    from skillopt.config import load_config
+    from skillopt.llm.roles import CliRoleOptions
+    from skillopt.run_checks import check_run
+
+    loaded = load_config(benchmark, config_file=args.config, overrides=overrides, env=os.environ)
+    check_run(loaded, cli=CliRoleOptions(**_cli_roles(args)), env=os.environ, roles_used=roles_used, split=split,
+              command=f"skillopt {args.command} BENCHMARK")
 
 
 def _dry_run(args: argparse.Namespace, overrides: list[str], out: _Output) -> int:
@@ -289,11 +317,12 @@ def _dry_run(args: argparse.Namespace, overrides: list[str], out: _Output) -> in
 
 
 def _cmd_demo(args: argparse.Namespace, out: _Output) -> int:
+    overrides = [*args.override, *(["run.refresh_cache=true"] if args.no_cache else [])]
+    _check_before_prefect("demo", args, overrides)
     from flows.run import run_flow
 
     out.print("skillopt demo: a simulated run on the built-in demo benchmark with the deterministic `scripted`")
     out.print("backend (no model, no key, no network). Every number below comes from that simulation.")
-    overrides = [*args.override, *(["run.refresh_cache=true"] if args.no_cache else [])]
     summary = run_flow("train", out, out.guard, benchmark="demo", config_file=args.config, overrides=overrides,
                        run_name=args.run_name, cli_roles=_cli_roles(args))
     _print_summary(summary, out)
@@ -308,11 +337,19 @@ def _cmd_demo(args: argparse.Namespace, out: _Output) -> int:
 
 
 def _cmd_eval(args: argparse.Namespace, out: _Output) -> int:
+    from pathlib import Path
+
+    from skillopt.errors import ConfigError
+
+    if not Path(args.skill).is_file():
+        raise ConfigError(f"--skill: no file at {args.skill}")
+    overrides = [*_data_overrides(args.data), *args.override]
+    _check_before_prefect(args.benchmark, args, overrides, roles_used=("target",), split=args.split)
     from flows.run import run_flow
 
     result = run_flow("eval", out, out.guard, benchmark=args.benchmark, skill_file=args.skill, split=args.split,
-                      config_file=args.config, overrides=[*_data_overrides(args.data), *args.override],
-                      run_name=args.run_name, cli_roles=_cli_roles(args))
+                      config_file=args.config, overrides=overrides, run_name=args.run_name,
+                      cli_roles=_cli_roles(args))
     out.print(f"{args.benchmark} {result['split']}: hard {result['hard']:.3f}  soft {result['soft']:.3f}  "
               f"(n={result['n']}, skill {result['skill_sha'][:12]})")
     for task_type, row in result["per_task_type"].items():
@@ -501,6 +538,41 @@ def _cmd_serve(args: argparse.Namespace, out: _Output) -> int:
     return EXIT_OK
 
 
+def _cmd_server_start(args: argparse.Namespace, out: _Output) -> int:
+    from skillopt import local_server
+
+    home = local_server.prefect_home(os.environ)
+    server, started = local_server.start(home, os.environ, port=args.port)
+    out.print(f"{'started' if started else 'already running:'} Prefect server (pid {server.pid}), "
+              f"database under {home}")
+    out.print(f"  UI:  {server.ui_url}")
+    out.print(f"  API: {server.api_url}  (skillopt train/eval/demo use it while PREFECT_API_URL is unset)")
+    out.print(f"  log: {server.log_path}; stop it with `skillopt server stop`")
+    return EXIT_OK
+
+
+def _cmd_server_stop(args: argparse.Namespace, out: _Output) -> int:
+    from skillopt import local_server
+
+    server = local_server.stop(local_server.prefect_home(os.environ))
+    out.print(f"stopped the Prefect server at {server.ui_url} (pid {server.pid})" if server
+              else "no local Prefect server was running")
+    return EXIT_OK
+
+
+def _cmd_server_status(args: argparse.Namespace, out: _Output) -> int:
+    from skillopt import local_server
+
+    home = local_server.prefect_home(os.environ)
+    server = local_server.recorded(home)
+    if server is None:
+        out.print(f"no local Prefect server running (PREFECT_HOME {home}); start one with `skillopt server start`")
+        return EXIT_FAILURE
+    state = "running" if local_server.healthy(server.api_url) else "starting or not answering"
+    out.print(f"{state}: UI {server.ui_url}, API {server.api_url} (pid {server.pid}), database under {home}")
+    return EXIT_OK
+
+
 def _registry(args: argparse.Namespace):  # noqa: ANN202 - returns a SkillRegistry
     from pathlib import Path
 
@@ -645,13 +717,16 @@ def main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = None, std
         ("skills", "show"): _cmd_skills_show,
         ("skills", "promote"): _cmd_skills_promote,
         ("skills", "rollback"): _cmd_skills_rollback,
+        ("server", "start"): _cmd_server_start,
+        ("server", "stop"): _cmd_server_stop,
+        ("server", "status"): _cmd_server_status,
     }
     key = (args.command, getattr(args, "config_command", None) or getattr(args, "backends_command", None)
-           or getattr(args, "skills_command", None))
+           or getattr(args, "skills_command", None) or getattr(args, "server_command", None))
     handler = handlers.get(key)
     if handler is None:
-        if args.command == "config":
-            parser.parse_args(["config", "--help"])
+        if args.command in ("config", "server"):
+            parser.parse_args([args.command, "--help"])
         parser.print_help(out.out)
         return EXIT_USAGE if args.command else EXIT_OK
     guard = InterruptGuard(out.err) if key in _RUN_COMMANDS else None

@@ -28,6 +28,7 @@ from skillopt.llm.clients import ModelClients
 from skillopt.llm.reply_store import ReplyStore
 from skillopt.llm.roles import CliRoleOptions
 from skillopt.llm.usage import check_startable
+from skillopt.run_checks import check_image_support
 from skillopt.runs import RunDir, config_hash, default_run_name
 from tasks.cache import digest, result_storage
 
@@ -108,7 +109,7 @@ def build_run_context(
     name = config.benchmark.name
     if benchmark.needs_judge(bench_cfg) and roles.judge_problem:
         raise BenchmarkSetupError(f"benchmark {name} needs the judge role: {roles.judge_problem}")
-    _check_image_support(name, benchmark, roles, registry, analyst_images=config.optimizer.analyst_images)
+    check_image_support(name, benchmark, roles, registry, analyst_images=config.optimizer.analyst_images)
 
     digest_of_config = config_hash(config)
     run_name = run_name or config.run.run_name or default_run_name(
@@ -149,26 +150,6 @@ def build_run_context(
         bench_prompt_hash=digest([guidance, read_prompt(prompts / "initial_skill.md"), benchmark.version]),
         storage=result_storage(Path(config.run.cache_dir)), initial_skill=initial, benchmark_guidance=guidance,
     )
-
-
-def _check_image_support(name: str, benchmark: Benchmark, roles: Any, registry: BackendRegistry, *,
-                         analyst_images: bool) -> None:
-    """Preflight: a benchmark whose prompts carry images needs a target that takes them, and with
-    ``optimizer.analyst_images`` an optimizer that does too."""
-    if not getattr(benchmark, "uses_images", False):
-        return
-    from skillopt.llm.capabilities import image_support_problem
-
-    for role in (roles.target, roles.optimizer) if analyst_images else (roles.target,):
-        problem = image_support_problem(role.backend, registry.get(role.backend).kind,
-                                        role.price_model or role.model, role.options, role.capabilities)
-        if problem:
-            why = "sends images to the target" if role.role == "target" else "shows images to the analyst " \
-                "(optimizer.analyst_images)"
-            raise BenchmarkSetupError(
-                f"benchmark {name} {why}, but [{role.role}] {role.label()} cannot take them: {problem} "
-                f"(model.{role.role}.capabilities.vision)"
-            )
 
 
 def _data_hash(items: Mapping[str, Item], split_ids: Mapping[str, Sequence[str]]) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 
+import flows.run
 import flows.train
 from flows.run import run_flow
 
@@ -27,6 +28,7 @@ def server_environment_inside_a_run(monkeypatch) -> dict[str, str]:
         return {}
 
     monkeypatch.setattr(flows.train, "skill_train", fake_train)
+    monkeypatch.setattr(flows.run._TemporaryServerStart, "if_needed", classmethod(lambda cls: None))
     run_flow("train", Printer(), benchmark="demo")
     return seen
 
@@ -44,3 +46,36 @@ def test_a_users_own_server_logging_level_wins(monkeypatch):
     with temporary_settings(updates={PREFECT_SERVER_LOGGING_LEVEL: "DEBUG"}):
         env = server_environment_inside_a_run(monkeypatch)
     assert env["PREFECT_SERVER_LOGGING_LEVEL"] == "DEBUG"
+
+
+def _api_url_inside_a_run(monkeypatch, home) -> tuple[str | None, str]:
+    seen: dict[str, str | None] = {}
+
+    def fake_train(**parameters):
+        from prefect.settings import get_current_settings
+
+        seen["api"] = get_current_settings().api.url
+        return {}
+
+    monkeypatch.setattr(flows.train, "skill_train", fake_train)
+    monkeypatch.setattr(flows.run._TemporaryServerStart, "if_needed", classmethod(lambda cls: None))
+    printer = Printer()
+    from prefect.settings import PREFECT_HOME, temporary_settings
+
+    with temporary_settings(updates={PREFECT_HOME: str(home)}):
+        run_flow("train", printer, benchmark="demo")
+    return seen["api"], printer.out.getvalue()
+
+
+def test_without_a_local_server_the_run_says_once_that_one_makes_runs_start_faster(monkeypatch, tmp_path):
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    api, printed = _api_url_inside_a_run(monkeypatch, tmp_path)
+    assert api is None  # Prefect's temporary server
+    assert printed.count("`skillopt server start`") == 1
+
+
+def test_a_users_own_api_url_is_never_replaced(monkeypatch, tmp_path):
+    monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:9/api")
+    api, printed = _api_url_inside_a_run(monkeypatch, tmp_path)
+    assert api == "http://127.0.0.1:9/api"
+    assert "skillopt server" not in printed

@@ -1,0 +1,98 @@
+"""`skillopt server start|stop|status` against a real `prefect server start`, and a run that uses it.
+
+The test starts and stops its own server (in a temporary PREFECT_HOME, on a free port). After the
+run exits normally, every task and flow run it created must be in a final state in the server's
+database: the run drains Prefect's event queue before it exits.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+NOT_FINAL = ["SCHEDULED", "PENDING", "RUNNING", "PAUSED", "CANCELLING"]
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _count(api: str, kind: str, states: list[str] | None = None) -> int:
+    body = {kind: {"state": {"type": {"any_": states}}}} if states else {}
+    request = urllib.request.Request(f"{api}/{kind}/count", data=json.dumps(body).encode(), method="POST",
+                                     headers={"content-type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return int(json.loads(response.read()))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat")
+    return not (stat.exists() and stat.read_text().split(") ", 1)[1].startswith("Z"))
+
+
+def test_server_start_status_a_run_that_uses_it_and_stop(tmp_path):
+    home = tmp_path / "prefect-home"
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    env.update(PREFECT_HOME=str(home), PREFECT_SERVER_ANALYTICS_ENABLED="false", PREFECT_LOGGING_LEVEL="WARNING",
+               PYTHONPATH=os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]))
+
+    def skillopt(*argv: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "skillopt.cli", *argv], env=env, cwd=tmp_path,
+                              capture_output=True, text=True, timeout=timeout, check=False)
+
+    assert skillopt("server", "status").returncode == 1
+    started = skillopt("server", "start", "--port", str(port))
+    pid = None
+    try:
+        assert started.returncode == 0, started.stdout + started.stderr
+        pid = json.loads((home / "skillopt-server.json").read_text())["pid"]
+        ui, api = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{port}/api"
+        assert f"UI:  {ui}" in started.stdout
+        assert os.getsid(pid) == pid != os.getsid(0)  # its own session: the terminal's Ctrl-C never reaches it
+        with urllib.request.urlopen(f"{ui}/ui-settings", timeout=10) as response:
+            assert json.loads(response.read())["api_url"] == api  # the UI finds its API on this port
+        assert (home / "prefect.db").exists()  # Prefect's own database under PREFECT_HOME
+
+        status = skillopt("server", "status")
+        assert status.returncode == 0 and f"running: UI {ui}" in status.stdout
+        again = skillopt("server", "start")
+        assert again.returncode == 0 and f"already running: Prefect server (pid {pid})" in again.stdout
+
+        run = skillopt("demo", "--run-name", "via-local-server", "-o", "train.epochs=1")
+        assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+        assert f"Prefect: the local server at {ui}" in run.stdout
+        assert "temporary Prefect server" not in run.stdout + run.stderr
+        assert _count(api, "flow_runs") >= 2 and _count(api, "task_runs") > 0
+        # The server records states from the run's events as it receives them; give it a moment to catch up
+        # with the last ones, but a state event lost at exit never arrives.
+        deadline = time.monotonic() + 30
+        while (_count(api, "task_runs", NOT_FINAL) or _count(api, "flow_runs", NOT_FINAL)) and \
+                time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert _count(api, "task_runs", NOT_FINAL) == 0
+        assert _count(api, "flow_runs", NOT_FINAL) == 0
+    finally:
+        stopped = skillopt("server", "stop")
+    assert stopped.returncode == 0, stopped.stderr
+    assert pid is not None and f"(pid {pid})" in stopped.stdout
+    assert not _alive(pid)
+    assert skillopt("server", "status").returncode == 1
+    assert "no local Prefect server was running" in skillopt("server", "stop").stdout

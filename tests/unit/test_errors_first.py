@@ -1,0 +1,73 @@
+"""Errors first, once, fast: `train`, `eval` and `demo` refuse a bad input before Prefect is imported.
+
+Each command runs in one fresh interpreter (so `sys.modules` starts without Prefect); the script reports,
+per command, its exit code, what it printed and whether Prefect had been imported when the error came.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+QA_DATA = ROOT / "tests" / "fixtures" / "qa"
+
+_SCRIPT = """
+import io, json, sys
+from skillopt.cli import main
+results = []
+for argv in json.loads(sys.argv[1]):
+    out, err = io.StringIO(), io.StringIO()
+    code = main(argv, stdout=out, stderr=err)
+    results.append({"argv": argv, "code": code, "out": out.getvalue(), "err": err.getvalue(),
+                    "prefect_imported": any(m == "prefect" or m.startswith("prefect.") for m in sys.modules)})
+print(json.dumps(results))
+"""
+
+
+def _run_in_fresh_interpreter(commands: list[list[str]], cwd: Path) -> list[dict]:
+    env = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY") and k != "PREFECT_API_URL"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    done = subprocess.run([sys.executable, "-c", _SCRIPT, json.dumps(commands)], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def test_bad_inputs_are_reported_in_one_line_with_exit_2_before_prefect_is_imported(tmp_path):
+    skill = tmp_path / "skill.md"
+    skill.write_text("# a skill\n", encoding="utf-8")
+    commands = {
+        "typo'd key": ["demo", "-o", "train.epocs=2"],
+        "missing data file": ["train", "qa", "--data", str(tmp_path / "missing.jsonl")],
+        "bad split": ["eval", "demo", "--skill", str(skill), "--split", "validation"],
+        "unknown --backend": ["demo", "--backend", "opnai"],
+        "missing credential": ["train", "qa", "--data", str(QA_DATA), "--backend", "openai"],
+    }
+    results = _run_in_fresh_interpreter(list(commands.values()), tmp_path)
+    expected = {
+        "typo'd key": "train.epocs: unknown key",
+        "missing data file": "missing.jsonl",
+        "bad split": "unknown split name 'validation'",
+        "unknown --backend": "--backend (or --target-backend): unknown backend 'opnai'",
+        "missing credential": "no credential: export OPENAI_API_KEY",
+    }
+    for (case, argv), result in zip(commands.items(), results, strict=True):
+        assert result["argv"] == argv
+        assert result["code"] == 2, (case, result)
+        lines = result["err"].splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: "), (case, result["err"])
+        assert expected[case] in lines[0], (case, lines[0])
+        assert result["out"] == "", (case, result["out"])
+        assert not result["prefect_imported"], f"{case}: Prefect was imported before the error"
+    assert not (tmp_path / "runs").exists()  # a refused run leaves no run directory behind
+
+
+def test_the_dry_run_and_its_budget_check_never_import_prefect(tmp_path):
+    results = _run_in_fresh_interpreter([["train", "demo", "--dry-run", "-o", "budget.max_calls=10"]], tmp_path)
+    assert results[0]["code"] == 0, results[0]["err"]
+    assert "budget: the expected run passes budget.max_calls" in results[0]["out"]
+    assert not results[0]["prefect_imported"]
