@@ -59,6 +59,7 @@ from pathlib import Path
 from typing import IO, Literal
 
 from skillopt.errors import SecurityError
+from skillopt.process_group import end_group, own_group
 
 log = logging.getLogger("skillopt.sandbox")
 
@@ -349,7 +350,7 @@ def run_confined(command: Sequence[str], *, workspace: Path, timeout_s: float, e
         argv, launch_env = list(command), dict(env)
     started = time.monotonic()
     try:
-        proc = subprocess.Popen(argv, cwd=workspace, env=launch_env, start_new_session=True, pass_fds=pass_fds,
+        proc = subprocess.Popen(argv, cwd=workspace, env=launch_env, pass_fds=pass_fds, **own_group(),
                                 stdin=subprocess.DEVNULL if stdin_text is None else subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     except BaseException:
@@ -372,13 +373,8 @@ def run_confined(command: Sequence[str], *, workspace: Path, timeout_s: float, e
         proc.wait(timeout=max(timeout_s, 0.01))
     except subprocess.TimeoutExpired:
         timed_out = True
-        if grace_s > 0:
-            kill_group(proc.pid, signal.SIGTERM)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=grace_s)
     finally:
-        kill_group(proc.pid, signal.SIGKILL)
-        proc.wait()
+        end_group(proc, grace_s=grace_s if timed_out else 0)
         if info is not None:
             info.end_namespace()
     return ProcessOutcome(None if timed_out else proc.returncode, out.text(), err.text(), timed_out,
@@ -437,12 +433,6 @@ def _feed(stream: IO[bytes], data: bytes) -> None:
         stream.close()
     except (BrokenPipeError, OSError):
         pass
-
-
-def kill_group(pgid: int, sig: int = signal.SIGKILL) -> None:
-    """Send ``sig`` to the process group ``pgid`` (gone already is fine)."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, sig)
 
 
 # --------------------------------------------------------------------------------------------
@@ -662,6 +652,6 @@ def _cut(text: str, limit: int) -> str:
 
 __all__ = [
     "DEFAULT_MEM_MB", "REFUSED", "ProcessOutcome", "SandboxMode", "SandboxResult", "SandboxStatus",
-    "SandboxUnavailable", "kill_group", "no_process_filter", "require_sandbox", "run_confined", "run_sandboxed",
+    "SandboxUnavailable", "no_process_filter", "require_sandbox", "run_confined", "run_sandboxed",
     "sandbox_status",
 ]
