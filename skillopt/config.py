@@ -40,7 +40,14 @@ from pydantic import (
 )
 
 from skillopt.errors import ConfigError
-from skillopt.redact import looks_like_secret
+from skillopt.redact import (
+    Redactor,
+    is_free_form,
+    looks_like_secret,
+    names_credential,
+    redact_tree,
+    url_has_credentials,
+)
 from skillopt.resources import shipped_config_names, shipped_dir
 
 # --------------------------------------------------------------------------------------------
@@ -432,7 +439,14 @@ _CONVENTIONAL_KEY_ENV = {
 }
 
 
-def _secret_error(path: Path_, source: str, raw_backends: Mapping[str, Any]) -> ConfigError:
+_LITERAL_KEY = "literal keys are not accepted"
+_URL_CREDENTIALS = "credentials in a URL (user:password@host) are not accepted; remove them from the URL and"
+_CREDENTIAL_FIELD = "credentials are not accepted in request bodies or headers; remove the key and"
+
+
+def _secret_error(path: Path_, source: str, raw_backends: Mapping[str, Any], reason: str = _LITERAL_KEY,
+                  ) -> ConfigError:
+    """The refusal of a secret written into config: names the key and the variable to use, never the value."""
     dotted = _dotted(path)
     if len(path) >= 2 and path[0] == "model" and path[1] in ROLES:
         role = path[1]
@@ -441,12 +455,15 @@ def _secret_error(path: Path_, source: str, raw_backends: Mapping[str, Any]) -> 
         fix = f"export {variable} or set model.{role}.api_key_env"
     else:
         fix = "put the secret in an environment variable and reference it by name (model.<role>.api_key_env)"
-    return ConfigError(f"{source}: {dotted}: literal keys are not accepted; {fix}")
+    joiner = "; " if reason == _LITERAL_KEY else " "
+    return ConfigError(f"{source}: {dotted}: {reason}{joiner}{fix}")
 
 
 def _check_no_literal_secrets(
     tree: Any, sources: Mapping[Path_, str] | str, raw_backends: Mapping[str, Any]
 ) -> None:
+    """Refuse secrets written into config: ``api_key``-like keys, key-shaped values, the userinfo of a
+    URL, and credential-named keys (``Authorization``, ``api-key``…) in free-form bodies and headers."""
     for path, value in _leaves(tree, ()):
         source = sources if isinstance(sources, str) else sources.get(path, "yaml")
         name = path[-1].lower().replace("-", "_")
@@ -456,13 +473,20 @@ def _check_no_literal_secrets(
             raise _secret_error(path, source, raw_backends)
         if isinstance(value, list) and any(isinstance(v, str) and looks_like_secret(v) for v in value):
             raise _secret_error(path, source, raw_backends)
+        strings = value if isinstance(value, list) else [value]
+        if any(isinstance(v, str) and url_has_credentials(v) for v in strings):
+            raise _secret_error(path, source, raw_backends, _URL_CREDENTIALS)
+        if any(is_free_form(part) for part in path[:-1]) and names_credential(path[-1]) and value not in (None, ""):
+            raise _secret_error(path, source, raw_backends, _CREDENTIAL_FIELD)
 
 
 def _role_backends(data: Mapping[str, Any]) -> dict[str, Any]:
     model = data.get("model") if isinstance(data, Mapping) else None
     if not isinstance(model, Mapping):
         return {}
-    return {r: (model.get(r) or {}).get("backend") for r in ROLES if isinstance(model.get(r) or {}, Mapping)}
+    # Only roles that name a backend: a layer that does not must not hide the backend a lower layer named.
+    return {r: (model.get(r) or {}).get("backend") for r in ROLES
+            if isinstance(model.get(r) or {}, Mapping) and (model.get(r) or {}).get("backend")}
 
 
 # --------------------------------------------------------------------------------------------
@@ -752,15 +776,22 @@ def load_config(
 
     for path, text, variable in _environment_layer(env):
         if layered.get(path) is None:
-            layered.set(path, convert_text(path, text, source=f"env:{variable}"), f"env:{variable}")
+            value = convert_text(path, text, source=f"env:{variable}")
+            # A variable is the place for a key, but not a base URL with a password or a body with a token:
+            # those would be written wherever the config is.
+            _check_no_literal_secrets(_nest(path, value), f"env:{variable}", _role_backends(layered.data))
+            layered.set(path, value, f"env:{variable}")
 
     for item in overrides:
         path, text = parse_override(item)
         source = f"-o {_dotted(path)}"
-        # Refuse a literal secret on the raw text, before any parsing could quote it back.
+        # Refuse a literal secret on the raw text, before any parsing could quote it back, then on the value
+        # (a map given as text, such as an extra_body, is only a map after parsing).
         backends = {**_role_backends(layered.data), **_role_backends(_nest(path, text))}
         _check_no_literal_secrets(_nest(path, text), source, backends)
-        layered.set(path, convert_text(path, text, source=source), source)
+        value = convert_text(path, text, source=source)
+        _check_no_literal_secrets(_nest(path, value), source, backends)
+        layered.set(path, value, source)
 
     _normalise_judge_block(layered)
     try:
@@ -799,8 +830,9 @@ def load_config_file(path: str | Path, *, overrides: Sequence[str] = (), env: Ma
 
 
 def dump_config(loaded: LoadedConfig) -> dict[str, Any]:
-    """The resolved config as plain data, section by section (it holds no secrets, only references)."""
-    return loaded.config.model_dump(mode="json")
+    """The resolved config as plain data, section by section: it holds only references to secrets, and
+    is redacted all the same (secret-shaped strings, URL passwords, credential-named body keys)."""
+    return redact_tree(loaded.config.model_dump(mode="json"), Redactor.from_environment())
 
 
 def credential_status(config: SkillOptConfig, env: Mapping[str, str]) -> dict[str, str]:

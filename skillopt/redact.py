@@ -2,8 +2,10 @@
 
 A ``Redactor`` knows the secret values loaded in this process (the values of credential-like
 environment variables) plus the shapes secrets usually have (``sk-…`` keys, ``Bearer`` tokens,
-JWTs, Azure SAS signatures and connection strings), and replaces them with ``[REDACTED]``.
-The CLI passes its output through one; ``RedactingFilter`` does the same for log records.
+JWTs, Azure SAS signatures and connection strings, the ``user:password`` of a URL), and replaces
+them with ``[REDACTED]``. The CLI passes its output through one; ``RedactingFilter`` does the same
+for log records; :func:`redact_tree` does it for config dumps, where it also blanks the values of
+credential-named keys in free-form maps (``extra_body``, headers).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import logging
 import os
 import re
 from collections.abc import Iterable, Mapping
+from typing import Any
 
 REDACTED = "[REDACTED]"
 
@@ -37,10 +40,52 @@ _PATTERNS = (
     re.compile(r"\beyJ[A-Za-z0-9_\-]{5,}\.[A-Za-z0-9_\-]{5,}\.[A-Za-z0-9_\-]{5,}"),
     re.compile(r"\bsig=[A-Za-z0-9%+/=]{10,}"),  # Azure SAS signature
     re.compile(r"\b(?:AccountKey|SharedAccessKey|Password)=[^;\s]+", re.IGNORECASE),
+    re.compile(r"(?<=://)[^/?#@\s]+(?=@)"),  # the userinfo of a URL (user:password@host)
 )
 
 #: Values that look like secrets by shape alone; the config loader refuses them as literals.
 SECRET_VALUE_PATTERNS = _PATTERNS[:3]
+
+
+_URL_WITH_USERINFO = re.compile(r"\s*[A-Za-z][A-Za-z0-9+.-]*://[^/?#@\s]+@")
+# Words that make a header or body key name a credential ("Authorization", "x-api-key", "X-Auth-Token").
+_CREDENTIAL_WORDS = {"authorization", "auth", "token", "password", "passwd", "secret", "credential",
+                     "credentials", "cookie", "apikey", "signature"}
+_CREDENTIAL_KEY = re.compile(r"(?:^|_)(?:api|subscription|access|secret|private|account)_key(?:$|_)")
+#: Keys whose values are free-form maps sent to a provider as they are.
+FREE_FORM_KEYS = ("extra_body",)
+
+
+def url_has_credentials(value: str) -> bool:
+    """True when ``value`` is a URL with a userinfo part (``scheme://user:password@host``)."""
+    return bool(_URL_WITH_USERINFO.match(value))
+
+
+def names_credential(key: str) -> bool:
+    """True when a header or body key names a credential: ``Authorization``, ``api-key``, ``X-Auth-Token``,
+    ``password``, ``client_secret``… (``max_tokens`` or ``prompt_cache_key`` do not)."""
+    words = [w for w in re.split(r"[^a-z0-9]+", key.lower()) if w]
+    return bool(set(words) & _CREDENTIAL_WORDS) or bool(_CREDENTIAL_KEY.search("_".join(words)))
+
+
+def is_free_form(key: str) -> bool:
+    """True for a config key whose value is a free-form map passed on to a provider (bodies, headers)."""
+    lowered = key.lower()
+    return lowered in FREE_FORM_KEYS or lowered.endswith("headers")
+
+
+def redact_tree(value: Any, redactor: Redactor, *, free_form: bool = False) -> Any:
+    """``value`` (plain data) with every string redacted, and inside free-form maps the value of every
+    credential-named key replaced by ``[REDACTED]``."""
+    if isinstance(value, str):
+        return redactor(value)
+    if isinstance(value, dict):
+        return {key: (REDACTED if free_form and names_credential(str(key)) and child not in (None, "")
+                      else redact_tree(child, redactor, free_form=free_form or is_free_form(str(key))))
+                for key, child in value.items()}
+    if isinstance(value, list):
+        return [redact_tree(child, redactor, free_form=free_form) for child in value]
+    return value
 
 
 def looks_like_secret(value: str) -> bool:

@@ -50,7 +50,7 @@ from skillopt.records import (
     StepRecord,
     unusable_replies_warning,
 )
-from skillopt.redact import Redactor
+from skillopt.redact import Redactor, redact_tree
 
 #: Config fields left out of ``config_hash``: they name or place the run, or change only how fast
 #: it goes (parallelism) or whether the cache is re-filled, never what it computes.
@@ -213,7 +213,7 @@ def build_summary(
         stopped_by=stopped_by,
         stopped_message=stopped_message,
         best_skill_sha=best_skill_sha,
-        config=_redact_tree(config.model_dump(mode="json"), redactor),
+        config=redact_tree(config.model_dump(mode="json"), redactor),
         warnings=summary_warnings(history),
     )
 
@@ -300,16 +300,6 @@ def _split_scores(value: ScoreLike, label: str) -> SplitScores:
         if isinstance(number, bool) or not isinstance(number, int | float) or not math.isfinite(number):
             raise ValueError(f"scores.{label}.{name} must be a finite number, got {number!r}")
     return SplitScores(hard=float(hard), soft=float(soft))  # type: ignore[arg-type]
-
-
-def _redact_tree(value: Any, redactor: Redactor) -> Any:
-    if isinstance(value, str):
-        return redactor(value)
-    if isinstance(value, dict):
-        return {key: _redact_tree(child, redactor) for key, child in value.items()}
-    if isinstance(value, list):
-        return [_redact_tree(child, redactor) for child in value]
-    return value
 
 
 def _history_key(record: StepRecord) -> tuple[int, int]:
@@ -701,5 +691,6 @@ def _config_yaml(config: SkillOptConfig, digest: str, provenance: Mapping[str, s
         f"# not part of the hash: {', '.join(RESULT_NEUTRAL_FIELDS)}\n"
     )
     sources = {"sources": {key: str(provenance[key]) for key in sorted(provenance)}}
-    text = header + dump(config.model_dump(mode="json")) + dump(sources)
-    return Redactor.from_environment()(text)
+    redactor = Redactor.from_environment()
+    text = header + dump(redact_tree(config.model_dump(mode="json"), redactor)) + dump(sources)
+    return redactor(text)
