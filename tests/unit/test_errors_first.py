@@ -71,3 +71,17 @@ def test_the_dry_run_and_its_budget_check_never_import_prefect(tmp_path):
     assert results[0]["code"] == 0, results[0]["err"]
     assert "budget: the expected run passes budget.max_calls" in results[0]["out"]
     assert not results[0]["prefect_imported"]
+
+
+def test_the_console_command_keeps_exit_codes_and_flushes_its_output(tmp_path):
+    """`python -m skillopt.cli` leaves through os._exit after the exit handlers: nothing printed may be lost."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    bad = subprocess.run([sys.executable, "-m", "skillopt.cli", "demo", "-o", "train.epocs=2"], cwd=tmp_path,
+                         env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert bad.returncode == 2
+    assert [line[:7] for line in bad.stderr.splitlines()] == ["error: "]
+    good = subprocess.run([sys.executable, "-m", "skillopt.cli", "schedule", "--steps", "300"], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert good.returncode == 0, good.stderr
+    lines = good.stdout.splitlines()
+    assert len(lines) == 301 and lines[0] == "step 1: 4" and lines[-1].startswith("# cosine 4->2 over 300 steps")
