@@ -377,9 +377,25 @@ def _print_summary(summary: dict, out: _Output) -> None:
                   f"rejected, {total.get('skips', 0)} skipped")
     usage = summary.get("usage", {}).get("total", {})
     if usage:
-        cost = usage.get("usd")
-        out.print(f"  model calls {usage.get('calls', 0)}, cost " + (f"${cost:.4f}" if cost is not None else "n/a"))
+        out.print(f"  {usage_line(usage)}")
     out.print(f"  run directory: {summary.get('run_dir', '')}")
+
+
+def usage_line(usage: dict) -> str:
+    """``model calls N, cost $X`` from a usage total, saying plainly when the cost is not known or calls came
+    from the cache (a summary's ``usage.total``)."""
+    calls, unpriced, cached = usage.get("calls", 0), usage.get("unpriced_calls", 0), usage.get("cache_hits", 0)
+    usd = usage.get("usd") or 0.0
+    if calls and unpriced >= calls:
+        cost = f"cost unknown ({unpriced} unpriced call{'s' if unpriced != 1 else ''})"
+    elif unpriced:
+        cost = f"cost ${usd:.4f} + unknown ({unpriced} unpriced call{'s' if unpriced != 1 else ''})"
+    else:
+        cost = f"cost ${usd:.4f}"
+    line = f"model calls {calls}, {cost}"
+    if cached:
+        line += f"; {cached} call{'s' if cached != 1 else ''} served from cache"
+    return line
 
 
 def _cmd_benchmarks(args: argparse.Namespace, out: _Output) -> int:

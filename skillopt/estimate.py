@@ -281,12 +281,13 @@ def estimate_run(
     roles: Mapping[str, tuple[str, str | None]],
     prices: PriceTable,
     needs_judge: bool,
+    max_tokens: Mapping[str, int | None] | None = None,
 ) -> RunEstimate:
     """The dry-run estimate of a config. Pure: reads nothing but its arguments.
 
     ``items`` maps each split to its items; ``rollout_prompt_chars`` are the characters of some
     rendered rollout prompts with the initial skill; ``roles`` maps each role to its
-    ``(backend, price_model)``.
+    ``(backend, price_model)`` and ``max_tokens`` each role's reply cap (None: the provider's).
     """
     sizes = {split: len(items.get(split, ())) for split in ("train", "val", "test")}
     train_ids = [item.id for item in items["train"]]
@@ -298,6 +299,9 @@ def estimate_run(
     rollout_prompt = math.ceil(mean_prompt / 4) + (skill_tokens - initial_tokens)
     per_call = tokens_per_call(config, rollout_prompt=rollout_prompt, skill_tokens=skill_tokens,
                                train_size=len(train_ids))
+    for stage, (prompt, completion) in per_call.items():  # a reply never outgrows its role's max_tokens
+        cap = (max_tokens or {}).get(ROLE_OF_STAGE[stage])
+        per_call[stage] = (prompt, min(completion, cap) if cap else completion)
 
     def usd(stage: str, calls: float) -> float | None:
         backend, price_model = roles.get(ROLE_OF_STAGE[stage], ("scripted", None))
@@ -429,4 +433,5 @@ def estimate_benchmark_run(config: SkillOptConfig, *, benchmark: Any, bench_cfg:
         used["judge"] = roles.judge
     return estimate_run(config, items=items, rollout_prompt_chars=chars, initial_skill=initial_skill,
                         roles={role: (r.backend, r.price_model) for role, r in used.items()}, prices=prices,
-                        needs_judge=benchmark.needs_judge(bench_cfg))
+                        needs_judge=benchmark.needs_judge(bench_cfg),
+                        max_tokens={role: r.max_tokens for role, r in used.items()})

@@ -31,6 +31,7 @@ from skillopt.llm.usage import check_startable
 from skillopt.run_checks import check_image_support
 from skillopt.runs import RunDir, config_hash, default_run_name
 from tasks.cache import digest, result_storage
+from tasks.cache_hits import cache_hit_hook
 
 SPLITS = ("train", "val", "test")
 progress = logging.getLogger("skillopt.progress")
@@ -74,7 +75,7 @@ class RunContext:
         return [self.items[i] for i in ids]
 
     def bind(self, task: Any, **options: Any) -> Any:
-        """``task`` with this run's result storage and cache refresh setting.
+        """``task`` with this run's result storage, cache refresh setting and cache-hit accounting.
 
         The ``llm:<role>`` tags of the model-calling tasks are kept only with ``model.rate_limit_mode: prefect``.
         Prefect asks the server for tag concurrency slots before every tagged task run and remembers "no limit
@@ -84,7 +85,8 @@ class RunContext:
         """
         if self.config.model.rate_limit_mode != "prefect" and "tags" not in options:
             options["tags"] = set()
-        return task.with_options(result_storage=self.storage, refresh_cache=self.config.run.refresh_cache, **options)
+        return task.with_options(result_storage=self.storage, refresh_cache=self.config.run.refresh_cache,
+                                 on_completion=[cache_hit_hook(self)], **options)
 
 
 def build_run_context(

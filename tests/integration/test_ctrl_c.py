@@ -91,6 +91,7 @@ def test_ctrl_c_to_the_process_group_stops_the_demo_and_the_rerun_resumes(tmp_pa
     resumed = subprocess.run(_demo(tmp_path, "ctrlc"), env=env, cwd=tmp_path, capture_output=True, text=True,
                              timeout=600)
     assert resumed.returncode == 0, resumed.stderr
+    assert "calls served from cache" in resumed.stdout
     added = _usage_lines(run_dir) - before
 
     # The same demo from scratch (another cache) makes every call once: the resumed run made only those

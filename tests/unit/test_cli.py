@@ -121,3 +121,16 @@ def test_demo_with_another_backend_gets_past_the_scripted_options():
     code, out, err = run("train", "demo", "--dry-run", "--backend", "openai")
     assert (code, err) == (0, "")
     assert out.startswith("dry run of demo:")
+
+
+@pytest.mark.parametrize(("usage", "line"), [
+    ({"calls": 6, "usd": 0.0, "unpriced_calls": 6}, "model calls 6, cost unknown (6 unpriced calls)"),
+    ({"calls": 6, "usd": 0.012, "unpriced_calls": 1}, "model calls 6, cost $0.0120 + unknown (1 unpriced call)"),
+    ({"calls": 6, "usd": 0.012, "unpriced_calls": 0}, "model calls 6, cost $0.0120"),
+    ({"calls": 0, "usd": 0.0, "unpriced_calls": 0, "cache_hits": 12},
+     "model calls 0, cost $0.0000; 12 calls served from cache"),
+])
+def test_the_usage_line_never_prints_a_zero_cost_for_unpriced_calls(usage, line):
+    from skillopt.cli import usage_line
+
+    assert usage_line(usage) == line
