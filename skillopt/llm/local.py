@@ -15,6 +15,10 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Mapping
@@ -87,6 +91,43 @@ def import_llama_cpp() -> ModuleType:
     except ImportError:
         raise ConfigError(INSTALL_HINT) from None
     return llama_cpp
+
+
+#: Loading the model and generating one token in a child process first: a native crash of llama.cpp (an
+#: instruction this CPU lacks, a broken build) kills the child, not the run, and becomes a clear error.
+_PROBE = """
+import json, sys
+import llama_cpp
+model = llama_cpp.Llama(**json.loads(sys.argv[1]))
+model.create_completion("ok", max_tokens=1)
+"""
+#: How long the probe may take: a model load from a slow disk plus one token.
+PROBE_TIMEOUT_S = 600.0
+REINSTALL_HINT = ('reinstall llama-cpp-python built for this machine (CMAKE_ARGS="-DGGML_NATIVE=OFF" pip install '
+                  "--force-reinstall --no-cache-dir llama-cpp-python), or serve the model with a llama.cpp server "
+                  "and use the openai_compatible backend")
+
+
+def probe_in_child(load_kwargs: Mapping[str, Any], where: str, *, timeout_s: float = PROBE_TIMEOUT_S) -> None:
+    """Load the model and generate one token in a child process; raise a ``ConfigError`` if that fails.
+
+    ``where`` names the setting (``model.target.options.model_path``). A child killed by a signal (exit
+    139 for SIGSEGV, 132 for SIGILL) would have ended this process without a word.
+    """
+    try:
+        result = subprocess.run([sys.executable, "-c", _PROBE, json.dumps(dict(load_kwargs))], capture_output=True,
+                                text=True, timeout=timeout_s, env=os.environ.copy(), check=False)
+    except subprocess.TimeoutExpired:
+        raise ConfigError(f"{where}: llama.cpp did not load {load_kwargs['model_path']} and generate one token "
+                          f"within {timeout_s:g} s (local backend)") from None
+    if result.returncode < 0:
+        name = signal.Signals(-result.returncode).name
+        raise ConfigError(
+            f"{where}: llama.cpp crashed with {name} (exit {128 - result.returncode}) loading "
+            f"{load_kwargs['model_path']} (local backend): this CPU or build is not supported; {REINSTALL_HINT}")
+    if result.returncode != 0:
+        last = (result.stderr.strip().splitlines() or ["no message"])[-1]
+        raise ConfigError(f"{where}: llama.cpp cannot load {load_kwargs['model_path']} (local backend): {last}")
 
 
 def _existing_file(path: str, key: str) -> Path:
@@ -185,6 +226,7 @@ class LocalBackend:
             }
             if self.options.n_threads is not None:
                 kwargs["n_threads"] = self.options.n_threads
+            probe_in_child(kwargs, f"model.{self.role.role}.options.model_path")
             if self.clip_path is not None:
                 kwargs["chat_handler"] = self._vision_handler()
             elif self.options.chat_format is not None:

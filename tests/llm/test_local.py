@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import logging
+import os
 import sys
 import time
 import types
@@ -237,3 +238,52 @@ def test_real_effort_is_ignored_with_one_warning(caplog: pytest.LogCaptureFixtur
         backend.attempt(request, timeout_s=60)
     warnings = [r for r in caplog.records if "reasoning_effort=high is ignored" in r.getMessage()]
     assert len(warnings) == 1
+
+
+# --- the probe in a child process: a native crash of llama.cpp becomes an error naming the fix ---
+
+_FAKE_LLAMA = """
+import os, signal
+
+class Llama:
+    def __init__(self, **kwargs):
+        {load}
+
+    def create_completion(self, prompt, max_tokens):
+        return {{"choices": [{{"text": "ok"}}]}}
+"""
+
+
+def _fake_llama_cpp(tmp_path, monkeypatch, load: str) -> None:
+    """A ``llama_cpp`` package whose ``Llama(...)`` runs ``load`` (in the probe's child process)."""
+    package = tmp_path / "fake" / "llama_cpp"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text(_FAKE_LLAMA.format(load=load))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path / "fake"), os.environ.get("PYTHONPATH", "")]))
+
+
+def test_a_native_crash_while_loading_is_an_error_naming_the_backend_and_the_fix(tmp_path, monkeypatch):
+    from skillopt.llm.local import probe_in_child
+
+    _fake_llama_cpp(tmp_path, monkeypatch, "os.kill(os.getpid(), signal.SIGSEGV)")
+    with pytest.raises(ConfigError) as raised:
+        probe_in_child({"model_path": "m.gguf", "n_ctx": 512}, "model.target.options.model_path")
+    message = str(raised.value)
+    assert message.startswith("model.target.options.model_path: llama.cpp crashed with SIGSEGV (exit 139) loading "
+                              "m.gguf (local backend)")
+    assert "reinstall llama-cpp-python" in message and "openai_compatible" in message
+
+
+def test_a_load_error_in_the_child_is_its_last_line(tmp_path, monkeypatch):
+    from skillopt.llm.local import probe_in_child
+
+    _fake_llama_cpp(tmp_path, monkeypatch, "raise ValueError('Failed to load model from file: m.gguf')")
+    with pytest.raises(ConfigError, match=r"cannot load m.gguf \(local backend\): ValueError: Failed to load model"):
+        probe_in_child({"model_path": "m.gguf"}, "model.target.options.model_path")
+
+
+def test_a_model_that_loads_passes_the_probe(tmp_path, monkeypatch):
+    from skillopt.llm.local import probe_in_child
+
+    _fake_llama_cpp(tmp_path, monkeypatch, "self.kwargs = kwargs")
+    probe_in_child({"model_path": "m.gguf"}, "model.target.options.model_path")
