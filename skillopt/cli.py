@@ -401,7 +401,7 @@ def usage_line(usage: dict) -> str:
 def _cmd_benchmarks(args: argparse.Namespace, out: _Output) -> int:
     from importlib.metadata import entry_points
 
-    from skillopt.benchmarks.base import ENTRY_POINT_GROUP, load_benchmark, plugin_extras
+    from skillopt.benchmarks.base import ENTRY_POINT_GROUP, load_benchmark
 
     for entry in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
         try:
@@ -411,7 +411,7 @@ def _cmd_benchmarks(args: argparse.Namespace, out: _Output) -> int:
             continue
         summary = _one_line_summary(sys.modules[type(benchmark).__module__].__doc__ or "")
         judge = "needs the judge role" if benchmark.needs_judge(benchmark.Config()) else "no judge"
-        extras = plugin_extras(benchmark)
+        extras = benchmark.extras
         needs = "extras: " + ",".join(extras) if extras else "no extras"
         out.print(f"{entry.name:<24} v{benchmark.version:<4} {benchmark.default_split_mode:<10} {judge:<21} "
                   f"{needs:<24} {summary}")

@@ -91,7 +91,7 @@ def check_image_support(name: str, benchmark: Benchmark, roles: Any, registry: B
                         analyst_images: bool) -> None:
     """A benchmark whose prompts carry images needs a target that takes them, and with
     ``optimizer.analyst_images`` an optimizer that does too."""
-    if not getattr(benchmark, "uses_images", False):
+    if not benchmark.uses_images:
         return
     from skillopt.llm.capabilities import image_support_problem
 

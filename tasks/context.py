@@ -21,6 +21,7 @@ from skillopt.benchmarks.base import Benchmark, BenchmarkSetupError
 from skillopt.benchmarks.images import image_digests, item_image_paths
 from skillopt.benchmarks.resolve import initial_skill as read_initial_skill
 from skillopt.benchmarks.resolve import read_prompt, resolve_benchmark
+from skillopt.benchmarks.scripted_target import target_rules
 from skillopt.config import LoadedConfig, SkillOptConfig
 from skillopt.data import Item, check_train_size
 from skillopt.llm.base import BackendContext, BackendRegistry, EnvSecrets
@@ -131,7 +132,7 @@ def build_run_context(
     context = BackendContext(
         run_id=run_name,
         protected_paths=tuple(p for p in (Path.cwd(), run.path) if p.exists()),
-        scripted_target_rules=tuple(benchmark.scripted_rules),
+        scripted_target_rules=target_rules(benchmark.id, bench_cfg),
     )
     clients = ModelClients.build(roles, loaded=loaded, registry=registry, secrets=EnvSecrets(env), context=context,
                                  usage_path=run.path / "usage.jsonl", limiter=_limiter(config),

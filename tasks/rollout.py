@@ -20,7 +20,7 @@ from skillopt.benchmarks.runner import check_infrastructure, error_row, run_item
 from skillopt.data import Item
 from skillopt.errors import SkillOptError, StorageError
 from skillopt.gate import Scores, score_rows
-from skillopt.llm.chat import ChatRequest, system, user
+from skillopt.llm.chat import ChatRequest
 from skillopt.records import ItemResult
 from skillopt.skill import skill_hash
 from tasks.cache import content_key, keyed, retry_only_retryable
@@ -85,19 +85,8 @@ def judge_item(ctx: RunContext, item: Item, prediction: str, request: ChatReques
 
 def _judge_for(ctx: RunContext) -> Any:
     """The ``Judge`` callable a benchmark's ``score`` receives, backed by the cached ``judge_item`` task."""
-    build = getattr(ctx.benchmark, "judge_request", None)
-
     def judge(item: Item, prediction: str) -> tuple[bool, str]:
-        if build is not None:
-            request = build(item, prediction)
-        else:
-            golds = [str(g) for g in item.get("answers", item.get("answer", [])) or []]
-            request = ChatRequest(
-                messages=[system("Decide whether the answer is semantically equivalent to a gold answer. Reply "
-                                 'with JSON {"verdict": "correct"|"incorrect", "reason": str}.'),
-                          user(f"Question: {item.get('question', '')}\nGold answers: {golds}\nAnswer: {prediction}")],
-                stage="judge", tags={"item_id": item.id, "prediction": prediction, "gold_answers": golds},
-            )
+        request = ctx.benchmark.judge_request(item, prediction)
         verdict = ctx.bind(judge_item)(ctx, item, prediction, request)
         return verdict.verdict == "correct", verdict.reason
 

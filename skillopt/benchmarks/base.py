@@ -8,17 +8,21 @@ entry-point group ``skillopt.benchmarks``; the entry-point name is the benchmark
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, ClassVar, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from skillopt.benchmarks.answers import last_tag, normalise_squad
+from skillopt.benchmarks.episode import EpisodeContext, EpisodeResult
+from skillopt.benchmarks.grading import GENERIC_RUBRIC, verdict_request
+from skillopt.config import BenchmarkSection
 from skillopt.data import Item
 from skillopt.errors import ConfigError, SkillOptError
-from skillopt.llm.chat import ChatRequest, ChatResponse, Message
+from skillopt.llm.chat import ChatRequest, Message, system
 
 ENTRY_POINT_GROUP = "skillopt.benchmarks"
 
@@ -51,129 +55,201 @@ class Score(BaseModel):
 Judge = Callable[[Item, str], tuple[bool, str]]
 
 
-class TargetClient(Protocol):
-    """The ``target`` role as an episode uses it (``skillopt.llm.clients.RoleClient`` satisfies it)."""
+class BenchmarkConfig(BenchmarkSection):
+    """The ``benchmark:`` section as a plug-in validates it: the keys every benchmark shares plus
+    its own (a plug-in's ``Config`` subclasses this and gives every key a default). Unknown keys
+    are errors."""
 
-    def chat(self, request: ChatRequest) -> ChatResponse: ...
+    model_config = ConfigDict(extra="forbid")
+
+    #: The folder a row's relative paths resolve against, and that every path must stay inside;
+    #: ``--data DIR`` sets it to DIR.
+    data_root: str | None = None
+    #: An item larger than this many characters (as JSON) is a load error, not a huge prompt.
+    max_item_chars: int = Field(default=200_000, ge=1)
+    #: The target's output cap for this benchmark (a per-call override of model.target.max_tokens).
+    max_tokens: int | None = Field(default=None, ge=1)
+    #: The cap of self-check turns (``max_turns`` > 1), turn 2 onwards; None means ``max_tokens``.
+    self_check_max_tokens: int | None = Field(default=None, ge=1)
 
 
-@dataclass(frozen=True)
-class EpisodeContext:
-    """What an optional ``Benchmark.run_episode(item, skill, ctx)`` gets from the shared runner.
+ConfigT = TypeVar("ConfigT", bound=BenchmarkConfig)
 
-    ``messages`` is the prompt the runner built (the skill as the target sees it, plus any training
-    readout) and has already recorded as turn-0 events; ``record`` appends one trajectory event;
-    ``deadline`` is a ``time.monotonic()`` value past which no call, tool use or fetch starts.
+
+class Benchmark(ABC, Generic[ConfigT]):
+    """One benchmark: subclass it, set the class attributes, and implement ``normalise_row``,
+    ``build_messages`` and ``score``. Every other hook has a default that a plug-in overrides only
+    when it needs to. This docstring is the contract.
+
+    **Failures.** A problem with one item's answer (no answer, a wrong one, a tool error, a sandbox
+    failure) is a *scored row*, never an exception. A systemic problem raises: bad data raises
+    ``DataError`` naming the file, the row and the field; a missing requirement raises
+    ``BenchmarkSetupError`` with a fix; a model-call error propagates unchanged (the rollout task
+    then fails and nothing is cached).
+
+    **Class attributes.** ``id`` (the entry-point name); ``Config`` (the pydantic model of the
+    ``benchmark:`` section, a ``BenchmarkSection`` subclass with a default for every key);
+    ``GOLD_FIELDS`` (the item keys that hold gold: prompt builders never read them); ``version``
+    (bump it when scoring changes; prompts are hashed from the rendered request);
+    ``default_split_mode``; ``default_task_type``; ``native_extensions`` (the data files a split
+    folder is read from when it has no ``items.json``); ``extras`` (the pip extras of skillopt the
+    plug-in needs, shown by ``skillopt benchmarks``); ``uses_images`` (prompts carry images, so the
+    target must accept them); ``data_hint`` (how to point the benchmark at its data, for errors).
+
+    **Loading.** ``load_split(cfg, split, *, run_dir)`` returns the items of one split through the
+    shared split machinery; by default it reads rows with ``read_rows`` and normalises each with
+    ``normalise_row`` (idempotent; ``KeyError(field)`` / ``ValueError`` for a bad row, ``DropRow``
+    only under a drop rule of the benchmark). Paths a row names are resolved with
+    ``skillopt.benchmarks.rows.confined_path`` so they stay inside the data root.
+
+    **Prompting.** ``build_messages(item, skill, cfg)`` returns ``[system, user]`` and is pure and
+    deterministic: the rendered request is what the rollout cache hashes. The skill goes into the
+    system message via ``skill_section`` (nothing when blank); nothing else changes between
+    candidates; ``system_message(intro, skill, rules)`` builds that system message.
+    ``batch_view(item, cfg, seed=, training=)`` returns the item as one batch shows it
+    (e.g. shuffled choices); the default is the item itself.
+
+    **Episodes.** ``run_episode(item, skill, ctx)`` lets a multi-step benchmark (tools, fetches,
+    environments) drive the target itself and return an ``EpisodeResult``; the default returns
+    None, and the shared runner makes up to ``max_turns`` single-answer calls, stopping when
+    ``extract_answer`` reads the same answer twice.
+
+    **Scoring.** ``score(item, response_text, judge)`` is pure apart from the injected ``judge``;
+    it never raises for a bad answer. ``extract_answer(text)`` is the answer as the scorer compares
+    it (None when the reply has none in the required format); the default is the last
+    ``<answer>`` tag, SQuAD-normalised. ``needs_judge(cfg)`` says whether ``score`` calls the judge role (default
+    False); ``judge_request(item, prediction)`` is the judge call (default: a generic equivalence
+    rubric over the item's question and golds).
+
+    **Setup.** ``bind_target(cfg, *, backend, kind) -> (cfg, notes)`` runs before ``preflight``
+    with the target role's backend and kind (``chat`` | ``exec``): it settles target-dependent
+    choices (fakes under ``scripted``), raises ``BenchmarkSetupError`` for a target it cannot serve
+    and returns notes for the run header; the default changes nothing. ``preflight(cfg)`` checks
+    every external requirement before the first rollout (default: the split folder exists).
+    ``task_types(items)`` lists the task types (default: the sorted distinct ones).
     """
 
-    target: TargetClient
-    messages: Sequence[Message]
-    cfg: BaseModel
-    record: Callable[[dict[str, Any]], None]
-    deadline: float
-    tags: Mapping[str, Any] = field(default_factory=dict)
+    id: ClassVar[str]
+    Config: type[ConfigT]
+    GOLD_FIELDS: ClassVar[tuple[str, ...]] = ()
+    version: ClassVar[str] = "1"
+    default_split_mode: ClassVar[str] = "split_dir"
+    default_task_type: ClassVar[str] = "default"
+    native_extensions: ClassVar[tuple[str, ...]] = (".json", ".jsonl")
+    extras: ClassVar[tuple[str, ...]] = ()
+    uses_images: ClassVar[bool] = False
+    data_hint: ClassVar[str] = "pass --data DIR (a folder holding train/, val/ and test/) or set benchmark.split_dir"
+
+    @property
+    def prompts_dir(self) -> Path:
+        """The folder of ``analyst_error.md``, ``analyst_success.md`` and ``initial_skill.md``
+        (built-in benchmarks: ``prompts/benchmarks/<id>/``; a third-party plug-in overrides it)."""
+        return shipped_prompts_dir(self.id)
+
+    def config(self, cfg: BaseModel) -> ConfigT:
+        """``cfg`` as this benchmark's ``Config`` (validated again when it is a bare section)."""
+        return cfg if isinstance(cfg, self.Config) else self.Config.model_validate(cfg.model_dump())
+
+    # ------------------------------------------------------------------------------------ loading
+
+    def data_roots(self, cfg: ConfigT) -> list[Path]:
+        """The folders a row's paths (images, documents, workbooks, game files) must resolve inside:
+        ``data_root`` (the ``--data`` folder), the split folder, the folder of ``data_path``."""
+        from skillopt.benchmarks.rows import roots_of
+
+        config = self.config(cfg)
+        data_path = Path(config.data_path) if config.data_path else None
+        source = data_path if data_path is None or data_path.is_dir() else data_path.parent
+        return roots_of(getattr(config, "data_root", None), config.split_dir, source)
+
+    def load_split(self, cfg: ConfigT, split: str, *, run_dir: Path) -> list[Item]:
+        """The items of ``train``, ``val`` or ``test`` (or an alias); bad data raises ``DataError``."""
+        config = self.config(cfg)
+        return split_items(config, split, run_dir=run_dir, benchmark=self.id,
+                           default_split_mode=self.default_split_mode,
+                           reader=lambda path: self.read_rows(Path(path), config),
+                           normalise=lambda row: self.normalise_row(row, config),
+                           default_task_type=self.default_task_type, native_extensions=self.native_extensions)
+
+    def read_rows(self, path: Path, cfg: ConfigT) -> list[dict[str, Any]]:
+        """The raw reader of one data file or folder (default: JSON array, ``{"data": [...]}``,
+        a dict of items, JSONL, or a folder holding one such file)."""
+        from skillopt.data import read_records
+
+        return read_records(path)
+
+    @abstractmethod
+    def normalise_row(self, row: Mapping[str, Any], cfg: ConfigT) -> dict[str, Any]:
+        """One normalized item from a raw or already normalized row (idempotent)."""
+
+    # ---------------------------------------------------------------------------------- prompting
+
+    @abstractmethod
+    def build_messages(self, item: Item, skill: str, cfg: ConfigT) -> list[Message]:
+        """``[system, user]`` for ``item`` with ``skill``; pure, deterministic, never reads gold."""
+
+    @staticmethod
+    def system_message(intro: str, skill: str, rules: str) -> Message:
+        """The system message most benchmarks send: ``intro``, the skill's slot (``## Skill`` and
+        the skill, nothing when it is blank), then the answer format or ``rules``."""
+        return system(f"{intro}\n\n{skill_section(skill)}{rules}")
+
+    def batch_view(self, item: Item, cfg: ConfigT, *, seed: int, training: bool) -> Item:
+        """The item as a batch seeded with ``seed`` shows it (default: unchanged). Evaluation
+        batches must stay stable across candidates; training batches may vary with the seed."""
+        return item
+
+    def run_episode(self, item: Item, skill: str, ctx: EpisodeContext) -> EpisodeResult | None:
+        """Drive a multi-step item; None (the default) leaves the turns to the shared runner."""
+        return None
+
+    # ------------------------------------------------------------------------------------ scoring
+
+    @abstractmethod
+    def score(self, item: Item, response_text: str, judge: Judge | None) -> Score:
+        """Score one reply; a bad answer is a scored row, only a broken judge or a bug raises."""
+
+    def extract_answer(self, response_text: str) -> str | None:
+        """The answer as the scorer compares it, or None when the reply has none in the required
+        format; self-check turns (``max_turns``) stop when it repeats."""
+        answer = last_tag(response_text, "answer")
+        return None if answer is None else normalise_squad(answer)
+
+    def needs_judge(self, cfg: ConfigT) -> bool:
+        """Whether ``score`` calls the judge role under ``cfg`` (default: never)."""
+        return False
+
+    def judge_request(self, item: Item, prediction: str) -> ChatRequest:
+        """The judge call for ``prediction`` (default: semantic equivalence with the item's golds)."""
+        golds = [str(g) for g in as_list(item.get("answers", item.get("answer")))]
+        body = f"## Question\n{item.get('question', '')}\n\n## Gold answers\n{golds}\n\n## Answer\n{prediction}"
+        return verdict_request(GENERIC_RUBRIC, body, item_id=item.id, prediction=prediction, golds=golds)
+
+    # -------------------------------------------------------------------------------------- setup
+
+    def bind_target(self, cfg: ConfigT, *, backend: str, kind: str) -> tuple[ConfigT, list[str]]:
+        """Settle choices that depend on the target backend; returns the config and run-header notes."""
+        return cfg, []
+
+    def preflight(self, cfg: ConfigT) -> None:
+        """Check every external requirement before the first rollout; raise ``BenchmarkSetupError``
+        (default: the split folder of ``split_dir`` mode, the ``data_path`` of ``ratio`` mode)."""
+        config = self.config(cfg)
+        check_split_folder(config, benchmark=self.id, default_split_mode=self.default_split_mode, fix=self.data_hint)
+        if (config.split_mode or self.default_split_mode) == "ratio" and config.data_path \
+                and not Path(config.data_path).exists():
+            raise BenchmarkSetupError(f"{self.id}: no data at {config.data_path}; {self.data_hint}")
+
+    def task_types(self, items: Sequence[Item]) -> list[str]:
+        """The task types of ``items``, sorted (``[default_task_type]`` for none)."""
+        return sorted({item.task_type for item in items}) or [self.default_task_type]
 
 
-@dataclass(frozen=True)
-class EpisodeResult:
-    """What ``score`` needs (``response_text``) and what the result row reports."""
-
-    response_text: str
-    n_turns: int
-    answered: bool
-    fetched_urls: tuple[str, ...] = ()
-
-
-@runtime_checkable
-class Benchmark(Protocol):
-    """One benchmark.
-
-    - ``load_split(cfg, split, *, run_dir)`` returns the items of ``train``, ``val`` or ``test`` using the
-      shared split machinery (``skillopt.data``); bad data raises ``DataError`` naming file and row.
-    - ``build_messages(item, skill, cfg)`` returns ``[system, user]``. The skill goes into the system
-      message as ``## Skill`` (omitted when blank); nothing else changes between candidates, and no
-      field in ``GOLD_FIELDS`` is ever read.
-    - ``score(item, response_text, judge)`` is pure apart from the injected judge: it never raises for
-      a bad answer (that is a scored row); it raises only for a broken judge or a bug.
-    - ``task_types(items)`` lists the task types; ``preflight(cfg)`` raises ``BenchmarkSetupError``.
-    - ``scripted_rules`` are the target rules the ``scripted`` backend uses for this benchmark.
-    - ``needs_judge(cfg)`` says whether scoring calls the judge role.
-    - Optional ``run_episode(item, skill, ctx: EpisodeContext) -> EpisodeResult``: multi-step items
-      (tools, fetches, environments) drive the target themselves; the runner still records, scores
-      and builds the row.
-    - ``version`` changes whenever scoring or prompting changes (it is part of every cache key).
-    - Optional ``extras: tuple[str, ...]``: the pip extras of skillopt the plug-in needs (e.g.
-      ``("alfworld",)``); ``skillopt benchmarks`` shows them. Read it with :func:`plugin_extras`
-      (absent means none), so plug-ins written before it existed still satisfy the protocol.
-    - Optional ``bind_target(cfg, *, backend, kind) -> (cfg, notes)``: called before ``preflight``
-      with the target role's backend name and kind (``chat`` | ``exec``). It settles choices that
-      depend on the target (``auto`` env managers, agent runners, harnesses → the fakes under
-      ``scripted``), raises ``BenchmarkSetupError`` for a target it cannot serve, and returns notes
-      for the run header (e.g. that the environment is simulated).
-    """
-
-    id: str
-    version: str
-    GOLD_FIELDS: tuple[str, ...]
-    Config: type[BaseModel]
-    prompts_dir: Path
-    scripted_rules: Sequence[Mapping[str, Any]]
-    default_split_mode: str
-
-    def load_split(self, cfg: BaseModel, split: str, *, run_dir: Path) -> list[Item]: ...
-
-    def build_messages(self, item: Item, skill: str, cfg: BaseModel) -> list[Message]: ...
-
-    def score(self, item: Item, response_text: str, judge: Judge | None) -> Score: ...
-
-    def task_types(self, items: Sequence[Item]) -> list[str]: ...
-
-    def preflight(self, cfg: BaseModel) -> None: ...
-
-    def needs_judge(self, cfg: BaseModel) -> bool: ...
-
-
-#: What a plug-in that declares no ``extras`` needs: no optional pip extra.
-NO_EXTRAS: tuple[str, ...] = ()
-
-
-def plugin_extras(benchmark: object) -> tuple[str, ...]:
-    """The pip extras a plug-in declares in its optional ``extras`` class attribute (``()`` when absent)."""
-    declared = getattr(benchmark, "extras", NO_EXTRAS)
-    if isinstance(declared, str):
-        return (declared,)
-    return tuple(str(extra) for extra in declared or ())
-
-
-#: An analyst-only hidden reference is cut to this many characters (BENCHMARKS.md §1.10).
-HIDDEN_REFERENCE_CHARS = 4000
-
-
-def hidden_reference_block(lines: Sequence[str], *, use: str = "never teach its content") -> str:
-    """The "Hidden reference" block a score's ``detail`` carries to the analyst (never to the target):
-    a heading saying how it may be used, then ``lines``; at most 4000 characters, empty without lines."""
-    if not lines:
-        return ""
-    block = f"Hidden reference (analyst only; {use}):\n" + "\n".join(lines)
-    return block if len(block) <= HIDDEN_REFERENCE_CHARS else block[: HIDDEN_REFERENCE_CHARS - 3] + "..."
-
-
-#: The reply format every judge rubric ends with (the structured verdict, BENCHMARKS.md §1.11).
-VERDICT_FORMAT = 'Reply with JSON {"verdict": "correct"|"incorrect", "reason": str}; keep the reason to one sentence.'
-
-
-def verdict_request(rubric: str, body: str, *, item_id: str, prediction: str, golds: Sequence[str]) -> ChatRequest:
-    """A judge call (stage ``judge``): the rubric as system text, the case as user text.
-
-    The tags ``prediction`` and ``gold_answers`` let the scripted judge grade offline.
-    """
-    from skillopt.llm.chat import system, user
-
-    return ChatRequest(
-        messages=[system(f"{rubric}\n\n{VERDICT_FORMAT}"), user(body)],
-        stage="judge",
-        tags={"item_id": item_id, "prediction": prediction, "gold_answers": [str(g) for g in golds]},
-    )
+def as_list(value: Any) -> list[Any]:
+    """``value`` as a list: a list as is, None as ``[]``, anything else as a one-element list."""
+    if value is None:
+        return []
+    return list(value) if isinstance(value, list | tuple) else [value]
 
 
 def split_items(cfg: BaseModel, split: str, *, run_dir: Path, benchmark: str, default_split_mode: str,
@@ -181,13 +257,24 @@ def split_items(cfg: BaseModel, split: str, *, run_dir: Path, benchmark: str, de
     """The items of one split through the shared machinery (``skillopt.data.load_splits``).
 
     ``loader`` passes the benchmark's own ``reader``, ``normalise``, ``default_task_type`` and
-    ``native_extensions``; ratio output goes to ``split_output_dir`` under the run directory.
+    ``native_extensions``; ratio output goes to ``split_output_dir`` under the run directory. An
+    item larger than ``benchmark.max_item_chars`` is an error naming its file and row.
     """
-    from skillopt.data import SplitSpec, load_splits, split_output_dir
+    from skillopt.benchmarks.rows import check_item_size
+    from skillopt.data import SplitSpec, identity_normaliser, load_splits, split_output_dir
 
     spec = SplitSpec.from_benchmark_config(cfg, default_split_mode=default_split_mode)
     out_dir = split_output_dir(spec, run_dir=run_dir, benchmark=benchmark)
-    return load_splits(spec, benchmark=benchmark, out_dir=out_dir, **loader).get(split)
+    normalise = loader.pop("normalise", identity_normaliser)
+    limit = int(getattr(cfg, "max_item_chars", BenchmarkConfig.model_fields["max_item_chars"].default))
+
+    def normalise_within_limit(row: dict[str, Any]) -> dict[str, Any]:
+        item = normalise(row)
+        check_item_size(item, limit)
+        return item
+
+    return load_splits(spec, benchmark=benchmark, out_dir=out_dir, normalise=normalise_within_limit,
+                       **loader).get(split)
 
 
 def check_split_folder(cfg: Any, *, benchmark: str, default_split_mode: str, fix: str) -> None:
@@ -209,20 +296,20 @@ def skill_section(skill: str) -> str:
     return f"## Skill\n{text}\n\n" if text else ""
 
 
-def load_benchmark(name: str) -> Benchmark:
+def load_benchmark(name: str) -> Benchmark[Any]:
     """The plug-in registered as ``name``; an unknown name lists the registered ones."""
     found = {entry.name: entry for entry in entry_points(group=ENTRY_POINT_GROUP)}
     if name not in found:
         known = ", ".join(sorted(found)) or "none (is skillopt installed?)"
         raise ConfigError(f"unknown benchmark {name!r}; registered benchmarks: {known}")
     plugin = found[name].load()
-    benchmark = plugin() if callable(plugin) and not isinstance(plugin, Benchmark) else plugin
+    benchmark = plugin() if isinstance(plugin, type) else plugin
     if not isinstance(benchmark, Benchmark):
-        raise ConfigError(f"entry point {ENTRY_POINT_GROUP}:{name} does not implement the Benchmark protocol")
+        raise ConfigError(f"entry point {ENTRY_POINT_GROUP}:{name} is not a skillopt.benchmarks.base.Benchmark")
     return benchmark
 
 
-def benchmark_config(benchmark: Benchmark, section: BaseModel) -> BaseModel:
+def benchmark_config(benchmark: Benchmark[Any], section: BaseModel) -> BaseModel:
     """Validate the ``benchmark:`` section (common keys plus extras) with the plug-in's own model."""
     from pydantic import ValidationError
 

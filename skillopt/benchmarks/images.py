@@ -1,7 +1,8 @@
 """Images of benchmark items: finding the files, sending them, hashing them (BENCHMARKS.md §1.7).
 
 - :func:`resolve_image` finds a row's image: an absolute path as is, a relative one under each root
-  in turn (the ``--data`` folder or ``data_root`` first, then the benchmark's fallbacks);
+  in turn (the ``--data`` folder or ``data_root`` first, then the benchmark's fallbacks), and
+  rejects a path that resolves outside those roots;
 - :func:`image_part` is one image as the target receives it: an ``ImagePart`` whose ``detail`` is
   ``low``/``high`` when ``benchmark.image_detail`` says so and None for ``auto``; backends send it as
   a ``data:`` URI (OpenAI, Azure, OpenAI-compatible), a base64 image block (Anthropic) or an
@@ -20,60 +21,27 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from skillopt.benchmarks.rows import confined_path
 from skillopt.llm.chat import ImagePart
 
 __all__ = [
     "IMAGE_FIELDS",
-    "ROW_DIR",
-    "rows_from",
     "image_digests",
     "image_part",
     "item_image_paths",
     "resolve_image",
-    "roots_of",
 ]
 
 #: The item keys that hold image paths: one path, or a list of paths.
 IMAGE_FIELDS = ("image_path", "image_paths")
-#: The key a raw reader adds to each row: the folder of the file it came from, where relative image
-#: paths may resolve. Normalisers read it and never copy it into the item.
-ROW_DIR = "_row_dir"
 
 
-def rows_from(path: str | Path, rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """``rows`` read from ``path`` (a file, or a folder), each marked with that folder under ``ROW_DIR``."""
-    path = Path(path)
-    folder = path if path.is_dir() else path.parent
-    return [{**row, ROW_DIR: str(folder)} for row in rows]
-
-
-def roots_of(*candidates: str | Path | None) -> list[Path]:
-    """The distinct, non-empty folders among ``candidates``, in order (relative ones stay relative to the cwd)."""
-    roots: list[Path] = []
-    for candidate in candidates:
-        if candidate in (None, ""):
-            continue
-        path = Path(candidate)
-        if path not in roots:
-            roots.append(path)
-    return roots
-
-
-def resolve_image(value: Any, roots: Sequence[Path]) -> Path | None:
-    """The absolute path of the image ``value`` names, or None when no such file exists.
-
-    An absolute path is used as is; a relative one is tried under each root in ``roots`` in order.
-    """
-    if value is None or not str(value).strip():
-        return None
-    path = Path(str(value).strip())
-    if path.is_absolute():
-        return path if path.is_file() else None
-    for root in roots:
-        candidate = root / path
-        if candidate.is_file():
-            return candidate.resolve()
-    return None
+def resolve_image(value: Any, roots: Sequence[Path], *, field: str = "image_path") -> Path | None:
+    """The real path of the image ``value`` names, confined to ``roots`` (see
+    :func:`skillopt.benchmarks.rows.confined_path`: a path resolving outside them raises
+    ``ValueError`` naming ``field``), or None when no such file exists."""
+    found = confined_path(value, roots, field=field)
+    return found if found is not None and found.is_file() else None
 
 
 def image_part(path: str | Path, detail: str | None) -> ImagePart:

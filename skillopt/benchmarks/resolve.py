@@ -20,7 +20,7 @@ progress = logging.getLogger("skillopt.progress")
 
 
 def resolve_benchmark(loaded: LoadedConfig, *, cli: CliRoleOptions | None, env: Mapping[str, str],
-                      registry: BackendRegistry, command: str) -> tuple[Benchmark, BaseModel, Any]:
+                      registry: BackendRegistry, command: str) -> tuple[Benchmark[Any], BaseModel, Any]:
     """The configured benchmark, its config bound to the target backend, and the resolved roles, after
     the plug-in's preflight. ``command`` is what the "no benchmark named" error tells the user to run."""
     config = loaded.config
@@ -34,15 +34,10 @@ def resolve_benchmark(loaded: LoadedConfig, *, cli: CliRoleOptions | None, env: 
     return benchmark, bench_cfg, roles
 
 
-def bind_target(benchmark: Benchmark, bench_cfg: BaseModel, backend: str, kind: str) -> BaseModel:
-    """The plug-in's optional ``bind_target(cfg, backend=, kind=) -> (cfg, notes)`` hook: choices that
-    depend on the target backend (``auto`` env managers, agent runners, harnesses) are settled before
-    preflight, an unsupported backend raises ``BenchmarkSetupError``, and each note (such as "the
-    environment is simulated") goes into the run header."""
-    bind = getattr(benchmark, "bind_target", None)
-    if bind is None:
-        return bench_cfg
-    bound, notes = bind(bench_cfg, backend=backend, kind=kind)
+def bind_target(benchmark: Benchmark[Any], bench_cfg: BaseModel, backend: str, kind: str) -> BaseModel:
+    """The plug-in's ``bind_target`` hook, with each note (such as "the environment is simulated")
+    logged for the run header."""
+    bound, notes = benchmark.bind_target(benchmark.config(bench_cfg), backend=backend, kind=kind)
     for note in notes:
         progress.info("%s: %s", benchmark.id, note)
     return bound

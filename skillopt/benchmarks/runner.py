@@ -16,7 +16,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from skillopt.benchmarks.base import Benchmark, EpisodeContext, Judge, RolloutInfrastructureError, Score
+from skillopt.benchmarks.base import Benchmark, Judge, RolloutInfrastructureError, Score
+from skillopt.benchmarks.episode import EpisodeContext
 from skillopt.data import Item
 from skillopt.llm.chat import ChatRequest, Message, TextPart, assistant, user
 from skillopt.llm.clients import RoleClient
@@ -32,7 +33,7 @@ READOUT_HEADING = "## Training readout"
 
 
 def run_item(
-    benchmark: Benchmark,
+    benchmark: Benchmark[Any],
     item: Item,
     skill: str,
     cfg: BaseModel,
@@ -57,18 +58,17 @@ def run_item(
     ]
     call_tags = {"item_id": item.id, "sample": sample, **(tags or {})}
 
-    episode = getattr(benchmark, "run_episode", None)
-    if episode is None and _is_exec(target):  # an agentic CLI: one run in a per-item workspace
+    context = EpisodeContext(target=target, messages=messages, cfg=cfg, record=trajectory.append,
+                             deadline=started + deadline, tags=call_tags)
+    episode = benchmark.run_episode(item, target_text(skill), context)
+    if episode is not None:  # multi-step items drive the target themselves
+        text, turn, answered = episode.response_text, episode.n_turns, episode.answered
+    elif _is_exec(target):  # an agentic CLI: one run in a per-item workspace
         task_messages = list(benchmark.build_messages(item, "", cfg))
         if probe_instruction:
             task_messages = _with_readout(task_messages, probe_instruction)
         text = _exec_turn(target, item, target_text(skill), task_messages, trajectory, call_tags)
         turn, answered = 1, True
-    elif episode is not None:  # multi-step items drive the target themselves
-        result = episode(item, target_text(skill), EpisodeContext(
-            target=target, messages=messages, cfg=cfg, record=trajectory.append, deadline=started + deadline,
-            tags=call_tags))
-        text, turn, answered = result.response_text, result.n_turns, result.answered
     else:
         text, turn, answered = _turns(benchmark, target, messages, trajectory, cfg, call_tags,
                                       deadline_at=started + deadline)
@@ -95,7 +95,7 @@ def run_item(
     )
 
 
-def _turns(benchmark: Benchmark, target: RoleClient, messages: list[Message], trajectory: list[dict[str, Any]],
+def _turns(benchmark: Benchmark[Any], target: RoleClient, messages: list[Message], trajectory: list[dict[str, Any]],
            cfg: BaseModel, tags: dict[str, Any], *, deadline_at: float) -> tuple[str, int, bool]:
     """Up to ``max_turns`` target calls: each later turn asks the target to re-check and restate its
     answer, stopping early once the parsed answer repeats (BENCHMARKS.md §1.8)."""
@@ -104,7 +104,6 @@ def _turns(benchmark: Benchmark, target: RoleClient, messages: list[Message], tr
     max_tokens = getattr(cfg, "max_tokens", None)
     # Some benchmarks give self-check turns (2 and later) a smaller cap (BENCHMARKS.md §2.4-§2.6).
     check_tokens = getattr(cfg, "self_check_max_tokens", None) or max_tokens
-    extract = getattr(benchmark, "extract_answer", None)
     text, answered, previous, turn = "", False, None, 0
     for turn in range(1, max_turns + 1):
         if time.monotonic() > deadline_at:
@@ -114,9 +113,9 @@ def _turns(benchmark: Benchmark, target: RoleClient, messages: list[Message], tr
                                            tags={**tags, "turn": turn}))
         text, answered = response.text, True
         trajectory.append({"type": "message", "role": "assistant", "turn": turn, "content": text})
-        if turn == max_turns or extract is None:
+        if turn == max_turns:
             break
-        answer = extract(text)
+        answer = benchmark.extract_answer(text)
         if answer is not None and answer == previous:
             break
         previous = answer

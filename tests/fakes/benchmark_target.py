@@ -1,5 +1,5 @@
-"""The ``target`` role as the shared runner uses it, served by the real ``scripted`` backend with a
-plug-in's own ``scripted_rules`` (or rules a test gives), recording every request."""
+"""The ``target`` role as the shared runner uses it, served by the real ``scripted`` backend with the
+fixture folder's ``scripted_rules.yaml`` (or rules a test gives), recording every request."""
 
 from __future__ import annotations
 
@@ -12,9 +12,16 @@ from skillopt.llm.chat import ChatRequest, ChatResponse
 from skillopt.llm.scripted import ScriptedBackend, resolve_rule_set
 
 
+def fixture_rules(benchmark: Any) -> tuple[Any, ...]:
+    """The target rules a ``--backend scripted`` run on ``tests/fixtures/<id>`` answers from."""
+    from skillopt.benchmarks.scripted_target import target_rules
+
+    return target_rules(benchmark.id, fixture_config_of(benchmark))
+
+
 class PluginScriptedTarget:
     def __init__(self, benchmark: Any, rules: Any = None) -> None:
-        context = BackendContext(scripted_target_rules=tuple(benchmark.scripted_rules))
+        context = BackendContext(scripted_target_rules=fixture_rules(benchmark))
         self.backend = ScriptedBackend(resolve_rule_set(rules, context, where="test"), role="target")
         self.requests: list[ChatRequest] = []
 

@@ -15,6 +15,7 @@ from skillopt.llm.base import BackendContext, BackendRegistry
 from skillopt.llm.chat import ChatRequest, ImagePart, TextPart, assistant, system, user
 from skillopt.llm.clients import ModelClients
 from skillopt.llm.scripted import ScriptedBackend, resolve_rule_set
+from tests.fakes.benchmark_target import fixture_rules
 from tests.fakes.http_fakes import ok
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -23,7 +24,7 @@ TEXT_BENCHMARKS = ["qa", "searchqa", "livemathematicianbench", "sealqa", "office
 
 def scripted_reply_server(openai_server, benchmark):
     """The fake answers each chat completion with the benchmark's scripted target."""
-    rules = resolve_rule_set(None, BackendContext(scripted_target_rules=tuple(benchmark.scripted_rules)),
+    rules = resolve_rule_set(None, BackendContext(scripted_target_rules=fixture_rules(benchmark)),
                              where="test")
     backend = ScriptedBackend(rules, role="target")
     builders = {"system": system, "user": user, "assistant": assistant}
@@ -129,7 +130,7 @@ def test_image_detail_high_goes_on_every_image_part(openai_server, tmp_path):
 @pytest.mark.parametrize("name", ["docvqa", "mmrb"])
 def test_images_reach_the_anthropic_fake_as_base64_image_blocks(name, anthropic_server, tmp_path):
     benchmark = load_benchmark(name)
-    rules = resolve_rule_set(None, BackendContext(scripted_target_rules=tuple(benchmark.scripted_rules)),
+    rules = resolve_rule_set(None, BackendContext(scripted_target_rules=fixture_rules(benchmark)),
                              where="test")
     backend = ScriptedBackend(rules, role="target")
 

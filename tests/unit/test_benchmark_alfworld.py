@@ -3,7 +3,7 @@
 Items come from tests/fixtures/alfworld (split_dir form; the gamefiles are empty files under
 ``json_2.1.1/``). Games run in the fake env manager (or in small scripted worlds a test injects
 through ``env_factory``), and the target is the real ``scripted`` backend answering from the
-plug-in's own ``scripted_rules``.
+fixture folder's ``scripted_rules.yaml``.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from skillopt.config import load_config
 from skillopt.errors import DataError
 from skillopt.llm.errors import ServerError
 from skillopt.llm.scripted import parse_rules
-from tests.fakes.benchmark_target import PluginScriptedTarget, fixture_config_of, items_by_id
+from tests.fakes.benchmark_target import PluginScriptedTarget, fixture_config_of, fixture_rules, items_by_id
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "alfworld"
 HEAT, LAMP, MUG = "train-0000", "val-0000", "test-0000"
@@ -387,7 +387,7 @@ def test_scripted_runs_solve_one_of_three(tmp_path):
 
 
 def test_scripted_rules_are_valid_and_the_prompts_ship():
-    parse_rules(list(plugin.scripted_rules), where="alfworld")
+    parse_rules(list(fixture_rules(plugin)), where="alfworld")
     names = {path.name for path in plugin.prompts_dir.iterdir()}
     assert {"initial_skill.md", "analyst_error.md", "analyst_success.md"} <= names
     seed = (plugin.prompts_dir / "initial_skill.md").read_text(encoding="utf-8")

@@ -43,7 +43,7 @@ def test_fixture_rows_normalise_choice_index_label_and_blank_answers(tmp_path):
                                                                 "Compare outlines.")
     assert shadow["image_path"] == str((FIXTURES / "images" / "101.png").resolve())
     assert plugin.task_types(list(loaded.values())) == ["Count 3D blocks", "Find the shadow", "Maze"]
-    assert all(normalise_row(item) == item for item in loaded.values())  # idempotent
+    assert all(normalise_row(item, roots=[FIXTURES]) == item for item in loaded.values())  # idempotent
 
 
 @pytest.mark.parametrize(
@@ -69,14 +69,14 @@ def test_rows_without_image_or_resolvable_answer_are_dropped(tmp_path):
     image = FIXTURES / "images" / "101.png"
     base = {"taskId": 9, "question": "Q?", "image": str(image)}
     with pytest.raises(DropRow, match="missing image"):
-        normalise_row({**base, "image": "nowhere.png", "blankAns": "1"})
+        normalise_row({**base, "image": "nowhere.png", "blankAns": "1"}, roots=[FIXTURES])
     with pytest.raises(DropRow, match="choice row"):
-        normalise_row({**base, "ansType": "choice", "options": ["a"], "choiceAns": "Z"})
+        normalise_row({**base, "ansType": "choice", "options": ["a"], "choiceAns": "Z"}, roots=[FIXTURES])
     with pytest.raises(DropRow, match="blank row"):
-        normalise_row({**base, "ansType": "open", "blankAns": []})
+        normalise_row({**base, "ansType": "open", "blankAns": []}, roots=[FIXTURES])
     # The answer type is inferred when absent.
-    assert normalise_row({**base, "options": ["a", "b"], "choiceAns": 1})["ans_type"] == "choice"
-    assert normalise_row({**base, "blankAns": ["one", "1"]})["blank_answers"] == ["one", "1"]
+    assert normalise_row({**base, "options": ["a", "b"], "choiceAns": 1}, roots=[FIXTURES])["ans_type"] == "choice"
+    assert normalise_row({**base, "blankAns": ["one", "1"]}, roots=[FIXTURES])["blank_answers"] == ["one", "1"]
 
 
 def test_the_prompt_lists_choices_asks_for_a_box_and_ends_with_the_image(tmp_path):
@@ -141,7 +141,8 @@ def test_ratio_mode_reads_meta_data_jsonl_with_images_beside_it(tmp_path):
     assert [len(rows) for rows in loaded.values()] == [1, 1, 1]
     paths = {i.id: i["image_path"] for rows in loaded.values() for i in rows}
     assert paths["103"] == str((FIXTURES / "raw" / "images" / "103.png").resolve())
-    again = BabyVisionConfig(split_mode="split_dir", split_dir=str(out))
+    # Read back as split_dir: the images stay in the source folder, which must be a data root.
+    again = BabyVisionConfig(split_mode="split_dir", split_dir=str(out), data_root=str(FIXTURES / "raw"))
     for split, rows in loaded.items():
         assert plugin.load_split(again, split, run_dir=tmp_path) == rows
     manifest = json.loads((out / "split_manifest.json").read_text(encoding="utf-8"))
@@ -161,6 +162,6 @@ def test_rows_without_task_id_take_their_position_in_the_file_as_id(tmp_path):
             {"question": "Q3?", "image": str(image), "blankAns": "3"}]
     meta = tmp_path / "meta_data.jsonl"
     meta.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
-    items = [normalise_row(row) for row in read_meta(tmp_path)]
+    items = [normalise_row(row, roots=[FIXTURES]) for row in read_meta(tmp_path)]
     assert [item["id"] for item in items] == [1, 77, 3]
     assert all(not key.startswith("_") for item in items for key in item)

@@ -8,7 +8,7 @@ import tomllib
 from importlib.metadata import entry_points
 from pathlib import Path
 
-from skillopt.benchmarks.base import ENTRY_POINT_GROUP, load_benchmark, plugin_extras
+from skillopt.benchmarks.base import ENTRY_POINT_GROUP, load_benchmark
 from skillopt.cli import main
 
 PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
@@ -43,21 +43,12 @@ def test_every_shipped_benchmark_is_listed_available_with_its_extras():
     for name in shipped():
         line = lines[name]
         assert "unavailable" not in line, line
-        extras = plugin_extras(load_benchmark(name))
+        extras = load_benchmark(name).extras
         assert set(extras) <= optional, f"{name} declares extras pyproject does not define: {extras}"
         assert (f"extras: {','.join(extras)}" if extras else "no extras") in line
     assert "extras: alfworld" in lines["alfworld"] and "extras: swebench" in lines["swebench"]
     assert "needs the judge role" in lines["babyvision"] and "no judge" in lines["docvqa"]
 
-
-def test_extras_default_to_none_for_plugins_that_do_not_declare_them():
-    class Bare:
-        pass
-
-    class Declared:
-        extras = ("alfworld",)
-
-    assert plugin_extras(Bare()) == () and plugin_extras(Declared()) == ("alfworld",)
 
 
 def test_listing_lines_show_the_description_without_rest_markup():

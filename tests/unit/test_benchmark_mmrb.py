@@ -32,7 +32,7 @@ def test_ids_come_from_source_subtask_and_index_and_images_resolve(tmp_path):
     assert kite["source_id"] == "MMRB:Spot_the_Similarity:0" and kite["is_choice"] is True
     assert kite["image_paths"] == [str((FIXTURES / "images" / n).resolve()) for n in ("s0_1.png", "s0_2.png")]
     assert loaded[APPLES]["is_choice"] is False and kite.task_type == "Spot_the_Similarity"
-    assert normalise_row(kite)["id"] == "MMRB:Spot_the_Similarity:0"  # idempotent before the loader's safe_id
+    assert normalise_row(kite, roots=[FIXTURES])["id"] == "MMRB:Spot_the_Similarity:0"  # idempotent before the loader's safe_id
 
 
 def test_images_are_interleaved_in_placeholder_order_with_their_positions(tmp_path):
@@ -49,7 +49,7 @@ def test_images_are_interleaved_in_placeholder_order_with_their_positions(tmp_pa
 def test_out_of_range_references_become_text_and_unreferenced_images_are_appended(tmp_path):
     row = {"index": 5, "question": "Compare {image#2} with {image#3}.", "answer": "yes", "source": "S",
            "subtask": "T", "image_paths": [str(FIXTURES / "images" / "s0_1.png"), str(FIXTURES / "images" / "s0_2.png")]}
-    item = Item(normalise_row(row))
+    item = Item(normalise_row(row, roots=[FIXTURES]))
     _, user = plugin.build_messages(item, "", MMRBConfig())
     texts = [p.text for p in user.content if isinstance(p, TextPart)]
     assert "[Image #3 unavailable]" in " ".join(texts) and "[Additional Image #1]" in texts
@@ -116,7 +116,8 @@ def test_ratio_mode_searches_folders_for_human_json_and_round_trips(tmp_path):
     raw_images = FIXTURES / "raw" / "Spot_the_Similarity" / "images"
     assert all(Path(p).parent == raw_images.resolve() for rows in loaded.values() for i in rows
                for p in i["image_paths"])
-    again = MMRBConfig(split_mode="split_dir", split_dir=str(out))
+    # Read back as split_dir: the images stay in the source folder, which must be a data root.
+    again = MMRBConfig(split_mode="split_dir", split_dir=str(out), data_root=str(FIXTURES / "raw"))
     for split, rows in loaded.items():
         assert plugin.load_split(again, split, run_dir=tmp_path) == rows
 

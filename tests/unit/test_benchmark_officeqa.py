@@ -2,7 +2,7 @@
 
 Items come from tests/fixtures/officeqa (split_dir form, one native CSV per split, the corpus in
 its ``transformed/`` folder) or its raw copy (ratio form). The target is the real ``scripted``
-backend answering from the plug-in's own ``scripted_rules``, which follow the tool protocol, so
+backend answering from the fixture folder's ``scripted_rules.yaml``, which follow the tool protocol, so
 the runner's episodes exercise the local tool loop.
 """
 
@@ -55,7 +55,7 @@ from skillopt.data import Item
 from skillopt.errors import DataError
 from skillopt.llm.errors import ServerError
 from skillopt.llm.scripted import parse_rules
-from tests.fakes.benchmark_target import PluginScriptedTarget, fixture_config_of, items_by_id
+from tests.fakes.benchmark_target import PluginScriptedTarget, fixture_config_of, fixture_rules, items_by_id
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "officeqa"
 CORPUS = FIXTURES / "transformed"
@@ -558,7 +558,7 @@ def test_a_target_that_always_raises_is_an_infrastructure_error(tmp_path):
 
 
 def test_scripted_rules_are_valid_and_the_prompts_ship():
-    assert len(parse_rules(list(plugin.scripted_rules), where="officeqa scripted_rules")) == 2
+    assert len(parse_rules(list(fixture_rules(plugin)), where="officeqa scripted_rules")) == 11
     names = {path.name for path in plugin.prompts_dir.iterdir()}
     assert {"initial_skill.md", "analyst_error.md", "analyst_success.md"} <= names
     seed = (plugin.prompts_dir / "initial_skill.md").read_text(encoding="utf-8")

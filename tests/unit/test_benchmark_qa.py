@@ -1,7 +1,7 @@
 """The bring-your-own ``qa`` benchmark (BENCHMARKS.md §2.1, fixtures §3.1).
 
 Items come from tests/fixtures/qa (split_dir form) or its raw copies (ratio form); the target is
-the real ``scripted`` backend answering from the plug-in's own ``scripted_rules``.
+the real ``scripted`` backend answering from the fixture folder's ``scripted_rules.yaml``.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from skillopt.errors import DataError
 from skillopt.llm.base import BackendContext
 from skillopt.llm.errors import ServerError
 from skillopt.llm.scripted import ScriptedBackend, parse_rules, resolve_rule_set
-from tests.fakes.benchmark_target import PluginScriptedTarget, fixture_config_of, items_by_id
+from tests.fakes.benchmark_target import PluginScriptedTarget, fixture_config_of, fixture_rules, items_by_id
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "qa"
 SPIDER = "How many legs does a spider have?"
@@ -434,6 +434,4 @@ def test_a_target_that_always_raises_is_an_infrastructure_error(tmp_path):
 
 
 def test_scripted_rules_are_valid_rules():
-    assert len(parse_rules(list(plugin.scripted_rules), where="qa scripted_rules")) == len(
-        plugin.scripted_rules
-    )
+    assert len(parse_rules(list(fixture_rules(plugin)), where="qa scripted_rules")) == len(fixture_rules(plugin))

@@ -45,7 +45,7 @@ from skillopt.errors import DataError
 from skillopt.llm.base import BackendContext
 from skillopt.llm.errors import ServerError
 from skillopt.llm.scripted import ScriptedBackend, parse_rules, resolve_rule_set
-from tests.fakes.benchmark_target import PluginScriptedTarget, fixture_config_of, items_by_id
+from tests.fakes.benchmark_target import PluginScriptedTarget, fixture_config_of, fixture_rules, items_by_id
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "sealqa"
 CANARY = "CANARY-TEST"
@@ -510,7 +510,7 @@ def test_self_check_answers_compare_after_normalisation():
 
 
 def test_scripted_rules_are_valid_rules_and_the_prompts_ship():
-    assert len(parse_rules(list(plugin.scripted_rules), where="sealqa scripted_rules")) == len(plugin.scripted_rules)
+    assert len(parse_rules(list(fixture_rules(plugin)), where="sealqa scripted_rules")) == len(fixture_rules(plugin))
     names = {path.name for path in plugin.prompts_dir.iterdir()}
     assert {"initial_skill.md", "analyst_error.md", "analyst_success.md"} <= names
     seed = (plugin.prompts_dir / "initial_skill.md").read_text(encoding="utf-8")

@@ -1,7 +1,7 @@
 """The ``searchqa`` benchmark (BENCHMARKS.md §2.2, fixtures §3.2).
 
 Items come from tests/fixtures/searchqa (split_dir form) or its raw copy (ratio form); the target
-is the real ``scripted`` backend answering from the plug-in's own ``scripted_rules``.
+is the real ``scripted`` backend answering from the fixture folder's ``scripted_rules.yaml``.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The ``spreadsheetbench`` benchmark (BENCHMARKS.md §2.10, fixtures §3.10).
 
 Items and workbooks come from tests/fixtures/spreadsheetbench (written by its ``make_fixtures.py``);
-the target is the real ``scripted`` backend answering from the plug-in's ``scripted_rules``; every
+the target is the real ``scripted`` backend answering from the fixture folder's ``scripted_rules.yaml``; every
 script runs through the real sandbox.
 """
 
@@ -37,7 +37,7 @@ from skillopt.config import load_config
 from skillopt.data import Item
 from skillopt.llm.errors import ServerError
 from skillopt.llm.scripted import parse_rules
-from tests.fakes.benchmark_target import PluginScriptedTarget, fixture_config_of, items_by_id
+from tests.fakes.benchmark_target import PluginScriptedTarget, fixture_config_of, fixture_rules, items_by_id
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "spreadsheetbench"
 ORDERS, SORT, COUNT = "59001", "59002", "59003-1"
@@ -421,7 +421,7 @@ def test_a_target_that_always_raises_is_an_infrastructure_error(tmp_path):
 
 
 def test_scripted_rules_are_valid_and_the_prompts_ship():
-    assert len(parse_rules(list(plugin.scripted_rules), where="spreadsheetbench")) == len(plugin.scripted_rules)
+    assert len(parse_rules(list(fixture_rules(plugin)), where="spreadsheetbench")) == len(fixture_rules(plugin))
     names = {path.name for path in plugin.prompts_dir.iterdir()}
     assert {"initial_skill.md", "analyst_error.md", "analyst_success.md"} <= names
     seed = (plugin.prompts_dir / "initial_skill.md").read_text(encoding="utf-8")

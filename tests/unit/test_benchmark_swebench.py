@@ -43,7 +43,7 @@ from skillopt.llm.base import BackendContext, BackendRegistry
 from skillopt.llm.chat import ChatResponse
 from skillopt.llm.clients import ModelClients
 from skillopt.llm.scripted import parse_rules
-from tests.fakes.benchmark_target import PluginScriptedTarget, fixture_config_of, items_by_id
+from tests.fakes.benchmark_target import PluginScriptedTarget, fixture_config_of, fixture_rules, items_by_id
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "swebench"
 RESIZE, REPR, UNITS = "acme__widgets-101", "acme__widgets-102", "acme__widgets-103"
@@ -325,7 +325,7 @@ def test_scripted_runs_resolve_one_of_three_through_the_fakes(tmp_path):
 def test_agent_calls_go_through_the_target_role_and_are_accounted(tmp_path):
     loaded = load_config("swebench", overrides=["model.target.backend=scripted"], env={})
     clients = ModelClients.from_config(loaded, env={}, registry=BackendRegistry.default(),
-                                       context=BackendContext(scripted_target_rules=tuple(plugin.scripted_rules)),
+                                       context=BackendContext(scripted_target_rules=fixture_rules(plugin)),
                                        usage_path=tmp_path / "usage.jsonl")
     item = fixture_items(tmp_path)[RESIZE]
     row = run_item(plugin, item, "skill", fixture_config(), target=clients.target, judge=None)
@@ -367,7 +367,7 @@ def test_docker_images_follow_the_swebench_naming():
 
 
 def test_scripted_rules_are_valid_and_the_prompts_ship():
-    parse_rules(list(plugin.scripted_rules), where="swebench")
+    parse_rules(list(fixture_rules(plugin)), where="swebench")
     names = {path.name for path in plugin.prompts_dir.iterdir()}
     assert {"initial_skill.md", "analyst_error.md", "analyst_success.md"} <= names
     seed = (plugin.prompts_dir / "initial_skill.md").read_text(encoding="utf-8")
@@ -450,10 +450,10 @@ def test_the_mini_swe_agent_runner_drives_the_documented_agent_api(monkeypatch, 
 def test_the_fake_agent_reaches_a_real_backend_over_http_and_each_call_is_accounted(openai_server, tmp_path):
     """No litellm: the agent's call goes through the target role's own backend (the real ``openai`` SDK
     against the loopback OpenAI-compatible fake), lands in usage.jsonl and the fix still resolves."""
-    from skillopt.benchmarks.swebench.scripted import RESIZE_FIX
     from tests.fakes.http_fakes import ok
 
-    openai_server.handler = lambda request: ok(text=f"Derive the height.\n```diff\n{RESIZE_FIX}```")
+    resize_fix = fixture_rules(plugin)[0]["text"]  # the fixture rules' right fix, a fenced diff
+    openai_server.handler = lambda request: ok(text=f"Derive the height.\n{resize_fix}")
     overrides = ["model.target.backend=openai_compatible", f"model.target.base_url={openai_server.openai_base_url}",
                  "model.target.model=fixture-model"]
     loaded = load_config("swebench", overrides=overrides, env={})

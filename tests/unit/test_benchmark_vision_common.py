@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from skillopt.benchmarks.base import Benchmark, RolloutInfrastructureError, load_benchmark, plugin_extras
+from skillopt.benchmarks.base import Benchmark, RolloutInfrastructureError, load_benchmark
 from skillopt.benchmarks.runner import check_infrastructure, error_row, run_item
 from skillopt.llm.chat import ImagePart
 from skillopt.llm.errors import ServerError
@@ -21,6 +21,7 @@ from skillopt.llm.scripted import parse_rules
 from tests.fakes.benchmark_target import (
     PluginScriptedTarget,
     fixture_config_of,
+    fixture_rules,
     items_by_id,
     scripted_judge_of,
 )
@@ -45,7 +46,7 @@ def bench(request):
 
 
 def test_registered_loads_with_only_data_and_passes_preflight(bench, tmp_path):
-    assert isinstance(bench, Benchmark) and bench.uses_images is True and plugin_extras(bench) == ()
+    assert isinstance(bench, Benchmark) and bench.uses_images is True and bench.extras == ()
     config = fixture_config_of(bench)
     assert config.split_mode == "split_dir" and config.image_detail == "auto"
     bench.preflight(config)
@@ -123,7 +124,7 @@ def test_a_target_that_always_raises_is_an_infrastructure_error(bench, tmp_path)
 
 
 def test_scripted_rules_are_valid_and_the_three_prompts_ship(bench):
-    assert len(parse_rules(list(bench.scripted_rules), where="test")) == len(bench.scripted_rules)
+    assert len(parse_rules(list(fixture_rules(bench)), where="test")) == len(fixture_rules(bench))
     names = {path.name for path in bench.prompts_dir.iterdir()}
     assert {"initial_skill.md", "analyst_error.md", "analyst_success.md"} <= names
     seed = (bench.prompts_dir / "initial_skill.md").read_text(encoding="utf-8")

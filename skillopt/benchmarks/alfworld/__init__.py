@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from skillopt.benchmarks.alfworld.env import (
     DATA_VARIABLE,
@@ -45,21 +45,13 @@ from skillopt.benchmarks.alfworld.env import (
     task_type_of,
 )
 from skillopt.benchmarks.answers import quote_answer
-from skillopt.benchmarks.base import (
-    BenchmarkSetupError,
-    EpisodeContext,
-    EpisodeResult,
-    Judge,
-    Score,
-    check_split_folder,
-    shipped_prompts_dir,
-    skill_section,
-    split_items,
-)
+from skillopt.benchmarks.base import Benchmark, BenchmarkConfig, BenchmarkSetupError, Judge, Score
+from skillopt.benchmarks.episode import EpisodeContext, EpisodeResult
+from skillopt.benchmarks.grading import hidden_reference_block
+from skillopt.benchmarks.rows import confined_path
 from skillopt.benchmarks.runner import READOUT_HEADING
-from skillopt.config import BenchmarkSection
-from skillopt.data import Item, read_records
-from skillopt.llm.chat import ChatRequest, Message, system, user
+from skillopt.data import Item
+from skillopt.llm.chat import ChatRequest, Message, user
 
 BENCHMARK_ID = "alfworld"
 NATIVE_EXTENSIONS = (".json",)
@@ -89,16 +81,12 @@ _THINK = re.compile(r"<think>(.*?)</think>", re.IGNORECASE | re.DOTALL)
 _ACTION = re.compile(r"<action>(.*?)</action>", re.IGNORECASE | re.DOTALL)
 
 
-class AlfworldConfig(BenchmarkSection):
+class AlfworldConfig(BenchmarkConfig):
     """The ``benchmark:`` section for ``alfworld``: the game data, the env manager and the step loop."""
-
-    model_config = ConfigDict(extra="forbid")
 
     #: The folder gamefiles are relative to (holds ``json_2.1.1/`` and, for the real env, ``logic/``).
     #: Unset: the ``--data`` folder, else ``$ALFWORLD_DATA``.
     alfworld_data: str | None = None
-    #: Set by ``--data DIR``: the default ``alfworld_data``.
-    data_root: str | None = None
     #: ``auto``: ``fake`` when the target backend is ``scripted``, else ``alfworld`` (the real game).
     env_manager: Literal["auto", "alfworld", "fake"] = "auto"
     #: The most environment steps (target calls) of one game.
@@ -112,10 +100,11 @@ class AlfworldConfig(BenchmarkSection):
 # ----------------------------------------------------------------------------------------- loading
 
 
-def normalise_row(row: Mapping[str, Any]) -> dict[str, Any]:
+def normalise_row(row: Mapping[str, Any], roots: Sequence[Path] = ()) -> dict[str, Any]:
     """An ALFWorld item (idempotent): ``id`` and ``gamefile`` are required; ``task_type`` is the
-    task-directory prefix mapped onto the six types when the row has none. Raises ``KeyError(field)``
-    or ``ValueError``; the loader names the file and the row."""
+    task-directory prefix mapped onto the six types when the row has none. A gamefile that resolves
+    outside ``roots`` raises ``ValueError``. Raises ``KeyError(field)`` or
+    ``ValueError``; the loader names the file and the row."""
     for name in ("id", "gamefile"):
         value = row.get(name)
         if value is None or (isinstance(value, str) and not value.strip()):
@@ -129,6 +118,7 @@ def normalise_row(row: Mapping[str, Any]) -> dict[str, Any]:
     if not task_type:
         raise ValueError(f"field 'task_type' is missing and the gamefile's task directory names no task type "
                          f"({', '.join(TASK_TYPES)}): {quote_answer(gamefile)}")
+    resolve_gamefile(gamefile, roots)  # a gamefile leaving the data roots is a bad row
     item = {"id": str(row["id"]), "gamefile": gamefile, "task_type": str(task_type)}
     if "source_id" in row:
         item["source_id"] = row["source_id"]
@@ -136,12 +126,14 @@ def normalise_row(row: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def resolve_gamefile(gamefile: str, roots: Sequence[Path]) -> Path:
-    """An absolute gamefile as is; a relative one under the first root that holds it (under the
-    first root when none does, so a miss names where it was expected)."""
+    """The gamefile confined to ``roots`` (a path resolving outside them raises ``ValueError``):
+    under the first root that holds it, else under the first root, so a miss names where it was
+    expected."""
+    found = confined_path(gamefile, roots, field="gamefile")
+    if found is not None:
+        return found
     path = Path(gamefile).expanduser()
-    if path.is_absolute() or not roots:
-        return path
-    return next((root / path for root in roots if (root / path).is_file()), roots[0] / path)
+    return path if path.is_absolute() or not roots else (roots[0] / path)
 
 
 # ----------------------------------------------------------------------------------------- prompts
@@ -183,8 +175,8 @@ def step_prompt(*, task: str, step: int, observation: str, history: Sequence[tup
 # ------------------------------------------------------------------------------------------ plugin
 
 
-class AlfworldBenchmark:
-    """The ``alfworld`` plug-in (the ``Benchmark`` protocol in ``skillopt.benchmarks.base``).
+class AlfworldBenchmark(Benchmark[AlfworldConfig]):
+    """The ``alfworld`` plug-in.
 
     ``env`` supplies ``$ALFWORLD_DATA`` (the process environment by default; tests pass a dict).
     ``env_factory(item, config)``, when given, builds the env manager of every game (tests inject
@@ -192,31 +184,12 @@ class AlfworldBenchmark:
     """
 
     id = BENCHMARK_ID
-    version = "1"
-    extras: tuple[str, ...] = ("alfworld",)
-    GOLD_FIELDS: tuple[str, ...] = ()
+    extras = ("alfworld",)
     Config = AlfworldConfig
-    default_split_mode = "split_dir"
-    scripted_rules: Sequence[Mapping[str, Any]] = (
-        {
-            "name": "alfworld heat task: straight to the microwave",
-            "stage": "rollout",
-            "user": r"heat some apple",
-            "text": "<think>The apple has to be heated, so the microwave is where to go.</think>"
-                    "<action>go to microwave 1</action>",
-        },
-        {
-            "name": "alfworld lamp task: keeps looking around",
-            "stage": "rollout",
-            "user": r"look at book under the desklamp",
-            "text": "<think>I should look around before acting.</think><action>look</action>",
-        },
-        {
-            "name": "alfworld other tasks: no action tag",
-            "stage": "rollout",
-            "text": "I am not sure what to do next.",
-        },
-    )
+    default_task_type = "pick_and_place"
+    native_extensions = NATIVE_EXTENSIONS
+    data_hint = ("pass --data DIR (a folder holding train/, val/ and test/ items.json and the "
+                 "json_2.1.1/ game files) or set benchmark.split_dir")
 
     def __init__(self, env: Mapping[str, str] | None = None, env_factory: Any = None) -> None:
         self.env: Mapping[str, str] = env if env is not None else os.environ
@@ -224,32 +197,26 @@ class AlfworldBenchmark:
         self._slots_lock = threading.Lock()
         self._slots: dict[int, threading.BoundedSemaphore] = {}
 
-    @property
-    def prompts_dir(self) -> Path:
-        return shipped_prompts_dir(BENCHMARK_ID)
-
-    def data_roots(self, cfg: BaseModel) -> list[Path]:
+    def data_roots(self, cfg: AlfworldConfig) -> list[Path]:
         """Where gamefiles and game data are looked for: ``alfworld_data``, else ``--data`` then ``$ALFWORLD_DATA``."""
-        config = _config(cfg)
+        config = self.config(cfg)
         return alfworld_data_roots(config.alfworld_data, config.data_root, self.env)
 
-    def load_split(self, cfg: BaseModel, split: str, *, run_dir: Path) -> list[Item]:
+    def normalise_row(self, row: Mapping[str, Any], cfg: AlfworldConfig) -> dict[str, Any]:
+        return normalise_row(row, self.data_roots(cfg))
+
+    def load_split(self, cfg: AlfworldConfig, split: str, *, run_dir: Path) -> list[Item]:
         """The items of ``split`` with the resolved gamefile, the goal sentence and the game index."""
-        config = _config(cfg)
-        items = split_items(
-            config, split, run_dir=run_dir, benchmark=BENCHMARK_ID, default_split_mode=self.default_split_mode,
-            reader=read_records, normalise=normalise_row, default_task_type="pick_and_place",
-            native_extensions=NATIVE_EXTENSIONS,
-        )
-        roots = self.data_roots(config)
+        roots = self.data_roots(cfg)
+        items = super().load_split(self.config(cfg), split, run_dir=run_dir)
         return [Item({**item, GAME_PATH_KEY: str(resolve_gamefile(item["gamefile"], roots)),
                       GOAL_KEY: goal_of(item["gamefile"]), INDEX_KEY: index})
                 for index, item in enumerate(items)]
 
-    def bind_target(self, cfg: BaseModel, *, backend: str, kind: str) -> tuple[BaseModel, list[str]]:
+    def bind_target(self, cfg: AlfworldConfig, *, backend: str, kind: str) -> tuple[AlfworldConfig, list[str]]:
         """Settle ``env_manager: auto`` (``fake`` under the ``scripted`` backend, else ``alfworld``);
         an exec-backend target is a setup error (the loop needs a chat target)."""
-        config = _config(cfg)
+        config = self.config(cfg)
         if kind == "exec":
             raise BenchmarkSetupError(
                 f"alfworld plays a step-by-step chat loop; the target backend {backend} is an exec backend and "
@@ -260,10 +227,10 @@ class AlfworldBenchmark:
         bound = config.model_copy(update={"env_manager": manager})
         return bound, [SIMULATED_NOTE] if manager == "fake" else []
 
-    def build_messages(self, item: Item, skill: str, cfg: BaseModel) -> list[Message]:
+    def build_messages(self, item: Item, skill: str, cfg: AlfworldConfig) -> list[Message]:
         """System: the household agent, the skill, the answer format. User: the episode opener (the
         observations come from the environment, one message per step). Never reads gold."""
-        return [system(f"{_SYSTEM_INTRO}\n\n{skill_section(skill)}{_FORMAT}"), user(_EPISODE_INTRO)]
+        return [self.system_message(_SYSTEM_INTRO, skill, _FORMAT), user(_EPISODE_INTRO)]
 
     def make_env(self, item: Item, config: AlfworldConfig) -> EnvManager:
         """The env manager for one game (``auto`` here means the real one: ``bind_target`` settles it)."""
@@ -283,7 +250,7 @@ class AlfworldBenchmark:
         """Play one game: up to ``max_steps`` target calls, one env step each, until the env reports
         done. Each step is an ``env_step`` event. Past ``ctx.deadline`` no call starts; a target
         error propagates (the env is closed either way). Returns the outcome record as JSON."""
-        config = _config(ctx.cfg)
+        config = self.config(ctx.cfg)
         readout = _readout(ctx.messages)
         system_message = next(m for m in ctx.messages if m.role == "system")
         slots = self._api_slots(config.max_api_workers)
@@ -354,14 +321,12 @@ class AlfworldBenchmark:
         """The task types present, sorted (the six types when there are no items)."""
         return sorted({item.task_type for item in items}) or list(TASK_TYPES)
 
-    def preflight(self, cfg: BaseModel) -> None:
+    def preflight(self, cfg: AlfworldConfig) -> None:
         """The split folder and every item's gamefile (whichever env manager runs); for the real env
         manager also the ``alfworld`` package and the downloaded game logic. Each miss raises
         ``BenchmarkSetupError`` saying how to fix it."""
-        config = _config(cfg)
-        check_split_folder(config, benchmark=BENCHMARK_ID, default_split_mode=self.default_split_mode,
-                           fix="pass --data DIR (a folder holding train/, val/ and test/ items.json and the "
-                               "json_2.1.1/ game files) or set benchmark.split_dir")
+        config = self.config(cfg)
+        super().preflight(config)
         if config.env_manager != "fake":
             check_alfworld_installed()
             game_data_root(self.data_roots(config))
@@ -376,11 +341,8 @@ class AlfworldBenchmark:
                 f"alfworld: {len(missing)} gamefile(s) not found: {shown}{more}; set benchmark.alfworld_data "
                 f"(or ${DATA_VARIABLE}) to the folder holding json_2.1.1/, or pass --data with the game files")
 
-    def needs_judge(self, cfg: BaseModel) -> bool:
-        return False
 
-
-def hidden_reference(gamefile: Path, limit: int = 4000) -> str:
+def hidden_reference(gamefile: Path) -> str:
     """The analyst-only block from ``traj_data.json`` beside the gamefile: the target object and
     receptacle, the expert's high-level plan and the annotated task; empty when there is none."""
     path = gamefile.parent / "traj_data.json"
@@ -395,15 +357,14 @@ def hidden_reference(gamefile: Path, limit: int = 4000) -> str:
     steps = [_plan_step(step) for step in plan]
     anns = (data.get("turk_annotations") or {}).get("anns") or []
     desc = anns[0].get("task_desc", "") if anns and isinstance(anns[0], dict) else ""
-    lines = ["Hidden reference (analyst only; never teach its content):"]
+    lines = []
     if params:
         lines.append(f"Target: {params.get('object_target', '')}; receptacle: {params.get('parent_target', '')}")
     if steps:
         lines.append("Expert plan: " + " → ".join(steps))
     if desc:
         lines.append(f"Annotated task: {desc}")
-    block = "\n".join(lines) if len(lines) > 1 else ""
-    return block if len(block) <= limit else block[: limit - 3] + "..."
+    return hidden_reference_block(lines)
 
 
 def _plan_step(step: Any) -> str:
@@ -420,10 +381,6 @@ def _readout(messages: Sequence[Message]) -> str:
     users = [m.text() for m in messages if m.role == "user"]
     _, found, rest = (users[-1] if users else "").partition(READOUT_HEADING)
     return f"\n\n{READOUT_HEADING}{rest}" if found else ""
-
-
-def _config(cfg: BaseModel) -> AlfworldConfig:
-    return cfg if isinstance(cfg, AlfworldConfig) else AlfworldConfig.model_validate(cfg.model_dump())
 
 
 plugin = AlfworldBenchmark()

@@ -16,30 +16,20 @@ judge; anything else asks the judge role for a strict verdict.
 
 from __future__ import annotations
 
-import functools
-import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
-from skillopt.benchmarks.answers import choice_label, last_boxed, quote_answer, token_f1
-from skillopt.benchmarks.base import (
-    BenchmarkSetupError,
-    Judge,
-    Score,
-    check_split_folder,
-    shipped_prompts_dir,
-    skill_section,
-    split_items,
-    verdict_request,
-)
-from skillopt.benchmarks.images import ROW_DIR, image_part, resolve_image, roots_of, rows_from
-from skillopt.benchmarks.scripted_target import question_rules
-from skillopt.config import BenchmarkSection
+from skillopt.benchmarks.answers import last_boxed, quote_answer, token_f1
+from skillopt.benchmarks.base import Benchmark, BenchmarkConfig, BenchmarkSetupError, Judge, Score
+from skillopt.benchmarks.choices import options_block, parse_options
+from skillopt.benchmarks.grading import verdict_request
+from skillopt.benchmarks.images import image_part, resolve_image
+from skillopt.benchmarks.rows import ROW_DIR, roots_of, rows_from
 from skillopt.data import DropRow, Item, read_records
-from skillopt.llm.chat import ChatRequest, Message, TextPart, system, user
+from skillopt.llm.chat import ChatRequest, Message, TextPart, user
 
 BENCHMARK_ID = "babyvision"
 DEFAULT_TASK_TYPE = "babyvision"
@@ -66,15 +56,10 @@ _JUDGE_RUBRIC = (
 )
 
 
-class BabyVisionConfig(BenchmarkSection):
+class BabyVisionConfig(BenchmarkConfig):
     """The ``benchmark:`` section for ``babyvision``: the common keys plus the image root and output cap."""
 
-    model_config = ConfigDict(extra="forbid")
-
-    #: The folder holding ``images/``; ``--data DIR`` sets it. Unset: the row file's folder.
-    data_root: str | None = None
     max_tokens: int = Field(default=768, ge=1)
-    #: The cap of self-check turns (``max_turns`` > 1), turn 2 onwards.
     self_check_max_tokens: int = Field(default=512, ge=1)
 
 
@@ -93,25 +78,6 @@ def read_meta(path: Path) -> list[dict[str, Any]]:
         path = path / "meta_data.jsonl"
     rows = rows_from(path, read_records(path))
     return [{**row, ROW_NUMBER: number} for number, row in enumerate(rows, start=1)]
-
-
-def parse_options(value: Any) -> list[dict[str, str]]:
-    """Options as ``[{label, text}]`` from a list of strings, a list of dicts or a label → text dict."""
-    if value in (None, "", []):
-        return []
-    if isinstance(value, Mapping):
-        return [{"label": str(k).strip().upper(), "text": str(v).strip()} for k, v in value.items()]
-    if not isinstance(value, list | tuple):
-        raise ValueError(f"field 'options' must be a list or a dict, got {type(value).__name__}")
-    options = []
-    for index, entry in enumerate(value):
-        if isinstance(entry, Mapping):
-            text = next((entry[k] for k in ("text", "content", "option") if entry.get(k) not in (None, "")), "")
-            label = str(entry.get("label") or choice_label(index)).strip().upper()
-            options.append({"label": label, "text": str(text).strip()})
-        else:
-            options.append({"label": choice_label(index), "text": str(entry).strip()})
-    return options
 
 
 def resolve_correct(answer: Any, options: Sequence[Mapping[str, str]]) -> dict[str, str] | None:
@@ -157,7 +123,8 @@ def normalise_row(row: Mapping[str, Any], *, roots: Sequence[Path] = ()) -> dict
     if image is None:
         raise DropRow("missing image")
     options = parse_options(row.get("choices") if row.get("choices") is not None else
-                            next((row[k] for k in ("options", "choiceOptions") if row.get(k) is not None), None))
+                            next((row[k] for k in ("options", "choiceOptions") if row.get(k) is not None), None),
+                            "options")
     ans_type = _ans_type(row, options)
     correct = None
     blank: list[str] = []
@@ -172,7 +139,7 @@ def normalise_row(row: Mapping[str, Any], *, roots: Sequence[Path] = ()) -> dict
         blank = [str(v).strip() for v in values if v is not None and str(v).strip()]
         if not blank:
             raise DropRow("blank row without an answer")
-    raw_id = next((row[k] for k in ("id", "taskId") if row.get(k) not in (None, "")), row.get(ROW_NUMBER))
+    raw_id = next((row[k] for k in ("taskId", "id") if row.get(k) not in (None, "")), row.get(ROW_NUMBER))
     if raw_id is None:
         raise KeyError("taskId")
     subtype = str(row.get("task_type") or row.get("subtype") or row.get("subType") or "").strip()
@@ -226,61 +193,39 @@ def _gold_list(item: Mapping[str, Any]) -> list[str]:
     return list(item["blank_answers"])
 
 
-# ------------------------------------------------------------------------------- scripted target
-
-#: The scripted target's replies to the fixture questions (tests/fixtures/babyvision): shadow B (wrong,
-#: the judge is asked and says incorrect), 7 cubes (exact), exit B (exact).
-_SCRIPTED_REPLIES = (
-    (re.compile(r"## Question\nWhich shadow matches the toy"), "The outline of shadow 2 looks closest.\n\\boxed{B}"),
-    (re.compile(r"## Question\nHow many cubes are in the stack"), "Bottom 4, middle 2, top 1.\n\\boxed{7}"),
-    (re.compile(r"## Question\nFollowing the red line"), "The red line ends at the middle exit.\n\\boxed{B}"),
-)
-
-
-
 # ------------------------------------------------------------------------------------------ plugin
 
 
-class BabyVisionBenchmark:
-    """The ``babyvision`` plug-in (the ``Benchmark`` protocol in ``skillopt.benchmarks.base``)."""
+class BabyVisionBenchmark(Benchmark[BabyVisionConfig]):
+    """The ``babyvision`` plug-in."""
 
     id = BENCHMARK_ID
-    version = "1"
-    GOLD_FIELDS: tuple[str, ...] = ("correct_choice", "blank_answers", "cot")
+    GOLD_FIELDS = ("correct_choice", "blank_answers", "cot")
     Config = BabyVisionConfig
     default_split_mode = "ratio"
-    extras: tuple[str, ...] = ()
+    default_task_type = DEFAULT_TASK_TYPE
+    native_extensions = NATIVE_EXTENSIONS
     uses_images = True
-    scripted_rules: Sequence[Mapping[str, Any]] = (
-        *question_rules(BENCHMARK_ID, _SCRIPTED_REPLIES),
-        {"name": "babyvision other", "stage": "rollout", "text": "I cannot tell.\n\\boxed{A}"},
-    )
+    data_hint = ("download it with scripts/download_babyvision.py --out_dir DIR and pass --data DIR "
+                 "(meta_data.jsonl with images/ beside it, or a folder holding train/, val/ and test/)")
 
-    @property
-    def prompts_dir(self) -> Path:
-        return shipped_prompts_dir(BENCHMARK_ID)
+    def read_rows(self, path: Path, cfg: BabyVisionConfig) -> list[dict[str, Any]]:
+        return read_meta(path)
 
-    def load_split(self, cfg: BaseModel, split: str, *, run_dir: Path) -> list[Item]:
-        config = _config(cfg)
-        return split_items(
-            config, split, run_dir=run_dir, benchmark=BENCHMARK_ID, default_split_mode=self.default_split_mode,
-            reader=read_meta,
-            normalise=functools.partial(normalise_row, roots=roots_of(config.data_root)),
-            default_task_type=DEFAULT_TASK_TYPE,
-            native_extensions=NATIVE_EXTENSIONS,
-        )
+    def normalise_row(self, row: Mapping[str, Any], cfg: BabyVisionConfig) -> dict[str, Any]:
+        return normalise_row(row, roots=self.data_roots(cfg))
 
-    def build_messages(self, item: Item, skill: str, cfg: BaseModel) -> list[Message]:
+    def build_messages(self, item: Item, skill: str, cfg: BabyVisionConfig) -> list[Message]:
         """System: the task, the skill, the box format. User: question, choices, reminder, then the image."""
         sections = [f"## Question\n{item['question']}"]
         if item["ans_type"] == "choice" and item["choices"]:
-            sections.append("## Choices\n" + "\n".join(f"{o['label']}. {o['text']}" for o in item["choices"]))
+            sections.append(f"## Choices\n{options_block(item['choices'])}")
         reminder = ("Answer with the option label in \\boxed{…}." if item["ans_type"] == "choice"
                     else "Answer with a short phrase in \\boxed{…}.")
         sections.append(reminder)
         return [
-            system(f"{_SYSTEM_INTRO}\n\n{skill_section(skill)}{_ANSWER_FORMAT}"),
-            user([TextPart(text="\n\n".join(sections)), image_part(item["image_path"], _config(cfg).image_detail)]),
+            self.system_message(_SYSTEM_INTRO, skill, _ANSWER_FORMAT),
+            user([TextPart(text="\n\n".join(sections)), image_part(item["image_path"], self.config(cfg).image_detail)]),
         ]
 
     def extract_answer(self, response_text: str) -> str | None:
@@ -319,33 +264,13 @@ class BabyVisionBenchmark:
         """The strict judge: question (and choices), the ground truth and the extracted answer."""
         body = f"## Question\n{item['question']}"
         if item["ans_type"] == "choice":
-            body += "\n\n## Choices\n" + "\n".join(f"{o['label']}. {o['text']}" for o in item["choices"])
+            body += f"\n\n## Choices\n{options_block(item['choices'])}"
         body += f"\n\n## Ground truth\n{ground_truth(item)}\n\n## Extracted answer\n{prediction}"
         return verdict_request(_JUDGE_RUBRIC, body, item_id=item.id, prediction=prediction, golds=_gold_list(item))
 
-    def task_types(self, items: Sequence[Item]) -> list[str]:
-        """The sorted subtypes."""
-        return sorted({item.task_type for item in items}) or [DEFAULT_TASK_TYPE]
-
-    def preflight(self, cfg: BaseModel) -> None:
-        config = _config(cfg)
-        check_split_folder(config, benchmark=BENCHMARK_ID, default_split_mode=self.default_split_mode,
-                           fix="pass --data DIR (meta_data.jsonl with images/ beside it, or a folder holding "
-                               "train/, val/ and test/) or set benchmark.data_path")
-        mode = config.split_mode or self.default_split_mode
-        if mode == "ratio" and config.data_path and not Path(config.data_path).exists():
-            raise BenchmarkSetupError(
-                f"babyvision: no data at {config.data_path}; download it with scripts/download_babyvision.py "
-                "--out_dir DIR and pass --data DIR"
-            )
-
-    def needs_judge(self, cfg: BaseModel) -> bool:
+    def needs_judge(self, cfg: BabyVisionConfig) -> bool:
         """Inexact answers are graded by the judge role, so a run needs it."""
         return True
-
-
-def _config(cfg: BaseModel) -> BabyVisionConfig:
-    return cfg if isinstance(cfg, BabyVisionConfig) else BabyVisionConfig.model_validate(cfg.model_dump())
 
 
 plugin = BabyVisionBenchmark()
@@ -357,7 +282,6 @@ __all__ = [
     "exact_answer",
     "ground_truth",
     "normalise_row",
-    "parse_options",
     "plugin",
     "read_meta",
     "resolve_correct",

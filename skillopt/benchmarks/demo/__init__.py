@@ -8,20 +8,18 @@ target and optimizer that make ``skillopt train demo`` run with no model at all.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
-from skillopt.benchmarks.base import Judge, Score, skill_section
+from skillopt.benchmarks.base import Benchmark, BenchmarkConfig, Judge, Score, split_items
 from skillopt.benchmarks.demo.world import TASK_TYPES, generate_splits, last_answer, score_response
-from skillopt.config import BenchmarkSection
-from skillopt.data import Item, SplitSpec, load_splits, split_output_dir
-from skillopt.llm.chat import Message, system, user
-from skillopt.resources import shipped_dir
+from skillopt.benchmarks.rows import hashed_id
+from skillopt.data import Item
+from skillopt.llm.chat import Message, user
 
 BENCHMARK_ID = "demo"
 
@@ -35,10 +33,8 @@ _ANSWER_FORMAT = (
 )
 
 
-class DemoConfig(BenchmarkSection):
+class DemoConfig(BenchmarkConfig):
     """The ``benchmark:`` section for ``demo``: the common keys plus the generated split sizes."""
-
-    model_config = ConfigDict(extra="forbid")
 
     #: Items generated per split in ``generated`` mode (ignored by the file-based modes).
     train_size: int = Field(default=24, ge=1)
@@ -54,44 +50,34 @@ def normalise_row(row: dict[str, Any]) -> dict[str, Any]:
     question, answer, task_type = str(row["question"]), str(row["answer"]), str(row["task_type"])
     if task_type not in TASK_TYPES:
         raise ValueError(f"unknown task_type {task_type!r}; expected one of {', '.join(TASK_TYPES)}")
-    item_id = row.get("id") or "demo-" + hashlib.sha1(question.encode("utf-8")).hexdigest()[:12]
+    item_id = row.get("id") or hashed_id("demo-", question)
     return {**row, "id": item_id, "task_type": task_type, "question": question, "answer": answer}
 
 
-class DemoBenchmark:
-    """The ``demo`` plug-in (the ``Benchmark`` protocol in ``skillopt.benchmarks.base``)."""
+class DemoBenchmark(Benchmark[DemoConfig]):
+    """The ``demo`` plug-in."""
 
     id = BENCHMARK_ID
     version = "2"
-    GOLD_FIELDS: tuple[str, ...] = ("answer",)
+    GOLD_FIELDS = ("answer",)
     Config = DemoConfig
     default_split_mode = "generated"
-    scripted_rules: Sequence[Mapping[str, Any]] = (
-        {"name": "demo target", "stage": "rollout", "handler": "skillopt.benchmarks.demo.scripted:target"},
-    )
 
-    @property
-    def prompts_dir(self) -> Path:
-        return shipped_dir("prompts") / "benchmarks" / BENCHMARK_ID
+    def normalise_row(self, row: Mapping[str, Any], cfg: DemoConfig) -> dict[str, Any]:
+        return normalise_row(dict(row))
 
-    def load_split(self, cfg: BaseModel, split: str, *, run_dir: Path) -> list[Item]:
+    def load_split(self, cfg: DemoConfig, split: str, *, run_dir: Path) -> list[Item]:
         """The items of ``split``; generated from ``split_seed`` unless ``split_mode`` names files."""
-        config = cfg if isinstance(cfg, DemoConfig) else DemoConfig.model_validate(cfg.model_dump())
-        spec = SplitSpec.from_benchmark_config(config, default_split_mode=self.default_split_mode)
+        config = self.config(cfg)
         sizes = {"train": config.train_size, "val": config.val_size, "test": config.test_size}
-        splits = load_splits(
-            spec,
-            benchmark=BENCHMARK_ID,
-            normalise=normalise_row,
-            generate=partial(generate_splits, sizes=sizes),
-            out_dir=split_output_dir(spec, run_dir=run_dir, benchmark=BENCHMARK_ID),
-        )
-        return splits.get(split)
+        return split_items(config, split, run_dir=run_dir, benchmark=BENCHMARK_ID,
+                           default_split_mode=self.default_split_mode, normalise=normalise_row,
+                           generate=partial(generate_splits, sizes=sizes))
 
-    def build_messages(self, item: Item, skill: str, cfg: BaseModel) -> list[Message]:
+    def build_messages(self, item: Item, skill: str, cfg: DemoConfig) -> list[Message]:
         """The system prompt (task, skill, answer format) and the question; gold is never read."""
         return [
-            system(f"{_SYSTEM_INTRO}\n\n{skill_section(skill)}{_ANSWER_FORMAT}"),
+            self.system_message(_SYSTEM_INTRO, skill, _ANSWER_FORMAT),
             user(str(item["question"])),
         ]
 
@@ -107,11 +93,8 @@ class DemoBenchmark:
         present = {item.task_type for item in items}
         return [kind for kind in TASK_TYPES if kind in present] + sorted(present - set(TASK_TYPES))
 
-    def preflight(self, cfg: BaseModel) -> None:
+    def preflight(self, cfg: DemoConfig) -> None:
         """Nothing to check: the demo reads no data, tools or credentials of its own."""
-
-    def needs_judge(self, cfg: BaseModel) -> bool:
-        return False
 
 
 plugin = DemoBenchmark()

@@ -13,30 +13,19 @@ count when any image is missing. The target sees the question and the page image
 
 from __future__ import annotations
 
-import functools
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from skillopt.benchmarks.answers import quote_answer, tag_or_last_line
-from skillopt.benchmarks.base import (
-    BenchmarkSetupError,
-    Judge,
-    Score,
-    check_split_folder,
-    shipped_prompts_dir,
-    skill_section,
-    split_items,
-)
-from skillopt.benchmarks.images import ROW_DIR, image_part, resolve_image, roots_of, rows_from
-from skillopt.benchmarks.scripted_target import question_rules
-from skillopt.benchmarks.sealqa import parse_list, read_rows
-from skillopt.config import BenchmarkSection
+from skillopt.benchmarks.base import Benchmark, BenchmarkConfig, BenchmarkSetupError, Judge, Score
+from skillopt.benchmarks.images import image_part, resolve_image
+from skillopt.benchmarks.rows import ROW_DIR, first_text, parse_list, read_table, roots_of, rows_from
 from skillopt.data import Item
-from skillopt.llm.chat import Message, TextPart, system, user
+from skillopt.llm.chat import Message, TextPart, user
 
 BENCHMARK_ID = "docvqa"
 DEFAULT_TASK_TYPE = "docvqa"
@@ -56,16 +45,10 @@ _ANSWER_FORMAT = "Give only the answer, copied as printed on the page, inside <a
 _REMINDER = "Answer with the shortest exact span from the page inside <answer>…</answer>."
 
 
-class DocVQAConfig(BenchmarkSection):
+class DocVQAConfig(BenchmarkConfig):
     """The ``benchmark:`` section for ``docvqa``: the common keys plus the image root and the output cap."""
 
-    model_config = ConfigDict(extra="forbid")
-
-    #: The root of relative image paths; ``--data DIR`` sets it to DIR. None means the working directory.
-    data_root: str | None = None
-    #: The target's output cap for this benchmark (a per-call override of model.target.max_tokens).
     max_tokens: int = Field(default=768, ge=1)
-    #: The cap of self-check turns (``max_turns`` > 1), turn 2 onwards.
     self_check_max_tokens: int = Field(default=512, ge=1)
 
 
@@ -74,27 +57,18 @@ class DocVQAConfig(BenchmarkSection):
 
 def read_csv_rows(path: Path) -> list[dict[str, Any]]:
     """The raw reader: the CSV (or the one CSV in a folder); each row remembers its file's folder."""
-    return rows_from(path, read_rows(Path(path)))
-
-
-def _text(row: Mapping[str, Any], *names: str) -> str:
-    for name in names:
-        value = row.get(name)
-        if value not in (None, ""):
-            if isinstance(value, float) and value.is_integer():
-                value = int(value)
-            return str(value).strip()
-    return ""
+    return rows_from(path, read_table(path))
 
 
 def normalise_row(row: Mapping[str, Any], *, roots: Sequence[Path] = ()) -> dict[str, Any]:
     """A DocVQA item (idempotent). ``question`` and ``answer|ground_truth`` (or ``answers``) are required.
 
     The image path is made absolute against ``roots`` and then the row's own folder; when it is
-    found nowhere it stays as given (the loader reports missing images with a count).
+    found nowhere it stays as given (the loader reports missing images with a count). A path that
+    resolves outside those folders raises ``ValueError``.
     """
-    question = _text(row, "question")
-    image = _text(row, "image_path")
+    question = first_text(row, "question")
+    image = first_text(row, "image_path")
     found = _DOCUMENT_PATH.search(question)
     if found:
         question = question[: found.start()].rstrip()
@@ -104,26 +78,26 @@ def normalise_row(row: Mapping[str, Any], *, roots: Sequence[Path] = ()) -> dict
     golds = parse_list(row["answers"] if row.get("answers") else row.get("answer", row.get("ground_truth")), "answer")
     if not golds:
         raise KeyError("answer")
-    raw_id = _text(row, "questionId", "id")
+    raw_id = first_text(row, "questionId", "id")
     if not raw_id:
         raise KeyError("questionId")
     if not image:
         raise KeyError("image_path")
     row_dir = row.get(ROW_DIR)
     resolved = resolve_image(image, [*roots, *roots_of(row_dir)])
-    topic = _text(row, "topic", "category")
+    topic = first_text(row, "topic", "category")
     item = {
-        "id": _text(row, "id") or raw_id,
+        "id": first_text(row, "id") or raw_id,
         "question": question,
         "answers": golds,
         "answer": golds[0],
         "image_path": str(resolved) if resolved else image,
-        "task_type": _text(row, "task_type") or topic or DEFAULT_TASK_TYPE,
-        "questionId": _text(row, "questionId") or raw_id,
-        "docId": _text(row, "docId"),
-        "ucsf_document_id": _text(row, "ucsf_document_id"),
-        "ucsf_document_page_no": _text(row, "ucsf_document_page_no"),
-        "source_split": _text(row, "source_split"),
+        "task_type": first_text(row, "task_type") or topic or DEFAULT_TASK_TYPE,
+        "questionId": first_text(row, "questionId") or raw_id,
+        "docId": first_text(row, "docId"),
+        "ucsf_document_id": first_text(row, "ucsf_document_id"),
+        "ucsf_document_page_no": first_text(row, "ucsf_document_page_no"),
+        "source_split": first_text(row, "source_split"),
     }
     if "source_id" in row:
         item["source_id"] = row["source_id"]
@@ -164,52 +138,32 @@ def anls(prediction: str, golds: Sequence[str]) -> float:
     return best
 
 
-# ------------------------------------------------------------------------------- scripted target
-
-#: The scripted target's replies to the fixture questions (tests/fixtures/docvqa): the memo date with
-#: a trailing full stop (ANLS 0.93, not exact), the 1997 total and the signer exactly.
-_SCRIPTED_REPLIES = (
-    (re.compile(r"## Question\nWhat is the date at the top of the memo"), "The header reads the date.\n<answer>March 3, 1998.</answer>"),
-    (re.compile(r"## Question\nWhat is the total for 1997"), "From the totals row.\n<answer>$4.2 million</answer>"),
-    (re.compile(r"## Question\nWho signed the letter"), "The signature block.\n<answer>J. R. Smith</answer>"),
-)
-
-
-
 # ------------------------------------------------------------------------------------------ plugin
 
 
-class DocVQABenchmark:
-    """The ``docvqa`` plug-in (the ``Benchmark`` protocol in ``skillopt.benchmarks.base``)."""
+class DocVQABenchmark(Benchmark[DocVQAConfig]):
+    """The ``docvqa`` plug-in."""
 
     id = BENCHMARK_ID
-    version = "1"
-    GOLD_FIELDS: tuple[str, ...] = ("answers", "answer")
+    GOLD_FIELDS = ("answers", "answer")
     Config = DocVQAConfig
-    default_split_mode = "split_dir"
-    extras: tuple[str, ...] = ()
-    #: Prompts carry the page image, so the target must take images (checked in preflight).
+    default_task_type = DEFAULT_TASK_TYPE
+    native_extensions = NATIVE_EXTENSIONS
+    #: Prompts carry the page image, so the target must take images (checked before the run).
     uses_images = True
-    scripted_rules: Sequence[Mapping[str, Any]] = (
-        *question_rules(BENCHMARK_ID, _SCRIPTED_REPLIES),
-        {"name": "docvqa other", "stage": "rollout", "text": "<answer>unknown</answer>"},
-    )
+    data_hint = ("pass --data DIR (a folder holding train/, val/ and test/, each with one DocVQA CSV, "
+                 "and the page images) or set benchmark.split_dir")
 
-    @property
-    def prompts_dir(self) -> Path:
-        return shipped_prompts_dir(BENCHMARK_ID)
+    def read_rows(self, path: Path, cfg: DocVQAConfig) -> list[dict[str, Any]]:
+        return read_csv_rows(path)
 
-    def load_split(self, cfg: BaseModel, split: str, *, run_dir: Path) -> list[Item]:
+    def normalise_row(self, row: Mapping[str, Any], cfg: DocVQAConfig) -> dict[str, Any]:
+        return normalise_row(row, roots=roots_of(cfg.data_root or Path.cwd()))
+
+    def load_split(self, cfg: DocVQAConfig, split: str, *, run_dir: Path) -> list[Item]:
         """The items of ``split``; an item whose image is missing stops the load with a count."""
-        config = _config(cfg)
-        roots = roots_of(config.data_root or Path.cwd())
-        items = split_items(
-            config, split, run_dir=run_dir, benchmark=BENCHMARK_ID, default_split_mode=self.default_split_mode,
-            reader=read_csv_rows,
-            normalise=functools.partial(normalise_row, roots=roots),
-            default_task_type=DEFAULT_TASK_TYPE,
-            native_extensions=NATIVE_EXTENSIONS,
-        )
+        config = self.config(cfg)
+        items = super().load_split(config, split, run_dir=run_dir)
         missing = [item for item in items if not Path(item["image_path"]).is_file()]
         if missing:
             raise BenchmarkSetupError(
@@ -219,11 +173,11 @@ class DocVQABenchmark:
             )
         return items
 
-    def build_messages(self, item: Item, skill: str, cfg: BaseModel) -> list[Message]:
+    def build_messages(self, item: Item, skill: str, cfg: DocVQAConfig) -> list[Message]:
         """System: the reading rules, the skill, the answer format. User: the question, then the page image."""
-        config = _config(cfg)
+        config = self.config(cfg)
         return [
-            system(f"{_SYSTEM_INTRO}\n\n{skill_section(skill)}{_ANSWER_FORMAT}"),
+            self.system_message(_SYSTEM_INTRO, skill, _ANSWER_FORMAT),
             user([TextPart(text=f"## Question\n{item['question']}\n\n{_REMINDER}"),
                   image_part(item["image_path"], config.image_detail)]),
         ]
@@ -249,26 +203,12 @@ class DocVQABenchmark:
         return Score(hard=hard, soft=value, predicted_answer=answer, fail_reason=fail, extras=extras,
                      expected=" | ".join(golds), detail=f"ANLS {value:.3f} (hard needs >= {HARD_THRESHOLD})")
 
-    def task_types(self, items: Sequence[Item]) -> list[str]:
-        """The distinct task types, sorted."""
-        return sorted({item.task_type for item in items}) or [DEFAULT_TASK_TYPE]
-
-    def preflight(self, cfg: BaseModel) -> None:
+    def preflight(self, cfg: DocVQAConfig) -> None:
         """A missing split folder or data root gets a fix-it message (missing images are counted at load)."""
-        config = _config(cfg)
-        check_split_folder(config, benchmark=BENCHMARK_ID, default_split_mode=self.default_split_mode,
-                           fix="pass --data DIR (a folder holding train/, val/ and test/, each with one DocVQA CSV, "
-                               "and the page images) or set benchmark.split_dir")
+        config = self.config(cfg)
+        super().preflight(config)
         if config.data_root and not Path(config.data_root).is_dir():
             raise BenchmarkSetupError(f"docvqa: benchmark.data_root {config.data_root} is not a folder")
-
-    def needs_judge(self, cfg: BaseModel) -> bool:
-        """ANLS needs no judge."""
-        return False
-
-
-def _config(cfg: BaseModel) -> DocVQAConfig:
-    return cfg if isinstance(cfg, DocVQAConfig) else DocVQAConfig.model_validate(cfg.model_dump())
 
 
 plugin = DocVQABenchmark()

@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from skillopt.benchmarks.answers import (
     choice_label,
@@ -32,21 +32,12 @@ from skillopt.benchmarks.answers import (
     resolve_choice,
     tag_or_last_line,
 )
-from skillopt.benchmarks.base import (
-    HIDDEN_REFERENCE_CHARS,
-    Judge,
-    Score,
-    check_split_folder,
-    hidden_reference_block,
-    shipped_prompts_dir,
-    skill_section,
-    split_items,
-)
-from skillopt.benchmarks.scripted_target import question_rules
-from skillopt.config import BenchmarkSection
+from skillopt.benchmarks.base import Benchmark, BenchmarkConfig, Judge, Score
+from skillopt.benchmarks.choices import options_block, options_of, parse_options
+from skillopt.benchmarks.grading import HIDDEN_REFERENCE_CHARS, hidden_reference_block
 from skillopt.data import DropRow, Item, read_records
 from skillopt.errors import DataError
-from skillopt.llm.chat import Message, system, user
+from skillopt.llm.chat import Message, user
 
 BENCHMARK_ID = "livemathematicianbench"
 DEFAULT_TASK_TYPE = "math_mcq"
@@ -65,10 +56,8 @@ _ANSWER_FORMAT = (
 )
 
 
-class LiveMathematicianBenchConfig(BenchmarkSection):
+class LiveMathematicianBenchConfig(BenchmarkConfig):
     """The ``benchmark:`` section for ``livemathematicianbench``: the common keys plus the prompt switches."""
-
-    model_config = ConfigDict(extra="forbid")
 
     #: Shuffle and relabel each item's choices with a per-item seeded RNG (``correct_choice`` follows).
     shuffle_choices: bool = True
@@ -76,10 +65,7 @@ class LiveMathematicianBenchConfig(BenchmarkSection):
     use_theorem: bool = False
     #: Show the proof sketch (``## Proof Sketch``) in the prompt; it is then no longer gold.
     use_sketch: bool = False
-    #: The target's output cap for this benchmark (a per-call override of model.target.max_tokens).
     max_tokens: int = Field(default=16384, ge=1)
-    #: Set by ``--data DIR``; this benchmark reads no assets beside its rows, so it is accepted and unused.
-    data_root: str | None = None
 
 
 # ----------------------------------------------------------------------------------------- loading
@@ -126,7 +112,7 @@ def normalise_row(row: Mapping[str, Any]) -> dict[str, Any]:
     question = mcq.get("question")
     if not isinstance(question, str) or not question.strip():
         raise DropRow("no_question")
-    choices = _choices(mcq.get("choices"))
+    choices = parse_options(mcq.get("choices"))
     if not choices:
         raise DropRow("no_choices")
     correct = _correct(mcq.get("correct_choice"), choices)
@@ -160,33 +146,6 @@ def normalise_row(row: Mapping[str, Any]) -> dict[str, Any]:
     if "source_id" in row:
         item["source_id"] = row["source_id"]
     return item
-
-
-def _choices(raw: Any) -> list[dict[str, str]]:
-    """``[{label, text}]`` from a list of ``{label, text|content}``, a list of strings or a dict."""
-    if isinstance(raw, Mapping):
-        pairs = [(str(label), text) for label, text in raw.items()]
-    elif isinstance(raw, list):
-        pairs = []
-        for index, entry in enumerate(raw):
-            if isinstance(entry, Mapping):
-                text = entry.get("text", entry.get("content"))
-                pairs.append((str(entry.get("label") or choice_label(index)), text))
-            else:
-                pairs.append((choice_label(index), entry))
-    elif raw in (None, ""):
-        return []
-    else:
-        raise ValueError(f"field 'choices' must be a list or an object, got {type(raw).__name__}")
-    choices = []
-    for label, text in pairs:
-        if not isinstance(text, str):
-            raise ValueError(f"choice {label!r} has no text (a 'text' or 'content' string)")
-        choices.append({"label": clean_label(label), "text": text})
-    labels = [choice["label"] for choice in choices]
-    if len(set(labels)) != len(labels):
-        raise ValueError(f"field 'choices' repeats a label: {labels}")
-    return choices
 
 
 def _correct(raw: Any, choices: list[dict[str, str]]) -> dict[str, str] | None:
@@ -228,10 +187,6 @@ def shuffled_view(item: Item, seed: int) -> Item:
 # ----------------------------------------------------------------------------------------- scoring
 
 
-def _options(item: Mapping[str, Any]) -> dict[str, str]:
-    return {choice["label"]: choice["text"] for choice in item["choices"]}
-
-
 def hidden_reference(item: Mapping[str, Any]) -> str:
     """The analyst-only block holding the theorem and the proof sketch, at most 4000 characters
     (empty when the item has neither); the evaluation event carries it after the last target call."""
@@ -243,82 +198,57 @@ def hidden_reference(item: Mapping[str, Any]) -> str:
     return hidden_reference_block(parts)
 
 
-# ------------------------------------------------------------------------------- scripted target
-
-#: The scripted target's replies to the fixture questions (tests/fixtures/livemathematicianbench).
-#: They answer with the option's text, so they hold whatever order the choices are shuffled into:
-#: the group and characterization items are solved, the existence item picks the weaker statement.
-_SCRIPTED_REPLIES = (
-    (
-        re.compile(r"## Question\nLet \|G\| = p\^2\."),
-        "By the class equation the centre is non-trivial, so G/Z(G) is cyclic.\n<answer>G is abelian</answer>",
-    ),
-    (
-        re.compile(r"## Question\nWhich existence statement holds\?"),
-        "Some x certainly exists.\n<answer>There is some x</answer>",
-    ),
-    (
-        re.compile(r"## Question\nWhich characterization is equivalent\?"),
-        "Both directions are proved.\n<answer>P iff Q</answer>",
-    ),
-)
-
-
-
 # ------------------------------------------------------------------------------------------ plugin
 
 
-class LiveMathematicianBenchBenchmark:
-    """The ``livemathematicianbench`` plug-in (the ``Benchmark`` protocol in ``skillopt.benchmarks.base``)."""
+class LiveMathematicianBenchBenchmark(Benchmark[LiveMathematicianBenchConfig]):
+    """The ``livemathematicianbench`` plug-in."""
 
     id = BENCHMARK_ID
-    version = "1"
     #: ``theorem`` and ``sketch`` stop being gold when ``use_theorem`` / ``use_sketch`` show them.
-    GOLD_FIELDS: tuple[str, ...] = ("correct_choice", "theorem", "sketch")
+    GOLD_FIELDS = ("correct_choice", "theorem", "sketch")
     Config = LiveMathematicianBenchConfig
-    default_split_mode = "split_dir"
-    scripted_rules: Sequence[Mapping[str, Any]] = (
-        *question_rules(BENCHMARK_ID, _SCRIPTED_REPLIES),
-        {
-            "name": "livemathematicianbench other",
-            "stage": "rollout",
-            "text": "None of the options can be ruled out, so take the first.\n<answer>A</answer>",
-        },
-    )
+    default_task_type = DEFAULT_TASK_TYPE
+    native_extensions = (".json",)
+    data_hint = ("pass --data DIR (a folder holding train/, val/ and test/ items.json), or --data a monthly "
+                 "qa_YYYYMM_final.json file (or a folder of them, from HF "
+                 "LiveMathematicianBench/LiveMathematicianBench) for ratio mode")
 
-    @property
-    def prompts_dir(self) -> Path:
-        return shipped_prompts_dir(BENCHMARK_ID)
+    def read_rows(self, path: Path, cfg: LiveMathematicianBenchConfig) -> list[dict[str, Any]]:
+        return read_raw(path)
 
-    def load_split(self, cfg: BaseModel, split: str, *, run_dir: Path) -> list[Item]:
+    def normalise_row(self, row: Mapping[str, Any], cfg: LiveMathematicianBenchConfig) -> dict[str, Any]:
+        return normalise_row(row)
+
+    def load_split(self, cfg: LiveMathematicianBenchConfig, split: str, *, run_dir: Path) -> list[Item]:
         """The items of ``split`` (``train``, ``val``, ``test`` or an alias); bad rows raise ``DataError``.
 
         With ``shuffle_choices`` each item is :func:`shuffled_view` seeded with ``split_seed``, so
         every candidate sees the same order."""
-        config = _config(cfg)
-        items = split_items(
-            config, split, run_dir=run_dir, benchmark=BENCHMARK_ID, default_split_mode=self.default_split_mode,
-            reader=read_raw,
-            normalise=normalise_row,
-            default_task_type=DEFAULT_TASK_TYPE,
-            native_extensions=(".json",),
-        )
+        config = self.config(cfg)
+        items = super().load_split(config, split, run_dir=run_dir)
         if not config.shuffle_choices:
             return items
         return [shuffled_view(item, config.split_seed) for item in items]
 
-    def build_messages(self, item: Item, skill: str, cfg: BaseModel) -> list[Message]:
+    def batch_view(self, item: Item, cfg: LiveMathematicianBenchConfig, *, seed: int, training: bool) -> Item:
+        """Training batches shuffle the choices again with the batch seed, so positions move between
+        epochs; evaluation batches keep the load order (stable across candidates)."""
+        if not training or not self.config(cfg).shuffle_choices:
+            return item
+        return shuffled_view(item, seed)
+
+    def build_messages(self, item: Item, skill: str, cfg: LiveMathematicianBenchConfig) -> list[Message]:
         """System: solver, skill, answer format. User: question, labelled choices, and the theorem /
         proof sketch only when enabled. Never reads ``correct_choice``."""
-        config = _config(cfg)
-        options = "\n".join(f"{choice['label']}. {choice['text']}" for choice in item["choices"])
-        sections = [f"## Question\n{item['question']}", f"## Choices\n{options}"]
+        config = self.config(cfg)
+        sections = [f"## Question\n{item['question']}", f"## Choices\n{options_block(item['choices'])}"]
         if config.use_theorem:
             sections.append(f"## Theorem\n{item['theorem']}")
         if config.use_sketch:
             sections.append(f"## Proof Sketch\n{item['sketch']}")
         return [
-            system(f"{_SYSTEM_INTRO}\n\n{skill_section(skill)}{_ANSWER_FORMAT}"),
+            self.system_message(_SYSTEM_INTRO, skill, _ANSWER_FORMAT),
             user("\n\n".join(sections)),
         ]
 
@@ -327,7 +257,7 @@ class LiveMathematicianBenchBenchmark:
 
         The answer is the last ``<answer>`` tag, else the last non-empty line, else the reply; it
         names a label directly, through an option's exact text, or by its first token."""
-        options = _options(item)
+        options = options_of(item["choices"])
         correct = item["correct_choice"]["label"]
         expected = f"{correct}. {options[correct]}"
         answer = tag_or_last_line(response_text)
@@ -363,22 +293,6 @@ class LiveMathematicianBenchBenchmark:
         return sorted({tag for item in items for tag in item.get("theorem_type") or []}) or [
             DEFAULT_TASK_TYPE
         ]
-
-    def preflight(self, cfg: BaseModel) -> None:
-        """Only the target model is needed; a missing split folder gets a fix-it message here."""
-        check_split_folder(_config(cfg), benchmark=BENCHMARK_ID, default_split_mode=self.default_split_mode,
-                           fix="pass --data DIR (a folder holding train/, val/ and test/ items.json), or --data a "
-                               "monthly qa_YYYYMM_final.json file (or a folder of them, from HF "
-                               "LiveMathematicianBench/LiveMathematicianBench) for ratio mode")
-
-    def needs_judge(self, cfg: BaseModel) -> bool:
-        return False
-
-
-def _config(cfg: BaseModel) -> LiveMathematicianBenchConfig:
-    if isinstance(cfg, LiveMathematicianBenchConfig):
-        return cfg
-    return LiveMathematicianBenchConfig.model_validate(cfg.model_dump())
 
 
 plugin = LiveMathematicianBenchBenchmark()

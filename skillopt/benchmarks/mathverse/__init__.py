@@ -15,31 +15,20 @@ for mathematical equivalence only when they differ.
 
 from __future__ import annotations
 
-import functools
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from skillopt.benchmarks.answers import last_boxed, last_tag, quote_answer, token_f1
-from skillopt.benchmarks.base import (
-    BenchmarkSetupError,
-    Judge,
-    Score,
-    check_split_folder,
-    hidden_reference_block,
-    shipped_prompts_dir,
-    skill_section,
-    split_items,
-    verdict_request,
-)
-from skillopt.benchmarks.images import ROW_DIR, image_part, resolve_image, roots_of, rows_from
-from skillopt.benchmarks.scripted_target import question_rules
-from skillopt.config import BenchmarkSection
+from skillopt.benchmarks.base import Benchmark, BenchmarkConfig, BenchmarkSetupError, Judge, Score
+from skillopt.benchmarks.grading import hidden_reference_block, verdict_request
+from skillopt.benchmarks.images import image_part, resolve_image
+from skillopt.benchmarks.rows import ROW_DIR, roots_of, rows_from
 from skillopt.data import ITEMS_FILE, DropRow, Item, read_records
-from skillopt.llm.chat import ChatRequest, Message, TextPart, system, user
+from skillopt.llm.chat import ChatRequest, Message, TextPart, user
 
 BENCHMARK_ID = "mathverse"
 DEFAULT_TASK_TYPE = "mathverse"
@@ -66,10 +55,8 @@ _JUDGE_RUBRIC = (
 )
 
 
-class MathVerseConfig(BenchmarkSection):
+class MathVerseConfig(BenchmarkConfig):
     """The ``benchmark:`` section for ``mathverse``."""
-
-    model_config = ConfigDict(extra="forbid")
 
     #: The dataset folder: ``testmini.json`` and the images; ``--data DIR`` sets it to DIR.
     data_root: str | None = "data/MathVerse"
@@ -78,7 +65,6 @@ class MathVerseConfig(BenchmarkSection):
     #: Give the analyst the Text Dominant question of the same problem as a hidden reference.
     use_text_dominant_reference: bool = False
     max_tokens: int = Field(default=1024, ge=1)
-    #: The cap of self-check turns (``max_turns`` > 1), turn 2 onwards.
     self_check_max_tokens: int = Field(default=768, ge=1)
 
 
@@ -194,52 +180,32 @@ def hidden_reference(item: Mapping[str, Any]) -> str:
                                   use="use it to infer what the Text Lite wording withheld, never teach its content")
 
 
-# ------------------------------------------------------------------------------- scripted target
-
-#: The scripted target's replies to the fixture questions (tests/fixtures/mathverse): angle B (label),
-#: 2√3 (normalised match), "12 square units" for the area (inexact: the judge says incorrect).
-_SCRIPTED_REPLIES = (
-    (re.compile(r"## Question\nAs shown, find angle ABC"), "Angle ACB is 90°, so ABC = 50°.\n<answer>B: 50°</answer>"),
-    (re.compile(r"## Question\nFind the length of x"), "Using the 30-60-90 triangle.\n<answer>$2\\sqrt{3}$</answer>"),
-    (re.compile(r"## Question\nFind the area of the shaded region"), "Base 6, height 4.\n<answer>12 square units</answer>"),
-)
-
-
-
 # ------------------------------------------------------------------------------------------ plugin
 
 
-class MathVerseBenchmark:
-    """The ``mathverse`` plug-in (the ``Benchmark`` protocol in ``skillopt.benchmarks.base``)."""
+class MathVerseBenchmark(Benchmark[MathVerseConfig]):
+    """The ``mathverse`` plug-in."""
 
     id = BENCHMARK_ID
-    version = "1"
-    GOLD_FIELDS: tuple[str, ...] = ("answer", "gold_answers", "correct_choice", "text_dominant_question")
+    GOLD_FIELDS = ("answer", "gold_answers", "correct_choice", "text_dominant_question")
     Config = MathVerseConfig
     default_split_mode = "ratio"
-    extras: tuple[str, ...] = ()
+    default_task_type = DEFAULT_TASK_TYPE
+    native_extensions = NATIVE_EXTENSIONS
     uses_images = True
-    scripted_rules: Sequence[Mapping[str, Any]] = (
-        *question_rules(BENCHMARK_ID, _SCRIPTED_REPLIES),
-        {"name": "mathverse other", "stage": "rollout", "text": "<answer>A</answer>"},
-    )
+    data_hint = "pass --data DIR (a folder holding train/, val/ and test/) or set benchmark.data_root"
 
-    @property
-    def prompts_dir(self) -> Path:
-        return shipped_prompts_dir(BENCHMARK_ID)
+    def read_rows(self, path: Path, cfg: MathVerseConfig) -> list[dict[str, Any]]:
+        return read_rows(path)
 
-    def load_split(self, cfg: BaseModel, split: str, *, run_dir: Path) -> list[Item]:
-        config = _config(cfg)
+    def normalise_row(self, row: Mapping[str, Any], cfg: MathVerseConfig) -> dict[str, Any]:
+        return normalise_row(row, roots=self.data_roots(cfg), version=cfg.problem_version)
+
+    def load_split(self, cfg: MathVerseConfig, split: str, *, run_dir: Path) -> list[Item]:
+        config = self.config(cfg)
         if (config.split_mode or self.default_split_mode) == "ratio" and not config.data_path:
             config = config.model_copy(update={"data_path": str(Path(config.data_root or ".") / "testmini.json")})
-        items = split_items(
-            config, split, run_dir=run_dir, benchmark=BENCHMARK_ID, default_split_mode=self.default_split_mode,
-            reader=read_rows,
-            normalise=functools.partial(normalise_row, roots=roots_of(config.data_root),
-                                        version=config.problem_version),
-            default_task_type=DEFAULT_TASK_TYPE,
-            native_extensions=NATIVE_EXTENSIONS,
-        )
+        items = super().load_split(config, split, run_dir=run_dir)
         if not config.use_text_dominant_reference:
             return items
         references = text_dominant_questions(self._source_files(config))
@@ -258,7 +224,7 @@ class MathVerseBenchmark:
             return files
         return [Path(config.data_path)] if config.data_path else []
 
-    def build_messages(self, item: Item, skill: str, cfg: BaseModel) -> list[Message]:
+    def build_messages(self, item: Item, skill: str, cfg: MathVerseConfig) -> list[Message]:
         """System: the diagram rule, the skill, the format. User: stem, choices, reminder, then the diagram."""
         stem = item["question_stem"] or "(The problem is stated in the image.)"
         sections = [f"## Question\n{stem}"]
@@ -267,8 +233,8 @@ class MathVerseBenchmark:
         sections.append("Answer with the option label inside <answer>…</answer>." if item["is_choice"]
                         else "Answer with the bare final answer inside <answer>…</answer>.")
         return [
-            system(f"{_SYSTEM_INTRO}\n\n{skill_section(skill)}{_ANSWER_FORMAT}"),
-            user([TextPart(text="\n\n".join(sections)), image_part(item["image_path"], _config(cfg).image_detail)]),
+            self.system_message(_SYSTEM_INTRO, skill, _ANSWER_FORMAT),
+            user([TextPart(text="\n\n".join(sections)), image_part(item["image_path"], self.config(cfg).image_detail)]),
         ]
 
     def extract_answer(self, response_text: str) -> str | None:
@@ -316,13 +282,9 @@ class MathVerseBenchmark:
         return verdict_request(_JUDGE_RUBRIC, body, item_id=item.id, prediction=prediction,
                                golds=item["gold_answers"])
 
-    def task_types(self, items: Sequence[Item]) -> list[str]:
-        return sorted({item.task_type for item in items}) or [DEFAULT_TASK_TYPE]
-
-    def preflight(self, cfg: BaseModel) -> None:
-        config = _config(cfg)
-        check_split_folder(config, benchmark=BENCHMARK_ID, default_split_mode=self.default_split_mode,
-                           fix="pass --data DIR (a folder holding train/, val/ and test/) or set benchmark.data_root")
+    def preflight(self, cfg: MathVerseConfig) -> None:
+        config = self.config(cfg)
+        super().preflight(config)
         mode = config.split_mode or self.default_split_mode
         source = config.data_path or str(Path(config.data_root or ".") / "testmini.json")
         if mode == "ratio" and not Path(source).exists():
@@ -331,13 +293,9 @@ class MathVerseBenchmark:
                 "images) into benchmark.data_root or pass --data"
             )
 
-    def needs_judge(self, cfg: BaseModel) -> bool:
+    def needs_judge(self, cfg: MathVerseConfig) -> bool:
         """Free-form answers that do not match exactly are graded by the judge role, so a run needs it."""
         return True
-
-
-def _config(cfg: BaseModel) -> MathVerseConfig:
-    return cfg if isinstance(cfg, MathVerseConfig) else MathVerseConfig.model_validate(cfg.model_dump())
 
 
 plugin = MathVerseBenchmark()

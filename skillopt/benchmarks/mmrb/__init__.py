@@ -14,31 +14,21 @@ normalised equality or whole-word containment for open ones.
 
 from __future__ import annotations
 
-import functools
 import re
 import string
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from skillopt.benchmarks.answers import clean_label, last_boxed, last_tag, quote_answer
-from skillopt.benchmarks.base import (
-    BenchmarkSetupError,
-    Judge,
-    Score,
-    check_split_folder,
-    hidden_reference_block,
-    shipped_prompts_dir,
-    skill_section,
-    split_items,
-)
-from skillopt.benchmarks.images import ROW_DIR, image_part, resolve_image, roots_of, rows_from
-from skillopt.benchmarks.scripted_target import question_rules
-from skillopt.config import BenchmarkSection
+from skillopt.benchmarks.base import Benchmark, BenchmarkConfig, Judge, Score
+from skillopt.benchmarks.grading import hidden_reference_block
+from skillopt.benchmarks.images import image_part, resolve_image
+from skillopt.benchmarks.rows import ROW_DIR, roots_of, rows_from
 from skillopt.data import DropRow, Item, read_records
-from skillopt.llm.chat import Message, Part, TextPart, system, user
+from skillopt.llm.chat import Message, Part, TextPart, user
 
 BENCHMARK_ID = "mmrb"
 DEFAULT_TASK_TYPE = "mmrb"
@@ -60,13 +50,9 @@ _ANSWER_FORMAT = (
 )
 
 
-class MMRBConfig(BenchmarkSection):
+class MMRBConfig(BenchmarkConfig):
     """The ``benchmark:`` section for ``mmrb``."""
 
-    model_config = ConfigDict(extra="forbid")
-
-    #: A second root for relative image paths (after the JSON's folder); ``--data DIR`` sets it.
-    data_root: str | None = None
     max_tokens: int = Field(default=1024, ge=1)
 
 
@@ -93,7 +79,7 @@ def normalise_row(row: Mapping[str, Any], *, roots: Sequence[Path] = ()) -> dict
     if isinstance(raw_paths, str):
         raw_paths = [raw_paths]
     search = [*roots_of(row.get(ROW_DIR)), *roots]
-    images = [str(found) for found in (resolve_image(p, search) for p in raw_paths) if found is not None]
+    images = [str(found) for found in (resolve_image(p, search, field="image_paths") for p in raw_paths) if found is not None]
     if not images:
         raise DropRow("no image")
     answer = _clean(row.get("answer"))
@@ -181,54 +167,32 @@ def hidden_reference(item: Mapping[str, Any]) -> str:
     return hidden_reference_block(lines, use="annotated reasoning paths, never teach their content")
 
 
-# ------------------------------------------------------------------------------- scripted target
-
-#: The scripted target's replies to the fixture questions (tests/fixtures/mmrb): the shared object by
-#: its option text (correct), image B for the clock (wrong), "The answer is 5 apples" (containment).
-_SCRIPTED_REPLIES = (
-    (re.compile(r"Which object appears in both images"), "Both show a kite.\n<answer>a blue kite</answer>"),
-    (re.compile(r"clock hand furthest along"), "The second clock looks latest.\n<answer>B</answer>"),
-    (re.compile(r"How many apples are there in total"), "Three plus two.\nThe answer is 5 apples"),
-)
-
-
-
 # ------------------------------------------------------------------------------------------ plugin
 
 
-class MMRBBenchmark:
-    """The ``mmrb`` plug-in (the ``Benchmark`` protocol in ``skillopt.benchmarks.base``)."""
+class MMRBBenchmark(Benchmark[MMRBConfig]):
+    """The ``mmrb`` plug-in."""
 
     id = BENCHMARK_ID
-    version = "1"
-    GOLD_FIELDS: tuple[str, ...] = ("answer", "reasoning_steps")
+    GOLD_FIELDS = ("answer", "reasoning_steps")
     Config = MMRBConfig
     default_split_mode = "ratio"
-    extras: tuple[str, ...] = ()
+    default_task_type = DEFAULT_TASK_TYPE
+    native_extensions = NATIVE_EXTENSIONS
     uses_images = True
-    scripted_rules: Sequence[Mapping[str, Any]] = (
-        *question_rules(BENCHMARK_ID, _SCRIPTED_REPLIES),
-        {"name": "mmrb other", "stage": "rollout", "text": "<answer>A</answer>"},
-    )
+    data_hint = ("pass --data DIR (an MMRB release folder: subtask folders with *_human.json and images, or a "
+                 "folder holding train/, val/ and test/) or set benchmark.data_path")
 
-    @property
-    def prompts_dir(self) -> Path:
-        return shipped_prompts_dir(BENCHMARK_ID)
+    def read_rows(self, path: Path, cfg: MMRBConfig) -> list[dict[str, Any]]:
+        return read_human_files(path)
 
-    def load_split(self, cfg: BaseModel, split: str, *, run_dir: Path) -> list[Item]:
-        config = _config(cfg)
-        return split_items(
-            config, split, run_dir=run_dir, benchmark=BENCHMARK_ID, default_split_mode=self.default_split_mode,
-            reader=read_human_files,
-            normalise=functools.partial(normalise_row, roots=roots_of(config.data_root)),
-            default_task_type=DEFAULT_TASK_TYPE,
-            native_extensions=NATIVE_EXTENSIONS,
-        )
+    def normalise_row(self, row: Mapping[str, Any], cfg: MMRBConfig) -> dict[str, Any]:
+        return normalise_row(row, roots=self.data_roots(cfg))
 
-    def build_messages(self, item: Item, skill: str, cfg: BaseModel) -> list[Message]:
+    def build_messages(self, item: Item, skill: str, cfg: MMRBConfig) -> list[Message]:
         """System: the multi-image rule, the skill, the format. User: text and images interleaved at
         the placeholders, unreferenced images after, then the options and the format line."""
-        detail = _config(cfg).image_detail
+        detail = self.config(cfg).image_detail
         images = item["image_paths"]
         parts: list[Part] = []
         used: set[int] = set()
@@ -256,7 +220,7 @@ class MMRBBenchmark:
         tail.append("Answer with the option letter inside <answer>…</answer>." if item["is_choice"]
                     else "Answer with a short answer inside <answer>…</answer>.")
         parts.append(TextPart(text="\n\n".join(tail)))
-        return [system(f"{_SYSTEM_INTRO}\n\n{skill_section(skill)}{_ANSWER_FORMAT}"), user(parts)]
+        return [self.system_message(_SYSTEM_INTRO, skill, _ANSWER_FORMAT), user(parts)]
 
     def extract_answer(self, response_text: str) -> str | None:
         return normalise_open(extract(response_text)) or None
@@ -288,27 +252,6 @@ class MMRBBenchmark:
         return Score(hard=float(correct), soft=float(correct), predicted_answer=answer, fail_reason=fail,
                      extras={"is_choice": item["is_choice"], "n_images": len(item["image_paths"])},
                      expected=expected, detail=detail)
-
-    def task_types(self, items: Sequence[Item]) -> list[str]:
-        return sorted({item.task_type for item in items}) or [DEFAULT_TASK_TYPE]
-
-    def preflight(self, cfg: BaseModel) -> None:
-        config = _config(cfg)
-        check_split_folder(config, benchmark=BENCHMARK_ID, default_split_mode=self.default_split_mode,
-                           fix="pass --data DIR (an MMRB release folder or a folder holding train/, val/ and "
-                               "test/) or set benchmark.data_path")
-        if (config.split_mode or self.default_split_mode) == "ratio" and config.data_path \
-                and not Path(config.data_path).exists():
-            raise BenchmarkSetupError(f"mmrb: no data at {config.data_path}; unpack the MMRB release there "
-                                      "(subtask folders with *_human.json and images) or pass --data")
-
-    def needs_judge(self, cfg: BaseModel) -> bool:
-        """String scoring only."""
-        return False
-
-
-def _config(cfg: BaseModel) -> MMRBConfig:
-    return cfg if isinstance(cfg, MMRBConfig) else MMRBConfig.model_validate(cfg.model_dump())
 
 
 plugin = MMRBBenchmark()

@@ -14,7 +14,6 @@ punctuation and the words million(s), billion(s), dollar(s) and nominal.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -23,33 +22,17 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from skillopt.benchmarks.answers import last_tag, quote_answer, token_f1
-from skillopt.benchmarks.base import (
-    BenchmarkSetupError,
-    EpisodeContext,
-    EpisodeResult,
-    Judge,
-    Score,
-    check_split_folder,
-    shipped_prompts_dir,
-    skill_section,
-    split_items,
-)
-from skillopt.benchmarks.officeqa.documents import (
-    MAX_CANDIDATES_SHOWN,
-    Corpus,
-    docs_roots,
-    oracle_pages,
-)
-from skillopt.benchmarks.officeqa.scripted import scripted_target
+from skillopt.benchmarks.base import Benchmark, BenchmarkConfig, BenchmarkSetupError, Judge, Score
+from skillopt.benchmarks.episode import EpisodeContext, EpisodeResult
+from skillopt.benchmarks.officeqa.documents import MAX_CANDIDATES_SHOWN, Corpus, docs_roots, oracle_pages
 from skillopt.benchmarks.officeqa.tools import PROTOCOL, DocumentTools, parse_tool_call
-from skillopt.benchmarks.sealqa import read_rows
-from skillopt.config import BenchmarkSection
+from skillopt.benchmarks.rows import first_text, hashed_id, read_table, required_text
 from skillopt.data import Item, read_records
 from skillopt.errors import DataError
-from skillopt.llm.chat import ChatRequest, Message, assistant, system, user
+from skillopt.llm.chat import Message, assistant, user
 
 BENCHMARK_ID = "officeqa"
 DEFAULT_TASK_TYPE = "officeqa"
@@ -86,10 +69,8 @@ _LIST_SPLIT = re.compile(r"\r\n|\r|\n")
 _URL_SPLIT = re.compile(r"\s+|,\s*(?=https?://)")
 
 
-class OfficeQAConfig(BenchmarkSection):
+class OfficeQAConfig(BenchmarkConfig):
     """The ``benchmark:`` section for ``officeqa``: the corpus, the tool loop and the oracle pages."""
-
-    model_config = ConfigDict(extra="forbid")
 
     #: Folders holding the corpus; relative entries are looked up under ``data_root`` first.
     docs_dirs: list[str] | None = None
@@ -99,10 +80,7 @@ class OfficeQAConfig(BenchmarkSection):
     include_oracle_pages: bool = True
     #: The most target calls of one item's tool loop.
     max_tool_turns: int = Field(default=24, ge=1)
-    #: The target's output cap for this benchmark (a per-call override of model.target.max_tokens).
     max_tokens: int = Field(default=10000, ge=1)
-    #: Set by ``--data DIR``: that folder is also a document root (its ``transformed/`` when present).
-    data_root: str | None = None
 
 
 # ----------------------------------------------------------------------------------------- loading
@@ -138,17 +116,6 @@ def _parse_list(value: Any, field: str, split: Callable[[str], list[str]]) -> li
     return [str(entry).strip() for entry in value if entry is not None and str(entry).strip()]
 
 
-def _text(row: Mapping[str, Any], names: Sequence[str]) -> str:
-    for name in names:
-        value = row.get(name)
-        if value is None or value == "":
-            continue
-        if isinstance(value, bool) or not isinstance(value, str | int | float):
-            raise ValueError(f"field {name!r} must be a string or a number, got {type(value).__name__}")
-        return str(value).strip()
-    return ""
-
-
 def normalise_row(row: Mapping[str, Any]) -> dict[str, Any]:
     """An OfficeQA item (idempotent): ``question`` and ``ground_truth|answer`` are required.
 
@@ -156,23 +123,19 @@ def normalise_row(row: Mapping[str, Any]) -> dict[str, Any]:
     category (``category|difficulty``). Raises ``KeyError(field)`` for a missing field and
     ``ValueError`` for a bad one; the loader names the file and the row.
     """
-    question = _text(row, ("question",))
-    if not question:
-        raise KeyError("question")
-    gold = _text(row, ("ground_truth", "answer"))
-    if not gold:
-        raise KeyError("ground_truth")
-    uid = _text(row, ("uid", "id")) or "officeqa-" + hashlib.sha1(question.encode("utf-8")).hexdigest()[:12]
+    question = required_text(row, "question")
+    gold = required_text(row, "ground_truth", "answer")
+    uid = first_text(row, "uid", "id") or hashed_id("officeqa-", question)
     item = {
         "id": uid,
         "uid": uid,
         "question": question,
         "ground_truth": gold,
         "answers": [gold],
-        "task_type": _text(row, ("category", "difficulty", "task_type")) or DEFAULT_TASK_TYPE,
+        "task_type": first_text(row, "category", "difficulty", "task_type") or DEFAULT_TASK_TYPE,
         "source_files": parse_source_files(row.get("source_files")),
         "source_docs": parse_source_docs(row.get("source_docs")),
-        "split": _text(row, ("split",)),
+        "split": first_text(row, "split"),
     }
     if "source_id" in row:
         item["source_id"] = row["source_id"]
@@ -216,53 +179,39 @@ def answer_f1(prediction: str, gold: str) -> float:
 # ------------------------------------------------------------------------------------------ plugin
 
 
-class OfficeQABenchmark:
-    """The ``officeqa`` plug-in (the ``Benchmark`` protocol in ``skillopt.benchmarks.base``).
+class OfficeQABenchmark(Benchmark[OfficeQAConfig]):
+    """The ``officeqa`` plug-in.
 
     ``env`` supplies ``$OFFICEQA_DOCS_DIR`` (the process environment by default; tests pass a dict).
     """
 
     id = BENCHMARK_ID
-    version = "1"
-    GOLD_FIELDS: tuple[str, ...] = ("ground_truth", "answers")
+    GOLD_FIELDS = ("ground_truth", "answers")
     Config = OfficeQAConfig
-    default_split_mode = "split_dir"
-    scripted_rules: Sequence[Mapping[str, Any]] = (
-        {
-            "name": "officeqa fixture target",
-            "stage": "rollout",
-            "handler": "skillopt.benchmarks.officeqa.scripted:scripted_target",
-        },
-        {
-            "name": "officeqa other",
-            "stage": "rollout",
-            "text": "The evidence does not settle it.\n<answer>unknown</answer>",
-        },
-    )
+    default_task_type = DEFAULT_TASK_TYPE
+    native_extensions = NATIVE_EXTENSIONS
+    data_hint = ("pass --data DIR (a folder holding train/, val/ and test/, each with officeqa CSV "
+                 "or items.json, and the corpus) or set benchmark.split_dir")
 
     def __init__(self, env: Mapping[str, str] | None = None) -> None:
         self.env: Mapping[str, str] = env if env is not None else os.environ
 
-    @property
-    def prompts_dir(self) -> Path:
-        return shipped_prompts_dir(BENCHMARK_ID)
+    def read_rows(self, path: Path, cfg: OfficeQAConfig) -> list[dict[str, Any]]:
+        return read_table(path)
 
-    def corpus(self, cfg: BaseModel) -> Corpus:
+    def normalise_row(self, row: Mapping[str, Any], cfg: OfficeQAConfig) -> dict[str, Any]:
+        return normalise_row(row)
+
+    def corpus(self, cfg: OfficeQAConfig) -> Corpus:
         """The indexed corpus under the configured roots (empty when no root exists)."""
-        config = _config(cfg)
+        config = self.config(cfg)
         return Corpus.index(docs_roots(config.docs_dirs, config.data_root, self.env))
 
-    def load_split(self, cfg: BaseModel, split: str, *, run_dir: Path) -> list[Item]:
+    def load_split(self, cfg: OfficeQAConfig, split: str, *, run_dir: Path) -> list[Item]:
         """The items of ``split`` (``train``, ``val``, ``test`` or an alias), each carrying its
         ``documents`` (found in the corpus at load, never written to split files)."""
-        config = _config(cfg)
-        items = split_items(
-            config, split, run_dir=run_dir, benchmark=BENCHMARK_ID, default_split_mode=self.default_split_mode,
-            reader=read_rows,
-            normalise=normalise_row,
-            default_task_type=DEFAULT_TASK_TYPE,
-            native_extensions=NATIVE_EXTENSIONS,
-        )
+        config = self.config(cfg)
+        items = super().load_split(config, split, run_dir=run_dir)
         corpus = self.corpus(config)
         return [Item({**item, DOCUMENTS_KEY: item_documents(item, config, corpus)}) for item in items]
 
@@ -270,11 +219,11 @@ class OfficeQABenchmark:
         found = item.get(DOCUMENTS_KEY)
         return found if isinstance(found, dict) else item_documents(item, config, self.corpus(config))
 
-    def build_messages(self, item: Item, skill: str, cfg: BaseModel) -> list[Message]:
+    def build_messages(self, item: Item, skill: str, cfg: OfficeQAConfig) -> list[Message]:
         """System: the analyst role, the skill, the rules and (with tools) the tool protocol.
         User: ``## Question``, ``## Oracle Parsed Pages``, ``## Candidate Files`` (tools only, ≤ 20)
         and ``## Source Hints``; empty sections are left out. Never reads gold."""
-        config = _config(cfg)
+        config = self.config(cfg)
         docs = self._documents(item, config)
         tools = bool(docs["use_local_tools"])
         sections = [f"## Question\n{item['question']}"]
@@ -290,7 +239,7 @@ class OfficeQABenchmark:
             sections.append("## Source Hints\n" + "\n".join(f"- {url}" for url in item["source_docs"]))
         sections.append(_CLOSING_TOOLS if tools else _CLOSING_NO_TOOLS)
         rules = f"{_TOOL_RULES}\n\n{PROTOCOL}" if tools else _NO_TOOL_RULES
-        return [system(f"{_SYSTEM_INTRO}\n\n{skill_section(skill)}{rules}"), user("\n\n".join(sections))]
+        return [self.system_message(_SYSTEM_INTRO, skill, rules), user("\n\n".join(sections))]
 
     def run_episode(self, item: Item, skill: str, ctx: EpisodeContext) -> EpisodeResult:
         """The tool loop: up to ``max_tool_turns`` target calls. A reply with ``<answer>`` ends it; a
@@ -298,7 +247,7 @@ class OfficeQABenchmark:
         event and answered with ``<tool_result>…</tool_result>``; a reply with neither ends it.
         With ``use_local_tools: false`` it is one call. Past ``ctx.deadline`` no call starts; a
         target error propagates. ``skill`` is already in ``ctx.messages``."""
-        config = _config(ctx.cfg)
+        config = self.config(ctx.cfg)
         docs = self._documents(item, config)
         budget = config.max_tool_turns if docs["use_local_tools"] else 1
         tools = DocumentTools(docs["candidate_files"], docs["roots"])
@@ -306,10 +255,7 @@ class OfficeQABenchmark:
         text, calls = "", 0
         while calls < budget and time.monotonic() < ctx.deadline:
             calls += 1
-            request = ChatRequest(messages=messages, stage="rollout", max_tokens=config.max_tokens,
-                                  tags={**ctx.tags, "turn": calls})
-            text = ctx.target.chat(request).text
-            ctx.record({"type": "message", "role": "assistant", "turn": calls, "content": text})
+            text = ctx.ask(messages, turn=calls, max_tokens=config.max_tokens)
             call = parse_tool_call(text) if docs["use_local_tools"] else None
             if last_tag(text, "answer") is not None or call is None:
                 break
@@ -369,13 +315,11 @@ class OfficeQABenchmark:
         """The distinct categories (``easy``, ``hard``), sorted."""
         return sorted({item.task_type for item in items}) or ["easy", "hard"]
 
-    def preflight(self, cfg: BaseModel) -> None:
+    def preflight(self, cfg: OfficeQAConfig) -> None:
         """The split folder, at least one document root, and every item's ``source_files`` under a
         root; each miss raises ``BenchmarkSetupError`` saying how to fix it."""
-        config = _config(cfg)
-        check_split_folder(config, benchmark=BENCHMARK_ID, default_split_mode=self.default_split_mode,
-                           fix="pass --data DIR (a folder holding train/, val/ and test/, each with officeqa CSV "
-                               "or items.json, and the corpus) or set benchmark.split_dir")
+        config = self.config(cfg)
+        super().preflight(config)
         roots = docs_roots(config.docs_dirs, config.data_root, self.env)
         if not roots:
             looked = [*(config.docs_dirs or []), *([config.data_root] if config.data_root else [])]
@@ -392,9 +336,6 @@ class OfficeQABenchmark:
                 f"({', '.join(str(root) for root in roots)}): {shown}; download the corpus into a docs_dirs folder"
             )
 
-    def needs_judge(self, cfg: BaseModel) -> bool:
-        return False
-
 
 def _source_rows(config: OfficeQAConfig, split_mode: str) -> list[list[str]]:
     """The ``source_files`` of every readable row (bad rows are the loader's to report)."""
@@ -410,7 +351,7 @@ def _source_rows(config: OfficeQAConfig, split_mode: str) -> list[list[str]]:
     rows: list[list[str]] = []
     for path in paths:
         try:
-            raw = read_records(path) if path.name == "items.json" else read_rows(path)
+            raw = read_records(path) if path.name == "items.json" else read_table(path)
         except (DataError, OSError):
             continue
         for row in raw:
@@ -419,10 +360,6 @@ def _source_rows(config: OfficeQAConfig, split_mode: str) -> list[list[str]]:
             except ValueError:
                 continue
     return rows
-
-
-def _config(cfg: BaseModel) -> OfficeQAConfig:
-    return cfg if isinstance(cfg, OfficeQAConfig) else OfficeQAConfig.model_validate(cfg.model_dump())
 
 
 plugin = OfficeQABenchmark()
@@ -439,5 +376,4 @@ __all__ = [
     "parse_source_docs",
     "parse_source_files",
     "plugin",
-    "scripted_target",
 ]

@@ -13,11 +13,6 @@ as partial credit), ``choice`` (the option label), ``numeric`` (the last number,
 
 from __future__ import annotations
 
-import csv
-import hashlib
-import io
-import json
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,19 +26,10 @@ from skillopt.benchmarks.answers import (
     exact_match,
     last_number,
     last_tag,
-    normalise_squad,
     quote_answer,
 )
-from skillopt.benchmarks.base import (
-    BenchmarkSetupError,
-    Judge,
-    Score,
-    shipped_prompts_dir,
-    skill_section,
-    split_items,
-)
-from skillopt.benchmarks.scripted_target import question_rules
-from skillopt.config import BenchmarkSection
+from skillopt.benchmarks.base import Benchmark, BenchmarkConfig, BenchmarkSetupError, Judge, Score
+from skillopt.benchmarks.rows import hashed_id, read_table
 from skillopt.data import Item, read_records
 from skillopt.errors import DataError
 from skillopt.llm.chat import ChatRequest, Message, system, user
@@ -85,17 +71,13 @@ class QAFields(BaseModel):
     task_type: str = "task_type"
 
 
-class QAConfig(BenchmarkSection):
+class QAConfig(BenchmarkConfig):
     """The ``benchmark:`` section for ``qa``: the common keys, the field names and the scorer."""
-
-    model_config = ConfigDict(extra="forbid")
 
     fields: QAFields = Field(default_factory=QAFields)
     scoring: Scoring = "exact"
     #: Relative tolerance of ``scoring: numeric``: ``abs(p - g) <= tolerance * abs(g)``.
     tolerance: float = Field(default=1e-6, ge=0)
-    #: Set by ``--data DIR``; ``qa`` reads no assets beside its rows, so it is accepted and unused.
-    data_root: str | None = None
 
 
 # ----------------------------------------------------------------------------------------- loading
@@ -118,39 +100,8 @@ def read_rows(path: Path, fields: QAFields) -> list[dict[str, Any]]:
             )
         path = found[0]
     if path.suffix.lower() == ".csv":
-        return _read_csv(path, list_columns=(fields.answer, fields.choices))
+        return read_table(path, list_columns=(fields.answer, fields.choices))
     return read_records(path)
-
-
-def _read_csv(path: Path, *, list_columns: Sequence[str]) -> list[dict[str, Any]]:
-    try:
-        text = path.read_text(encoding="utf-8-sig")
-    except UnicodeDecodeError as exc:
-        raise DataError(
-            f"{path}: not valid UTF-8 at byte offset {exc.start}; data files must be UTF-8"
-        ) from None
-    rows: list[dict[str, Any]] = []
-    for index, raw in enumerate(csv.DictReader(io.StringIO(text, newline="")), start=1):
-        if None in raw:
-            raise DataError(f"{path}: row {index}: more cells than the header has columns")
-        row: dict[str, Any] = {}
-        for key, cell in raw.items():
-            if cell is None or cell == "":
-                continue
-            row[key] = _json_list(cell) if key in list_columns else cell
-        rows.append(row)
-    return rows
-
-
-def _json_list(cell: str) -> Any:
-    """A cell holding a JSON list becomes that list; any other text stays text."""
-    if not cell.lstrip().startswith("["):
-        return cell
-    try:
-        value = json.loads(cell)
-    except json.JSONDecodeError:
-        return cell
-    return value if isinstance(value, list) else cell
 
 
 def _present(value: Any) -> bool:
@@ -198,7 +149,7 @@ def normalise_row(row: Mapping[str, Any], cfg: QAConfig) -> dict[str, Any]:
         raise ValueError(f"field {names.choices!r} must be a list of strings (in a CSV, a JSON list)")
     task_type = _text(row[names.task_type], names.task_type) if _present(row.get(names.task_type)) else ""
     raw_id = row.get(names.id)
-    item_id = raw_id if _present(raw_id) else "qa-" + hashlib.sha1(question.encode("utf-8")).hexdigest()[:12]
+    item_id = raw_id if _present(raw_id) else hashed_id("qa-", question)
     item = {
         "id": item_id,
         "question": question,
@@ -349,64 +300,36 @@ def _score_judge(item: Item, answer: str, judge: Judge | None, parts: _ScorePart
     return parts.score(value, value, answer, fail, detail=f"Judge: {reason}")
 
 
-# ------------------------------------------------------------------------------- scripted target
-
-#: The scripted target's replies to the fixture questions (tests/fixtures/qa): the capital question
-#: gets a wordy answer (EM 0, F1 0.5); the planet and spider questions are solved.
-_SCRIPTED_REPLIES = (
-    (
-        re.compile(r"## Question\nWhat is the capital of France\?"),
-        "France's capital is Paris.\n<answer>The city of Paris</answer>",
-    ),
-    (
-        re.compile(r"## Question\nWhich planet is the largest\?"),
-        "Jupiter is by far the largest.\n<answer>B</answer>",
-    ),
-    (
-        re.compile(r"## Question\nHow many legs does a spider have\?"),
-        "The context says eight.\n<answer>8</answer>",
-    ),
-)
-
-
-
 # ------------------------------------------------------------------------------------------ plugin
 
 
-class QABenchmark:
-    """The ``qa`` plug-in (the ``Benchmark`` protocol in ``skillopt.benchmarks.base``)."""
+class QABenchmark(Benchmark[QAConfig]):
+    """The ``qa`` plug-in."""
 
     id = BENCHMARK_ID
-    version = "1"
-    GOLD_FIELDS: tuple[str, ...] = ("answers",)
+    GOLD_FIELDS = ("answers",)
     Config = QAConfig
     default_split_mode = "ratio"
-    scripted_rules: Sequence[Mapping[str, Any]] = (
-        *question_rules(BENCHMARK_ID, _SCRIPTED_REPLIES),
-        {"name": "qa other", "stage": "rollout", "text": "I do not know.\n<answer>unknown</answer>"},
-    )
+    default_task_type = DEFAULT_TASK_TYPE
+    native_extensions = NATIVE_EXTENSIONS
 
-    @property
-    def prompts_dir(self) -> Path:
-        return shipped_prompts_dir(BENCHMARK_ID)
+    def read_rows(self, path: Path, cfg: QAConfig) -> list[dict[str, Any]]:
+        return read_rows(path, cfg.fields)
 
-    def load_split(self, cfg: BaseModel, split: str, *, run_dir: Path) -> list[Item]:
+    def normalise_row(self, row: Mapping[str, Any], cfg: QAConfig) -> dict[str, Any]:
+        return normalise_row(row, cfg)
+
+    def load_split(self, cfg: QAConfig, split: str, *, run_dir: Path) -> list[Item]:
         """The items of ``split`` (``train``, ``val``, ``test`` or an alias); bad rows raise ``DataError``."""
-        config = _config(cfg)
-        items = split_items(
-            config, split, run_dir=run_dir, benchmark=BENCHMARK_ID, default_split_mode=self.default_split_mode,
-            reader=lambda path: read_rows(path, config.fields),
-            normalise=lambda row: normalise_row(row, config),
-            default_task_type=DEFAULT_TASK_TYPE,
-            native_extensions=NATIVE_EXTENSIONS,
-        )
+        config = self.config(cfg)
+        items = super().load_split(config, split, run_dir=run_dir)
         # ``score`` gets no config, so each loaded item carries how it is scored (never written to disk).
         return [
             Item({**item, "scoring": config.scoring, "tolerance": config.tolerance})
             for item in items
         ]
 
-    def build_messages(self, item: Item, skill: str, cfg: BaseModel) -> list[Message]:
+    def build_messages(self, item: Item, skill: str, cfg: QAConfig) -> list[Message]:
         """System: task, skill, answer format. User: context, question, choices, reminder.
 
         Never reads gold."""
@@ -420,7 +343,7 @@ class QABenchmark:
             sections.append(f"## Choices\n{options}")
         sections.append(_CHOICE_REMINDER if choices else _REMINDER)
         return [
-            system(f"{_SYSTEM_INTRO}\n\n{skill_section(skill)}{_ANSWER_FORMAT}"),
+            self.system_message(_SYSTEM_INTRO, skill, _ANSWER_FORMAT),
             user("\n\n".join(sections)),
         ]
 
@@ -467,26 +390,14 @@ class QABenchmark:
             tags={"item_id": item.id, "prediction": prediction, "gold_answers": golds},
         )
 
-    def extract_answer(self, response_text: str) -> str | None:
-        """The last ``<answer>`` tag, SQuAD-normalised, so self-check turns stop on an unchanged answer."""
-        answer = last_tag(response_text, "answer")
-        return None if answer is None else normalise_squad(answer)
 
-    def task_types(self, items: Sequence[Item]) -> list[str]:
-        """The distinct task types, sorted."""
-        return sorted({item.task_type for item in items})
-
-    def preflight(self, cfg: BaseModel) -> None:
+    def preflight(self, cfg: QAConfig) -> None:
         """Nothing external: the flow checks the judge role when ``scoring: judge`` needs it."""
-        _config(cfg)
+        self.config(cfg)
 
-    def needs_judge(self, cfg: BaseModel) -> bool:
+    def needs_judge(self, cfg: QAConfig) -> bool:
         """Only ``scoring: judge`` calls the judge role."""
-        return _config(cfg).scoring == "judge"
-
-
-def _config(cfg: BaseModel) -> QAConfig:
-    return cfg if isinstance(cfg, QAConfig) else QAConfig.model_validate(cfg.model_dump())
+        return self.config(cfg).scoring == "judge"
 
 
 plugin = QABenchmark()

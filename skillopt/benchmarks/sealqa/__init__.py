@@ -15,36 +15,20 @@ and asks the target once more with the fetched text.
 
 from __future__ import annotations
 
-import ast
-import csv
-import hashlib
-import io
-import json
 import re
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
-from skillopt.benchmarks.answers import last_tag, normalise_squad, quote_answer
-from skillopt.benchmarks.base import (
-    BenchmarkSetupError,
-    EpisodeContext,
-    EpisodeResult,
-    Judge,
-    Score,
-    check_split_folder,
-    shipped_prompts_dir,
-    skill_section,
-    split_items,
-)
-from skillopt.benchmarks.scripted_target import question_rules
+from skillopt.benchmarks.answers import last_tag, quote_answer
+from skillopt.benchmarks.base import Benchmark, BenchmarkConfig, BenchmarkSetupError, Judge, Score
+from skillopt.benchmarks.episode import EpisodeContext, EpisodeResult
+from skillopt.benchmarks.rows import hashed_id, parse_list, read_table, required_text, text_field
 from skillopt.benchmarks.sealqa.fetch import FetchError, UrlFetcher, UrllibFetcher, check_scheme, page_text
-from skillopt.config import BenchmarkSection
-from skillopt.data import Item, read_records
-from skillopt.errors import DataError
+from skillopt.data import Item
 from skillopt.llm.chat import ChatRequest, Message, assistant, system, user
 
 BENCHMARK_ID = "sealqa"
@@ -94,10 +78,8 @@ _JUDGE_INSTRUCTIONS = (
 _STRING_GRADER_DROP = re.compile(r"[^\w\s%.\-]")
 
 
-class SealQAConfig(BenchmarkSection):
+class SealQAConfig(BenchmarkConfig):
     """The ``benchmark:`` section for ``sealqa``: the common keys, the grader and the URL fetch."""
-
-    model_config = ConfigDict(extra="forbid")
 
     #: ``llm`` asks the judge role (the default); ``string`` is the explicit offline grader.
     grader: Grader = "llm"
@@ -108,10 +90,7 @@ class SealQAConfig(BenchmarkSection):
     fetch_timeout: float = Field(default=20, gt=0)
     #: The text of one fetched page is cut to this many characters.
     fetch_max_chars: int = Field(default=6000, ge=1)
-    #: The target's output cap for this benchmark (a per-call override of model.target.max_tokens).
     max_tokens: int = Field(default=768, ge=1)
-    #: Set by ``--data DIR``; ``sealqa`` reads no assets beside its rows, so it is accepted and unused.
-    data_root: str | None = None
 
 
 # ----------------------------------------------------------------------------------------- loading
@@ -120,59 +99,7 @@ class SealQAConfig(BenchmarkSection):
 def read_rows(path: Path) -> list[dict[str, Any]]:
     """The raw reader: a CSV file (by extension), a folder holding exactly one CSV, or any shape
     :func:`read_records` accepts. Empty CSV cells count as absent."""
-    path = Path(path)
-    if path.is_dir() and not any((path / split).is_dir() for split in ("train", "val", "test")):
-        found = sorted(p for p in path.iterdir() if p.is_file() and p.suffix.lower() == ".csv")
-        if len(found) == 1:
-            path = found[0]
-    if path.suffix.lower() != ".csv":
-        return read_records(path)
-    try:
-        text = path.read_text(encoding="utf-8-sig")
-    except UnicodeDecodeError as exc:
-        raise DataError(f"{path}: not valid UTF-8 at byte offset {exc.start}; data files must be UTF-8") from None
-    rows: list[dict[str, Any]] = []
-    for index, raw in enumerate(csv.DictReader(io.StringIO(text, newline="")), start=1):
-        if None in raw:
-            raise DataError(f"{path}: row {index}: more cells than the header has columns")
-        rows.append({key: cell for key, cell in raw.items() if cell not in (None, "")})
-    return rows
-
-
-def parse_list(value: Any, field_name: str) -> list[str]:
-    """A list cell as a list of non-empty strings.
-
-    Accepts a list, a JSON list (``["a", "b"]``), a Python-literal list (``['a', 'b']``), a single
-    plain value (a one-element list) or nothing (``[]``). A bracketed cell that parses as neither
-    literal raises ``ValueError`` naming the field.
-    """
-    if value is None:
-        return []
-    if isinstance(value, str):
-        text = value.strip()
-        if not text:
-            return []
-        if not text.startswith("["):
-            return [text]
-        try:
-            value = json.loads(text)
-        except json.JSONDecodeError:
-            try:
-                value = ast.literal_eval(text)
-            except (ValueError, SyntaxError):
-                raise ValueError(f"field {field_name!r} is not a JSON or Python list: {quote_answer(text)}") from None
-    if not isinstance(value, list | tuple):
-        raise ValueError(f"field {field_name!r} must be a list, got {type(value).__name__}")
-    return [str(entry).strip() for entry in value if entry is not None and str(entry).strip()]
-
-
-def _text(row: Mapping[str, Any], name: str) -> str:
-    value = row.get(name)
-    if value is None:
-        return ""
-    if isinstance(value, bool) or not isinstance(value, str | int | float):
-        raise ValueError(f"field {name!r} must be a string, got {type(value).__name__}")
-    return str(value).strip()
+    return read_table(path)
 
 
 def _first_present(row: Mapping[str, Any], names: Sequence[str]) -> Any:
@@ -187,27 +114,23 @@ def normalise_row(row: Mapping[str, Any]) -> dict[str, Any]:
     ``task_type`` is the topic. Raises ``KeyError(field)`` for a missing field and ``ValueError``
     for a bad one; the loader names the file and the row.
     """
-    question = _text(row, "question")
-    if not question:
-        raise KeyError("question")
-    gold = _text({"answer": _first_present(row, ("answer", "ground_truth"))}, "answer")
-    if not gold:
-        raise KeyError("answer")
+    question = required_text(row, "question")
+    gold = required_text(row, "answer", "ground_truth")
     raw_id = _first_present(row, ("question_id", "id"))
     if isinstance(raw_id, float) and raw_id.is_integer():
         raw_id = int(raw_id)
-    item_id = raw_id if raw_id is not None else "sealqa-" + hashlib.sha1(question.encode("utf-8")).hexdigest()[:12]
-    topic = _text(row, "topic")
+    item_id = raw_id if raw_id is not None else hashed_id("sealqa-", question)
+    topic = text_field(row, "topic")
     item = {
         "id": item_id,
         "question": question,
         "answer": gold,
         "topic": topic,
         "urls": parse_list(row.get("urls"), "urls"),
-        "search_results": _text(row, "search_results"),
-        "freshness": _text(row, "freshness"),
+        "search_results": text_field(row, "search_results"),
+        "freshness": text_field(row, "freshness"),
         "question_types": parse_list(row.get("question_types"), "question_types"),
-        "effective_year": _text(row, "effective_year"),
+        "effective_year": text_field(row, "effective_year"),
         "task_type": row.get("task_type") or topic or DEFAULT_TASK_TYPE,
     }
     if "source_id" in row:
@@ -243,73 +166,41 @@ def fetch_block(url: str, fetcher: UrlFetcher, *, timeout_s: float, max_chars: i
     return f"### {url}\n{text or '[fetch error] the page has no readable text'}"
 
 
-# ------------------------------------------------------------------------------- scripted target
-
-#: The scripted target's replies to the fixture questions (tests/fixtures/sealqa): the lake is
-#: solved; the Saturn count is an outdated number and the Fields Medal answer the wrong person
-#: (both judged incorrect). Every reply has an answer, so a scripted run never needs a fetch.
-_SCRIPTED_REPLIES = (
-    (
-        re.compile(r"## Question\nWhich lake holds the most unfrozen fresh water"),
-        "The evidence points to the Siberian lake.\n<answer>Lake Baikal</answer>",
-    ),
-    (
-        re.compile(r"## Question\nHow many moons of Saturn"),
-        "An older count is the one I can support.\n<answer>146</answer>",
-    ),
-    (
-        re.compile(r"## Question\nWho was the most recent Fields Medal winner born in Australia"),
-        "The Adelaide-born medallist.\n<answer>Terence Tao</answer>",
-    ),
-)
-
-
-
 # ------------------------------------------------------------------------------------------ plugin
 
 
-class SealQABenchmark:
-    """The ``sealqa`` plug-in (the ``Benchmark`` protocol in ``skillopt.benchmarks.base``).
+class SealQABenchmark(Benchmark[SealQAConfig]):
+    """The ``sealqa`` plug-in.
 
     ``fetcher`` is the :class:`UrlFetcher` of :meth:`run_episode`: the real ``urllib`` fetcher by
     default; tests pass a fake.
     """
 
     id = BENCHMARK_ID
-    version = "1"
-    GOLD_FIELDS: tuple[str, ...] = ("answer",)
+    GOLD_FIELDS = ("answer",)
     Config = SealQAConfig
-    default_split_mode = "split_dir"
-    scripted_rules: Sequence[Mapping[str, Any]] = (
-        *question_rules(BENCHMARK_ID, _SCRIPTED_REPLIES),
-        {
-            "name": "sealqa other",
-            "stage": "rollout",
-            "text": "The evidence does not settle it.\n<answer>unknown</answer>",
-        },
-    )
+    default_task_type = DEFAULT_TASK_TYPE
+    native_extensions = NATIVE_EXTENSIONS
+    data_hint = ("pass --data DIR (a folder holding train/, val/ and test/, each with one SealQA CSV "
+                 "or items.json) or set benchmark.split_dir")
 
     def __init__(self, fetcher: UrlFetcher | None = None) -> None:
         self.fetcher: UrlFetcher = fetcher if fetcher is not None else UrllibFetcher()
 
-    @property
-    def prompts_dir(self) -> Path:
-        return shipped_prompts_dir(BENCHMARK_ID)
+    def read_rows(self, path: Path, cfg: SealQAConfig) -> list[dict[str, Any]]:
+        return read_rows(path)
 
-    def load_split(self, cfg: BaseModel, split: str, *, run_dir: Path) -> list[Item]:
+    def normalise_row(self, row: Mapping[str, Any], cfg: SealQAConfig) -> dict[str, Any]:
+        return normalise_row(row)
+
+    def load_split(self, cfg: SealQAConfig, split: str, *, run_dir: Path) -> list[Item]:
         """The items of ``split`` (``train``, ``val``, ``test`` or an alias); bad rows raise ``DataError``."""
-        config = _config(cfg)
-        items = split_items(
-            config, split, run_dir=run_dir, benchmark=BENCHMARK_ID, default_split_mode=self.default_split_mode,
-            reader=read_rows,
-            normalise=normalise_row,
-            default_task_type=DEFAULT_TASK_TYPE,
-            native_extensions=NATIVE_EXTENSIONS,
-        )
+        config = self.config(cfg)
+        items = super().load_split(config, split, run_dir=run_dir)
         # ``score`` gets no config, so each loaded item carries its grader (never written to disk).
         return [Item({**item, "grader": config.grader}) for item in items]
 
-    def build_messages(self, item: Item, skill: str, cfg: BaseModel) -> list[Message]:
+    def build_messages(self, item: Item, skill: str, cfg: SealQAConfig) -> list[Message]:
         """System: task, conflict rule, skill, answer format. User: the question, then the non-empty
         evidence sections and a closing line. Never reads gold or the canary."""
         sections = [f"## Question\n{item['question']}"]
@@ -323,7 +214,7 @@ class SealQABenchmark:
             sections.append("## Question Types\n" + ", ".join(item["question_types"]))
         sections.append(_CLOSING)
         return [
-            system(f"{_SYSTEM_INTRO}\n\n{skill_section(skill)}{_ANSWER_FORMAT}"),
+            self.system_message(_SYSTEM_INTRO, skill, _ANSWER_FORMAT),
             user("\n\n".join(sections)),
         ]
 
@@ -336,9 +227,9 @@ class SealQABenchmark:
         an exception; a target error propagates. Past ``ctx.deadline`` nothing new starts and the
         episode returns what it has (the runner then records the timeout).
         """
-        config = _config(ctx.cfg)
+        config = self.config(ctx.cfg)
         messages = list(ctx.messages)
-        text = self._ask(ctx, messages, config, turn=1)
+        text = ctx.ask(messages, turn=1, max_tokens=config.max_tokens)
         urls = list(item.get("urls") or [])[: config.fetch_max_urls]
         if last_tag(text, "answer") is not None or not config.fetch_urls or not urls:
             return EpisodeResult(text, n_turns=1, answered=True)
@@ -356,17 +247,8 @@ class SealQABenchmark:
         ctx.record({"type": "feedback", "role": "user", "turn": 1, "content": follow_up})
         if time.monotonic() >= ctx.deadline:
             return EpisodeResult(text, n_turns=1, answered=True, fetched_urls=tuple(urls))
-        text = self._ask(ctx, [*messages, assistant(text), user(follow_up)], config, turn=2)
+        text = ctx.ask([*messages, assistant(text), user(follow_up)], turn=2, max_tokens=config.max_tokens)
         return EpisodeResult(text, n_turns=2, answered=True, fetched_urls=tuple(urls))
-
-    @staticmethod
-    def _ask(ctx: EpisodeContext, messages: list[Message], config: SealQAConfig, *, turn: int) -> str:
-        request = ChatRequest(
-            messages=messages, stage="rollout", max_tokens=config.max_tokens, tags={**ctx.tags, "turn": turn}
-        )
-        text = ctx.target.chat(request).text
-        ctx.record({"type": "message", "role": "assistant", "turn": turn, "content": text})
-        return text
 
     def score(self, item: Item, response_text: str, judge: Judge | None) -> Score:
         """Score the last ``<answer>`` tag with the item's grader (``grader``, stamped at load).
@@ -416,28 +298,9 @@ class SealQABenchmark:
             tags={"item_id": item.id, "prediction": prediction, "gold_answers": [gold]},
         )
 
-    def extract_answer(self, response_text: str) -> str | None:
-        """The last ``<answer>`` tag, SQuAD-normalised, so self-check turns stop on an unchanged answer."""
-        answer = last_tag(response_text, "answer")
-        return None if answer is None else normalise_squad(answer)
-
-    def task_types(self, items: Sequence[Item]) -> list[str]:
-        """The distinct topics, sorted."""
-        return sorted({item.task_type for item in items}) or [DEFAULT_TASK_TYPE]
-
-    def preflight(self, cfg: BaseModel) -> None:
-        """A missing split folder gets a fix-it message; the flow checks the judge role for ``grader: llm``."""
-        check_split_folder(_config(cfg), benchmark=BENCHMARK_ID, default_split_mode=self.default_split_mode,
-                           fix="pass --data DIR (a folder holding train/, val/ and test/, each with one SealQA CSV "
-                               "or items.json) or set benchmark.split_dir")
-
-    def needs_judge(self, cfg: BaseModel) -> bool:
+    def needs_judge(self, cfg: SealQAConfig) -> bool:
         """``grader: llm`` (the default) calls the judge role; ``grader: string`` never does."""
-        return _config(cfg).grader == "llm"
-
-
-def _config(cfg: BaseModel) -> SealQAConfig:
-    return cfg if isinstance(cfg, SealQAConfig) else SealQAConfig.model_validate(cfg.model_dump())
+        return self.config(cfg).grader == "llm"
 
 
 plugin = SealQABenchmark()

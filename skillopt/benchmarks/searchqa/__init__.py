@@ -9,33 +9,15 @@ for the prompt. The target reasons briefly and puts the shortest answer inside
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
-from pathlib import Path
+from collections.abc import Mapping
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
-from skillopt.benchmarks.answers import (
-    best_f1,
-    exact_match,
-    last_tag,
-    normalise_squad,
-    quote_answer,
-    sub_exact_match,
-    tag_or_last_line,
-)
-from skillopt.benchmarks.base import (
-    Judge,
-    Score,
-    check_split_folder,
-    shipped_prompts_dir,
-    skill_section,
-    split_items,
-)
-from skillopt.benchmarks.scripted_target import question_rules
-from skillopt.config import BenchmarkSection
+from skillopt.benchmarks.answers import best_f1, exact_match, quote_answer, sub_exact_match, tag_or_last_line
+from skillopt.benchmarks.base import Benchmark, BenchmarkConfig, Judge, Score
 from skillopt.data import Item
-from skillopt.llm.chat import Message, system, user
+from skillopt.llm.chat import Message, user
 
 BENCHMARK_ID = "searchqa"
 DEFAULT_TASK_TYPE = "qa"
@@ -52,17 +34,12 @@ _ANSWER_FORMAT = (
 _PASSAGE_START = re.compile(r"(?=\[DOC\])")
 
 
-class SearchQAConfig(BenchmarkSection):
+class SearchQAConfig(BenchmarkConfig):
     """The ``benchmark:`` section for ``searchqa``: the common keys plus the context budget."""
-
-    model_config = ConfigDict(extra="forbid")
 
     #: The context shown to the target is cut to this many characters, keeping whole passages.
     max_context_chars: int = Field(default=6000, ge=1)
-    #: The target's output cap for this benchmark (a per-call override of model.target.max_tokens).
     max_tokens: int = Field(default=512, ge=1)
-    #: Set by ``--data DIR``; ``searchqa`` reads no assets beside its rows, so it is accepted and unused.
-    data_root: str | None = None
 
 
 def normalise_row(row: Mapping[str, Any]) -> dict[str, Any]:
@@ -124,60 +101,24 @@ def read_answer(response_text: str) -> str:
     return tag_or_last_line(response_text, "answer")
 
 
-#: The scripted target's replies to the fixture clues (tests/fixtures/searchqa): the novel and the
-#: element are solved, the river clue gets an over-long answer (EM 0, F1 0.67).
-_SCRIPTED_REPLIES = (
-    (
-        re.compile(r"## Question\nThis 1926 novel"),
-        "The snippet names Hemingway's first novel.\n<answer>Sun Also Rises</answer>",
-    ),
-    (
-        re.compile(r"## Question\nCapital city that sits on the Vltava"),
-        "The Vltava flows through the Czech capital.\n<answer>Prague, Czechia</answer>",
-    ),
-    (
-        re.compile(r"## Question\nElement with atomic number 79"),
-        "Atomic number 79 is Au.\n<answer>Gold</answer>",
-    ),
-)
-
-
-
-class SearchQABenchmark:
-    """The ``searchqa`` plug-in (the ``Benchmark`` protocol in ``skillopt.benchmarks.base``)."""
+class SearchQABenchmark(Benchmark[SearchQAConfig]):
+    """The ``searchqa`` plug-in."""
 
     id = BENCHMARK_ID
-    version = "1"
-    GOLD_FIELDS: tuple[str, ...] = ("answers",)
+    GOLD_FIELDS = ("answers",)
     Config = SearchQAConfig
-    default_split_mode = "split_dir"
-    scripted_rules: Sequence[Mapping[str, Any]] = (
-        *question_rules(BENCHMARK_ID, _SCRIPTED_REPLIES),
-        {
-            "name": "searchqa other",
-            "stage": "rollout",
-            "text": "The snippets do not say.\n<answer>unknown</answer>",
-        },
-    )
+    default_task_type = DEFAULT_TASK_TYPE
+    data_hint = ("pass --data DIR (a folder holding train/, val/ and test/ items.json, as "
+                 "scripts/materialize_searchqa.py writes them) or set benchmark.split_dir")
 
-    @property
-    def prompts_dir(self) -> Path:
-        return shipped_prompts_dir(BENCHMARK_ID)
+    def normalise_row(self, row: Mapping[str, Any], cfg: SearchQAConfig) -> dict[str, Any]:
+        return normalise_row(row)
 
-    def load_split(self, cfg: BaseModel, split: str, *, run_dir: Path) -> list[Item]:
-        """The items of ``split`` (``train``, ``val``, ``test`` or an alias); bad rows raise ``DataError``."""
-        return split_items(
-            _config(cfg), split, run_dir=run_dir, benchmark=BENCHMARK_ID, default_split_mode=self.default_split_mode,
-            normalise=normalise_row,
-            default_task_type=DEFAULT_TASK_TYPE,
-            native_extensions=(".json", ".jsonl"),
-        )
-
-    def build_messages(self, item: Item, skill: str, cfg: BaseModel) -> list[Message]:
+    def build_messages(self, item: Item, skill: str, cfg: SearchQAConfig) -> list[Message]:
         """System: task, skill, answer format. User: the cut context, then the clue. Never reads gold."""
-        context = cut_context(str(item["context"]), _config(cfg).max_context_chars)
+        context = cut_context(str(item["context"]), self.config(cfg).max_context_chars)
         return [
-            system(f"{_SYSTEM_INTRO}\n\n{skill_section(skill)}{_ANSWER_FORMAT}"),
+            self.system_message(_SYSTEM_INTRO, skill, _ANSWER_FORMAT),
             user(f"## Context\n{context}\n\n## Question\n{item['question']}"),
         ]
 
@@ -204,28 +145,6 @@ class SearchQABenchmark:
             detail=f"EM={int(em)} F1={f1:.2f} sub_EM={int(sub_em)}",
         )
 
-    def extract_answer(self, response_text: str) -> str | None:
-        """The last ``<answer>`` tag, SQuAD-normalised, or None: self-check turns ask for the tag until
-        there is one (the scorer's line fallback is a leniency, not the format)."""
-        answer = last_tag(response_text, "answer")
-        return None if answer is None else normalise_squad(answer)
-
-    def task_types(self, items: Sequence[Item]) -> list[str]:
-        """``["qa"]`` unless items name other task types (then those, sorted)."""
-        return sorted({item.task_type for item in items}) or [DEFAULT_TASK_TYPE]
-
-    def preflight(self, cfg: BaseModel) -> None:
-        """SearchQA needs only the target model; a missing split folder gets a fix-it message here."""
-        check_split_folder(_config(cfg), benchmark=BENCHMARK_ID, default_split_mode=self.default_split_mode,
-                           fix="pass --data DIR (a folder holding train/, val/ and test/ items.json, as "
-                               "scripts/materialize_searchqa.py writes them) or set benchmark.split_dir")
-
-    def needs_judge(self, cfg: BaseModel) -> bool:
-        return False
-
-
-def _config(cfg: BaseModel) -> SearchQAConfig:
-    return cfg if isinstance(cfg, SearchQAConfig) else SearchQAConfig.model_validate(cfg.model_dump())
 
 
 plugin = SearchQABenchmark()

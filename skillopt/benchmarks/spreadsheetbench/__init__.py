@@ -25,20 +25,18 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from skillopt.benchmarks.base import (
+    Benchmark,
+    BenchmarkConfig,
     BenchmarkSetupError,
-    EpisodeContext,
-    EpisodeResult,
     Judge,
     Score,
-    check_split_folder,
-    shipped_prompts_dir,
     skill_section,
-    split_items,
 )
-from skillopt.benchmarks.scripted_target import question_rules
+from skillopt.benchmarks.episode import EpisodeContext, EpisodeResult
+from skillopt.benchmarks.rows import confined_path, roots_of
 from skillopt.benchmarks.spreadsheetbench.cells import (
     CaseOutcome,
     compare_workbooks,
@@ -47,9 +45,8 @@ from skillopt.benchmarks.spreadsheetbench.cells import (
     split_ranges,
     verification_table,
 )
-from skillopt.config import BenchmarkSection
 from skillopt.data import Item
-from skillopt.llm.chat import ChatRequest, Message, assistant, system, user
+from skillopt.llm.chat import Message, assistant, system, user
 from skillopt.sandbox import SandboxMode, SandboxResult, SandboxUnavailable, require_sandbox, run_sandboxed
 
 BENCHMARK_ID = "spreadsheetbench"
@@ -84,10 +81,8 @@ _WRONG_CELLS = "Your script ran, but these graded cells are wrong (shown with YO
                "```python block."
 
 
-class SpreadsheetBenchConfig(BenchmarkSection):
+class SpreadsheetBenchConfig(BenchmarkConfig):
     """The ``benchmark:`` section for ``spreadsheetbench``."""
-
-    model_config = ConfigDict(extra="forbid")
 
     #: ``single``: one call; ``multi``: up to ``max_turns`` repair rounds (exec errors, train-only cell feedback).
     mode: Literal["single", "multi"] = "multi"
@@ -95,18 +90,16 @@ class SpreadsheetBenchConfig(BenchmarkSection):
     code_timeout: float = Field(default=120, gt=0)
     #: The sandbox's address-space limit in MiB.
     sandbox_mem_mb: int = Field(default=2048, ge=64)
-    #: The target's output cap for this benchmark (a per-call override of model.target.max_tokens).
     max_tokens: int = Field(default=16384, ge=1)
-    #: The root that ``spreadsheet_path`` is resolved against (``--data DIR`` sets it to DIR).
-    data_root: str | None = None
 
 
 # ----------------------------------------------------------------------------------------- loading
 
 
-def normalise_row(row: Mapping[str, Any]) -> dict[str, Any]:
+def normalise_row(row: Mapping[str, Any], roots: Sequence[str | Path | None] = ()) -> dict[str, Any]:
     """A SpreadsheetBench item (idempotent): ``id``, ``instruction`` and ``answer_position`` are required;
-    ``spreadsheet_path`` defaults to ``spreadsheet/<id>``; ``task_type`` comes from ``instruction_type``."""
+    ``spreadsheet_path`` defaults to ``spreadsheet/<id>``; ``task_type`` comes from ``instruction_type``.
+    A ``spreadsheet_path`` that resolves outside ``roots`` raises ``ValueError``."""
     for name in ("id", "instruction", "answer_position"):
         if row.get(name) in (None, ""):
             raise KeyError(name)
@@ -123,19 +116,22 @@ def normalise_row(row: Mapping[str, Any]) -> dict[str, Any]:
         "answer_sheet": row.get("answer_sheet") or None,
         "task_type": TASK_TYPES.get(instruction_type) or row.get("task_type") or "other",
     }
+    resolve_task_dir(item["spreadsheet_path"], roots)  # a folder leaving the data roots is a bad row
     if "source_id" in row:
         item["source_id"] = row["source_id"]
     return item
 
 
 def resolve_task_dir(spreadsheet_path: str, roots: Sequence[str | Path | None]) -> Path:
-    """The item's task folder: an absolute path as is, else the first of ``roots`` that holds it
-    (the first root when none does, so the error names the expected place)."""
+    """The item's task folder, confined to ``roots`` (a path resolving outside them raises
+    ``ValueError``): the first root that holds it, else the first root's (missing) folder, so the
+    error names the expected place."""
+    folders = roots_of(*roots)
+    found = confined_path(spreadsheet_path, folders, field="spreadsheet_path")
+    if found is not None:
+        return found
     path = Path(spreadsheet_path)
-    if path.is_absolute():
-        return path.resolve()
-    candidates = [Path(root) / path for root in roots if root]
-    return next((c for c in candidates if c.is_dir()), candidates[0] if candidates else path).resolve()
+    return (folders[0] / path).resolve() if folders and not path.is_absolute() else path
 
 
 # -------------------------------------------------------------------------------------- execution
@@ -189,91 +185,37 @@ def exec_failure(run: SandboxResult) -> str:
     return ""
 
 
-# ------------------------------------------------------------------------------- scripted target
-
-_LOOP_ROWS = '''import openpyxl
-
-wb = openpyxl.load_workbook(INPUT_PATH)
-ws = wb["Sheet1"]
-for row in range(2, ws.max_row + 1):
-    qty, price = ws.cell(row=row, column=2).value, ws.cell(row=row, column=3).value
-    if qty is not None and price is not None:
-        ws.cell(row=row, column=4).value = qty * price
-wb.save(OUTPUT_PATH)
-'''
-_SORT_TABLE = '''import openpyxl
-
-wb = openpyxl.load_workbook(INPUT_PATH)
-ws = wb["Data"]
-rows = [[cell.value for cell in row] for row in ws.iter_rows(min_row=2, max_row=ws.max_row)]
-rows.sort(key=lambda r: r[1], reverse=True)
-for offset, values in enumerate(rows, start=2):
-    for col, value in enumerate(values, start=1):
-        ws.cell(row=offset, column=col).value = value
-wb.save(OUTPUT_PATH)
-'''
-_COUNT_FORMULA = '''import openpyxl
-
-wb = openpyxl.load_workbook(INPUT_PATH)
-wb["Sheet1"]["B10"] = '=COUNTIF(A2:A9,">100")'
-wb.save(OUTPUT_PATH)
-'''
-
-#: The scripted target's replies to the fixture items (tests/fixtures/spreadsheetbench): 59001 loops
-#: over the real rows and 59002 sorts (both solved); 59003-1 writes a formula, which reads back as
-#: None (missed, and the verification table warns about it).
-_SCRIPTED_REPLIES = (
-    (re.compile(r"# Instruction\nFill column D with Qty times Price"), f"```python\n{_LOOP_ROWS}```"),
-    (re.compile(r"# Instruction\nSort the table on sheet 'Data'"), f"```python\n{_SORT_TABLE}```"),
-    (re.compile(r"# Instruction\nIn B10 write how many values"), f"```python\n{_COUNT_FORMULA}```"),
-)
-
-
-
 # ------------------------------------------------------------------------------------------ plugin
 
 
-class SpreadsheetBenchBenchmark:
-    """The ``spreadsheetbench`` plug-in (the ``Benchmark`` protocol in ``skillopt.benchmarks.base``).
+class SpreadsheetBenchBenchmark(Benchmark[SpreadsheetBenchConfig]):
+    """The ``spreadsheetbench`` plug-in.
 
     Gold lives in the golden workbooks, never in item fields, so ``GOLD_FIELDS`` is empty; loaded
     items carry their resolved ``task_dir`` and sandbox settings (``score`` gets no config).
     """
 
     id = BENCHMARK_ID
-    version = "1"
-    GOLD_FIELDS: tuple[str, ...] = ()
     Config = SpreadsheetBenchConfig
-    default_split_mode = "split_dir"
+    default_task_type = "other"
     #: openpyxl and pandas come with ``pip install 'skillopt[spreadsheetbench]'``.
-    extras: tuple[str, ...] = ("spreadsheetbench",)
-    scripted_rules: Sequence[Mapping[str, Any]] = (
-        *question_rules(BENCHMARK_ID, _SCRIPTED_REPLIES),
-        {"name": "spreadsheetbench other", "stage": "rollout",
-         "text": "```python\nimport shutil\nshutil.copyfile(INPUT_PATH, OUTPUT_PATH)\n```"},
-    )
+    extras = ("spreadsheetbench",)
+    data_hint = ("pass --data DIR (a folder holding train/, val/ and test/ items.json and the "
+                 "spreadsheet/ tree) or set benchmark.split_dir")
 
-    @property
-    def prompts_dir(self) -> Path:
-        return shipped_prompts_dir(BENCHMARK_ID)
+    def normalise_row(self, row: Mapping[str, Any], cfg: SpreadsheetBenchConfig) -> dict[str, Any]:
+        return normalise_row(row, self.data_roots(cfg))
 
-    def load_split(self, cfg: BaseModel, split: str, *, run_dir: Path) -> list[Item]:
+    def load_split(self, cfg: SpreadsheetBenchConfig, split: str, *, run_dir: Path) -> list[Item]:
         """The items of ``split`` (``train``, ``val``, ``test`` or an alias); bad rows raise ``DataError``."""
-        config = _config(cfg)
-        items = split_items(
-            config, split, run_dir=run_dir, benchmark=BENCHMARK_ID, default_split_mode=self.default_split_mode,
-            normalise=normalise_row, default_task_type="other", native_extensions=(".json", ".jsonl"),
-        )
-        roots = [config.data_root, config.split_dir, Path(config.data_path).parent if config.data_path else None]
+        config = self.config(cfg)
         deny = tuple(str(Path(root).resolve()) for root in (config.data_root, config.split_dir) if root)
-        return [
-            Item({**item, "task_dir": str(resolve_task_dir(item["spreadsheet_path"], roots)), "deny_read": deny,
-                  "code_timeout": config.code_timeout, "sandbox_mem_mb": config.sandbox_mem_mb,
-                  "sandbox": config.sandbox})
-            for item in items
-        ]
+        return [Item({**item, "task_dir": str(resolve_task_dir(item["spreadsheet_path"], self.data_roots(config))),
+                      "deny_read": deny, "code_timeout": config.code_timeout, "sandbox_mem_mb": config.sandbox_mem_mb,
+                      "sandbox": config.sandbox})
+                for item in super().load_split(config, split, run_dir=run_dir)]
 
-    def build_messages(self, item: Item, skill: str, cfg: BaseModel) -> list[Message]:
+    def build_messages(self, item: Item, skill: str, cfg: SpreadsheetBenchConfig) -> list[Message]:
         """System: role, paths, libraries, reply format, then ``## Skill`` at the end. User: instruction,
         type, answer position and the preview of case 1's input; then ``# Task``. Never opens a golden file."""
         sheet = f" (sheet {item['answer_sheet']})" if item.get("answer_sheet") else ""
@@ -297,17 +239,14 @@ class SpreadsheetBenchBenchmark:
         exec errors go back as feedback; on train rollouts (``training`` tag) the wrong cells go back with
         the target's own values. Stops when case 1 passes, on val/test after a clean run, when the target
         repeats its last script, or at ``ctx.deadline``."""
-        config = _config(ctx.cfg)
+        config = self.config(ctx.cfg)
         rounds = 1 if config.mode == "single" else config.max_turns
         training = bool(ctx.tags.get("training"))
         cases = find_test_cases(Path(item["task_dir"]))
         messages = list(ctx.messages)
         final, previous, turn = "", None, 0
         for turn in range(1, rounds + 1):
-            request = ChatRequest(messages=messages, stage="rollout", max_tokens=config.max_tokens,
-                                  tags={**ctx.tags, "turn": turn})
-            text = ctx.target.chat(request).text
-            ctx.record({"type": "message", "role": "assistant", "turn": turn, "content": text})
+            text = ctx.ask(messages, turn=turn, max_tokens=config.max_tokens)
             code = extract_code(text)
             final = text if code or not final else final
             if turn == rounds or not cases or (code and code == previous):
@@ -383,10 +322,10 @@ class SpreadsheetBenchBenchmark:
     def task_types(self, items: Sequence[Item]) -> list[str]:
         return sorted({item.task_type for item in items}) or list(DEFAULT_TASK_TYPES)
 
-    def preflight(self, cfg: BaseModel) -> None:
+    def preflight(self, cfg: SpreadsheetBenchConfig) -> None:
         """An OS sandbox for the target's code (or ``benchmark.sandbox: none``); openpyxl and pandas
         importable; the split folder and the data root exist."""
-        config = _config(cfg)
+        config = self.config(cfg)
         try:
             require_sandbox(config.sandbox, what=BENCHMARK_ID)
         except SandboxUnavailable as exc:
@@ -398,16 +337,11 @@ class SpreadsheetBenchBenchmark:
             raise BenchmarkSetupError(
                 f"spreadsheetbench needs openpyxl and pandas ({exc}); install them with "
                 "pip install 'skillopt[spreadsheetbench]'") from None
-        check_split_folder(config, benchmark=BENCHMARK_ID, default_split_mode=self.default_split_mode,
-                           fix="pass --data DIR (a folder holding train/, val/ and test/ items.json and the "
-                               "spreadsheet/ tree) or set benchmark.split_dir")
+        super().preflight(config)
         if config.data_root and not Path(config.data_root).is_dir():
             raise BenchmarkSetupError(
                 f"spreadsheetbench: no data root at {config.data_root}; extract "
                 "spreadsheetbench_verified_400.tar.gz there or set benchmark.data_root")
-
-    def needs_judge(self, cfg: BaseModel) -> bool:
-        return False
 
 
 def _ranges(item: Item) -> list[tuple[str | None, str]]:
@@ -424,12 +358,6 @@ def _own_values(outcome: CaseOutcome) -> str:
             note = " (a formula: openpyxl reads it back as empty; write the literal value)" if check.formula else ""
             lines.append(f"- {check.where}: your value {check.got!r}{note}")
     return "\n".join(lines[:40]) + (f"\n- ... ({len(lines) - 40} more)" if len(lines) > 40 else "")
-
-
-def _config(cfg: BaseModel) -> SpreadsheetBenchConfig:
-    if isinstance(cfg, SpreadsheetBenchConfig):
-        return cfg
-    return SpreadsheetBenchConfig.model_validate(cfg.model_dump())
 
 
 plugin = SpreadsheetBenchBenchmark()

@@ -16,26 +16,25 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import shutil
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from skillopt.benchmarks.base import (
+    Benchmark,
+    BenchmarkConfig,
     BenchmarkSetupError,
-    EpisodeContext,
-    EpisodeResult,
     Judge,
     Score,
-    check_split_folder,
-    shipped_prompts_dir,
-    skill_section,
     split_items,
 )
+from skillopt.benchmarks.episode import EpisodeContext, EpisodeResult
 from skillopt.benchmarks.swebench.agents import (
     AgentRunner,
     FakeAgentRunner,
@@ -52,13 +51,12 @@ from skillopt.benchmarks.swebench.harness import (
     read_report,
     test_ids,
 )
-from skillopt.benchmarks.swebench.scripted import SCRIPTED_RULES
-from skillopt.config import BenchmarkSection
 from skillopt.data import Item, SplitSpec, parse_split_ratio, read_records
-from skillopt.llm.chat import Message, system, user
+from skillopt.llm.chat import Message, user
 from skillopt.sandbox import SandboxUnavailable, require_sandbox
 
 BENCHMARK_ID = "swebench"
+_REPO_NAME = re.compile(r"(?!\.+/)[\w.-]+/(?!\.+$)[\w.-]+")
 DEFAULT_TASK_TYPE = "swebench"
 #: The Hugging Face source of each ``benchmark.dataset``.
 HF_DATASETS = {
@@ -85,17 +83,13 @@ _FORMAT = (
 )
 
 
-class SwebenchConfig(BenchmarkSection):
+class SwebenchConfig(BenchmarkConfig):
     """The ``benchmark:`` section for ``swebench``: data source, agent runner, harness and limits."""
-
-    model_config = ConfigDict(extra="forbid")
 
     #: ``lite`` | ``verified`` | ``full``: the harness ``--dataset_name`` (and the manifest's source name).
     dataset: Literal["lite", "verified", "full"] = "lite"
     #: The dataset split the harness evaluates against.
     hf_split: str = "test"
-    #: Set by ``--data DIR``: the fake harness looks for repository snapshots in ``DIR/repos/``.
-    data_root: str | None = None
     #: ``auto``: ``fake`` when the target backend is ``scripted``, else ``minisweagent``.
     agent_runner: Literal["auto", "minisweagent", "fake"] = "auto"
     #: ``auto``: ``fake`` when the target backend is ``scripted``, else ``docker``.
@@ -127,6 +121,9 @@ def normalise_row(row: Mapping[str, Any]) -> dict[str, Any]:
     for name in ("repo", "problem_statement"):
         if not isinstance(row.get(name), str) or not row[name].strip():
             raise KeyError(name)
+    if not _REPO_NAME.fullmatch(row["repo"].strip()):
+        # The fake harness finds a repository snapshot by this name under the data root.
+        raise ValueError(f"field 'repo' must be 'owner/name' (letters, digits, '.', '_', '-'), got {row['repo']!r}")
     item = {key: value for key, value in row.items() if key != EVAL_KEY}
     for name in ("FAIL_TO_PASS", "PASS_TO_PASS"):
         try:
@@ -180,32 +177,32 @@ def stratified_partition(items: list[Item], spec: SplitSpec) -> dict[str, list[I
 # ------------------------------------------------------------------------------------------ plugin
 
 
-class SwebenchBenchmark:
-    """The ``swebench`` plug-in (the ``Benchmark`` protocol in ``skillopt.benchmarks.base``).
+class SwebenchBenchmark(Benchmark[SwebenchConfig]):
+    """The ``swebench`` plug-in.
 
     ``agent_factory(config)`` and ``harness_factory(item)``, when given, replace the configured
     runner and harness (tests inject a harness with fixed ``resolved_ids`` this way).
     """
 
     id = BENCHMARK_ID
-    version = "1"
-    extras: tuple[str, ...] = ("swebench",)
-    GOLD_FIELDS: tuple[str, ...] = ("patch", "test_patch", "FAIL_TO_PASS", "PASS_TO_PASS")
+    extras = ("swebench",)
+    GOLD_FIELDS = ("patch", "test_patch", "FAIL_TO_PASS", "PASS_TO_PASS")
     Config = SwebenchConfig
     default_split_mode = "ratio"
-    scripted_rules: Sequence[Mapping[str, Any]] = SCRIPTED_RULES
+    default_task_type = DEFAULT_TASK_TYPE
+    data_hint = "pass --data DIR (a folder holding train/, val/ and test/ items.json) or set benchmark.split_dir"
 
     def __init__(self, agent_factory: Any = None, harness_factory: Any = None) -> None:
         self.agent_factory = agent_factory
         self.harness_factory = harness_factory
 
-    @property
-    def prompts_dir(self) -> Path:
-        return shipped_prompts_dir(BENCHMARK_ID)
+    def normalise_row(self, row: Mapping[str, Any], cfg: SwebenchConfig) -> dict[str, Any]:
+        return normalise_row(row)
 
-    def load_split(self, cfg: BaseModel, split: str, *, run_dir: Path) -> list[Item]:
-        """The items of ``split``, each stamped with the harness settings its scoring uses."""
-        config = _config(cfg)
+    def load_split(self, cfg: SwebenchConfig, split: str, *, run_dir: Path) -> list[Item]:
+        """The items of ``split`` (ratio mode: repo-stratified), each stamped with the harness
+        settings its scoring uses."""
+        config = self.config(cfg)
         items = split_items(
             config, split, run_dir=run_dir, benchmark=BENCHMARK_ID, default_split_mode=self.default_split_mode,
             reader=read_records, normalise=normalise_row, default_task_type=DEFAULT_TASK_TYPE,
@@ -221,9 +218,9 @@ class SwebenchBenchmark:
         }
         return [Item({**item, EVAL_KEY: settings}) for item in items]
 
-    def bind_target(self, cfg: BaseModel, *, backend: str, kind: str) -> tuple[BaseModel, list[str]]:
+    def bind_target(self, cfg: SwebenchConfig, *, backend: str, kind: str) -> tuple[SwebenchConfig, list[str]]:
         """Settle ``auto`` runners: the fakes under the ``scripted`` backend, else mini-swe-agent and Docker."""
-        config = _config(cfg)
+        config = self.config(cfg)
         scripted = backend == "scripted"
         runner = config.agent_runner if config.agent_runner != "auto" else ("fake" if scripted else "minisweagent")
         harness = config.harness if config.harness != "auto" else ("fake" if scripted else "docker")
@@ -231,12 +228,12 @@ class SwebenchBenchmark:
         simulated = "fake" in (runner, harness)
         return bound, [SIMULATED_NOTE.format(runner=runner, harness=harness)] if simulated else []
 
-    def build_messages(self, item: Item, skill: str, cfg: BaseModel) -> list[Message]:
+    def build_messages(self, item: Item, skill: str, cfg: SwebenchConfig) -> list[Message]:
         """System: the engineer role, the skill, the diff format. User: the repository and the issue
         (``problem_statement`` only; ``hints_text`` only with ``use_hints``). Never reads gold."""
-        return [system(f"{_SYSTEM_INTRO}\n\n{skill_section(skill)}{_FORMAT}"),
+        return [self.system_message(_SYSTEM_INTRO, skill, _FORMAT),
                 user(f"## Repository\n{item['repo']} at commit {str(item.get('base_commit', ''))[:12] or 'HEAD'}"
-                     f"\n\n## Issue\n{task_text(item, _config(cfg))}\n\nFix the issue; reply with the diff.")]
+                     f"\n\n## Issue\n{task_text(item, self.config(cfg))}\n\nFix the issue; reply with the diff.")]
 
     def agent_runner(self, config: SwebenchConfig, ctx: EpisodeContext) -> AgentRunner:
         if self.agent_factory is not None:
@@ -261,7 +258,7 @@ class SwebenchBenchmark:
     def run_episode(self, item: Item, skill: str, ctx: EpisodeContext) -> EpisodeResult:
         """The agent runner turns the instance into a patch within ``timeout_per_instance``; the episode's
         response is ``{"model_patch", "exit_status"}`` as JSON (what ``score`` reads)."""
-        config = _config(ctx.cfg)
+        config = self.config(ctx.cfg)
         outcome = self.agent_runner(config, ctx).run(item, skill, ctx, task=task_text(item, config),
                                                      timeout_s=config.timeout_per_instance)
         record = {"model_patch": outcome.patch, "exit_status": outcome.exit_status}
@@ -287,14 +284,10 @@ class SwebenchBenchmark:
                      fail_reason="" if resolved else f"wrong: unresolved ({exit_status})", extras=extras,
                      expected=expected, detail=detail)
 
-    def task_types(self, items: Sequence[Item]) -> list[str]:
-        """The repositories, sorted."""
-        return sorted({item.task_type for item in items}) or [DEFAULT_TASK_TYPE]
-
-    def preflight(self, cfg: BaseModel) -> None:
+    def preflight(self, cfg: SwebenchConfig) -> None:
         """The data source, and for the real runner and harness their packages and a Docker engine
         (skipped for the fakes). Each miss raises ``BenchmarkSetupError`` saying how to fix it."""
-        config = _config(cfg)
+        config = self.config(cfg)
         mode = config.split_mode or self.default_split_mode
         if mode == "ratio" and not config.data_path:
             raise BenchmarkSetupError(
@@ -302,9 +295,7 @@ class SwebenchBenchmark:
                 "split test) or --data DIR with train/, val/ and test/ items.json; runs never download data. "
                 "To export: python -c \"from datasets import load_dataset; "
                 f"load_dataset('{HF_DATASETS[config.dataset]}', split='{config.hf_split}').to_json('swebench.jsonl')\"")
-        check_split_folder(config, benchmark=BENCHMARK_ID, default_split_mode=self.default_split_mode,
-                           fix="pass --data DIR (a folder holding train/, val/ and test/ items.json) or set "
-                               "benchmark.split_dir")
+        super().preflight(config)
         if config.agent_runner != "fake" and self.agent_factory is None:
             _require("minisweagent", "the mini-swe-agent runner (benchmark.agent_runner: minisweagent)")
         if config.harness != "fake" and self.harness_factory is None:
@@ -322,9 +313,6 @@ class SwebenchBenchmark:
                 require_sandbox(config.sandbox, what=f"{BENCHMARK_ID} (fake harness)")
             except SandboxUnavailable as exc:
                 raise BenchmarkSetupError(str(exc)) from None
-
-    def needs_judge(self, cfg: BaseModel) -> bool:
-        return False
 
 
 def task_text(item: Mapping[str, Any], config: SwebenchConfig) -> str:
@@ -353,10 +341,6 @@ def _require(module: str, what: str) -> None:
         raise BenchmarkSetupError(
             f"swebench: {what} needs the {module} package ({exc}); install it with {INSTALL_HINT}, "
             "or set benchmark.agent_runner: fake and benchmark.harness: fake for the simulated environment") from None
-
-
-def _config(cfg: BaseModel) -> SwebenchConfig:
-    return cfg if isinstance(cfg, SwebenchConfig) else SwebenchConfig.model_validate(cfg.model_dump())
 
 
 plugin = SwebenchBenchmark()

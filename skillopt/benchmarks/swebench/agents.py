@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from skillopt.benchmarks.base import EpisodeContext
+from skillopt.benchmarks.episode import EpisodeContext
 from skillopt.llm.chat import ChatRequest, Message
 
 _FENCED = re.compile(r"```(?:diff|patch)?[ \t]*\n(.*?)```", re.DOTALL)
