@@ -223,6 +223,8 @@ class EvaluationSection(_Section):
     sel_size: int = Field(default=0, ge=0)
     test_size: int = Field(default=0, ge=0)
     eval_test: Bool = True
+    #: A split smaller than this gets a warning at the start of a run (0: never).
+    min_split_items: int = Field(default=10, ge=0)
 
 
 class BudgetSection(_Section):

@@ -55,6 +55,7 @@ __all__ = [
     "SplitSpec",
     "StepPlan",
     "check_train_size",
+    "small_split_warning",
     "default_split_output_dir",
     "identity_normaliser",
     "largest_remainder_counts",
@@ -910,6 +911,22 @@ def plan_epoch(
         train_size=len(ids),
         steps=steps,
     )
+
+
+def small_split_warning(sizes: Mapping[str, int], *, min_items: int, split_mode: str,
+                        split_ratio: str) -> str | None:
+    """The warning for splits smaller than ``evaluation.min_split_items`` (``min_items``), or None.
+
+    Scores on a handful of items say little (one item of a 2-item selection split is 50 points), so the
+    run goes on but says so, with the sizes and the setting that changes them.
+    """
+    small = [f"{split} {size}" for split, size in sizes.items() if size < min_items]
+    if not min_items or not small:
+        return None
+    fix = (f"set benchmark.split_ratio (now {split_ratio}, train:val:test) to give them more items, or add data"
+           if split_mode == "ratio" else "add items to those splits")
+    return (f"small splits: {', '.join(small)} item(s), fewer than evaluation.min_split_items ({min_items}); "
+            f"scores on so few items are noisy: {fix}")
 
 
 def check_train_size(configured: int, actual: int) -> int:

@@ -53,7 +53,7 @@ from skillopt.records import (
 from skillopt.redact import Redactor, redact_tree
 
 #: Config fields left out of ``config_hash``: they name or place the run, or change only how fast
-#: it goes (parallelism) or whether the cache is re-filled, never what it computes.
+#: it goes (parallelism), whether the cache is re-filled or what is warned about, never what it computes.
 RESULT_NEUTRAL_FIELDS: tuple[str, ...] = (
     "run.run_name",
     "run.runs_dir",
@@ -62,6 +62,7 @@ RESULT_NEUTRAL_FIELDS: tuple[str, ...] = (
     "run.skills_dir",
     "benchmark.workers",
     "gradient.analyst_workers",
+    "evaluation.min_split_items",
 )
 
 CONFIG_FILE = "config.yaml"

@@ -44,8 +44,10 @@ from __future__ import annotations
 
 import importlib
 import json
+import logging
 import math
 import re
+import threading
 import unicodedata
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -62,6 +64,8 @@ from skillopt.llm.base import BackendContext, BackendInfo, SecretSource
 from skillopt.llm.chat import ChatRequest, ChatResponse, Stage, Usage
 from skillopt.llm.errors import BackendError, CallTimeout, ParseError
 from skillopt.llm.roles import ResolvedRole, RoleName
+
+log = logging.getLogger("skillopt.llm")
 
 MODEL_ID = "scripted"
 EXCERPT_CHARS = 200
@@ -172,6 +176,10 @@ class ScriptedRule(ScriptedReply):
         if self._question_re is None and self.question is not None:
             self._question_re = _compile(self.question, "question")
         return self._system_re, self._user_re
+
+    def is_catch_all(self) -> bool:
+        """Whether the rule answers any item of its stage (no item, system, user or question key)."""
+        return self.item_id is None and self.system is None and self.user is None and self.question is None
 
     def match(self, request: ChatRequest, role: str) -> _Match | None:
         """The regex matches (for templates) when every given match key holds, else None."""
@@ -397,6 +405,10 @@ class RuleTable:
     def __init__(self, rules: Sequence[ScriptedRule], *, where: str) -> None:
         self._rules = tuple(rules)
         self._where = where
+        # A table with rollout rules keyed on items (a plug-in's fixture replies) knows some data; a rollout
+        # that only its catch-all rule answers is an item it has no reply for, said once per table.
+        self._keyed_rollouts = any(r.stage == "rollout" and not r.is_catch_all() for r in self._rules)
+        self._unknown_warned = threading.Event()
 
     def __len__(self) -> int:
         return len(self._rules)
@@ -408,10 +420,21 @@ class RuleTable:
                 continue
             outcome = _produce(rule, match, request, seed, role, _describe(rule, f"{self._where}[{index}]"))
             if outcome is not None:
+                if request.stage == "rollout" and self._keyed_rollouts and rule.is_catch_all():
+                    self._warn_unknown_item(rule)
                 return outcome
         if not self._rules:
             return NoAnswer(f"{self._where} holds no rules")
         return NoAnswer(f"none of the {len(self._rules)} rules of {self._where} matched")
+
+    def _warn_unknown_item(self, rule: ScriptedRule) -> None:
+        if self._unknown_warned.is_set():
+            return
+        self._unknown_warned.set()
+        log.warning("the scripted backend has no reply for some of these items: %s holds replies only for the "
+                    "shipped fixture items, so the others get its catch-all reply%s and score as failures; use a "
+                    "real model backend (--backend) for your own data", self._where,
+                    f" ({rule.name!r})" if rule.name else "")
 
 
 # --- schema-valid example objects -------------------------------------------------------------
