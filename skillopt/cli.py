@@ -486,7 +486,7 @@ def _cmd_backends_check(args: argparse.Namespace, out: _Output) -> int:
         if not result.ok:
             failed = True
             out.error(f"{role}: {result.problem}")
-    out.print(f"sandbox (model-written code): {_sandbox_line()}")
+    out.print(f"sandbox (model-written code, exec targets): {_sandbox_line()}")
     return EXIT_FAILURE if failed else EXIT_OK
 
 

@@ -77,9 +77,9 @@ _MEMORY_MARKERS = ("MemoryError", "Cannot allocate memory", "std::bad_alloc", "U
 _KEEP_BYTES = 1024 * 1024
 
 SandboxMode = Literal["bwrap", "none"]
-SANDBOX_FIX = ("install bubblewrap (Debian/Ubuntu: apt-get install bubblewrap; Fedora: dnf install bubblewrap) "
-               "and allow unprivileged user namespaces, or set benchmark.sandbox: none to run generated code "
-               "without an OS sandbox (at your own risk)")
+SANDBOX_FIX = ("install bubblewrap (Debian/Ubuntu: apt-get install bubblewrap; Fedora: dnf install "
+               "bubblewrap) and allow unprivileged user namespaces, or set benchmark.sandbox: none to run "
+               "generated code without an OS sandbox (at your own risk)")
 NO_SANDBOX_WARNING = ("benchmark.sandbox is none: model-written code runs WITHOUT an OS sandbox; it can read "
                       "your files and reach the network. Install bubblewrap and remove the setting.")
 
@@ -122,8 +122,9 @@ def _probe(search_path: str) -> SandboxStatus:
         return SandboxStatus(False, bwrap, f"{bwrap} could not be started: {exc}")
     if probe.returncode != 0:
         why = probe.stderr.decode("utf-8", errors="replace").strip().splitlines()
-        return SandboxStatus(False, bwrap, f"{bwrap} cannot create namespaces here (user namespaces disabled?): "
-                                           + (why[-1] if why else f"exit status {probe.returncode}"))
+        cause = why[-1] if why else f"exit status {probe.returncode}"
+        return SandboxStatus(False, bwrap, f"{bwrap} cannot create namespaces here (user namespaces "
+                                           f"disabled?): {cause}")
     return SandboxStatus(True, bwrap, bwrap)
 
 
@@ -188,23 +189,45 @@ def _outermost(folders: set[str]) -> list[str]:
     return kept
 
 
+_NETWORK_ETC = ("/etc/resolv.conf", "/etc/hosts", "/etc/nsswitch.conf", "/etc/host.conf", "/etc/gai.conf",
+                "/etc/ssl", "/etc/ca-certificates", "/etc/pki", "/etc/crypto-policies", "/etc/localtime",
+                "/etc/passwd", "/etc/group")
+
+
 def bwrap_argv(bwrap: str, command: Sequence[str], *, workspace: Path, read_only: Sequence[str] = (),
-               env: Mapping[str, str], network: bool = False, seccomp_fd: int | None = None,
-               info_fd: int | None = None) -> list[str]:
+               writable: Sequence[str] = (), env: Mapping[str, str], network: bool = False,
+               seccomp_fd: int | None = None, info_fd: int | None = None) -> list[str]:
     """The full ``bwrap … -- command`` line: namespaces, system binds, ``read_only`` folders at their own
-    paths, ``workspace`` writable at its own path (the working directory), and only ``env``.
+    paths, ``writable`` ones and ``workspace`` (the working directory) writable at their own paths, and
+    only ``env``.
     ``info_fd`` receives bwrap's JSON (``child-pid``: the namespace's init, as the host sees it)."""
     args = [bwrap, *_namespace_flags(network=network), *_system_binds()]
+    if network:  # what name resolution and TLS need, and the user database some CLIs look themselves up in
+        args += [arg for path in _NETWORK_ETC if os.path.exists(path) for arg in ("--ro-bind", path, path)]
     if info_fd is not None:
         args += ["--info-fd", str(info_fd)]
     for path in read_only:
         args += ["--ro-bind", path, path]
+    for path in writable:
+        args += ["--bind", path, path]
     args += ["--bind", str(workspace), str(workspace), "--chdir", str(workspace), "--unsetenv", "PWD"]
     for name, value in env.items():
         args += ["--setenv", name, value]
     if seccomp_fd is not None:
         args += ["--seccomp", str(seccomp_fd)]
     return [*args, "--", *command]
+
+
+def limits_prefix(*, processes: int = MAX_PROCESSES, open_files: int = MAX_OPEN_FILES,
+                  file_bytes: int = MAX_FILE_BYTES) -> list[str]:
+    """``prlimit --nproc … --`` for a command that is not Python (so cannot set its own limits): the limits
+    are set inside the sandbox, so the process count is that of the sandbox's own user namespace.
+    Empty where util-linux's ``prlimit`` is not installed."""
+    prlimit = shutil.which("prlimit", path="/usr/bin:/bin")
+    if prlimit is None:
+        return []
+    return [prlimit, f"--nproc={processes}", f"--nofile={open_files}", f"--fsize={file_bytes}", "--core=0",
+            "--"]
 
 
 # --------------------------------------------------------------------------------------------
@@ -289,11 +312,12 @@ class ProcessOutcome:
 
 
 class _Drain(threading.Thread):
-    """Reads a pipe to its end keeping only the first and last ``_KEEP_BYTES`` bytes."""
+    """Reads a pipe to its end keeping only the first and last ``keep`` bytes."""
 
-    def __init__(self, stream: IO[bytes]) -> None:
+    def __init__(self, stream: IO[bytes], keep: int) -> None:
         super().__init__(daemon=True)
         self._stream = stream
+        self._keep = keep
         self._head = bytearray()
         self._tail = bytearray()
         self.dropped = 0
@@ -301,14 +325,14 @@ class _Drain(threading.Thread):
     def run(self) -> None:
         try:
             while chunk := self._stream.read1(65536):  # type: ignore[attr-defined]
-                room = _KEEP_BYTES - len(self._head)
+                room = self._keep - len(self._head)
                 if room > 0:
                     self._head += chunk[:room]
                     chunk = chunk[room:]
                 self._tail += chunk
-                if len(self._tail) > _KEEP_BYTES:
-                    self.dropped += len(self._tail) - _KEEP_BYTES
-                    del self._tail[: len(self._tail) - _KEEP_BYTES]
+                if len(self._tail) > self._keep:
+                    self.dropped += len(self._tail) - self._keep
+                    del self._tail[: len(self._tail) - self._keep]
         except (OSError, ValueError):
             pass
 
@@ -319,10 +343,11 @@ class _Drain(threading.Thread):
 
 
 def run_confined(command: Sequence[str], *, workspace: Path, timeout_s: float, env: Mapping[str, str],
-                 read_only: Sequence[str] = (), network: bool = False, stdin_text: str | None = None,
-                 grace_s: float = 0.0, seccomp: bytes | None = None,
-                 mode: SandboxMode = "bwrap") -> ProcessOutcome:
-    """Run ``command`` under bubblewrap with ``workspace`` as its only writable host folder.
+                 read_only: Sequence[str] = (), writable: Sequence[str] = (), network: bool = False,
+                 stdin_text: str | None = None, grace_s: float = 0.0, seccomp: bytes | None = None,
+                 keep_bytes: int = _KEEP_BYTES, mode: SandboxMode = "bwrap") -> ProcessOutcome:
+    """Run ``command`` under bubblewrap with ``workspace`` (and ``writable``) as its only writable host
+    folders. Each output stream keeps its first and last ``keep_bytes`` bytes.
 
     At ``timeout_s`` the process group gets SIGTERM, then SIGKILL after ``grace_s``; in every case it is
     killed before returning, which ends the namespace and everything in it. ``mode="none"`` runs the
@@ -342,8 +367,8 @@ def run_confined(command: Sequence[str], *, workspace: Path, timeout_s: float, e
             os.close(filled)
         info = _Info()
         pass_fds = tuple(fd for fd in (seccomp_fd, info.write_fd) if fd is not None)
-        argv = bwrap_argv(status.bwrap, command, workspace=workspace, read_only=read_only, env=env,
-                          network=network, seccomp_fd=seccomp_fd, info_fd=info.write_fd)
+        argv = bwrap_argv(status.bwrap, command, workspace=workspace, read_only=read_only, writable=writable,
+                          env=env, network=network, seccomp_fd=seccomp_fd, info_fd=info.write_fd)
         # bwrap itself (pid 1 of the namespace, whose /proc/1/environ the code can read) gets no secrets.
         launch_env = {"PATH": "/usr/bin:/bin"}
     else:
@@ -363,7 +388,7 @@ def run_confined(command: Sequence[str], *, workspace: Path, timeout_s: float, e
         if info is not None:
             info.started()
     assert proc.stdout is not None and proc.stderr is not None
-    out, err = _Drain(proc.stdout), _Drain(proc.stderr)
+    out, err = _Drain(proc.stdout, keep_bytes), _Drain(proc.stderr, keep_bytes)
     out.start()
     err.start()
     if stdin_text is not None and proc.stdin is not None:
@@ -454,8 +479,9 @@ for _folder in {site_dirs!r}:
 _WRITE_ROOTS = {write_roots!r}
 _DENY_READ = {deny_read!r}
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
-_PATH_EVENTS = {{"os.remove": (0,), "os.rmdir": (0,), "os.mkdir": (0,), "os.rename": (0, 1), "os.replace": (0, 1),
-                "os.symlink": (1,), "os.link": (1,), "os.chmod": (0,), "os.chown": (0,), "os.truncate": (0,),
+_PATH_EVENTS = {{"os.remove": (0,), "os.rmdir": (0,), "os.mkdir": (0,), "os.rename": (0, 1),
+                "os.replace": (0, 1), "os.symlink": (1,), "os.link": (1,), "os.chmod": (0,), "os.chown": (0,),
+                "os.truncate": (0,),
                 "os.utime": (0,), "shutil.rmtree": (0,), "shutil.copyfile": (1,), "shutil.move": (1,),
                 "os.chdir": (0,)}}
 _LIST_EVENTS = ("os.listdir", "os.scandir", "glob.glob")
@@ -620,8 +646,8 @@ def run_sandboxed(
         guard.chmod(0o444)
         env = {"PATH": "/usr/bin:/bin", "HOME": tmp, "LANG": "C.UTF-8", "TMPDIR": tmp}
         command = [executable, "-I", str(guard), *argv]
-        outcome = run_confined(command, workspace=work, timeout_s=timeout_s, env=env, read_only=[*folders, str(guard)],
-                               seccomp=no_process_filter(), mode=mode)
+        outcome = run_confined(command, workspace=work, timeout_s=timeout_s, env=env,
+                               read_only=[*folders, str(guard)], seccomp=no_process_filter(), mode=mode)
         code = outcome.exit_code
         stderr = _cut(outcome.stderr, max_output_chars)
         outputs = {name: (work / name).read_bytes() for name in collect
@@ -629,7 +655,8 @@ def run_sandboxed(
         return SandboxResult(
             exit_code=code, stdout=_cut(outcome.stdout, max_output_chars), stderr=stderr,
             timed_out=outcome.timed_out,
-            killed_for_memory=not outcome.timed_out and code != 0 and any(m in stderr for m in _MEMORY_MARKERS),
+            killed_for_memory=(not outcome.timed_out and code != 0
+                               and any(m in stderr for m in _MEMORY_MARKERS)),
             cpu_limited=not outcome.timed_out and code == -signal.SIGXCPU,
             duration_s=outcome.elapsed_s, isolation=mode, outputs=outputs,
         )
@@ -652,6 +679,6 @@ def _cut(text: str, limit: int) -> str:
 
 __all__ = [
     "DEFAULT_MEM_MB", "REFUSED", "ProcessOutcome", "SandboxMode", "SandboxResult", "SandboxStatus",
-    "SandboxUnavailable", "no_process_filter", "require_sandbox", "run_confined", "run_sandboxed",
-    "sandbox_status",
+    "SandboxUnavailable", "limits_prefix", "no_process_filter", "require_sandbox", "run_confined",
+    "run_sandboxed", "sandbox_status",
 ]

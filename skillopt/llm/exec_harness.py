@@ -36,7 +36,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from string import Template
-from typing import IO, Any, Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -47,9 +47,9 @@ from skillopt.llm.chat import Usage
 from skillopt.llm.errors import BackendError, EmptyAnswer, ExecError, ExecTimeout
 from skillopt.llm.http_common import WarnOnce, require_key, resolve_key
 from skillopt.llm.roles import ResolvedRole
-from skillopt.process_group import end_group, own_group
 from skillopt.redact import Redactor
 from skillopt.resources import load_prompt
+from skillopt.sandbox import SANDBOX_FIX, ProcessOutcome, limits_prefix, run_confined, sandbox_status
 
 log = logging.getLogger("skillopt.llm.exec")
 
@@ -57,6 +57,8 @@ log = logging.getLogger("skillopt.llm.exec")
 TARGET_PROMPT = "exec/target"
 LAST_MESSAGE = ".last_message"
 STDERR_LIMIT = 2000
+#: Of the CLI's stdout (its event stream) and stderr, the first and last this many bytes are kept.
+_KEEP_OUTPUT_BYTES = 16 * 1024 * 1024
 _PROBE_TIMEOUT_S = 30.0
 _DRAIN_JOIN_S = 2.0
 # Text that says the CLI could not authenticate, on stderr or in its own error report.
@@ -172,8 +174,14 @@ class ExecOptions(BaseModel):
     trace_digest_chars: int = Field(default=4000, ge=200)
     #: Seconds between SIGTERM and SIGKILL when the time is up.
     kill_grace_s: float = Field(default=5.0, ge=0)
-    #: CLIs of this backend running at once: the clients' limiter key ``exec:<backend>`` (§4.4).
+    #: CLIs of this backend running at once: the clients' limiter key ``exec:<backend>``.
     max_parallel: int = Field(default=4, ge=1)
+    #: ``bwrap``: the CLI runs under bubblewrap, seeing only the system, its own installation, the
+    #: workspace and its home (the run stops at preflight when no sandbox can be made); ``none``: no OS
+    #: sandbox (warned on every run).
+    workspace_sandbox: Literal["bwrap", "none"] = "bwrap"
+    #: More folders the CLI needs inside the sandbox, read-only (e.g. a Node installation under ~/.nvm).
+    sandbox_paths: list[str] = Field(default_factory=list)
 
 
 # --------------------------------------------------------------------------------------------
@@ -308,72 +316,6 @@ def _write_workspace(root: Path, task: ExecTask, run_id: str) -> tuple[Path, ...
 # Processes
 
 
-@dataclass
-class ProcessOutcome:
-    exit_code: int
-    stdout: str
-    stderr: str
-    timed_out: bool
-    elapsed_s: float
-
-
-class _Drain(threading.Thread):
-    """Collects a pipe in the background, so a chatty child never blocks on a full pipe."""
-
-    def __init__(self, stream: IO[bytes]) -> None:
-        super().__init__(daemon=True)
-        self._stream = stream
-        self._chunks: list[bytes] = []
-
-    def run(self) -> None:
-        try:
-            while chunk := self._stream.read1(65536):  # type: ignore[attr-defined]
-                self._chunks.append(chunk)
-        except (OSError, ValueError):
-            pass
-
-    def text(self) -> str:
-        self.join(timeout=_DRAIN_JOIN_S)  # a process outside the group may still hold the pipe
-        return b"".join(list(self._chunks)).decode("utf-8", errors="replace")
-
-
-def _feed(stream: IO[bytes], data: bytes) -> None:
-    try:
-        stream.write(data)
-        stream.close()
-    except (BrokenPipeError, OSError):
-        pass
-
-
-def run_process(
-    argv: Sequence[str], *, cwd: Path, env: Mapping[str, str], stdin_text: str, timeout_s: float, grace_s: float
-) -> ProcessOutcome:
-    """Run ``argv`` in its own process group with ``stdin_text`` on stdin and a wall-clock limit.
-
-    At the limit the group gets SIGTERM, then SIGKILL after ``grace_s``; in every case the group
-    is killed before returning, so no grandchild outlives the run.
-    """
-    started = time.monotonic()
-    proc = subprocess.Popen(
-        list(argv), cwd=cwd, env=dict(env), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, **own_group(),
-    )
-    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
-    out, err = _Drain(proc.stdout), _Drain(proc.stderr)
-    out.start()
-    err.start()
-    threading.Thread(target=_feed, args=(proc.stdin, stdin_text.encode("utf-8")), daemon=True).start()
-    timed_out = False
-    try:
-        proc.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        timed_out = True
-        end_group(proc, grace_s=grace_s)
-    finally:
-        end_group(proc, grace_s=0)
-    return ProcessOutcome(proc.returncode, out.text(), err.text(), timed_out, time.monotonic() - started)
-
-
 # --------------------------------------------------------------------------------------------
 # The harness
 
@@ -426,6 +368,7 @@ class ExecHarness(ABC):
         self._preflight: dict[str, Any] | None = None
         self._preflight_lock = threading.Lock()
         self._executable: str | None = None
+        self._jail_paths: list[str] = []
         self._instructions = Template(load_prompt(TARGET_PROMPT))
 
     # ---- what a backend supplies
@@ -468,6 +411,7 @@ class ExecHarness(ABC):
                 f"PATH); install it ({self.install_hint}) or set model.{self.role.role}.options.path or {self.path_env}"
             )
         self._executable = found
+        self._jail_paths = self._check_sandbox(found)
         version = self._probe(["--version"]).strip().splitlines()
         version_text = version[0] if version else "unknown version"
         help_text = self._probe(list(self.help_args))
@@ -484,7 +428,24 @@ class ExecHarness(ABC):
         return {
             "cli": found, "version": version_text, "flags_checked": flags, "network": self._network(),
             "auth": self.options.auth, "home": "real" if self.options.use_real_home else "private",
+            "sandbox": self.options.workspace_sandbox,
         }
+
+    def _check_sandbox(self, executable: str) -> list[str]:
+        """Fail closed when the workspace sandbox is on and none can be made; warn when it is off.
+        Returns the folders bound read-only for the CLI: its installation and its interpreter's."""
+        where = f"model.{self.role.role}.options.workspace_sandbox"
+        if self.options.workspace_sandbox == "none":
+            log.warning("[%s] %s: %s is none: the CLI and the commands it runs see your files without an OS "
+                        "sandbox", self.role.role, self.backend, where)
+            return []
+        status = sandbox_status()
+        if not status.available:
+            raise ConfigError(
+                f"[{self.role.role}] {self.backend}: the CLI's workspace runs under an OS sandbox and none can "
+                f"be made: {status.detail}. Fix: {SANDBOX_FIX.replace('benchmark.sandbox', where)}"
+            )
+        return installation_paths(executable) + [str(Path(p).resolve()) for p in self.options.sandbox_paths]
 
     def _network(self) -> bool:
         return False
@@ -566,11 +527,16 @@ class ExecHarness(ABC):
             handed = [Path(a) for a in argv[1:] if os.path.isabs(a)]
             ensure_outside([ws.root, ws.home, *handed], self.context.protected_paths, what=f"item {task.item_id}")
             outputs = "Write the output files the task asks for into `out/`." if task.declares_outputs else ""
+            jailed = self.options.workspace_sandbox == "bwrap"
             try:
-                outcome = run_process(
-                    argv, cwd=ws.root, env=self._child_env(ws),
-                    stdin_text=self._instructions.substitute(outputs=outputs),
-                    timeout_s=self.role.timeout_s, grace_s=self.options.kill_grace_s,
+                # Under bwrap the CLI keeps the network (it must reach its model API) but sees only the
+                # system, its installation, the workspace and its home.
+                outcome = run_confined(
+                    [*limits_prefix(), *argv] if jailed else argv, workspace=ws.root, env=self._child_env(ws),
+                    read_only=self._jail_paths, writable=[str(ws.home)], network=True,
+                    stdin_text=self._instructions.substitute(outputs=outputs), timeout_s=self.role.timeout_s,
+                    grace_s=self.options.kill_grace_s, keep_bytes=_KEEP_OUTPUT_BYTES,
+                    mode=self.options.workspace_sandbox,
                 )
             except OSError as exc:
                 raise ExecError(f"item {task.item_id}: could not start {self.cli}: {exc}", role=self.role.role,
@@ -697,6 +663,33 @@ class ExecHarness(ABC):
                 head.append(line)
                 budget -= len(line) + 1
         return self.redactor("\n".join([*head, tail]))[:limit]
+
+
+def installation_paths(executable: str) -> list[str]:
+    """The folders a CLI needs to run, outside ``/usr``: the folder of its real file (the whole package when
+    that is a Node package's ``bin/``) and, for a script, its interpreter's installation (``#!/x/bin/python``
+    or ``#!/usr/bin/env node``), both as named and resolved (a virtualenv and the Python behind it)."""
+    real = Path(executable).resolve()
+    package = real.parent.parent
+    found = [package if real.parent.name == "bin" and (package / "package.json").is_file() else real.parent]
+    try:
+        with open(real, "rb") as file:
+            first = file.readline(512)
+    except OSError:
+        first = b""
+    if first.startswith(b"#!"):
+        words = first[2:].decode("utf-8", errors="replace").split()
+        interpreter = words[0] if words else ""
+        if Path(interpreter).name == "env" and len(words) > 1:
+            interpreter = shutil.which(words[1]) or ""
+        if interpreter:
+            found += [Path(interpreter).parent.parent, Path(interpreter).resolve().parent.parent]
+    kept: list[str] = []
+    for folder in sorted({str(p) for p in found}):
+        if folder in ("/", "/usr") or folder.startswith("/usr/") or any(folder.startswith(k + "/") for k in kept):
+            continue
+        kept.append(folder)
+    return kept
 
 
 def lists_flag(help_text: str, flag: str) -> bool:

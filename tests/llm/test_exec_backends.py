@@ -72,8 +72,14 @@ def fake_cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeCli:
 
 def make_backend(info: BackendInfo, tmp_path: Path, *, model: str | None = None, effort: str | None = None,
                  timeout_s: float = 20.0, **options: Any) -> ExecHarness:
-    """The backend as the resolver would build it, with the repo, a run dir and a data root protected."""
+    """The backend as the resolver would build it, with the repo, a run dir and a data root protected.
+
+    These tests check the harness's own contract (argv, stdin, environment, timeouts, answers), which
+    holds with or without the OS sandbox; they run without it so the fake CLIs can record each call next
+    to themselves. tests/security/test_exec_sandbox.py runs the same fakes under bubblewrap.
+    """
     options.setdefault("workspace_root", str(tmp_path / "workspaces"))
+    options.setdefault("workspace_sandbox", "none")
     role = ResolvedRole(
         role="target", backend=info.name, model=model, price_model=model, reasoning_effort=effort, max_tokens=None,
         temperature=None, seed=None, timeout_s=timeout_s, base_url=None, api_key_env=info.key_env,

@@ -32,8 +32,11 @@ DOCVQA = FIXTURES_ROOT / "docvqa"
 
 
 def exec_clients(tmp_path: Path, backend: str) -> ModelClients:
+    # Without the OS sandbox, so the fake CLI can record what it was given next to itself (under bubblewrap
+    # its folder is read-only; tests/security/test_exec_sandbox.py runs it there).
     overrides = [*_data_overrides(str(DOCVQA)), f"model.target.backend={backend}",
-                 f"model.target.options.workspace_root={tmp_path / 'workspaces'}", "model.target.timeout_s=30"]
+                 f"model.target.options.workspace_root={tmp_path / 'workspaces'}", "model.target.timeout_s=30",
+                 "model.target.options.workspace_sandbox=none"]
     loaded = load_config("docvqa", overrides=overrides, env={})
     context = BackendContext(run_id="imgrun01", protected_paths=(Path.cwd(),))
     return ModelClients.from_config(loaded, env={}, registry=BackendRegistry.default(), context=context)

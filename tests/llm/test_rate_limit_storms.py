@@ -39,7 +39,8 @@ def test_callers_meeting_a_shared_pause_each_keep_their_own_jitter():
 
 def test_rpm_spacing_still_applies_after_a_pause():
     clock = FakeClock()
-    limiter = LocalRateLimiter({"p": ProviderLimits(rpm=60)}, clock=clock, sleep=clock.sleep, rng=random.Random(1))
+    limiter = LocalRateLimiter({"p": ProviderLimits(rpm=60)}, clock=clock, sleep=clock.sleep,
+                               rng=random.Random(1))
     limiter.pause("p", 2.0)
     starts = [limiter.reserve("p", tokens=1) for _ in range(5)]
     assert starts[0] >= 2.0
@@ -143,6 +144,7 @@ def test_a_storm_past_the_patience_fails_the_call_with_the_give_up_message(opena
                          "model.retry.rate_limit_patience_s=0.05")
     with pytest.raises(RateLimited) as caught:
         bundle.target.chat(ChatRequest(messages=[user("hi")], stage="rollout"))
-    assert "kept answering 429" in str(caught.value) and "model.retry.rate_limit_patience_s" in str(caught.value)
+    message = str(caught.value)
+    assert "kept answering 429" in message and "model.retry.rate_limit_patience_s" in message
     assert str(caught.value).startswith("[target] openai_compatible")
     assert 1 < openai_server.calls("/v1/chat/completions") < 400

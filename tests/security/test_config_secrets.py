@@ -44,15 +44,16 @@ def test_a_password_in_a_base_url_is_refused_in_a_file_an_override_and_a_variabl
     assert "env:SKILLOPT_TARGET_BASE_URL: model.target.base_url: credentials in a URL" in message
 
 
-@pytest.mark.parametrize("key", ["Authorization", "api-key", "X-Api-Key", "x-auth-token", "password", "client_secret",
-                                 "Ocp-Apim-Subscription-Key", "Cookie"])
+@pytest.mark.parametrize("key", ["Authorization", "api-key", "X-Api-Key", "x-auth-token", "password",
+                                 "client_secret", "Ocp-Apim-Subscription-Key", "Cookie"])
 def test_credential_named_keys_in_extra_body_are_refused(tmp_path, key):
     mine = tmp_path / "mine.yaml"
     mine.write_text(f"model:\n  judge:\n    extra_body:\n      nested:\n        \"{key}\": \"{PASSWORD}\"\n",
                     encoding="utf-8")
     # (``api-key`` is also an api_key-like name, refused anywhere as a literal key.)
-    refusal = re.compile(rf"model\.judge\.extra_body\.nested\.{re.escape(key)}: (credentials are not accepted in "
-                         r"request bodies or headers|literal keys are not accepted).*set model\.judge\.api_key_env")
+    refusal = re.compile(rf"model\.judge\.extra_body\.nested\.{re.escape(key)}: "
+                         r"(credentials are not accepted in request bodies or headers|literal keys are not "
+                         r"accepted).*set model\.judge\.api_key_env")
     assert refusal.search(refused(config_file=mine))
     message = refused(overrides=[f'model.target.extra_body={{"{key}": "{PASSWORD}"}}'])
     assert f"model.target.extra_body.{key}: " in message and "are not accepted" in message
@@ -74,7 +75,8 @@ def test_dumps_redact_url_passwords_and_credential_keys_even_if_they_got_in():
     tree = {"model": {"target": {"extra_body": {"headers": {"Authorization": PASSWORD, "x-trace": "keep"}},
                                  "api_key_env": "MY_KEY", "base_url": f"http://u:{PASSWORD}@h/"}}}
     redacted = redact_tree(tree, redactor)
-    assert redacted["model"]["target"]["extra_body"]["headers"] == {"Authorization": REDACTED, "x-trace": "keep"}
+    headers = redacted["model"]["target"]["extra_body"]["headers"]
+    assert headers == {"Authorization": REDACTED, "x-trace": "keep"}
     assert redacted["model"]["target"]["api_key_env"] == "MY_KEY"
     assert PASSWORD not in str(redacted)
 

@@ -43,9 +43,11 @@ def test_no_planted_secret_in_any_file_a_run_writes_or_in_the_prefect_database(t
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SKILLOPT_", "PREFECT_"))}
     env.update(SECRETS, PREFECT_HOME=str(prefect_home), PREFECT_SERVER_ANALYTICS_ENABLED="false")
     command = [
-        sys.executable, "-m", "skillopt.cli", "eval", "qa", "--skill", "skill.md", "--data", str(FIXTURES / "qa"),
-        "--run-name", "sentinel", "-o", "model.target.backend=openai_compatible",
-        "-o", f"model.target.base_url={openai_server.openai_base_url}", "-o", "model.target.model=fixture-model",
+        sys.executable, "-m", "skillopt.cli", "eval", "qa", "--skill", "skill.md",
+        "--data", str(FIXTURES / "qa"), "--run-name", "sentinel",
+        "-o", "model.target.backend=openai_compatible",
+        "-o", f"model.target.base_url={openai_server.openai_base_url}",
+        "-o", "model.target.model=fixture-model",
         "-o", "model.target.api_key_env=MY_TARGET_KEY", "-o", "model.optimizer.backend=scripted",
         "-o", "model.judge.backend=scripted",
     ]

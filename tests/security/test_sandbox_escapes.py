@@ -25,8 +25,9 @@ import pytest
 from skillopt.sandbox import run_confined, run_sandboxed, sandbox_status
 
 # CI sets SKILLOPT_REQUIRE_SANDBOX=1: there a missing sandbox fails these tests instead of skipping them.
-pytestmark = pytest.mark.skipif(not sandbox_status().available and not os.environ.get("SKILLOPT_REQUIRE_SANDBOX"),
-                                reason=f"no OS sandbox on this host: {sandbox_status().detail}")
+pytestmark = pytest.mark.skipif(
+    not sandbox_status().available and not os.environ.get("SKILLOPT_REQUIRE_SANDBOX"),
+    reason=f"no OS sandbox on this host: {sandbox_status().detail}")
 
 SECRET = "SENTINEL-sandbox-4b1d-secret"
 NAMESPACE = re.compile(r"NS=(pid:\[\d+\])")
@@ -81,8 +82,8 @@ def score_payload(item, payload: str) -> tuple[str, str]:
     from skillopt.benchmarks.spreadsheetbench import plugin
 
     body = textwrap.dedent(payload)
-    script = ("import openpyxl\nvalue = 'nothing'\n" + body
-              + "\nwb = openpyxl.load_workbook(INPUT_PATH)\nwb['Sheet1']['D2'] = str(value)\nwb.save(OUTPUT_PATH)\n")
+    script = ("import openpyxl\nvalue = 'nothing'\n" + body + "\nwb = openpyxl.load_workbook(INPUT_PATH)\n"
+              "wb['Sheet1']['D2'] = str(value)\nwb.save(OUTPUT_PATH)\n")
     result = plugin.score(item, f"```python\n{script}```", None)
     return result.fail_reason, f"{result.fail_reason}\n{result.detail}\n{result.extras}"
 
@@ -178,7 +179,8 @@ def test_sockets_plain_and_ctypes_never_reach_a_loopback_server(sheet_item):
         stop.set()
         thread.join(timeout=5)
         server.close()
-    assert "pred='c-1,Perm,Perm" in outcome, outcome  # the raw connect failed; the audit hook refused the rest
+    # The raw connect failed; the audit hook refused the other two.
+    assert "pred='c-1,Perm,Perm" in outcome, outcome
     assert accepted == []
 
 
@@ -188,7 +190,8 @@ def test_the_parents_environment_is_not_readable_through_proc(sheet_item, monkey
     payload = f"""
     import os
     blob, read = b'', 0
-    for pid in {{str(os.getppid()), '1', '{os.getpid()}', '{os.getppid()}'}} | set(filter(str.isdigit, os.listdir('/proc'))):
+    pids = {{str(os.getppid()), '1', '{os.getpid()}', '{os.getppid()}'}}
+    for pid in pids | set(filter(str.isdigit, os.listdir('/proc'))):
         try:
             blob += open('/proc/%s/environ' % pid, 'rb').read()
             read += 1
@@ -221,7 +224,8 @@ def test_fork_exec_os_fork_and_ctypes_fork_setsid_start_nothing_and_nothing_surv
         tail = [False, False, -1, None, None, None, -1, None, False]  # 3.11-3.12; 3.13 drops allow_vfork
         for extra in (tail, tail[:-1]):
             try:
-                pid = _posixsubprocess.fork_exec([b'/bin/sh'], [b'/bin/sh'], True, (), None, None, *ints, *extra)
+                sh = [b'/bin/sh']
+                pid = _posixsubprocess.fork_exec(sh, sh, True, (), None, None, *ints, *extra)
                 print('fork_exec ->', pid)
                 break
             except TypeError:

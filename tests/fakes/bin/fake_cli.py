@@ -15,6 +15,9 @@ The ``codex`` and ``claude`` scripts next to this file call ``main(<cli>)``. The
 - ``old_help``: like ``answer``, but the help text lacks a flag the harness passes.
 - ``images``: answer ``<answer>IMAGES <names></answer>``, the images the CLI was given: codex's
   ``-i`` files, claude's image attachments (read off ``ATTACHMENTS.md``, the way a model would).
+- ``jail_report``: like a hostile tool call, try the paths ``task.md`` names on ``READ=`` and ``WRITE=``
+  lines, look at ``/`` and at pid 1's environment, start a ``setsid`` daemon, and answer with a JSON
+  report (what was read, written, seen, and the pid namespace).
 
 Like the real codex, the fake refuses an ``-i`` file that does not exist or is no PNG/JPEG/GIF/WebP
 (exit 1, an error on stderr) before doing anything else.
@@ -22,7 +25,8 @@ Like the real codex, the fake refuses an ``-i`` file that does not exist or is n
 The scenario comes from ``FAKE_CLI_SCENARIO`` or, since the exec harness gives the CLI only an
 allowlisted environment, from ``scenario.txt`` next to this file (tests write it into a temp copy
 of this folder). Every call is appended to ``calls.jsonl`` next to this file: argv, cwd, stdin, the
-*names* of the environment variables (never values) and the workspace files with their text.
+*names* of the environment variables (never values) and the workspace files with their text. Inside
+an OS sandbox this folder is read-only, so nothing is recorded there.
 """
 
 from __future__ import annotations
@@ -144,8 +148,11 @@ def record(cli: str, argv: list[str], stdin: str | None, name: str) -> None:
         "cli": cli, "argv": argv, "cwd": os.getcwd(), "stdin": stdin, "scenario": name,
         "env_names": sorted(os.environ), "files": workspace_files(Path.cwd()) if stdin is not None else {},
     }
-    with (HERE / "calls.jsonl").open("a", encoding="utf-8") as f:
-        f.write(json.dumps(entry) + "\n")
+    try:
+        with (HERE / "calls.jsonl").open("a", encoding="utf-8") as f:
+            f.write(json.dumps(entry) + "\n")
+    except OSError:  # under the OS sandbox this folder is read-only
+        pass
 
 
 def emit(event: dict) -> None:
@@ -167,6 +174,33 @@ def outside_report() -> str:
             escapes.append(path.relative_to(root).as_posix())
     markers = [m for m in ("pyproject.toml", ".git", "skillopt") if (root / m).exists()]
     return json.dumps({"escapes": escapes, "parent": str(root.parent), "repo_markers": markers})
+
+
+def jail_report() -> str:
+    task = Path("task.md").read_text(encoding="utf-8")
+    report: dict[str, object] = {"root": sorted(os.listdir("/")), "home": os.environ.get("HOME")}
+    for line in task.splitlines():
+        kind, _, path = line.partition("=")
+        if kind == "READ":
+            try:
+                report.setdefault("read", {})[path] = Path(path).read_text(encoding="utf-8")  # type: ignore[index]
+            except OSError as exc:
+                report.setdefault("read", {})[path] = type(exc).__name__  # type: ignore[index]
+        elif kind == "WRITE":
+            try:
+                Path(path).write_text("escaped", encoding="utf-8")
+                report.setdefault("wrote", []).append(path)  # type: ignore[union-attr]
+            except OSError as exc:
+                report.setdefault("write_errors", []).append(type(exc).__name__)  # type: ignore[union-attr]
+    try:
+        report["pid1_environ"] = Path("/proc/1/environ").read_bytes().decode(errors="replace")
+    except OSError as exc:
+        report["pid1_environ"] = type(exc).__name__
+    daemon = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"], start_new_session=True,
+                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    report["daemon_pid"] = daemon.pid
+    report["pid_namespace"] = os.readlink("/proc/self/ns/pid")
+    return json.dumps(report)
 
 
 def sleep_forever() -> None:
@@ -225,6 +259,8 @@ def codex_run(argv: list[str], name: str) -> int:
         return 0
     answer = {"empty": "", "read_outside": None}.get(name, proof_of_reading())
     answer = outside_report() if answer is None else answer
+    if name == "jail_report":
+        answer = jail_report()
     if name == "images":
         answer = "<answer>IMAGES " + ",".join(Path(p).name for p in image_flags(argv)) + "</answer>"
     emit({"type": "turn.started"})
