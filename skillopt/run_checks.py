@@ -58,6 +58,7 @@ def check_run(loaded: LoadedConfig, *, cli: CliRoleOptions | None, env: Mapping[
     check_image_support(name or "", benchmark, roles, registry,
                         analyst_images=config.optimizer.analyst_images and "optimizer" in wanted)
     _check_credentials(loaded, roles, registry, env, wanted)
+    check_scripted_target(benchmark.id, bench_cfg, roles.target)
     with tempfile.TemporaryDirectory(prefix="skillopt-check-") as scratch:  # split manifests: not under runs/
         sizes = {s: len(benchmark.load_split(bench_cfg, s, run_dir=Path(scratch))) for s in SPLITS}
     if "optimizer" in wanted:
@@ -65,6 +66,19 @@ def check_run(loaded: LoadedConfig, *, cli: CliRoleOptions | None, env: Mapping[
     if chosen is not None and sizes[chosen] == 0:
         raise ConfigError(f"--split {split}: the {chosen} split of {name} has no items")
     return CheckedRun(benchmark=name or "", split_sizes=sizes)
+
+
+def check_scripted_target(benchmark_id: str, bench_cfg: Any, target: Any) -> None:
+    """A ``scripted`` target on data that ships no scripted replies would fail every item: say so once, now."""
+    from skillopt.benchmarks.scripted_target import RULES_FILE, target_rules
+
+    if target.backend != "scripted" or target.options.get("rules") is not None:
+        return
+    if not target_rules(benchmark_id, bench_cfg):
+        raise ConfigError(
+            f"the scripted target has no replies for this data: its folder holds no {RULES_FILE} (the scripted "
+            "backend plays only data that ships its replies, like tests/fixtures/<benchmark>); give rules with "
+            "-o model.target.options.rules=FILE.yaml, or use a model backend (--backend openai, local, ...)")
 
 
 def _check_credentials(loaded: LoadedConfig, roles: Any, registry: BackendRegistry, env: Mapping[str, str],

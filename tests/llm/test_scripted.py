@@ -545,10 +545,8 @@ def test_concurrent_calls_get_the_same_answers() -> None:
 
 
 def test_items_the_fixture_rules_do_not_know_are_said_once(caplog: pytest.LogCaptureFixture):
-    from skillopt.benchmarks.qa import QABenchmark
-
-    table = scripted.RuleTable(scripted.parse_rules(list(QABenchmark.scripted_rules), where="qa rules"),
-                               where="qa rules")
+    rules_file = Path(__file__).resolve().parents[1] / "fixtures" / "qa" / "scripted_rules.yaml"
+    table = scripted.RuleTable(scripted.load_rules_file(rules_file, where="qa rules"), where="qa rules")
     backend = ScriptedBackend(table)
     with caplog.at_level("WARNING", logger="skillopt.llm"):
         for question in ("What is the airspeed of a swallow?", "Who wrote my own data?"):

@@ -134,3 +134,28 @@ def test_the_usage_line_never_prints_a_zero_cost_for_unpriced_calls(usage, line)
     from skillopt.cli import usage_line
 
     assert usage_line(usage) == line
+
+
+def test_the_scripted_target_on_data_without_replies_is_refused_once_before_any_run(tmp_path, monkeypatch):
+    import json
+
+    monkeypatch.chdir(tmp_path)
+    data = tmp_path / "mine.jsonl"
+    data.write_text("".join(json.dumps({"id": f"q{i}", "question": f"{i}+{i}?", "answers": [str(2 * i)]}) + "\n"
+                            for i in range(12)))
+    code, out, err = run("train", "qa", "--data", str(data), "--backend", "scripted")
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and "the scripted target has no replies for this data" in err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_the_scripted_target_on_fixture_data_with_replies_passes_the_check():
+    from skillopt.benchmarks.base import load_benchmark
+    from skillopt.config import load_config
+    from skillopt.run_checks import check_scripted_target
+
+    loaded = load_config("qa", overrides=["benchmark.split_mode=split_dir", "benchmark.split_dir=tests/fixtures/qa"],
+                         env={})
+    benchmark = load_benchmark("qa")
+    bench_cfg = benchmark.Config.model_validate(loaded.config.benchmark.model_dump())
+    check_scripted_target("qa", bench_cfg, type("Role", (), {"backend": "scripted", "options": {}})())
