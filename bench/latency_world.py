@@ -127,6 +127,10 @@ class Event:
     at: float
     stage: str
     outcome: str  # "answer", "garbled" or a fault kind
+    #: When the reply leaves (epoch seconds): arrival plus the latency.
+    sent_at: float = 0.0
+    #: The request body (``canonical``), to match a call made before a kill with one made after.
+    key: str = ""
 
 
 def _fraction(seed: int, *parts: Any) -> float:
@@ -290,9 +294,11 @@ class LatencyWorld:
             else:
                 counts.answered += 1
                 self._answered.append(key)
-            self._events.append(Event(time.time(), stage, "garbled" if garble else "answer"))
+            wait = self.latency_s - (time.monotonic() - started)
+            now = time.time()
+            self._events.append(Event(now, stage, "garbled" if garble else "answer", sent_at=now + max(0.0, wait),
+                                      key=key))
         entry = ok(text=text, usage=usage)
-        wait = self.latency_s - (time.monotonic() - started)
         return slow(wait, then=entry) if wait > 0 else entry
 
     def _fault(self, key: str, attempt: int) -> str | None:

@@ -136,11 +136,11 @@ def run_flow(kind: str, out: _Printer, guard: InterruptGuard | None = None, **pa
 @contextmanager
 def _server_watched(server: Any, guard: InterruptGuard | None) -> Iterator[None]:
     """While the run lasts, a temporary ``server`` that dies stops it through ``guard`` (and Ctrl-C stops it)."""
-    from flows.temporary_server import watch_server
-
-    if server is None or guard is None:
+    if server is None or guard is None:  # no import of Prefect's server app (seconds) without a temporary server
         yield
         return
+    from flows.temporary_server import watch_server
+
     guard.add_cleanup(server.stop_without_waiting)
     watching = watch_server(server, guard.stop_because)
     try:
