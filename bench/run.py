@@ -430,9 +430,9 @@ def library_call_ms(world: LatencyWorld, api: str, workdir: Path, n: int = 40) -
     Prefect (``run_item`` called directly, one thread): what a task costs before Prefect adds anything."""
     from prefect.settings import PREFECT_API_URL, PREFECT_LOGGING_LEVEL, temporary_settings
 
+    from skillopt.assembly import Run
     from skillopt.benchmarks.runner import run_item
     from skillopt.config import load_config
-    from tasks.context import build_run_context
 
     world.reset(latency_s=0.0, faults=Faults())
     spec = Spec("library", batch=n, concurrency=1, latency=0.0)
@@ -443,7 +443,7 @@ def library_call_ms(world: LatencyWorld, api: str, workdir: Path, n: int = 40) -
     level = quiet.level
     quiet.setLevel(logging.ERROR)
     with temporary_settings(updates={PREFECT_API_URL: api, PREFECT_LOGGING_LEVEL: "WARNING"}):
-        ctx = build_run_context(load_config("demo", overrides=overrides, env={}), env={}, run_name="library")
+        ctx = Run.from_config(load_config("demo", overrides=overrides, env={}), env={}, run_name="library")
         items = [ctx.items[i] for i in ctx.split_ids["train"][:n]]
         run_item(ctx.benchmark, items[0], ctx.initial_skill, ctx.bench_cfg, target=ctx.clients.target, judge=None)
         started = time.perf_counter()

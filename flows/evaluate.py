@@ -9,14 +9,14 @@ from typing import Any
 from prefect import flow
 from prefect.task_runners import ThreadPoolTaskRunner
 
+from skillopt.assembly import RunSpec
 from skillopt.config import load_config
 from skillopt.data import resolve_split
 from skillopt.errors import ConfigError
-from skillopt.llm.roles import CliRoleOptions
 from skillopt.runs import per_task_type
 from skillopt.skill import skill_hash
-from tasks.context import build_run_context
-from tasks.rollout import PartialEvaluation, evaluate_skill
+from tasks.rollout import evaluate
+from tasks.run import start_run
 
 
 @flow(name="skill-eval", task_runner=ThreadPoolTaskRunner(max_workers=16))
@@ -30,15 +30,10 @@ def skill_eval(benchmark: str, skill_file: str, split: str = "test", config_file
     skill = path.read_text(encoding="utf-8")
     split = resolve_split(split)
     loaded = load_config(benchmark, config_file=config_file, overrides=overrides or [], env=os.environ)
-    ctx = build_run_context(loaded, run_name=run_name, cli=CliRoleOptions(**(cli_roles or {})),
-                            prefix="eval")
-    ids = ctx.split_ids[split]
-    try:
-        evaluation = ctx.bind(evaluate_skill)(ctx, skill, split, ids)
-    except PartialEvaluation as partial:
-        evaluation = partial.evaluation
-    ctx.run.write_evaluation(split, evaluation.rows, split=split, skill_sha=evaluation.skill_sha,
+    run = start_run(RunSpec.create(loaded, cli_roles=cli_roles, run_name=run_name, prefix="eval"), loaded=loaded)
+    evaluation = evaluate(run, skill, split, run.split_ids[split])
+    run.dir.write_evaluation(split, evaluation.rows, split=split, skill_sha=evaluation.skill_sha,
                              scores=evaluation.scores)
-    return {"run_dir": str(ctx.run.path), "split": split, "skill_sha": skill_hash(skill),
+    return {"run_dir": str(run.dir.path), "split": split, "skill_sha": skill_hash(skill),
             "hard": evaluation.scores.hard, "soft": evaluation.scores.soft, "n": evaluation.scores.n,
             "per_task_type": per_task_type(evaluation.rows)}

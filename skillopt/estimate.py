@@ -41,6 +41,7 @@ from skillopt.llm.pricing import PriceTable
 from skillopt.llm.scripted import Answer, EstimateRules
 from skillopt.llm.usage import BudgetVerdict, RoleSpend, Totals, check_budget
 from skillopt.prompts import optimizer_prompt
+from skillopt.update_modes import update_mode_for
 
 #: The share of steps on which a branch that depends on the models' answers is expected to run
 #: (a candidate reaching the gate, a ranking call, a final merge, a rewrite ...).
@@ -116,7 +117,7 @@ class RunEstimate(BaseModel):
 
 def merge_calls(patches: int, fan_in: int) -> int:
     """Merge calls of one tree of ``patches`` merged ``fan_in`` at a time, level by level (a group
-    of one passes through without a call), as ``flows.train.merge_tree`` does."""
+    of one passes through without a call), as ``flows.stages.merge_trees`` does."""
     calls = 0
     while patches > 1:
         groups = math.ceil(patches / fan_in)
@@ -135,7 +136,7 @@ def call_counts(config: SkillOptConfig, split_sizes: Mapping[str, int], train_id
     plan = plan_epoch(train_ids, seed=cfg.train.seed, epoch=1, batch_size=cfg.train.batch_size,
                       accumulation=cfg.train.accumulation)
     steps = len(plan.steps) * cfg.train.epochs
-    mode = cfg.optimizer.skill_update_mode
+    mode = update_mode_for(cfg.optimizer)
     m = cfg.gradient.minibatch_size
 
     step = {stage: Calls() for stage in STAGES}
@@ -158,11 +159,11 @@ def call_counts(config: SkillOptConfig, split_sizes: Mapping[str, int], train_id
     step["merge"].add(0, merge_calls(expected_tree, fan_in) * (1 if failure_only else 2)
                       + (0 if failure_only else share),
                       merge_calls(math.ceil(patches.high), fan_in) + (0 if failure_only else 1))
-    if mode != "full_rewrite_minibatch":
+    if mode.budgeted:
         step["ranking"].add(0, share, 1)
         if cfg.optimizer.lr_control_mode == "autonomous":
             step["lr"].add(0, 1, 1)
-    if mode == "rewrite_from_suggestions":
+    if mode.rewrites:
         step["rewrite"].add(0, share, 1)
     step["rollout"].add(0, share * n_sel, n_sel)  # the candidate on the selection split
     if cfg.optimizer.use_appendix:

@@ -29,14 +29,14 @@ from skillopt.artifacts import (
     report_url,
     skill_diff_markdown,
 )
+from skillopt.assembly import Run
 from skillopt.records import StepRecord
 from skillopt.registry import RegistryEvent, promotion_markdown
-from tasks.context import RunContext
 
 log = logging.getLogger("skillopt.artifacts")
 
 
-def _key(ctx: RunContext, kind: str) -> str:
+def _key(ctx: Run, kind: str) -> str:
     return artifact_key(ctx.benchmark.id, ctx.run_name, kind)
 
 
@@ -48,7 +48,7 @@ def _publish(kind: str, create: Any, **kwargs: Any) -> Any:
         return None
 
 
-def publish_progress(ctx: RunContext, step: int, total_steps: int, epoch: int, epochs: int, current: float,
+def publish_progress(ctx: Run, step: int, total_steps: int, epoch: int, epochs: int, current: float,
                      best: float, artifact_id: str | None = None) -> str | None:
     """Prefect's progress artifact of the run, created once and then updated in place: the share of
     steps done, with the epoch, step and current/best gate scores as its description.
@@ -65,20 +65,20 @@ def publish_progress(ctx: RunContext, step: int, total_steps: int, epoch: int, e
     return artifact_id
 
 
-def publish_cost(ctx: RunContext) -> None:
+def publish_cost(ctx: Run) -> None:
     """Usage per stage so far (calls, tokens, USD) with a total row."""
     _publish("cost", create_table_artifact, key=_key(ctx, "cost"), table=cost_table(ctx.clients.ledger.summary()),
              description=f"model calls, tokens and cost by stage of {ctx.run_name}")
 
 
-def publish_report_link(ctx: RunContext, report: Any) -> None:
+def publish_report_link(ctx: Run, report: Any) -> None:
     """A link to the run's HTML report: under ``run.reports_url`` when set, else a file:// URL."""
     url = report_url(report, run_name=ctx.run_name, reports_url=ctx.config.run.reports_url)
     _publish("report", create_link_artifact, key=_key(ctx, "report"), link=url,
              link_text=f"HTML report of {ctx.run_name}", description="plots, skill diffs and summary of the run")
 
 
-def publish_step(ctx: RunContext, record: StepRecord, history: list[StepRecord], *, previous_skill: str,
+def publish_step(ctx: Run, record: StepRecord, history: list[StepRecord], *, previous_skill: str,
                  current_skill: str) -> None:
     """The gate table, the step's edits and, for an accepted candidate, the skill diff."""
     _publish("gates", create_table_artifact, key=_key(ctx, "gates"), table=gate_table(history),
@@ -93,7 +93,7 @@ def publish_step(ctx: RunContext, record: StepRecord, history: list[StepRecord],
                  description=f"accepted skill change at step {record.step}")
 
 
-def publish_promotion(ctx: RunContext, event: RegistryEvent) -> None:
+def publish_promotion(ctx: Run, event: RegistryEvent) -> None:
     """A nightly run's promotion decision, with the scores it was made on."""
     _publish("promotion", create_markdown_artifact, key=_key(ctx, "promotion"), markdown=promotion_markdown(event),
              description=f"promotion decision of {ctx.run_name}")

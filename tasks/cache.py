@@ -11,12 +11,16 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from skillopt import __version__
+from skillopt.assembly import Run
 from skillopt.llm.errors import BackendError
+from tasks.cache_hits import cache_hit_hook
 
 
 def content_key(label: str, /, **parts: Any) -> str:
@@ -57,6 +61,33 @@ def retry_only_retryable(task: Any, task_run: Any, state: Any) -> bool:
     except Exception:  # noqa: BLE001 - anything else (bugs, config errors) must not be retried
         return False
     return False
+
+
+def bound(run: Run, task: Any, **options: Any) -> Any:
+    """``task`` with ``run``'s result storage, cache refresh setting and cache-hit accounting.
+
+    The ``llm:<role>`` tags of the model-calling tasks are kept only with ``model.rate_limit_mode: prefect``.
+    Prefect asks the server for tag concurrency slots before every tagged task run and remembers "no limit
+    for these tags" for only 5 s; with a busy server that round trip held each stage's first tasks for
+    2-2.5 s (``bench/run.py``: batch 40, concurrency 16, latency 0.5 s, SQLite). In ``prefect`` mode the
+    user has chosen Prefect-side limits, and the tags let them add tag limits per role too.
+    """
+    if run.config.model.rate_limit_mode != "prefect" and "tags" not in options:
+        options["tags"] = set()
+    return task.with_options(result_storage=_storage_of(run), refresh_cache=run.config.run.refresh_cache,
+                             on_completion=[cache_hit_hook(run)], **options)
+
+
+_storages: weakref.WeakKeyDictionary[Run, Any] = weakref.WeakKeyDictionary()
+_storages_lock = threading.Lock()
+
+
+def _storage_of(run: Run) -> Any:
+    """The run's result storage, saved once per run (saving a block is a round trip to the API)."""
+    with _storages_lock:
+        if run not in _storages:
+            _storages[run] = result_storage(run.cache_dir)
+        return _storages[run]
 
 
 def result_storage(cache_dir: Path) -> Any:

@@ -2,20 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from typing import Any
 
 from prefect import task
 
+from skillopt.assembly import Run
 from skillopt.data import EpochPlan, plan_epoch
-from skillopt.llm.errors import ParseError
 from skillopt.meta_skill import MetaSkillReply, meta_skill_request
 from skillopt.prompts import prompt_hash
 from skillopt.skill import skill_hash
 from skillopt.slow_update import Pairs, SlowUpdateReply, slow_update_request
+from skillopt.stage_call import structured_or_fallback
 from tasks.cache import content_key, digest, keyed, retry_only_retryable
-from tasks.context import RunContext
-
-R = TypeVar("R")
 
 
 def _plan_key(p: dict[str, Any]) -> str:
@@ -30,43 +28,35 @@ def plan_epoch_task(train_ids: list[str], seed: int, epoch: int, batch_size: int
 
 
 def _slow_key(p: dict[str, Any]) -> str:
-    ctx: RunContext = p["ctx"]
-    return content_key("slow-update", optimizer=ctx.clients.roles.optimizer.fingerprint(),
+    run: Run = p["run"]
+    return content_key("slow-update", optimizer=run.clients.roles.optimizer.fingerprint(),
                        start=skill_hash(p["start_skill"]), current=skill_hash(p["current_skill"]),
                        guidance=p["previous_guidance"], pairs=digest(p["pairs"]), prompts=prompt_hash("optimizer/slow_update"))
 
 
 @task(name="slow_update", cache_key_fn=keyed(_slow_key), persist_result=True, result_serializer="json",
       tags=["llm:optimizer"], retry_condition_fn=retry_only_retryable)
-def slow_update(ctx: RunContext, start_skill: str, current_skill: str, previous_guidance: str,
+def slow_update(run: Run, start_skill: str, current_skill: str, previous_guidance: str,
                 pairs: Pairs) -> SlowUpdateReply | None:
     """New epoch guidance for the target; None when the reply cannot be used (the old guidance stays)."""
     request = slow_update_request(start_skill=start_skill, current_skill=current_skill,
                                   previous_guidance=previous_guidance, pairs=pairs)
-    return _reply_or_none(ctx, request, SlowUpdateReply)
+    return structured_or_fallback(run.clients.optimizer, request, SlowUpdateReply, fallback=lambda _: None)
 
 
 def _meta_key(p: dict[str, Any]) -> str:
-    ctx: RunContext = p["ctx"]
-    return content_key("meta-skill", optimizer=ctx.clients.roles.optimizer.fingerprint(),
+    run: Run = p["run"]
+    return content_key("meta-skill", optimizer=run.clients.roles.optimizer.fingerprint(),
                        previous=skill_hash(p["previous_skill"]), current=skill_hash(p["current_skill"]),
                        memory=p["previous_memory"], pairs=digest(p["pairs"]), prompts=prompt_hash("optimizer/meta_skill"))
 
 
 @task(name="meta_skill", cache_key_fn=keyed(_meta_key), persist_result=True, result_serializer="json",
       tags=["llm:optimizer"], retry_condition_fn=retry_only_retryable)
-def meta_skill(ctx: RunContext, previous_skill: str, current_skill: str, previous_memory: str,
+def meta_skill(run: Run, previous_skill: str, current_skill: str, previous_memory: str,
                pairs: Pairs) -> MetaSkillReply | None:
     """The optimizer's memory for the next epoch; None when the reply cannot be used (the old memory stays)."""
     request = meta_skill_request(previous_skill=previous_skill, current_skill=current_skill,
                                  previous_memory=previous_memory, pairs=pairs)
-    return _reply_or_none(ctx, request, MetaSkillReply)
+    return structured_or_fallback(run.clients.optimizer, request, MetaSkillReply, fallback=lambda _: None)
 
-
-def _reply_or_none(ctx: RunContext, request: Any, schema: type[R]) -> R | None:
-    """The optimizer's validated reply, or None when it stays unusable after the client's re-ask."""
-    try:
-        reply, _ = ctx.clients.optimizer.structured(request, schema)
-    except ParseError:
-        return None
-    return reply

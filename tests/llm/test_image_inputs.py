@@ -111,7 +111,7 @@ def test_reply_store_keys_follow_image_content_not_the_path(tmp_path):
 
 
 def test_the_run_data_hash_changes_when_an_image_changes_under_the_same_path(tmp_path):
-    from tasks.context import _data_hash
+    from skillopt.assembly import _data_hash
 
     data = tmp_path / "docvqa"
     shutil.copytree(DOCVQA, data)
@@ -133,14 +133,14 @@ def run_context_overrides(name: str, tmp_path: Path, *extra: str) -> list[str]:
 
 
 def test_a_target_without_vision_stops_an_image_benchmark_in_preflight(tmp_path):
-    from tasks.context import build_run_context
+    from skillopt.assembly import Run
 
     overrides = run_context_overrides("docvqa", tmp_path, "model.target.backend=openai",
                                       "model.target.model=gpt-3.5-turbo", "model.judge=null")
     loaded = load_config("docvqa", overrides=overrides, env={})
     with pytest.raises(BenchmarkSetupError, match=r"benchmark docvqa sends images to the target, but \[target\] "
                                                   r"openai/gpt-3.5-turbo cannot take them"):
-        build_run_context(loaded, env={"OPENAI_API_KEY": "sk-test-not-used"})
+        Run.from_config(loaded, env={"OPENAI_API_KEY": "sk-test-not-used"})
     assert not (tmp_path / "runs").exists()
 
 
@@ -166,15 +166,15 @@ def test_which_backends_take_images(backend, kind, model, options, overrides, ok
 
 @pytest.mark.parametrize("name", ["babyvision", "mathverse"])
 def test_judge_benchmarks_stop_in_preflight_without_a_judge_role(name, tmp_path):
-    from tasks.context import build_run_context
+    from skillopt.assembly import Run
 
     overrides = run_context_overrides(name, tmp_path, "model.target.backend=scripted", "model.judge=null")
     with pytest.raises(BenchmarkSetupError, match=f"benchmark {name} needs the judge role: .*switched off"):
-        build_run_context(load_config(name, overrides=overrides, env={}), env={})
+        Run.from_config(load_config(name, overrides=overrides, env={}), env={})
     # No usable credential for the judge's backend is the same stop, naming the variable.
     overrides = run_context_overrides(name, tmp_path, "model.target.backend=scripted", "model.judge.backend=openai")
     with pytest.raises(BenchmarkSetupError, match=f"benchmark {name} needs the judge role: .*OPENAI_API_KEY"):
-        build_run_context(load_config(name, overrides=overrides, env={}), env={})
+        Run.from_config(load_config(name, overrides=overrides, env={}), env={})
     assert not (tmp_path / "runs").exists()
 
 
@@ -204,11 +204,11 @@ def test_the_analyst_sees_image_names_by_default_and_the_images_only_with_analys
 
 
 def test_analyst_images_needs_an_optimizer_that_takes_images(tmp_path):
-    from tasks.context import build_run_context
+    from skillopt.assembly import Run
 
     overrides = run_context_overrides("mmrb", tmp_path, "model.target.backend=scripted", "model.judge=null",
                                       "model.optimizer.backend=openai", "model.optimizer.model=gpt-3.5-turbo",
                                       "optimizer.analyst_images=true")
     with pytest.raises(BenchmarkSetupError, match=r"shows images to the analyst .*\[optimizer\] "
                                                   r"openai/gpt-3.5-turbo cannot take them"):
-        build_run_context(load_config("mmrb", overrides=overrides, env={}), env={"OPENAI_API_KEY": "sk-test-x"})
+        Run.from_config(load_config("mmrb", overrides=overrides, env={}), env={"OPENAI_API_KEY": "sk-test-x"})

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 from prefect import flow, task
 from prefect.cache_policies import NONE
 
-import flows.train as train
+import flows.stages as stages
 from skillopt.records import ItemResult, Patch
 
 
@@ -32,7 +32,7 @@ GAUGE = Gauge()
 
 
 @task(cache_policy=NONE, persist_result=False)
-def fake_analyst(ctx, kind, skill, rows, budget, step_buffer, meta_skill) -> Patch:
+def fake_analyst(run, kind, skill, rows, budget, step_buffer, meta_skill) -> Patch:
     GAUGE.enter([row.id for row in rows])
     time.sleep(0.2)
     GAUGE.leave()
@@ -45,16 +45,17 @@ def rows(n: int) -> list[ItemResult]:
 
 def context(workers: int) -> SimpleNamespace:
     gradient = SimpleNamespace(minibatch_size=1, failure_only=False, analyst_workers=workers)
-    return SimpleNamespace(config=SimpleNamespace(gradient=gradient), bind=lambda _task: fake_analyst)
+    return SimpleNamespace(config=SimpleNamespace(gradient=gradient))
 
 
 @flow(validate_parameters=False)
-def one_reflection(ctx, batch):
-    return train.reflect(ctx, "skill", batch, seed=1, budget=2, buffer="", meta_skill="")
+def one_reflection(run, batch):
+    return stages.reflect(run, "skill", batch, seed=1, budget=2, buffer="", meta_skill="")
 
 
-def test_analyst_calls_never_exceed_analyst_workers_and_every_minibatch_is_reflected():
+def test_analyst_calls_never_exceed_analyst_workers_and_every_minibatch_is_reflected(monkeypatch):
     GAUGE.__init__()
+    monkeypatch.setattr(stages, "bound", lambda _run, _task: fake_analyst)
     failures, successes = one_reflection(context(2), rows(6))
     assert GAUGE.peak == 2
     assert sorted(ids[0] for ids in GAUGE.seen) == [f"i{i}" for i in range(6)]

@@ -374,7 +374,7 @@ def test_judge_scoring_asks_the_judge_role_with_question_golds_and_prediction(tm
 
 
 def test_judge_scoring_without_a_judge_role_fails_before_any_rollout(tmp_path):
-    from tasks.context import build_run_context
+    from skillopt.assembly import Run
 
     overrides = [
         *_data_overrides(str(FIXTURES)),
@@ -385,7 +385,7 @@ def test_judge_scoring_without_a_judge_role_fails_before_any_rollout(tmp_path):
         f"run.runs_dir={tmp_path / 'runs'}",
     ]
     with pytest.raises(BenchmarkSetupError, match="benchmark qa needs the judge role"):
-        build_run_context(load_config("qa", overrides=overrides, env={}), env={})
+        Run.from_config(load_config("qa", overrides=overrides, env={}), env={})
     assert not (tmp_path / "runs").exists()
 
 

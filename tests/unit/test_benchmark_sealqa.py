@@ -334,7 +334,7 @@ def test_grader_llm_without_a_judge_callable_is_a_setup_error_not_a_string_match
 
 
 def test_grader_llm_without_a_judge_role_fails_preflight_and_never_falls_back(tmp_path):
-    from tasks.context import build_run_context
+    from skillopt.assembly import Run
 
     overrides = [
         *_data_overrides(str(FIXTURES)),
@@ -345,7 +345,7 @@ def test_grader_llm_without_a_judge_role_fails_preflight_and_never_falls_back(tm
     ]
     loaded = load_config("sealqa", overrides=overrides, env={})
     with pytest.raises(BenchmarkSetupError, match="benchmark sealqa needs the judge role"):
-        build_run_context(loaded, env={})
+        Run.from_config(loaded, env={})
     assert not (tmp_path / "runs").exists()
     assert benchmark_config(plugin, loaded.config.benchmark).grader == "llm"  # unchanged, no silent switch
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-import flows.train as train
+import flows.stages as stages
 from skillopt.records import Patch
 from skillopt.skill import Edit
 
@@ -41,14 +41,14 @@ def patches(kind: str, n: int) -> list[Patch]:
             for i in range(n)]
 
 
-def context(task: MergeTask):
-    config = SimpleNamespace(gradient=SimpleNamespace(merge_batch_size=2))
-    return SimpleNamespace(config=config, bind=lambda _task: task)
+def context(task: MergeTask, monkeypatch):
+    monkeypatch.setattr(stages, "bound", lambda _run, _task: task)
+    return SimpleNamespace(config=SimpleNamespace(gradient=SimpleNamespace(merge_batch_size=2)))
 
 
-def test_both_trees_submit_each_level_before_waiting():
+def test_both_trees_submit_each_level_before_waiting(monkeypatch):
     task = MergeTask()
-    merged = train.merge_trees(context(task), "skill", {"failure": patches("failure", 4), "success": patches("success", 2)},
+    merged = stages.merge_trees(context(task, monkeypatch), "skill", {"failure": patches("failure", 4), "success": patches("success", 2)},
                                meta_skill="")
     first_wait = next(i for i, (what, _) in enumerate(task.log) if what == "wait")
     level_one = [name for what, name in task.log[:first_wait] if what == "submit"]
@@ -57,12 +57,13 @@ def test_both_trees_submit_each_level_before_waiting():
     assert merged["success"].reasoning == "success-L1-s0+s1" and merged["success"].merge_level == 1
 
 
-def test_side_by_side_gives_what_one_tree_at_a_time_gives():
+def test_side_by_side_gives_what_one_tree_at_a_time_gives(monkeypatch):
     trees = {"failure": patches("failure", 5), "success": patches("success", 3)}
-    together = train.merge_trees(context(MergeTask()), "skill", trees, meta_skill="")
-    one_by_one = {kind: train.merge_tree(context(MergeTask()), kind, "skill", ps, meta_skill="")
+    together = stages.merge_trees(context(MergeTask(), monkeypatch), "skill", trees, meta_skill="")
+    one_by_one = {kind: stages.merge_trees(context(MergeTask(), monkeypatch), "skill", {kind: ps}, meta_skill="")[kind]
                   for kind, ps in trees.items()}
     assert together == one_by_one
 
-    final = train.aggregate(context(MergeTask()), "skill", trees["failure"], trees["success"], meta_skill="")
+    final = stages.aggregate(context(MergeTask(), monkeypatch), "skill", trees["failure"], trees["success"],
+                             meta_skill="")
     assert final.reasoning.startswith("final-L4-") and len(final.edits) == 8  # failure tree: 3 levels

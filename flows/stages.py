@@ -1,0 +1,296 @@
+"""The stages ``flows/train.py`` calls, one call each: the state a run carries from step to step, the fan-out
+of analyst and merge calls, selection and the candidate, the gate, the epoch boundary's pairs, the budget
+guard. Model calls go through the cached tasks of ``tasks/``; the decisions are ``skillopt``'s.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from prefect.task_runners import ThreadPoolTaskRunner
+from pydantic import BaseModel, Field
+
+from skillopt.appendix import with_execution_notes
+from skillopt.assembly import Run
+from skillopt.gate import GateResult, Scores, decide, gate_score
+from skillopt.llm.usage import Totals, check_budget, projection_from_history
+from skillopt.merge import merge_groups
+from skillopt.records import ItemResult, Patch, StepRecord
+from skillopt.reflect import split_and_batch
+from skillopt.select import needs_ranking
+from skillopt.skill import Edit, skill_hash
+from skillopt.slow_update import Pairs, pair_by_id, select_pairs
+from skillopt.update_modes import Picked, Update
+from tasks.cache import bound
+from tasks.optimize import decide_budget_task, merge_patches, rank_edits, reflect_minibatch, rewrite_skill
+from tasks.rollout import evaluate, evaluate_many
+
+progress = logging.getLogger("skillopt.progress")
+
+
+class TrainState(BaseModel):
+    """What a run carries from step to step (all of it can be rebuilt from the cache on resume)."""
+
+    initial_skill: str
+    current_skill: str
+    current_score: float
+    best_skill: str
+    best_score: float
+    best_step: int = 0
+    step: int = 0
+    total_steps: int
+    baseline: Scores
+    meta_memory: str = ""
+    guidance: str = ""
+    epoch_last_skills: list[str] = Field(default_factory=list)
+    history: list[StepRecord] = Field(default_factory=list)
+    step_totals: list[Totals] = Field(default_factory=list)
+    stopped_by: str | None = None
+    stopped_message: str | None = None
+    #: The id of the run's Prefect progress artifact, updated in place after each step.
+    progress_artifact: str | None = None
+    #: The dry-run estimate of one step's spend: the budget guard's projection until a step has finished.
+    step_estimate: Totals | None = None
+
+
+class StepTimer:
+    """Wall-clock seconds per stage of one step (``StepRecord.wall_s``)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def __call__(self, stage: str) -> Iterator[None]:
+        start = time.monotonic()
+        try:
+            yield
+        finally:
+            self.seconds[stage] = self.seconds.get(stage, 0.0) + time.monotonic() - start
+
+
+class Evidence(BaseModel):
+    """What the rollouts and analysts of one step produced."""
+
+    rows: list[ItemResult] = Field(default_factory=list)
+    failure_patches: list[Patch] = Field(default_factory=list)
+    success_patches: list[Patch] = Field(default_factory=list)
+    probe: dict[str, Any] | None = None
+
+    @property
+    def patches(self) -> list[Patch]:
+        return self.failure_patches + self.success_patches
+
+
+class StepOutcome(BaseModel):
+    """How a step's update ended: the decision and what led to it (``None`` where the step never got there)."""
+
+    decision: str
+    budget: int
+    budget_decision: dict[str, Any] | None = None
+    edits_proposed: int = 0
+    picked: Picked | None = None
+    update: Update | None = None
+    gate: GateResult | None = None
+    #: The step's idea as edits, for the step buffer, when the candidate was not accepted.
+    rejected: list[Edit] = Field(default_factory=list)
+    scores: tuple[float, float] | None = None
+
+
+# --------------------------------------------------------------------------------------------
+# Reflect and aggregate
+
+
+def reflect(run: Run, skill: str, rows: list[ItemResult], *, seed: int, budget: int, buffer: str,
+            meta_skill: str) -> tuple[list[Patch], list[Patch]]:
+    """One analyst call per minibatch of failures and of successes, at most ``gradient.analyst_workers`` at once."""
+    cfg = run.config
+    failures, successes = split_and_batch(rows, size=cfg.gradient.minibatch_size, seed=seed,
+                                          failure_only=cfg.gradient.failure_only)
+    task = bound(run, reflect_minibatch)
+    with ThreadPoolTaskRunner(max_workers=cfg.gradient.analyst_workers) as runner:
+        futures = [(kind, runner.submit(task, {"run": run, "kind": kind, "skill": skill, "rows": batch,
+                                               "budget": budget, "step_buffer": buffer, "meta_skill": meta_skill}))
+                   for kind, groups in (("failure", failures), ("success", successes)) for batch in groups]
+        patches = [(kind, future.result()) for kind, future in futures]
+    return [p for k, p in patches if k == "failure"], [p for k, p in patches if k == "success"]
+
+
+def aggregate(run: Run, skill: str, failures: list[Patch], successes: list[Patch], *, meta_skill: str) -> Patch:
+    """Hierarchical merge of each tree, then the final merge that gives failure-driven edits priority."""
+    merged = merge_trees(run, skill, {"failure": failures, "success": successes}, meta_skill=meta_skill)
+    trees = [t for t in merged.values() if _has_content(t)]
+    if not trees:
+        return Patch(reasoning="no edits proposed")
+    if len(trees) == 1:
+        return trees[0]
+    return bound(run, merge_patches)(run, "final", skill, trees, max(t.merge_level for t in trees) + 1, meta_skill)
+
+
+def merge_trees(run: Run, skill: str, trees: dict[str, list[Patch]], *, meta_skill: str) -> dict[str, Patch]:
+    """Merge each non-empty tree (kind -> patches) level by level until one patch is left, the trees side by side:
+    every merge call of a level is submitted, for all trees, before waiting for any."""
+    pending = {kind: [p for p in patches if _has_content(p)] or patches[:1]  # nothing to merge in empty patches
+               for kind, patches in trees.items() if patches}
+    level = 0
+    task = bound(run, merge_patches)
+    while any(len(patches) > 1 for patches in pending.values()):
+        level += 1
+        futures = {
+            kind: [task.submit(run, kind, skill, g, level, meta_skill) if len(g) > 1 else g[0]
+                   for g in merge_groups(patches, run.config.gradient.merge_batch_size)]
+            for kind, patches in pending.items() if len(patches) > 1
+        }
+        for kind, level_futures in futures.items():
+            pending[kind] = [f if isinstance(f, Patch) else f.result() for f in level_futures]
+    return {kind: patches[0] for kind, patches in pending.items()}
+
+
+def _has_content(patch: Patch) -> bool:
+    return bool(patch.edits or patch.suggestions or (patch.skill or "").strip())
+
+
+# --------------------------------------------------------------------------------------------
+# Select and update
+
+
+def autonomous_budget(run: Run, state: TrainState, skill: str, pool: list[Any], evidence: Evidence,
+                      buffer: str) -> dict[str, Any]:
+    """``optimizer.lr_control_mode: autonomous``: the optimizer decides how many of ``pool`` to apply."""
+    rows = evidence.rows
+    step_scores = {"current_score": state.current_score, "best_score": state.best_score,
+                   "rollout_hard": sum(r.hard for r in rows) / len(rows),
+                   "rollout_soft": sum(r.soft for r in rows) / len(rows),
+                   "n_fail": sum(r.failed for r in rows), "n_total": len(rows)}
+    return bound(run, decide_budget_task)(run, skill, step_scores, pool, len(pool), buffer, state.meta_memory)
+
+
+def select(run: Run, skill: str, pool: list[Any], budget: int, meta_skill: str) -> Picked:
+    """Gradient clipping: at most ``budget`` of ``pool``, ranked by one optimizer call when it must choose."""
+    if needs_ranking(pool, budget):
+        return bound(run, rank_edits)(run, skill, pool, budget, meta_skill)
+    return run.update_mode.pick(pool, budget, None)
+
+
+def build_candidate(run: Run, skill: str, merged: Patch, picked: Picked, *, buffer: str, meta_skill: str,
+                    timer: StepTimer) -> Update | None:
+    """The update mode's candidate skill; None when its rewrite gave no skill."""
+
+    def rewrite(suggestions: list[Any]) -> Any:
+        with timer("rewrite"):
+            return bound(run, rewrite_skill)(run, skill, suggestions, buffer, meta_skill)
+
+    return run.update_mode.candidate(skill, merged, picked, rewrite=rewrite)
+
+
+# --------------------------------------------------------------------------------------------
+# Gate
+
+
+def gate_candidate(run: Run, state: TrainState, candidate: str) -> GateResult:
+    """The candidate against the current skill on the selection split (both evaluations cached by skill)."""
+    cfg = run.config.evaluation
+    current = evaluate(run, state.current_skill, "val")
+    proposed = evaluate(run, candidate, "val")
+    return decide(proposed.rows, current.rows, current_score=state.current_score, best_score=state.best_score,
+                  metric=cfg.gate_metric, mixed_weight=cfg.gate_mixed_weight, use_gate=cfg.use_gate,
+                  test=cfg.gate_test, alpha=cfg.gate_alpha, seed=run.config.train.seed + state.step)
+
+
+def accept(run: Run, state: TrainState, candidate: str, score: float, *, new_best: bool) -> None:
+    state.current_skill, state.current_score = candidate, score
+    if new_best:
+        state.best_skill, state.best_score, state.best_step = candidate, score, state.step
+        run.dir.write_best_skill(candidate)
+
+
+def gate_value(run: Run, scores: Scores) -> float:
+    cfg = run.config.evaluation
+    return gate_score(scores.hard, scores.soft, cfg.gate_metric, cfg.gate_mixed_weight)
+
+
+def rescore(run: Run, state: TrainState, skill: str) -> None:
+    """Make ``skill`` the current skill outside the gate (guidance, execution notes): the best stays a validated
+    snapshot, and the current skill is re-scored (cached by hash) so later gates compare against a true score."""
+    state.current_skill = skill
+    state.current_score = gate_value(run, evaluate(run, skill, "val").scores)
+
+
+def add_execution_notes(run: Run, state: TrainState, patches: list[Patch]) -> list[str]:
+    """After the gate: "the rule exists but was not followed" reminders go into the appendix block.
+    Returns the notes that changed the current skill ([] when none did)."""
+    notes = [note for patch in patches for note in patch.execution_notes if note.strip()]
+    if not notes:
+        return []
+    updated = with_execution_notes(state.current_skill, notes)
+    if skill_hash(updated) == skill_hash(state.current_skill):
+        return []
+    rescore(run, state, updated)
+    return notes
+
+
+# --------------------------------------------------------------------------------------------
+# Epoch boundary
+
+
+def longitudinal_pairs(run: Run, epoch: int, before_skill: str, after_skill: str) -> Pairs:
+    """The same train items under both skills, paired by id and filtered by the pair policy.
+
+    ``slow_update_samples`` items are drawn with seed ``seed + 2000*epoch``; with the ``changed`` or
+    ``unchanged`` policy, more train items (the next ones in the same seeded order, both skills rolled
+    out in parallel) top the selection up until it has that many pairs or the split runs out.
+    """
+    cfg = run.config
+    train_ids = sorted(run.split_ids["train"])
+    order = random.Random(cfg.train.seed + 2000 * epoch).sample(train_ids, len(train_ids))
+    wanted = min(cfg.optimizer.slow_update_samples, len(order))
+    policy = cfg.optimizer.longitudinal_pair_policy
+    pairs, taken = Pairs(), 0
+    while taken < len(order):
+        chunk = order[taken:taken + wanted]
+        taken += len(chunk)
+        before, after = evaluate_many(run, [(before_skill, "train", chunk), (after_skill, "train", chunk)],
+                                      training=True)
+        found = select_pairs(pair_by_id(before.rows, after.rows), policy)
+        pairs = Pairs(**{group: [*getattr(pairs, group), *getattr(found, group)] for group in Pairs.model_fields})
+        if policy == "mixed" or sum(len(getattr(pairs, g)) for g in Pairs.model_fields) >= wanted:
+            break
+    return pairs
+
+
+# --------------------------------------------------------------------------------------------
+# Budget guard
+
+
+def has_budget(run: Run) -> bool:
+    budget = run.config.budget
+    return not (budget.max_usd is None and budget.max_tokens is None and budget.max_calls is None)
+
+
+def step_estimate(run: Run) -> Totals:
+    """The dry-run estimate of one step's spend (``skillopt.estimate``), from this run's data and roles."""
+    from skillopt.estimate import estimate_benchmark_run
+
+    items = {split: run.rows_of(ids) for split, ids in run.split_ids.items()}
+    return estimate_benchmark_run(run.config, benchmark=run.benchmark, bench_cfg=run.bench_cfg, items=items,
+                                  initial_skill=run.initial_skill, roles=run.clients.roles,
+                                  prices=run.clients.ledger.prices).per_step
+
+
+def budget_stop(run: Run, state: TrainState, where: str) -> bool:
+    """The budget guard before a step or an epoch boundary (``where``): stop cleanly, saying why.
+
+    The projection of the next step is the mean of the last three steps, else the dry-run estimate."""
+    if not has_budget(run):
+        return False
+    verdict = check_budget(run.config.budget, run.clients.ledger.totals(),
+                           projection_from_history(state.step_totals, state.step_estimate), where)
+    if verdict.stop:
+        state.stopped_by, state.stopped_message = "budget", verdict.message
+        run.dir.write_text("STOPPED", verdict.message + "\n")
+        progress.warning("%s", verdict.message)
+    return verdict.stop

@@ -1,0 +1,255 @@
+"""Assembling a run from its config: everything a training or evaluation run shares, built once.
+
+``RunSpec`` is the small, picklable description of a run (the resolved config, the CLI's model choice,
+the run name, the working directory its relative paths start from, a warm-start skill). ``Run.build``
+turns it into the live ``Run``: the benchmark plug-in and its validated config, the resolved roles and
+model clients, the run directory, the items of every split, the update mode and the data hash. A process
+that only has the spec (a task on another worker) calls ``open_run(spec)``, which builds the run once per
+process and returns the same object afterwards.
+
+Nothing here knows about Prefect: the task layer wraps a ``Run`` in its tasks and chooses their caching.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from skillopt.atomic import check_writable
+from skillopt.benchmarks.base import Benchmark, BenchmarkSetupError
+from skillopt.benchmarks.images import image_digests, item_image_paths
+from skillopt.benchmarks.resolve import initial_skill as read_initial_skill
+from skillopt.benchmarks.resolve import read_prompt, resolve_benchmark
+from skillopt.benchmarks.scripted_target import target_rules
+from skillopt.config import LoadedConfig, SkillOptConfig
+from skillopt.data import Item, check_train_size
+from skillopt.llm.base import BackendContext, BackendRegistry, EnvSecrets
+from skillopt.llm.clients import ModelClients
+from skillopt.llm.limiter import RateLimiter
+from skillopt.llm.reply_store import ReplyStore
+from skillopt.llm.roles import CliRoleOptions
+from skillopt.llm.usage import check_startable
+from skillopt.run_checks import check_image_support
+from skillopt.runs import RunDir, config_hash, default_run_name
+from skillopt.update_modes import UpdateMode, update_mode_for
+
+SPLITS = ("train", "val", "test")
+progress = logging.getLogger("skillopt.progress")
+
+
+class RunSpec(BaseModel):
+    """What any process needs to rebuild a run: small, picklable, JSON-able, and free of secrets.
+
+    ``config`` is the resolved config (``SkillOptConfig.model_dump(mode="json")``), so a worker never re-reads
+    config files; credentials still come from the rebuilding process's environment. Relative paths in the
+    config (``run.runs_dir``, ``run.cache_dir``, data paths) are relative to ``workdir``.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    config: dict[str, Any]
+    sources: dict[str, str] = Field(default_factory=dict)
+    cli_roles: dict[str, Any] = Field(default_factory=dict)
+    run_name: str
+    workdir: str
+    #: A nightly run's warm start from the registry; None = ``train.skill_init``.
+    initial_skill: str | None = None
+
+    @classmethod
+    def create(cls, loaded: LoadedConfig, *, cli_roles: Mapping[str, Any] | None = None, run_name: str | None = None,
+               prefix: str | None = None, initial_skill: str | None = None, now: datetime | None = None) -> RunSpec:
+        """The spec of a new or resumed run; without a ``run_name`` (argument or ``run.run_name``) a fresh one
+        ``<bench>[-<prefix>]-<yyyymmdd-hhmmss>-<config hash>`` is chosen here, once, for every process."""
+        config = loaded.config
+        bench = config.benchmark.name or "run"
+        name = run_name or config.run.run_name or default_run_name(
+            f"{bench}-{prefix}" if prefix else bench, config_hash(config), now or datetime.now())
+        return cls(config=config.model_dump(mode="json"), sources=dict(loaded.sources),
+                   cli_roles=dict(cli_roles or {}), run_name=name, workdir=str(Path.cwd().resolve()),
+                   initial_skill=initial_skill)
+
+    def key(self) -> str:
+        """The spec's content hash: two specs with the same key build the same run."""
+        payload = json.dumps(self.model_dump(mode="json"), sort_keys=True, ensure_ascii=False)
+        return hashlib.sha256(payload.encode("utf-8")).hexdigest()
+
+    def loaded(self) -> LoadedConfig:
+        return LoadedConfig(config=SkillOptConfig.model_validate(self.config), sources=dict(self.sources))
+
+    def path(self, value: str | Path) -> Path:
+        """A config path, resolved against the run's working directory."""
+        return Path(self.workdir) / value
+
+
+class Run:
+    """The run's shared state: passed to every stage, left out of every cache key.
+
+    A plain class on purpose, not a dataclass or a pydantic model: Prefect walks every task parameter that is a
+    collection, dataclass or model in search of futures (when it submits the task and again when it resolves the
+    inputs). Walking the items of every split, the config and the clients cost ~0.1 s per task on a 400-item
+    split (measured with ``bench/run.py``); a plain object is a single leaf.
+    """
+
+    def __init__(self, *, spec: RunSpec, loaded: LoadedConfig, benchmark: Benchmark, bench_cfg: BaseModel,
+                 clients: ModelClients, dir: RunDir, items: dict[str, Item], split_ids: dict[str, list[str]],
+                 data_hash: str, bench_prompt_hash: str, initial_skill: str,
+                 benchmark_guidance: dict[str, str]) -> None:
+        self.spec = spec
+        self.loaded = loaded
+        self.benchmark = benchmark
+        self.bench_cfg = bench_cfg
+        self.clients = clients
+        self.dir = dir
+        self.items = items
+        self.split_ids = split_ids
+        self.data_hash = data_hash
+        self.bench_prompt_hash = bench_prompt_hash
+        self.initial_skill = initial_skill
+        #: The plug-in's analyst guidance, by kind (``error`` for failure analysts, ``success``).
+        self.benchmark_guidance = benchmark_guidance
+        self.update_mode: UpdateMode = update_mode_for(loaded.config.optimizer)
+
+    def __repr__(self) -> str:
+        return f"Run(run_name={self.run_name!r}, benchmark={self.benchmark.id!r})"
+
+    @property
+    def run_name(self) -> str:
+        return self.spec.run_name
+
+    @property
+    def config(self) -> SkillOptConfig:
+        return self.loaded.config
+
+    @property
+    def cache_dir(self) -> Path:
+        """Where task results and stored replies live (``run.cache_dir``)."""
+        return self.spec.path(self.config.run.cache_dir)
+
+    def rows_of(self, ids: Sequence[str]) -> list[Item]:
+        return [self.items[i] for i in ids]
+
+    def selection_ids(self, split: str) -> list[str]:
+        """The ids a whole-split evaluation scores: ``evaluation.sel_size`` / ``test_size`` cut val / test."""
+        ids = self.split_ids[split]
+        size = {"val": self.config.evaluation.sel_size, "test": self.config.evaluation.test_size}.get(split, 0)
+        return list(ids[:size] if size else ids)
+
+    @classmethod
+    def from_config(cls, loaded: LoadedConfig, *, env: Mapping[str, str] | None = None, run_name: str | None = None,
+                    registry: BackendRegistry | None = None) -> Run:
+        """The run of a validated config in this process (no CLI model choice, no warm start)."""
+        return cls.build(RunSpec.create(loaded, run_name=run_name), env=env, registry=registry, loaded=loaded)
+
+    @classmethod
+    def build(cls, spec: RunSpec, *, env: Mapping[str, str] | None = None, registry: BackendRegistry | None = None,
+              limiter: RateLimiter | None = None, loaded: LoadedConfig | None = None) -> Run:
+        """Resolve roles, load the benchmark and its splits, open the run directory, build the clients.
+
+        ``limiter`` is the provider limiter shared by the clients (``model.rate_limit_mode: prefect`` needs one
+        from the task layer); ``loaded`` saves re-validating the config when the caller has it already.
+        """
+        env = os.environ if env is None else env
+        loaded = loaded or spec.loaded()
+        config = loaded.config
+        registry = registry or BackendRegistry.default()
+        benchmark, bench_cfg, roles = resolve_benchmark(loaded, cli=CliRoleOptions(**spec.cli_roles), env=env,
+                                                        registry=registry, command="skillopt train BENCHMARK")
+        name = config.benchmark.name
+        if benchmark.needs_judge(bench_cfg) and roles.judge_problem:
+            raise BenchmarkSetupError(f"benchmark {name} needs the judge role: {roles.judge_problem}")
+        check_image_support(name, benchmark, roles, registry, analyst_images=config.optimizer.analyst_images)
+
+        cache_dir = spec.path(config.run.cache_dir)
+        check_writable(cache_dir, "run.cache_dir")  # before any call is paid for
+        run_dir = RunDir.open(spec.path(config.run.runs_dir), spec.run_name, config,
+                              config_hash=config_hash(config), provenance=loaded.sources)
+        items: dict[str, Item] = {}
+        split_ids: dict[str, list[str]] = {}
+        for split in SPLITS:
+            rows = benchmark.load_split(bench_cfg, split, run_dir=run_dir.path)
+            split_ids[split] = [row.id for row in rows]
+            items.update({row.id: row for row in rows})
+        check_train_size(config.train.train_size, len(split_ids["train"]))
+
+        context = BackendContext(
+            run_id=spec.run_name,
+            protected_paths=tuple(p for p in (Path(spec.workdir), run_dir.path) if p.exists()),
+            scripted_target_rules=target_rules(benchmark.id, bench_cfg),
+        )
+        clients = ModelClients.build(roles, loaded=loaded, registry=registry, secrets=EnvSecrets(env),
+                                     context=context, usage_path=run_dir.path / "usage.jsonl", limiter=limiter,
+                                     replies=ReplyStore(cache_dir / "replies", refresh=config.run.refresh_cache))
+        used = {"target": roles.target, "optimizer": roles.optimizer}
+        if benchmark.needs_judge(bench_cfg) and roles.judge is not None:
+            used["judge"] = roles.judge
+        check_startable(config.budget, clients.ledger.prices,
+                        {role_name: (role.backend, role.price_model) for role_name, role in used.items()})
+        prompts = benchmark.prompts_dir
+        guidance = {kind: read_prompt(prompts / f"analyst_{kind}.md") for kind in ("error", "success")}
+        initial = read_initial_skill(config, prompts) if spec.initial_skill is None else spec.initial_skill
+        return cls(spec=spec, loaded=loaded, benchmark=benchmark, bench_cfg=bench_cfg, clients=clients, dir=run_dir,
+                   items=items, split_ids=split_ids, data_hash=_data_hash(items, split_ids),
+                   bench_prompt_hash=_digest([guidance, read_prompt(prompts / "initial_skill.md"), benchmark.version]),
+                   initial_skill=initial, benchmark_guidance=guidance)
+
+
+class _OpenRuns:
+    """The runs this process has built, by spec key: a worker rebuilds a run once, not once per task."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._runs: dict[str, Run] = {}
+
+    def get(self, spec: RunSpec, build: Callable[[RunSpec], Run]) -> Run:
+        key = spec.key()
+        with self._lock:
+            if key not in self._runs:
+                self._runs[key] = build(spec)
+            return self._runs[key]
+
+    def add(self, run: Run) -> Run:
+        with self._lock:
+            self._runs[run.spec.key()] = run
+        return run
+
+
+_open_runs = _OpenRuns()
+
+
+def open_run(spec: RunSpec, *, limiter_for: Callable[[SkillOptConfig], RateLimiter | None] | None = None) -> Run:
+    """The run ``spec`` describes, built on first use in this process and shared afterwards.
+
+    ``limiter_for(config)`` supplies the clients' provider limiter when the run is built (the task layer's
+    Prefect limiter); None: the clients' own."""
+
+    def build(spec: RunSpec) -> Run:
+        loaded = spec.loaded()
+        return Run.build(spec, loaded=loaded, limiter=limiter_for(loaded.config) if limiter_for else None)
+
+    return _open_runs.get(spec, build)
+
+
+def remember_run(run: Run) -> Run:
+    """Make ``open_run(run.spec)`` in this process return ``run`` (the flow's own, already built run)."""
+    return _open_runs.add(run)
+
+
+def _data_hash(items: Mapping[str, Item], split_ids: Mapping[str, Sequence[str]]) -> str:
+    """The items of every split plus the content hash of each image they name (paths alone are not enough)."""
+    images = {item_id: image_digests(item_image_paths(item)) for item_id, item in items.items()
+              if item_image_paths(item)}
+    return _digest({"splits": {s: [items[i] for i in split_ids[s]] for s in SPLITS}, "images": images})
+
+
+def _digest(value: Any) -> str:
+    text = json.dumps(value, sort_keys=True, ensure_ascii=False)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:24]
