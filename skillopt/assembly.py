@@ -86,7 +86,10 @@ class RunSpec(BaseModel):
         return LoadedConfig(config=SkillOptConfig.model_validate(self.config), sources=dict(self.sources))
 
     def path(self, value: str | Path) -> Path:
-        """A config path, resolved against the run's working directory."""
+        """A config path, resolved against the run's working directory (left as written in that directory, so
+        the paths a user sees are the ones they configured)."""
+        if Path.cwd().resolve() == Path(self.workdir):
+            return Path(value)
         return Path(self.workdir) / value
 
 
