@@ -1,4 +1,4 @@
-"""Resolving the configured benchmark before anything runs: shared by training (``tasks/context.py``)
+"""Resolving the configured benchmark before anything runs: shared by training (``skillopt/assembly.py``)
 and the dry run (``skillopt/estimate.py``), and free of Prefect so a dry run starts quickly."""
 
 from __future__ import annotations
