@@ -31,7 +31,7 @@ from skillopt.benchmarks.resolve import initial_skill as read_initial_skill
 from skillopt.benchmarks.resolve import read_prompt, resolve_benchmark
 from skillopt.benchmarks.scripted_target import target_rules
 from skillopt.config import LoadedConfig, SkillOptConfig
-from skillopt.data import Item, check_train_size
+from skillopt.data import Item, check_train_size, small_split_warning
 from skillopt.llm.base import BackendContext, BackendRegistry, EnvSecrets
 from skillopt.llm.clients import ModelClients
 from skillopt.llm.limiter import RateLimiter
@@ -182,6 +182,12 @@ class Run:
             split_ids[split] = [row.id for row in rows]
             items.update({row.id: row for row in rows})
         check_train_size(config.train.train_size, len(split_ids["train"]))
+        small = small_split_warning({s: len(ids) for s, ids in split_ids.items()},
+                                    min_items=config.evaluation.min_split_items,
+                                    split_ratio=config.benchmark.split_ratio,
+                                    split_mode=getattr(bench_cfg, "split_mode", None) or benchmark.default_split_mode)
+        if small:
+            progress.warning("%s", small)
 
         context = BackendContext(
             run_id=spec.run_name,
