@@ -7,7 +7,10 @@
 - :func:`normalise_squad`, :func:`exact_match`, :func:`token_f1`, :func:`best_f1` and
   :func:`sub_exact_match` are the SQuAD-style metrics (lowercase, punctuation stripped, articles
   dropped, whitespace collapsed);
-- :func:`last_number` reads the last number of a text, for numeric scorers;
+- :func:`last_number` reads the last number of a text (digits or words), for numeric scorers;
+- :func:`read_answer` is the one answer reader of the text benchmarks: the tagged answer, else a
+  fallback (:func:`last_line`, :func:`leading_choice`, :func:`last_number_text`) whose answer is
+  marked ``untagged``;
 - :func:`quote_answer` is an answer as a fail_reason quotes it (one line, bounded).
 
 Everything here is pure and never raises for odd input: an answer that cannot be read is ``None``.
@@ -19,18 +22,27 @@ import re
 import string
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from functools import lru_cache
 
 __all__ = [
+    "AnswerReading",
+    "Fallback",
     "best_f1",
     "choice_label",
     "clean_label",
     "exact_match",
+    "label_contradicts",
+    "last_line",
+    "last_number_text",
+    "leading_choice",
+    "leading_label",
     "last_boxed",
     "last_number",
     "last_tag",
     "normalise_squad",
     "quote_answer",
+    "read_answer",
     "resolve_choice",
     "sub_exact_match",
     "tag_or_last_line",
@@ -42,10 +54,18 @@ _BOX_TOKENS = re.compile(r"<\|begin_of_box\|>(.*?)<\|end_of_box\|>", re.DOTALL)
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _PUNCTUATION = str.maketrans("", "", string.punctuation)
 # Thousands separators, currency signs and percent signs are noise around a number.
+_LEADING_LABEL = re.compile(r"^\(?(?P<label>[A-Za-z]{1,2})(?P<sep>\)\s*|[.:]\s*|\s+|$)(?P<rest>.*)$", re.DOTALL)
 _NUMBER_NOISE = re.compile(r"(?<=\d),(?=\d)|[$€£¥%]")
 #: Characters of an answer that a fail_reason quotes.
 QUOTE_CHARS = 200
 _NUMBER = re.compile(r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?")
+_UNITS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven", "twelve", "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen", "nineteen"]
+_TENS = ["twenty", "thirty", "forty", "fifty", "sixty", "seventy", "eighty", "ninety"]
+_NUMBER_WORDS = {**{word: value for value, word in enumerate(_UNITS)},
+                 **{word: 20 + 10 * index for index, word in enumerate(_TENS)}}
+# A tens word may take a unit ("twenty-one", "twenty one"); whole words only.
+_NUMBER_WORD = re.compile(rf"\b(?:(?:{'|'.join(_TENS)})(?:[- ](?:{'|'.join(_UNITS[1:10])}))?|{'|'.join(_UNITS)})\b",
+                          re.IGNORECASE)
 
 
 @lru_cache(maxsize=32)
@@ -134,9 +154,16 @@ def sub_exact_match(prediction: str, golds: Iterable[str]) -> bool:
 
 
 def last_number(text: str) -> float | None:
-    """The last number in ``text`` (thousands commas, currency signs and ``%`` ignored), or None."""
-    found = _NUMBER.findall(_NUMBER_NOISE.sub("", text or ""))
+    """The last number in ``text``, in digits or in words (``three``, ``twenty-one``; thousands
+    commas, currency signs and ``%`` ignored), or None."""
+    text = _NUMBER_WORD.sub(lambda found: str(_word_value(found.group(0))), text or "")
+    found = _NUMBER.findall(_NUMBER_NOISE.sub("", text))
     return float(found[-1]) if found else None
+
+
+def _word_value(words: str) -> int:
+    tens, _, unit = words.lower().replace(" ", "-").partition("-")
+    return _NUMBER_WORDS[tens] + (_NUMBER_WORDS[unit] if unit else 0)
 
 
 def quote_answer(text: str, limit: int = QUOTE_CHARS) -> str:
@@ -173,16 +200,104 @@ def clean_label(text: str) -> str:
 def resolve_choice(text: str, options: Mapping[str, str]) -> str | None:
     """The option label (a key of ``options``, label → text) that an answer names, or None.
 
-    In order: the answer itself as a label (:func:`clean_label`); the option whose text equals the
-    answer case-insensitively (whitespace collapsed); the answer's first token as a label.
+    In order: the answer itself as a label (:func:`clean_label`: ``B``, ``(B)``, ``B.``); the
+    option whose text equals the answer case-insensitively (whitespace collapsed); a leading label
+    followed by text (``B. implausible``, ``B) implausible``, ``(B) implausible``, ``B because …``),
+    unless that text is another option's text: a label whose text contradicts it names nothing.
     """
     label = clean_label(text)
     if label in options:
         return label
-    wanted = " ".join(str(text).split()).casefold()
+    wanted = _option_key(text)
     for key, option in options.items():
-        if wanted and " ".join(option.split()).casefold() == wanted:
+        if wanted and _option_key(option) == wanted:
             return key
-    tokens = str(text).split()
-    first = clean_label(tokens[0]) if tokens else ""
-    return first if first in options else None
+    leading = leading_label(text, options)
+    if leading is None:
+        return None
+    label, rest = leading
+    rest_key = _option_key(rest)
+    if rest_key and rest_key != _option_key(options[label]) and any(
+            _option_key(option) == rest_key for key, option in options.items() if key != label):
+        return None
+    return label
+
+
+def leading_label(text: str, options: Mapping[str, str]) -> tuple[str, str] | None:
+    """``(label, rest)`` when ``text`` starts with one of the option labels followed by ``.``, ``)``,
+    ``:`` or a space (``B. implausible`` → ``("B", "implausible")``), else None; case is ignored
+    (labels are read uppercased)."""
+    found = _LEADING_LABEL.match(str(text).strip())
+    if found is None:
+        return None
+    label = found.group("label").upper()
+    return (label, found.group("rest").strip()) if label in options else None
+
+
+def label_contradicts(text: str, options: Mapping[str, str]) -> bool:
+    """The answer starts with an option label whose text names a different option (``A. implausible``
+    when A is *plausible* and B is *implausible*)."""
+    return leading_label(text, options) is not None and resolve_choice(text, options) is None
+
+
+def _option_key(text: str) -> str:
+    """Option text as compared: casefolded, whitespace collapsed, trailing ``.`` and spaces dropped."""
+    return " ".join(str(text).split()).casefold().rstrip(". ")
+
+
+# ------------------------------------------------------------------------------- the answer reader
+
+
+@dataclass(frozen=True)
+class AnswerReading:
+    """What :func:`read_answer` found: the answer text (None: nothing readable) and whether it came
+    from the ``<answer>`` tag or from a fallback (``format`` is then ``untagged``)."""
+
+    text: str | None
+    tagged: bool
+
+    @property
+    def format(self) -> str:
+        """``tagged``, ``untagged`` (read by a fallback: the target lapsed on the format) or ``none``."""
+        if self.text is None:
+            return "none"
+        return "tagged" if self.tagged else "untagged"
+
+
+#: A fallback reads an answer from a reply without an ``<answer>`` tag (None when it finds none).
+Fallback = Callable[[str], "str | None"]
+
+
+def read_answer(reply: str, fallback: Fallback | None = None, *, tag: str = "answer") -> AnswerReading:
+    """The answer of a reply: the last ``<tag>`` pair's content; without one, what ``fallback``
+    reads (marked untagged); None when neither finds anything."""
+    tagged = last_tag(reply, tag)
+    if tagged is not None:
+        return AnswerReading(tagged, tagged=True)
+    return AnswerReading(fallback(reply or "") if fallback else None, tagged=False)
+
+
+def last_line(reply: str) -> str | None:
+    """Fallback: the last non-empty line (stripped), or None for an empty reply."""
+    lines = [line.strip() for line in reply.splitlines() if line.strip()]
+    return lines[-1] if lines else None
+
+
+def leading_choice(options: Mapping[str, str]) -> Fallback:
+    """Fallback for choice items: the first non-empty line read as an option — its leading label
+    (``B``, ``(B)``, ``B.``/``B)`` + text) or an option's text; the label when one resolves, the
+    line itself when its label contradicts its text (so the scorer can say so)."""
+    def read(reply: str) -> str | None:
+        first = next((line.strip() for line in reply.splitlines() if line.strip()), "")
+        label = resolve_choice(first, options) if first else None
+        if label is not None:
+            return label
+        # A leading label whose text contradicts it is still the answer given: the scorer rejects it.
+        return first if first and leading_label(first, options) is not None else None
+    return read
+
+
+def last_number_text(reply: str) -> str | None:
+    """Fallback for numeric items: the last number of the reply, digits or words (``three``)."""
+    value = last_number(reply)
+    return None if value is None else f"{value:g}"

@@ -16,7 +16,7 @@ from typing import Any, ClassVar, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from skillopt.benchmarks.answers import last_tag, normalise_squad
+from skillopt.benchmarks.answers import AnswerReading, last_tag, normalise_squad
 from skillopt.benchmarks.episode import EpisodeContext, EpisodeResult
 from skillopt.benchmarks.grading import GENERIC_RUBRIC, verdict_request
 from skillopt.config import BenchmarkSection
@@ -49,6 +49,19 @@ class Score(BaseModel):
     expected: str = ""
     #: Benchmark detail for the evaluation event (judge reason, per-cell table ...).
     detail: str = ""
+
+
+#: The evaluation detail of a row whose answer a fallback read (no ``<answer>`` tag).
+UNTAGGED_NOTE = "format: untagged (no <answer> tag; the answer was read by the fallback)"
+
+
+def with_reading(score: Score, reading: AnswerReading) -> Score:
+    """``score`` marked ``format: untagged`` — in its extras (so the row shows the format lapse)
+    and in its evaluation detail (so the analyst does) — when a fallback read its answer."""
+    if reading.tagged or reading.text is None:
+        return score
+    return score.model_copy(update={"extras": {**score.extras, "format": reading.format},
+                                    "detail": f"{score.detail}\n{UNTAGGED_NOTE}".strip()})
 
 
 #: ``judge(item, prediction) -> (correct, reason)``; backed by the judge role. Raises on failure.

@@ -113,7 +113,9 @@ def test_last_number_ignores_thousands_commas_currency_and_percent():
     assert last_number("about €255,724 million") == 255724
     assert last_number("-3.5") == -3.5
     assert last_number("8.0") == 8.0
-    assert last_number("eight") is None
+    assert last_number("eight") == 8 and last_number("three") == 3
+    assert last_number("twenty-one apples, not 3") == 3 and last_number("3, then twenty one") == 21
+    assert last_number("someone gave none") is None  # whole words only
 
 
 def test_quote_answer_is_one_bounded_line():

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from skillopt.benchmarks.base import UNTAGGED_NOTE
 from skillopt.benchmarks.mmrb import MMRBConfig, extract, normalise_row, open_match, plugin
 from skillopt.benchmarks.runner import run_item
 from skillopt.data import DropRow, Item
@@ -127,4 +128,6 @@ def test_reasoning_paths_reach_only_the_evaluation_as_a_hidden_reference(tmp_pat
     detail = plugin.score(kite, "<answer>A</answer>", None).detail
     assert "Hidden reference (analyst only; annotated reasoning paths" in detail
     assert "path 1 step 1 [Perception]: Both show a blue kite." in detail
-    assert plugin.score(items(tmp_path)[APPLES], "5", None).detail == "normalised equality or containment"
+    untagged = plugin.score(items(tmp_path)[APPLES], "5", None)  # no reasoning paths, no tag
+    assert untagged.detail.splitlines() == ["normalised equality or containment", UNTAGGED_NOTE]
+    assert untagged.extras["format"] == "untagged"

@@ -334,7 +334,8 @@ def test_numeric_scoring_on_the_spider_item(tmp_path):
     assert score(spider, "<answer>8.0</answer>") == (1.0, 1.0, "")
     assert score(spider, "<answer>9</answer>")[:2] == (0.0, 0.0)
     assert score(spider, "<answer>9</answer>")[2].startswith("wrong: predicted 9, expected ['8', 'eight']")
-    assert score(spider, "<answer>eight</answer>") == (0.0, 0.0, "no-answer: no number")
+    assert score(spider, "<answer>eight</answer>") == (1.0, 1.0, "")  # number words are numbers
+    assert score(spider, "<answer>no idea</answer>") == (0.0, 0.0, "no-answer: no number")
 
 
 def test_numeric_tolerance_is_relative(tmp_path):

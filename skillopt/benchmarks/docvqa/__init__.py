@@ -20,8 +20,15 @@ from typing import Any
 
 from pydantic import Field
 
-from skillopt.benchmarks.answers import quote_answer, tag_or_last_line
-from skillopt.benchmarks.base import Benchmark, BenchmarkConfig, BenchmarkSetupError, Judge, Score
+from skillopt.benchmarks.answers import last_line, quote_answer, read_answer
+from skillopt.benchmarks.base import (
+    Benchmark,
+    BenchmarkConfig,
+    BenchmarkSetupError,
+    Judge,
+    Score,
+    with_reading,
+)
 from skillopt.benchmarks.images import image_part, resolve_image
 from skillopt.benchmarks.rows import ROW_DIR, first_text, parse_list, read_table, roots_of, rows_from
 from skillopt.data import Item
@@ -145,6 +152,7 @@ class DocVQABenchmark(Benchmark[DocVQAConfig]):
     """The ``docvqa`` plug-in."""
 
     id = BENCHMARK_ID
+    version = "2"  # 2: the shared answer reader (untagged answers marked, contradicting labels rejected)
     GOLD_FIELDS = ("answers", "answer")
     Config = DocVQAConfig
     default_task_type = DEFAULT_TASK_TYPE
@@ -184,13 +192,13 @@ class DocVQABenchmark(Benchmark[DocVQAConfig]):
 
     def extract_answer(self, response_text: str) -> str | None:
         """The answer as ANLS compares it, so self-check turns stop on an unchanged answer."""
-        answer = tag_or_last_line(response_text)
-        return _anls_normalise(answer) or None
+        return _anls_normalise(read_answer(response_text, last_line).text or "") or None
 
     def score(self, item: Item, response_text: str, judge: Judge | None) -> Score:
         """ANLS of the last ``<answer>`` (else the last line) against the golds; hard when ≥ 0.999."""
         golds = [str(g) for g in item["answers"]]
-        answer = tag_or_last_line(response_text)
+        reading = read_answer(response_text, last_line)
+        answer = reading.text or ""
         extras: dict[str, Any] = {"gold_answers": golds, "image_path": Path(item["image_path"]).name}
         if not answer:
             extras["anls"] = 0.0
@@ -200,8 +208,9 @@ class DocVQABenchmark(Benchmark[DocVQAConfig]):
         extras["anls"] = round(value, 4)
         hard = float(value >= HARD_THRESHOLD)
         fail = "" if hard else f"wrong: ANLS={value:.2f}, predicted '{quote_answer(answer)}', gold {golds}"
-        return Score(hard=hard, soft=value, predicted_answer=answer, fail_reason=fail, extras=extras,
-                     expected=" | ".join(golds), detail=f"ANLS {value:.3f} (hard needs >= {HARD_THRESHOLD})")
+        detail = f"ANLS {value:.3f} (hard needs >= {HARD_THRESHOLD})"
+        return with_reading(Score(hard=hard, soft=value, predicted_answer=answer, fail_reason=fail, extras=extras,
+                                  expected=" | ".join(golds), detail=detail), reading)
 
     def preflight(self, cfg: DocVQAConfig) -> None:
         """A missing split folder or data root gets a fix-it message (missing images are counted at load)."""

@@ -27,12 +27,14 @@ from pydantic import Field
 from skillopt.benchmarks.answers import (
     choice_label,
     clean_label,
+    label_contradicts,
+    last_line,
     last_tag,
     quote_answer,
+    read_answer,
     resolve_choice,
-    tag_or_last_line,
 )
-from skillopt.benchmarks.base import Benchmark, BenchmarkConfig, Judge, Score
+from skillopt.benchmarks.base import Benchmark, BenchmarkConfig, Judge, Score, with_reading
 from skillopt.benchmarks.choices import options_block, options_of, parse_options
 from skillopt.benchmarks.grading import HIDDEN_REFERENCE_CHARS, hidden_reference_block
 from skillopt.data import DropRow, Item, read_records
@@ -205,6 +207,7 @@ class LiveMathematicianBenchBenchmark(Benchmark[LiveMathematicianBenchConfig]):
     """The ``livemathematicianbench`` plug-in."""
 
     id = BENCHMARK_ID
+    version = "2"  # 2: the shared answer reader (untagged answers marked, contradicting labels rejected)
     #: ``theorem`` and ``sketch`` stop being gold when ``use_theorem`` / ``use_sketch`` show them.
     GOLD_FIELDS = ("correct_choice", "theorem", "sketch")
     Config = LiveMathematicianBenchConfig
@@ -260,19 +263,21 @@ class LiveMathematicianBenchBenchmark(Benchmark[LiveMathematicianBenchConfig]):
         options = options_of(item["choices"])
         correct = item["correct_choice"]["label"]
         expected = f"{correct}. {options[correct]}"
-        answer = tag_or_last_line(response_text)
+        reading = read_answer(response_text, last_line)
+        answer = reading.text or ""
         label = resolve_choice(answer, options)
         if label is None:
             fail = (
                 "no-answer: empty reply"
                 if not answer
                 else f"no-answer: '{quote_answer(answer)}' names no option ({', '.join(options)})"
+                + (": its label contradicts its text" if label_contradicts(answer, options) else "")
             )
         else:
             fail = "" if label == correct else f"wrong: chose {label}, correct {correct}"
         chosen = f"chose {label}. {options[label]}" if label else "chose no option"
         reference = hidden_reference(item)
-        return Score(
+        return with_reading(Score(
             hard=float(label == correct),
             soft=float(label == correct),
             predicted_answer=label or answer,
@@ -280,7 +285,7 @@ class LiveMathematicianBenchBenchmark(Benchmark[LiveMathematicianBenchConfig]):
             extras={"predicted_label": label or "", "correct_label": correct},
             expected=expected,
             detail=f"{chosen}; correct {expected}" + (f"\n{reference}" if reference else ""),
-        )
+        ), reading)
 
     def extract_answer(self, response_text: str) -> str | None:
         """The last ``<answer>`` tag as a candidate label, or None: self-check turns ask for the tag

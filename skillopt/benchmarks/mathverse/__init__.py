@@ -22,8 +22,15 @@ from typing import Any
 
 from pydantic import Field
 
-from skillopt.benchmarks.answers import last_boxed, last_tag, quote_answer, token_f1
-from skillopt.benchmarks.base import Benchmark, BenchmarkConfig, BenchmarkSetupError, Judge, Score
+from skillopt.benchmarks.answers import last_boxed, last_line, quote_answer, read_answer, token_f1
+from skillopt.benchmarks.base import (
+    Benchmark,
+    BenchmarkConfig,
+    BenchmarkSetupError,
+    Judge,
+    Score,
+    with_reading,
+)
 from skillopt.benchmarks.grading import hidden_reference_block, verdict_request
 from skillopt.benchmarks.images import image_part, resolve_image
 from skillopt.benchmarks.rows import ROW_DIR, roots_of, rows_from
@@ -156,11 +163,13 @@ def text_dominant_questions(files: Sequence[Path]) -> dict[str, str]:
 
 def extract(text: str) -> str:
     """``<answer>``, else ``\\boxed{}``, else the last non-empty line."""
-    for found in (last_tag(text, "answer"), last_boxed(text)):
-        if found is not None:
-            return found
-    lines = [line.strip() for line in (text or "").splitlines() if line.strip()]
-    return lines[-1] if lines else ""
+    return read_answer(text, _untagged).text or ""
+
+
+def _untagged(text: str) -> str | None:
+    """Without an ``<answer>`` tag: ``\\boxed{}``, else the last non-empty line."""
+    boxed = last_boxed(text)
+    return boxed if boxed is not None else last_line(text)
 
 
 def choice_of(answer: str) -> str | None:
@@ -187,6 +196,7 @@ class MathVerseBenchmark(Benchmark[MathVerseConfig]):
     """The ``mathverse`` plug-in."""
 
     id = BENCHMARK_ID
+    version = "2"  # 2: the shared answer reader (untagged answers marked, contradicting labels rejected)
     GOLD_FIELDS = ("answer", "gold_answers", "correct_choice", "text_dominant_question")
     Config = MathVerseConfig
     default_split_mode = "ratio"
@@ -243,7 +253,8 @@ class MathVerseBenchmark(Benchmark[MathVerseConfig]):
 
     def score(self, item: Item, response_text: str, judge: Judge | None) -> Score:
         """MC: the label; free-form: normalised equality, else the judge's equivalence verdict."""
-        answer = extract(response_text)
+        reading = read_answer(response_text, _untagged)
+        answer = reading.text or ""
         golds = [str(g) for g in item["gold_answers"]]
         reference = hidden_reference(item)
         extras: dict[str, Any] = {"string_f1": round(max(token_f1(answer, g) for g in golds), 4) if answer else 0.0}
@@ -256,8 +267,9 @@ class MathVerseBenchmark(Benchmark[MathVerseConfig]):
         def result(correct: bool, mode: str, fail: str, detail: str) -> Score:
             extras["evaluation_mode"] = mode
             text = "\n".join(part for part in (detail, reference) if part)
-            return Score(hard=float(correct), soft=float(correct), predicted_answer=answer,
-                         fail_reason="" if correct else fail, extras=extras, expected=expected, detail=text)
+            return with_reading(Score(hard=float(correct), soft=float(correct), predicted_answer=answer,
+                                      fail_reason="" if correct else fail, extras=extras, expected=expected,
+                                      detail=text), reading)
 
         if not answer:
             return result(False, "exact", "no-answer: empty reply", "no answer")

@@ -22,8 +22,8 @@ from typing import Any
 
 from pydantic import Field
 
-from skillopt.benchmarks.answers import clean_label, last_boxed, last_tag, quote_answer
-from skillopt.benchmarks.base import Benchmark, BenchmarkConfig, Judge, Score
+from skillopt.benchmarks.answers import clean_label, last_boxed, quote_answer, read_answer
+from skillopt.benchmarks.base import Benchmark, BenchmarkConfig, Judge, Score, with_reading
 from skillopt.benchmarks.grading import hidden_reference_block
 from skillopt.benchmarks.images import image_part, resolve_image
 from skillopt.benchmarks.rows import ROW_DIR, roots_of, rows_from
@@ -114,10 +114,11 @@ def normalise_row(row: Mapping[str, Any], *, roots: Sequence[Path] = ()) -> dict
 def extract(text: str) -> str:
     """``<answer>``; the last ``Answer[…]``; ``\\boxed{}``; a bare single letter; the text after
     "final answer (is)" / "the answer is" / "answer:"; else the whole reply."""
-    text = text or ""
-    tagged = last_tag(text, "answer")
-    if tagged is not None:
-        return tagged
+    return read_answer(text, _untagged).text or ""
+
+
+def _untagged(text: str) -> str:
+    """Without an ``<answer>`` tag: the rest of :func:`extract`'s chain."""
     bracketed = _ANSWER_BRACKETS.findall(text)
     if bracketed:
         return bracketed[-1].strip()
@@ -174,6 +175,7 @@ class MMRBBenchmark(Benchmark[MMRBConfig]):
     """The ``mmrb`` plug-in."""
 
     id = BENCHMARK_ID
+    version = "2"  # 2: the shared answer reader (untagged answers marked, contradicting labels rejected)
     GOLD_FIELDS = ("answer", "reasoning_steps")
     Config = MMRBConfig
     default_split_mode = "ratio"
@@ -227,7 +229,8 @@ class MMRBBenchmark(Benchmark[MMRBConfig]):
 
     def score(self, item: Item, response_text: str, judge: Judge | None) -> Score:
         """Choice: the label, or the gold option's text; open: equality or whole-word containment."""
-        answer = extract(response_text)
+        reading = read_answer(response_text, _untagged)
+        answer = reading.text or ""
         gold = item["answer"]
         reference = hidden_reference(item)
         expected = gold
@@ -249,9 +252,10 @@ class MMRBBenchmark(Benchmark[MMRBConfig]):
             fail = "no-answer: empty reply"
         else:
             fail = "" if correct else f"wrong: predicted '{quote_answer(answer)}', gold {expected}"
-        return Score(hard=float(correct), soft=float(correct), predicted_answer=answer, fail_reason=fail,
-                     extras={"is_choice": item["is_choice"], "n_images": len(item["image_paths"])},
-                     expected=expected, detail=detail)
+        return with_reading(Score(hard=float(correct), soft=float(correct), predicted_answer=answer,
+                                  fail_reason=fail, expected=expected, detail=detail,
+                                  extras={"is_choice": item["is_choice"], "n_images": len(item["image_paths"])}),
+                            reading)
 
 
 plugin = MMRBBenchmark()

@@ -21,14 +21,27 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from skillopt.benchmarks.answers import (
+    Fallback,
     best_f1,
     choice_label,
     exact_match,
+    label_contradicts,
     last_number,
-    last_tag,
+    last_number_text,
+    leading_choice,
     quote_answer,
+    read_answer,
+    resolve_choice,
 )
-from skillopt.benchmarks.base import Benchmark, BenchmarkConfig, BenchmarkSetupError, Judge, Score
+from skillopt.benchmarks.base import (
+    Benchmark,
+    BenchmarkConfig,
+    BenchmarkSetupError,
+    Judge,
+    Score,
+    with_reading,
+)
+from skillopt.benchmarks.choices import labelled, options_of
 from skillopt.benchmarks.rows import hashed_id, read_table
 from skillopt.data import Item, read_records
 from skillopt.errors import DataError
@@ -78,6 +91,9 @@ class QAConfig(BenchmarkConfig):
     scoring: Scoring = "exact"
     #: Relative tolerance of ``scoring: numeric``: ``abs(p - g) <= tolerance * abs(g)``.
     tolerance: float = Field(default=1e-6, ge=0)
+    #: A reply without an ``<answer>`` tag is read by the fallback (a choice item's leading label or
+    #: option text; under ``numeric`` the last number) and its row is marked ``format: untagged``.
+    answer_fallback: bool = True
 
 
 # ----------------------------------------------------------------------------------------- loading
@@ -187,23 +203,19 @@ def as_label(text: str, choices: Sequence[str]) -> str | None:
 
 
 def resolve_label(text: str, choices: Sequence[str]) -> str | None:
-    """The label ``text`` names, directly or through an option whose text matches case-insensitively."""
-    label = as_label(text, choices)
-    if label is not None:
-        return label
-    wanted = " ".join(text.split()).casefold()
-    for index, option in enumerate(choices):
-        if " ".join(option.split()).casefold() == wanted:
-            return choice_label(index)
-    return None
+    """The label ``text`` names (``B``, ``(B)``, ``B. <its text>``, or an option's text), or None —
+    also for a label whose text contradicts it (:func:`skillopt.benchmarks.answers.resolve_choice`)."""
+    return resolve_choice(text, _options(choices))
 
 
 def option_text(text: str, choices: Sequence[str]) -> str:
-    """A valid label replaced by its option's text; anything else unchanged."""
-    label = as_label(text, choices)
-    if label is None:
-        return text
-    return choices[[choice_label(i) for i in range(len(choices))].index(label)]
+    """An answer that names an option replaced by that option's text; anything else unchanged."""
+    label = resolve_label(text, choices)
+    return text if label is None else _options(choices)[label]
+
+
+def _options(choices: Sequence[str]) -> dict[str, str]:
+    return options_of(labelled(choices))
 
 
 def gold_texts(item: Mapping[str, Any]) -> list[str]:
@@ -247,8 +259,15 @@ class _ScoreParts:
 
 
 def _score_exact(item: Mapping[str, Any], answer: str, parts: _ScoreParts) -> Score:
-    """hard = SQuAD exact match with any gold, soft = the best token F1 (labels read as option text)."""
-    prediction = option_text(answer, item.get("choices") or [])
+    """hard = SQuAD exact match with any gold, soft = the best token F1 (labels read as option text).
+
+    A label whose text names another option (``A. implausible`` when A is *plausible*) is wrong: no
+    normalisation strips a label to let its text match."""
+    choices = item.get("choices") or []
+    if choices and label_contradicts(answer, _options(choices)):
+        return parts.score(0.0, 0.0, answer, f"wrong: the label contradicts its text in '{quote_answer(answer)}', "
+                           f"expected {parts.expected}", detail="label and option text disagree", f1=0.0)
+    prediction = option_text(answer, choices)
     golds = gold_texts(item)
     em = exact_match(prediction, golds)
     f1 = 1.0 if em else best_f1(prediction, golds)
@@ -262,13 +281,9 @@ def _score_choice(item: Mapping[str, Any], answer: str, parts: _ScoreParts) -> S
     label = resolve_label(answer, choices)
     gold_labels = sorted({g for g in (resolve_label(gold, choices) for gold in item["answers"]) if g})
     if label is None:
-        return parts.score(
-            0.0,
-            0.0,
-            answer,
-            "no-answer: not a valid option",
-            detail=f"options {', '.join(choice_label(i) for i in range(len(choices)))}",
-        )
+        why = "its label contradicts its text" if label_contradicts(answer, _options(choices)) else "not a valid option"
+        return parts.score(0.0, 0.0, answer, f"no-answer: {why}",
+                           detail=f"options {', '.join(choice_label(i) for i in range(len(choices)))}")
     correct = label in gold_labels
     fail = "" if correct else f"wrong: predicted option {label}, expected {parts.expected}"
     value = float(correct)
@@ -300,6 +315,26 @@ def _score_judge(item: Item, answer: str, judge: Judge | None, parts: _ScorePart
     return parts.score(value, value, answer, fail, detail=f"Judge: {reason}")
 
 
+def _score_with(scoring: Scoring, item: Item, answer: str, judge: Judge | None, parts: _ScoreParts) -> Score:
+    if scoring == "choice":
+        return _score_choice(item, answer, parts)
+    if scoring == "numeric":
+        return _score_numeric(item, answer, float(item.get("tolerance", 1e-6)), parts)
+    if scoring == "judge":
+        return _score_judge(item, answer, judge, parts)
+    return _score_exact(item, answer, parts)
+
+
+def _fallback(item: Mapping[str, Any]) -> Fallback | None:
+    """How an answer is read from a reply without an ``<answer>`` tag: a choice item's leading label
+    or option text; under ``scoring: numeric`` the last number (digits or words); else none."""
+    if item.get("choices"):
+        return leading_choice(_options(item["choices"]))
+    if item.get("scoring") == "numeric":
+        return last_number_text
+    return None
+
+
 # ------------------------------------------------------------------------------------------ plugin
 
 
@@ -307,6 +342,7 @@ class QABenchmark(Benchmark[QAConfig]):
     """The ``qa`` plug-in."""
 
     id = BENCHMARK_ID
+    version = "2"  # 2: the shared answer reader (untagged answers marked, contradicting labels rejected)
     GOLD_FIELDS = ("answers",)
     Config = QAConfig
     default_split_mode = "ratio"
@@ -325,7 +361,8 @@ class QABenchmark(Benchmark[QAConfig]):
         items = super().load_split(config, split, run_dir=run_dir)
         # ``score`` gets no config, so each loaded item carries how it is scored (never written to disk).
         return [
-            Item({**item, "scoring": config.scoring, "tolerance": config.tolerance})
+            Item({**item, "scoring": config.scoring, "tolerance": config.tolerance,
+                  "answer_fallback": config.answer_fallback})
             for item in items
         ]
 
@@ -356,16 +393,10 @@ class QABenchmark(Benchmark[QAConfig]):
         scoring: Scoring = item.get("scoring", "exact")
         expected = _expected(item)
         parts = _ScoreParts(scoring=scoring, gold_answers=list(item["answers"]), expected=expected)
-        answer = last_tag(response_text, "answer")
-        if answer is None:
+        reading = read_answer(response_text, _fallback(item) if item.get("answer_fallback", True) else None)
+        if reading.text is None:
             return parts.score(0.0, 0.0, "", "no-answer: no <answer> tag")
-        if scoring == "choice":
-            return _score_choice(item, answer, parts)
-        if scoring == "numeric":
-            return _score_numeric(item, answer, float(item.get("tolerance", 1e-6)), parts)
-        if scoring == "judge":
-            return _score_judge(item, answer, judge, parts)
-        return _score_exact(item, answer, parts)
+        return with_reading(_score_with(scoring, item, reading.text, judge, parts), reading)
 
     def judge_request(self, item: Item, prediction: str) -> ChatRequest:
         """The judge's request: the question (with its choices), the golds and the prediction.

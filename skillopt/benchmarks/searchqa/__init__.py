@@ -14,8 +14,15 @@ from typing import Any
 
 from pydantic import Field
 
-from skillopt.benchmarks.answers import best_f1, exact_match, quote_answer, sub_exact_match, tag_or_last_line
-from skillopt.benchmarks.base import Benchmark, BenchmarkConfig, Judge, Score
+from skillopt.benchmarks.answers import (
+    best_f1,
+    exact_match,
+    last_line,
+    quote_answer,
+    read_answer,
+    sub_exact_match,
+)
+from skillopt.benchmarks.base import Benchmark, BenchmarkConfig, Judge, Score, with_reading
 from skillopt.data import Item
 from skillopt.llm.chat import Message, user
 
@@ -95,16 +102,11 @@ def cut_context(context: str, max_chars: int) -> str:
     return context[: max(max_chars - len(TRUNCATED), 0)] + TRUNCATED
 
 
-def read_answer(response_text: str) -> str:
-    """The answer the scorer reads: the last ``<answer>`` tag, else the last non-empty line, else the
-    whole reply (stripped)."""
-    return tag_or_last_line(response_text, "answer")
-
-
 class SearchQABenchmark(Benchmark[SearchQAConfig]):
     """The ``searchqa`` plug-in."""
 
     id = BENCHMARK_ID
+    version = "2"  # 2: the shared answer reader (untagged answers marked, contradicting labels rejected)
     GOLD_FIELDS = ("answers",)
     Config = SearchQAConfig
     default_task_type = DEFAULT_TASK_TYPE
@@ -125,7 +127,8 @@ class SearchQABenchmark(Benchmark[SearchQAConfig]):
     def score(self, item: Item, response_text: str, judge: Judge | None) -> Score:
         """hard = SQuAD exact match with any gold, soft = the best token F1; ``sub_em`` is reported only."""
         golds = [str(gold) for gold in item["answers"]]
-        answer = read_answer(response_text)
+        reading = read_answer(response_text, last_line)  # untagged: the last non-empty line
+        answer = reading.text or ""
         em = exact_match(answer, golds)
         f1 = 1.0 if em else best_f1(answer, golds)
         sub_em = sub_exact_match(answer, golds)
@@ -135,7 +138,7 @@ class SearchQABenchmark(Benchmark[SearchQAConfig]):
             fail = "no-answer: empty reply"
         else:
             fail = f"wrong: EM=0, predicted '{quote_answer(answer)}', expected {golds}"
-        return Score(
+        return with_reading(Score(
             hard=float(em),
             soft=f1,
             predicted_answer=answer,
@@ -143,7 +146,7 @@ class SearchQABenchmark(Benchmark[SearchQAConfig]):
             extras={"em": float(em), "f1": round(f1, 4), "sub_em": float(sub_em), "gold_answers": golds},
             expected=str(golds),
             detail=f"EM={int(em)} F1={f1:.2f} sub_EM={int(sub_em)}",
-        )
+        ), reading)
 
 
 
@@ -156,5 +159,4 @@ __all__ = [
     "cut_context",
     "normalise_row",
     "plugin",
-    "read_answer",
 ]

@@ -1,0 +1,89 @@
+"""The one answer reader of the text benchmarks, on the outputs a small real model wrote.
+
+``qa`` reads the tagged answer, else (by default) a choice item's leading label or option text, or
+under ``numeric`` the last number (number words included), and marks such rows ``format: untagged``.
+A label whose text contradicts it is never credited, under ``choice`` or ``exact`` scoring.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from skillopt.benchmarks.answers import read_answer, resolve_choice
+from skillopt.benchmarks.livemathematicianbench import plugin as livemath
+from skillopt.benchmarks.qa import plugin as qa
+from skillopt.benchmarks.runner import evaluation_event
+from skillopt.data import Item
+
+PLAUSIBLE = {"A": "plausible", "B": "implausible"}
+
+
+def sports_item(scoring: str, **more) -> Item:
+    """A BIG-bench-style sports understanding item: the gold is label B (*implausible*)."""
+    return Item(id="sports-1", question="Is the following sentence plausible? 'Joao Moutinho caught the screen pass.'",
+                answers=["B"], context="", choices=["plausible", "implausible"], task_type="sports",
+                scoring=scoring, tolerance=1e-6, **more)
+
+
+def scored(item: Item, reply: str) -> tuple[float, str, str]:
+    result = qa.score(item, reply, None)
+    return result.hard, result.fail_reason, result.extras.get("format", "tagged")
+
+
+@pytest.mark.parametrize("scoring", ["choice", "exact"])
+def test_an_untagged_label_with_its_text_is_read_and_marked_untagged(scoring):
+    hard, fail, fmt = scored(sports_item(scoring), "B. implausible\n\nThe answer is B.")
+    assert (hard, fail, fmt) == (1.0, "", "untagged")
+    row = qa.score(sports_item(scoring), "B. implausible\n\nThe answer is B.", None)
+    assert "format: untagged" in evaluation_event(sports_item(scoring), row)  # the analyst sees the lapse
+
+
+@pytest.mark.parametrize("scoring", ["choice", "exact"])
+def test_a_label_whose_text_contradicts_it_is_never_credited(scoring):
+    for reply in ("A. implausible", "<answer>A. implausible</answer>"):
+        hard, fail, _ = scored(sports_item(scoring), reply)
+        assert hard == 0.0 and "contradicts" in fail, (reply, fail)
+    # The consistent label is right, with or without the tag (the old exact scorer had it backwards).
+    assert scored(sports_item(scoring), "<answer>B. implausible</answer>")[:2] == (1.0, "")
+
+
+@pytest.mark.parametrize("reply", ["<answer>B</answer>", "<answer>(B)</answer>", "<answer>B.</answer>",
+                                   "<answer>B) implausible</answer>", "<answer>B. implausible</answer>",
+                                   "<answer>implausible</answer>", "B) implausible"])
+def test_choice_items_accept_the_label_in_every_common_form(reply):
+    assert scored(sports_item("choice"), reply)[:2] == (1.0, "")
+
+
+def test_numeric_reads_number_words_tagged_or_not():
+    item = Item(id="legs", question="How many legs does a tripod have?", answers=["3"], context="", choices=[],
+                task_type="qa", scoring="numeric", tolerance=1e-6)
+    assert scored(item, "three") == (1.0, "", "untagged")
+    assert scored(item, "<answer>three</answer>") == (1.0, "", "tagged")
+    assert scored(item, "<answer>four</answer>")[0] == 0.0
+
+
+def test_without_the_fallback_an_untagged_reply_is_a_no_answer():
+    assert scored(sports_item("choice", answer_fallback=False), "B. implausible\n\nThe answer is B.") == (
+        0.0, "no-answer: no <answer> tag", "tagged")
+    free_text = Item(id="cap", question="Capital of France?", answers=["Paris"], context="", choices=[],
+                     task_type="qa", scoring="exact", tolerance=1e-6)
+    assert scored(free_text, "Paris") == (0.0, "no-answer: no <answer> tag", "tagged")  # no free-text fallback
+
+
+def test_the_shared_reader_and_resolver():
+    assert read_answer("x <answer> B </answer>").text == "B"
+    assert read_answer("no tag").text is None and read_answer("no tag").format == "none"
+    assert resolve_choice("A. implausible", PLAUSIBLE) is None
+    assert resolve_choice("B because it never happens", PLAUSIBLE) == "B"
+    assert resolve_choice("b) implausible", PLAUSIBLE) == "B" and resolve_choice("B, so", PLAUSIBLE) is None
+
+
+def test_livemath_marks_its_last_line_fallback_untagged():
+    item = Item(id="m-1", question="Which?", choices=[{"label": "A", "text": "G is cyclic"},
+                                                     {"label": "B", "text": "G is abelian"}],
+                correct_choice={"label": "B", "text": "G is abelian"}, theorem="", sketch="", task_type="x")
+    untagged = livemath.score(item, "Reasoning ...\nB) G is abelian", None)
+    assert (untagged.hard, untagged.extras["format"]) == (1.0, "untagged")
+    tagged = livemath.score(item, "<answer>B</answer>", None)
+    assert (tagged.hard, tagged.extras.get("format", "tagged")) == (1.0, "tagged")
+    assert livemath.score(item, "<answer>A. G is abelian</answer>", None).hard == 0.0
