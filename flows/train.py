@@ -43,6 +43,7 @@ from flows.stages import (
     select,
     step_estimate,
 )
+from skillopt import live
 from skillopt.assembly import Run, RunSpec
 from skillopt.config import load_config
 from skillopt.data import StepPlan
@@ -177,6 +178,7 @@ def skill_epoch(run: Any, state: TrainState, epoch: int) -> TrainState:
         if budget_stop(run, state, f"epoch {epoch} step {step_plan.index + 1}"):
             return state
         state.step += 1
+        live.emit("step", epoch=epoch, step=state.step, total_steps=state.total_steps)
         before = state.current_skill
         record = train_step(run, state, buffer, epoch=epoch, step_plan=step_plan, budget=schedule.budget(state.step))
         state.history.append(record)

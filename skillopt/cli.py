@@ -285,12 +285,24 @@ def _cmd_train(args: argparse.Namespace, out: _Output) -> int:
     if args.no_cache:
         overrides.append("run.refresh_cache=true")
     _check_before_prefect(args.benchmark, args, overrides)
-    from flows.run import run_flow
-
-    summary = run_flow("train", out, out.guard, benchmark=args.benchmark, config_file=args.config,
+    summary = _run_flow("train", out, benchmark=args.benchmark, config_file=args.config,
                        overrides=overrides, run_name=args.run_name, cli_roles=_cli_roles(args))
     _print_summary(summary, out)
     return EXIT_OK
+
+
+def _run_flow(kind: str, out: _Output, **parameters: object) -> dict:
+    """Run the flow; on a terminal its lines scroll above a live status line (stage, items, calls, cost)."""
+    from flows.run import run_flow
+    from skillopt.live_display import LiveDisplay, wants_live_display
+
+    if not wants_live_display(out.out):
+        return run_flow(kind, out, out.guard, **parameters)
+    display = LiveDisplay(out.out, out.redactor)
+    if out.guard is not None:
+        out.guard.add_cleanup(display.stop)  # a forced exit gives the terminal its cursor back
+    with display:
+        return run_flow(kind, display, out.guard, **parameters)
 
 
 def _check_before_prefect(benchmark: str, args: argparse.Namespace, overrides: list[str], *,
@@ -322,11 +334,9 @@ def _dry_run(args: argparse.Namespace, overrides: list[str], out: _Output) -> in
 def _cmd_demo(args: argparse.Namespace, out: _Output) -> int:
     overrides = [*args.override, *(["run.refresh_cache=true"] if args.no_cache else [])]
     _check_before_prefect("demo", args, overrides)
-    from flows.run import run_flow
-
     out.print("skillopt demo: a simulated run on the built-in demo benchmark with the deterministic `scripted`")
     out.print("backend (no model, no key, no network). Every number below comes from that simulation.")
-    summary = run_flow("train", out, out.guard, benchmark="demo", config_file=args.config, overrides=overrides,
+    summary = _run_flow("train", out, benchmark="demo", config_file=args.config, overrides=overrides,
                        run_name=args.run_name, cli_roles=_cli_roles(args))
     _print_summary(summary, out)
     out.print()
@@ -348,9 +358,7 @@ def _cmd_eval(args: argparse.Namespace, out: _Output) -> int:
         raise ConfigError(f"--skill: no file at {args.skill}")
     overrides = [*_data_overrides(args.data), *args.override]
     _check_before_prefect(args.benchmark, args, overrides, roles_used=("target",), split=args.split)
-    from flows.run import run_flow
-
-    result = run_flow("eval", out, out.guard, benchmark=args.benchmark, skill_file=args.skill, split=args.split,
+    result = _run_flow("eval", out, benchmark=args.benchmark, skill_file=args.skill, split=args.split,
                       config_file=args.config, overrides=overrides, run_name=args.run_name,
                       cli_roles=_cli_roles(args))
     out.print(f"{args.benchmark} {result['split']}: hard {result['hard']:.3f}  soft {result['soft']:.3f}  "

@@ -16,6 +16,7 @@ from prefect import task
 from prefect.task_runners import ThreadPoolTaskRunner
 from pydantic import BaseModel
 
+from skillopt import live
 from skillopt.assembly import Run
 from skillopt.benchmarks.runner import check_infrastructure, error_row, run_item
 from skillopt.data import Item
@@ -118,6 +119,7 @@ def run_rollouts(run: Run, skill: str, split: str, item_ids: list[str], *, train
     workers = max(1, int(getattr(run.bench_cfg, "workers", 4)))
     rollout = bound(run, rollout_item)
     rows: list[ItemResult] = []
+    live.emit("stage", name=f"rollout {split}", total=len(item_ids))
     with ThreadPoolTaskRunner(max_workers=workers) as runner:
         futures = [runner.submit(rollout, {"run": run, "item": run.items[i], "skill": skill, "training": training,
                                            "probe_instruction": probe_instruction}) for i in item_ids]
@@ -130,6 +132,7 @@ def run_rollouts(run: Run, skill: str, split: str, item_ids: list[str], *, train
             except Exception as error:  # noqa: BLE001 - recorded as an error row, never as a score
                 errors.append(error)
                 rows.append(error_row(run.items[item_id], error))
+            live.emit("item")
     evaluation = Evaluation(split=split, skill_sha=skill_hash(skill), rows=rows, scores=score_rows(rows))
     check_infrastructure(rows, role_label=run.clients.roles.target.label())
     if errors:

@@ -26,8 +26,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, ValidationError, computed_field
 
+from skillopt import live
 from skillopt.config import ROLES, BudgetSection
-from skillopt.errors import ConfigError
+from skillopt.errors import ConfigError, storage_error
 from skillopt.llm.chat import STAGES, Stage, Usage
 from skillopt.llm.errors import BudgetExceeded
 from skillopt.llm.pricing import PriceTable
@@ -268,15 +269,20 @@ class UsageLedger:
                 self._records.append(record)
                 self._totals.add(record)
             else:
-                descriptor = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
                 try:
-                    os.write(descriptor, line.encode("utf-8"))  # one write: lines of processes never interleave
-                finally:
-                    os.close(descriptor)
+                    descriptor = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+                    try:
+                        os.write(descriptor, line.encode("utf-8"))  # one write: lines of processes never interleave
+                    finally:
+                        os.close(descriptor)
+                except OSError as error:  # a full disk or read-only run folder: one line naming the file
+                    raise storage_error(self.path, error) from None
                 self._catch_up()
             if cost is None and (backend, price_model) not in self._warned_unpriced:
                 self._warned_unpriced.add((backend, price_model))
                 warn = True
+        live.emit("call", stage=stage, tokens=record.prompt_tokens + record.completion_tokens, usd=cost,
+                  cache_hit=cache_hit)
         if warn:
             _log.warning(
                 "no price known for %s/%s; its calls are recorded with cost null. Add an entry to a "

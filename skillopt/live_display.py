@@ -1,0 +1,91 @@
+"""The command line's live progress display (rich) for ``train``, ``demo`` and ``eval`` on a terminal.
+
+The run's printed lines (run directory, baseline, each step, epoch boundary) scroll above one live
+status line: epoch and step, the stage running and its items done, calls, tokens and cost so far
+(from the run's ``skillopt.live`` events). Not on a terminal (a pipe, a file, CI), nothing of this
+is used: one plain line per step, as before.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable
+from types import TracebackType
+from typing import TextIO
+
+from skillopt.live import EVENT_ATTRIBUTE, LIVE_LOGGER, LiveState
+
+
+def wants_live_display(stream: TextIO) -> bool:
+    """A live display only on an interactive terminal that can draw one."""
+    isatty = getattr(stream, "isatty", None)
+    return bool(isatty and isatty()) and os.environ.get("TERM", "") != "dumb"
+
+
+class LiveDisplay:
+    """Prints the run's lines above a status line that redraws a few times a second.
+
+    ``redact`` is applied to every printed line. A context manager; ``stop`` may also be called
+    from another thread (a forced exit) to give the terminal its cursor back.
+    """
+
+    def __init__(self, stream: TextIO, redact: Callable[[str], str]) -> None:
+        from rich.console import Console
+        from rich.live import Live
+
+        self.redact = redact
+        self.state = LiveState()
+        self._lock = threading.Lock()
+        self.console = Console(file=stream, highlight=False, soft_wrap=True)
+        self._live = Live(console=self.console, refresh_per_second=4, transient=True,
+                          get_renderable=self._render, redirect_stdout=False, redirect_stderr=False)
+        self._handler = _EventHandler(self)
+        self._logger = logging.getLogger(LIVE_LOGGER)
+
+    def __enter__(self) -> LiveDisplay:
+        self._logger.addHandler(self._handler)
+        self._logger.setLevel(logging.DEBUG)
+        self._logger.propagate = False
+        self._live.start()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        self._live.stop()
+        self._logger.removeHandler(self._handler)
+        self._logger.setLevel(logging.NOTSET)
+
+    def print(self, text: str = "") -> None:
+        """One line above the status line (the run's progress lines come here)."""
+        from rich.text import Text
+
+        self.console.print(Text(self.redact(text)))
+
+    def apply(self, event: dict) -> None:
+        with self._lock:
+            self.state.apply(event)
+
+    def status_line(self) -> str:
+        with self._lock:
+            return self.state.line()
+
+    def _render(self):  # noqa: ANN202 - a rich renderable
+        from rich.text import Text
+
+        return Text(self.status_line(), style="bold")
+
+
+class _EventHandler(logging.Handler):
+    def __init__(self, display: LiveDisplay) -> None:
+        super().__init__(logging.DEBUG)
+        self.display = display
+
+    def emit(self, record: logging.LogRecord) -> None:
+        event = getattr(record, EVENT_ATTRIBUTE, None)
+        if isinstance(event, dict):
+            self.display.apply(event)
