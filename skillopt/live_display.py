@@ -12,10 +12,60 @@ import logging
 import os
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from types import TracebackType
-from typing import TextIO
+from typing import Any, TextIO
 
-from skillopt.live import EVENT_ATTRIBUTE, LIVE_LOGGER, LiveState
+from skillopt.live import EVENT_ATTRIBUTE, LIVE_LOGGER
+from skillopt.llm.usage import Totals, UsageRecord
+
+#: Stages whose calls belong to the items of a rollout stage (reported by ``stage`` and ``item`` events).
+_ITEM_STAGES = frozenset({"rollout", "judge"})
+
+
+@dataclass
+class LiveState:
+    """What the display knows so far, folded from the run's events."""
+
+    epoch: int = 0
+    step: int = 0
+    total_steps: int = 0
+    stage: str = "setting up"
+    items_done: int = 0
+    items_total: int = 0
+    totals: Totals = field(default_factory=Totals)
+
+    def apply(self, event: dict[str, Any]) -> None:
+        kind = event.get("kind")
+        if kind == "step":
+            self.epoch, self.step, self.total_steps = event["epoch"], event["step"], event["total_steps"]
+        elif kind == "stage":
+            self.stage, self.items_done, self.items_total = event["name"], 0, event.get("total", 0)
+        elif kind == "item":
+            self.items_done += 1
+        elif kind == "call":
+            record: UsageRecord = event["record"]
+            self.totals.add(record)
+            if not record.cache_hit and record.stage not in _ITEM_STAGES:
+                # An optimizer stage has no items: its calls say where the run is.
+                self.stage, self.items_done, self.items_total = record.stage, 0, 0
+
+    def line(self) -> str:
+        """One line: ``epoch 1 · step 3/6 · rollout val 7/12 items · 55 calls · 23,100 tokens · $0.0123``."""
+        totals = self.totals
+        parts = [f"epoch {self.epoch} · step {self.step}/{self.total_steps}"] if self.total_steps else []
+        stage = self.stage
+        if self.items_total:
+            stage += f" {self.items_done}/{self.items_total} items"
+        parts.append(stage)
+        calls = f"{totals.calls} calls" + (f" (+{totals.cache_hits} from cache)" if totals.cache_hits else "")
+        parts += [calls, f"{totals.tokens:,} tokens"]
+        if totals.unpriced_calls and totals.unpriced_calls >= totals.calls:
+            parts.append("cost unknown")
+        else:
+            parts.append(f"${totals.usd:.4f}" + (f" + {totals.unpriced_calls} unpriced" if totals.unpriced_calls
+                                                  else ""))
+        return " · ".join(parts)
 
 
 def wants_live_display(stream: TextIO) -> bool:

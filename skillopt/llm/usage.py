@@ -281,8 +281,7 @@ class UsageLedger:
             if cost is None and (backend, price_model) not in self._warned_unpriced:
                 self._warned_unpriced.add((backend, price_model))
                 warn = True
-        tokens = (record.prompt_tokens or 0) + (record.completion_tokens or 0)
-        live.emit("call", stage=stage, tokens=tokens, usd=cost, cache_hit=cache_hit)
+        live.emit("call", record=record)
         if warn:
             _log.warning(
                 "no price known for %s/%s; its calls are recorded with cost null. Add an entry to a "

@@ -6,8 +6,20 @@ import io
 import logging
 
 from skillopt import live
-from skillopt.live import LIVE_LOGGER, LiveState
-from skillopt.live_display import LiveDisplay, wants_live_display
+from skillopt.live import LIVE_LOGGER
+from skillopt.live_display import LiveDisplay, LiveState, wants_live_display
+from skillopt.llm.chat import Usage
+from skillopt.llm.pricing import PriceTable
+from skillopt.llm.usage import UsageLedger
+
+
+def call(stage: str, *, tokens: int = 100, usd: float | None = 0.001, cache_hit: bool = False) -> dict:
+    """The ``call`` event the usage ledger emits for one model call."""
+    ledger = UsageLedger(None, PriceTable.load(None))
+    record = ledger.record(role="target", backend="openai_compatible", model_requested="unpriced-model",
+                           model_served=None, stage=stage, usage=Usage(prompt_tokens=tokens, completion_tokens=0),
+                           latency_s=0.1, attempts=1, status="ok", cache_hit=cache_hit, cost_usd=usd)
+    return {"kind": "call", "record": record}
 
 
 def test_events_fold_into_epoch_step_stage_items_calls_tokens_and_cost():
@@ -17,18 +29,18 @@ def test_events_fold_into_epoch_step_stage_items_calls_tokens_and_cost():
     state.apply({"kind": "stage", "name": "rollout train", "total": 8})
     for _ in range(5):
         state.apply({"kind": "item"})
-        state.apply({"kind": "call", "stage": "rollout", "tokens": 100, "usd": 0.001, "cache_hit": False})
-    state.apply({"kind": "call", "stage": "rollout", "tokens": 0, "usd": 0.0, "cache_hit": True})
+        state.apply(call("rollout"))
+    state.apply(call("rollout", cache_hit=True))
     assert state.line() == ("epoch 1 · step 3/6 · rollout train 5/8 items · 5 calls (+1 from cache) · 500 tokens · "
                             "$0.0050")
-    state.apply({"kind": "call", "stage": "analyst", "tokens": 2000, "usd": None, "cache_hit": False})
-    assert state.line() == "epoch 1 · step 3/6 · analyst (1 calls) · 6 calls (+1 from cache) · 2,500 tokens · " \
-                           "$0.0050 + 1 unpriced"
+    state.apply(call("analyst", tokens=2000, usd=None))
+    assert state.line() == ("epoch 1 · step 3/6 · analyst · 6 calls (+1 from cache) · 2,500 tokens · "
+                            "$0.0050 + 1 unpriced")
 
 
 def test_every_call_unpriced_reads_cost_unknown():
     state = LiveState()
-    state.apply({"kind": "call", "stage": "merge", "tokens": 10, "usd": None, "cache_hit": False})
+    state.apply(call("merge", tokens=10, usd=None))
     assert state.line().endswith("1 calls · 10 tokens · cost unknown")
 
 
