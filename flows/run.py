@@ -69,7 +69,8 @@ class _ProgressHandler(logging.Handler):
         self.out.print(f"  {record.getMessage()}")
 
 
-def run_flow(kind: str, out: _Printer, guard: InterruptGuard | None = None, **parameters: Any) -> dict[str, Any]:
+def run_flow(kind: str, out: _Printer, guard: InterruptGuard | None = None,
+             **parameters: Any) -> dict[str, Any]:
     """Run ``skill-train`` (``kind="train"``) or ``skill-eval`` (``"eval"``) in this process.
 
     With no ``PREFECT_API_URL`` the temporary API server is started here, in its own session, so the

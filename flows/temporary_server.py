@@ -44,21 +44,26 @@ main()
 
 
 class OwnSessionServer(SubprocessASGIServer):
-    """``SubprocessASGIServer`` whose uvicorn process runs in its own session (same command and environment)."""
+    """``SubprocessASGIServer`` whose uvicorn process runs in its own session (same command, same
+    environment)."""
 
     def _run_uvicorn_command(self) -> subprocess.Popen[Any]:
-        server_env = {"PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1"}
+        server_env = {"PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1",
+                      "PREFECT__SERVER_FINAL": "1"}
         uvicorn_args = ["--app-dir", str(prefect.__module_path__.parent), "--factory",
-                        "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(self.port),
+                        "prefect.server.api.server:create_app", "--host", "127.0.0.1",
+                        "--port", str(self.port),
                         "--log-level", "error", "--lifespan", "on"]
         return subprocess.Popen(
             [sys.executable, "-c", _CHILD, str(os.getpid()), *uvicorn_args],
-            env={**os.environ, **server_env, **get_current_settings().to_environment_variables(exclude_unset=True)},
+            env={**os.environ, **server_env,
+                 **get_current_settings().to_environment_variables(exclude_unset=True)},
             **own_group(),
         )
 
     def stop_without_waiting(self) -> None:
-        """SIGTERM the server and return: it finishes its shutdown on its own (for an exit that cannot wait)."""
+        """SIGTERM the server and return: it finishes its shutdown on its own (for an exit that cannot
+        wait)."""
         process = self.server_process
         if process is not None and process.poll() is None:
             process.terminate()

@@ -392,7 +392,8 @@ def _print_summary(summary: dict, out: _Output) -> None:
 def usage_line(usage: dict) -> str:
     """``model calls N, cost $X`` from a usage total, saying plainly when the cost is not known or calls came
     from the cache (a summary's ``usage.total``)."""
-    calls, unpriced, cached = usage.get("calls", 0), usage.get("unpriced_calls", 0), usage.get("cache_hits", 0)
+    calls, unpriced = usage.get("calls", 0), usage.get("unpriced_calls", 0)
+    cached = usage.get("cache_hits", 0)
     usd = usage.get("usd") or 0.0
     if calls and unpriced >= calls:
         cost = f"cost unknown ({unpriced} unpriced call{'s' if unpriced != 1 else ''})"

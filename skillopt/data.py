@@ -923,7 +923,8 @@ def small_split_warning(sizes: Mapping[str, int], *, min_items: int, split_mode:
     small = [f"{split} {size}" for split, size in sizes.items() if size < min_items]
     if not min_items or not small:
         return None
-    fix = (f"set benchmark.split_ratio (now {split_ratio}, train:val:test) to give them more items, or add data"
+    fix = (f"set benchmark.split_ratio (now {split_ratio}, train:val:test) to give them more items, "
+           "or add data"
            if split_mode == "ratio" else "add items to those splits")
     return (f"small splits: {', '.join(small)} item(s), fewer than evaluation.min_split_items ({min_items}); "
             f"scores on so few items are noisy: {fix}")

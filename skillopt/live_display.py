@@ -51,7 +51,8 @@ class LiveState:
                 self.stage, self.items_done, self.items_total = record.stage, 0, 0
 
     def line(self) -> str:
-        """One line: ``epoch 1 · step 3/6 · rollout val 7/12 items · 55 calls · 23,100 tokens · $0.0123``."""
+        """One line, e.g. ``epoch 1 · step 3/6 · rollout val 7/12 items · 55 calls · 23,100 tokens ·
+        $0.0123``."""
         totals = self.totals
         parts = [f"epoch {self.epoch} · step {self.step}/{self.total_steps}"] if self.total_steps else []
         stage = self.stage
@@ -63,8 +64,8 @@ class LiveState:
         if totals.unpriced_calls and totals.unpriced_calls >= totals.calls:
             parts.append("cost unknown")
         else:
-            parts.append(f"${totals.usd:.4f}" + (f" + {totals.unpriced_calls} unpriced" if totals.unpriced_calls
-                                                  else ""))
+            unpriced = f" + {totals.unpriced_calls} unpriced" if totals.unpriced_calls else ""
+            parts.append(f"${totals.usd:.4f}{unpriced}")
         return " · ".join(parts)
 
 

@@ -100,8 +100,8 @@ def load_run(path: Path | str) -> RunData:
             try:
                 usage.append(json.loads(line))
             except ValueError:  # a line cut short by a crash or a full disk; the ledger skips it too
-                _log.warning("%s:%d: not a JSON line (a write cut short?); left out of the report", run.usage_path,
-                             number)
+                _log.warning("%s:%d: not a JSON line (a write cut short?); left out of the report",
+                             run.usage_path, number)
     name = str(summary.get("run_name")) if summary and summary.get("run_name") else folder.name
     return RunData(path=folder, name=name, history=history, summary=summary, skills=skills, usage=usage)
 

@@ -69,16 +69,18 @@ def check_run(loaded: LoadedConfig, *, cli: CliRoleOptions | None, env: Mapping[
 
 
 def check_scripted_target(benchmark_id: str, bench_cfg: Any, target: Any) -> None:
-    """A ``scripted`` target on data that ships no scripted replies would fail every item: say so once, now."""
+    """A ``scripted`` target on data that ships no scripted replies would fail every item: say so once,
+    now."""
     from skillopt.benchmarks.scripted_target import RULES_FILE, target_rules
 
     if target.backend != "scripted" or target.options.get("rules") is not None:
         return
     if not target_rules(benchmark_id, bench_cfg):
         raise ConfigError(
-            f"the scripted target has no replies for this data: its folder holds no {RULES_FILE} (the scripted "
-            "backend plays only data that ships its replies, like tests/fixtures/<benchmark>); give rules with "
-            "-o model.target.options.rules=FILE.yaml, or use a model backend (--backend openai, local, ...)")
+            f"the scripted target has no replies for this data: its folder holds no {RULES_FILE} (the "
+            "scripted backend plays only data that ships its replies, like tests/fixtures/<benchmark>); "
+            "give rules with -o model.target.options.rules=FILE.yaml, or use a model backend "
+            "(--backend openai, local, ...)")
 
 
 def _check_credentials(loaded: LoadedConfig, roles: Any, registry: BackendRegistry, env: Mapping[str, str],

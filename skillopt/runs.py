@@ -357,8 +357,8 @@ def read_jsonl_models(path: Path, model: type[ModelT], error: type[SkillOptError
             records.append(model.model_validate_json(line))
         except ValueError as exc:
             if torn_last_line_ok and number == last:
-                _log.warning("%s:%d: not a valid %s (a write cut short?); ignored, the file is rewritten whole "
-                             "at the next record", path, number, what)
+                _log.warning("%s:%d: not a valid %s (a write cut short?); ignored, the file is rewritten "
+                             "whole at the next record", path, number, what)
                 continue
             raise error(f"{path}:{number}: not a valid {what} ({exc})") from None
     return records
@@ -471,8 +471,8 @@ class RunDir:
             holder = os.pread(handle, 32, 0).decode("ascii", "replace").strip() or "unknown"
             os.close(handle)
             raise StorageError(
-                f"run directory {self.path} is in use by another skillopt process (pid {holder}); wait for it "
-                "to finish or stop it, or choose another --run-name"
+                f"run directory {self.path} is in use by another skillopt process (pid {holder}); wait for "
+                "it to finish or stop it, or choose another --run-name"
             ) from None
         os.ftruncate(handle, 0)
         os.pwrite(handle, f"{os.getpid()}\n".encode("ascii"), 0)
@@ -602,7 +602,8 @@ class RunDir:
             records[(record.kind, record.step)] = record
             ordered = sorted(records.values(), key=_history_key)
             self.write_text(HISTORY_FILE, "".join(r.model_dump_json() + "\n" for r in ordered))
-            if self._replaying_through is not None and record.kind == "step" and record.step > self._replaying_through:
+            replaying = self._replaying_through
+            if replaying is not None and record.kind == "step" and record.step > replaying:
                 self._end_replay()
 
     def read_history(self) -> list[StepRecord]:
@@ -611,7 +612,8 @@ class RunDir:
         A line that is not a valid ``StepRecord`` is a ``RunDirError`` naming the file and line, except a
         torn last line (a write cut short), which is dropped with a warning.
         """
-        return read_jsonl_models(self.history_path, StepRecord, RunDirError, "step record", torn_last_line_ok=True)
+        return read_jsonl_models(self.history_path, StepRecord, RunDirError, "step record",
+                                 torn_last_line_ok=True)
 
     # ---- evaluations and summary ------------------------------------------------------------
 
@@ -667,8 +669,8 @@ class RunDir:
         return folder
 
     def write_summary(self, summary: RunSummary) -> Path:
-        """Write ``summary.json`` in the DESIGN.md §3 shape (see ``summary_dict``); the run reached its end, so
-        a best skill held back during a replay is written first."""
+        """Write ``summary.json`` in the DESIGN.md §3 shape (see ``summary_dict``); the run reached its
+        end, so a best skill held back during a replay is written first."""
         self._end_replay()
         return self.write_json(SUMMARY_FILE, summary_dict(summary))
 

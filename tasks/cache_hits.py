@@ -15,9 +15,9 @@ from skillopt.llm.chat import ROLE_OF_STAGE
 
 #: The stage of each model-calling task (one model call each).
 STAGE_OF_TASK = {
-    "rollout_item": "rollout", "judge_item": "judge", "reflect_minibatch": "analyst", "merge_patches": "merge",
-    "rank_edits": "ranking", "decide_budget": "lr", "rewrite_skill": "rewrite", "deep_probe": "deep_probe",
-    "slow_update": "slow_update", "meta_skill": "meta_skill",
+    "rollout_item": "rollout", "judge_item": "judge", "reflect_minibatch": "analyst",
+    "merge_patches": "merge", "rank_edits": "ranking", "decide_budget": "lr", "rewrite_skill": "rewrite",
+    "deep_probe": "deep_probe", "slow_update": "slow_update", "meta_skill": "meta_skill",
 }
 #: A cached evaluation stands for one rollout per item (its items' own tasks are not run at all).
 EVALUATION_TASK = "evaluate_skill"

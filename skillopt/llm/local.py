@@ -103,9 +103,9 @@ model.create_completion("ok", max_tokens=1)
 """
 #: How long the probe may take: a model load from a slow disk plus one token.
 PROBE_TIMEOUT_S = 600.0
-REINSTALL_HINT = ('reinstall llama-cpp-python built for this machine (CMAKE_ARGS="-DGGML_NATIVE=OFF" pip install '
-                  "--force-reinstall --no-cache-dir llama-cpp-python), or serve the model with a llama.cpp server "
-                  "and use the openai_compatible backend")
+REINSTALL_HINT = ('reinstall llama-cpp-python built for this machine (CMAKE_ARGS="-DGGML_NATIVE=OFF" '
+                  "pip install --force-reinstall --no-cache-dir llama-cpp-python), or serve the model "
+                  "with a llama.cpp server and use the openai_compatible backend")
 
 
 def probe_in_child(load_kwargs: Mapping[str, Any], where: str, *, timeout_s: float = PROBE_TIMEOUT_S) -> None:
@@ -115,19 +115,22 @@ def probe_in_child(load_kwargs: Mapping[str, Any], where: str, *, timeout_s: flo
     139 for SIGSEGV, 132 for SIGILL) would have ended this process without a word.
     """
     try:
-        result = subprocess.run([sys.executable, "-c", _PROBE, json.dumps(dict(load_kwargs))], capture_output=True,
-                                text=True, timeout=timeout_s, env=os.environ.copy(), check=False)
+        result = subprocess.run([sys.executable, "-c", _PROBE, json.dumps(dict(load_kwargs))],
+                                capture_output=True, text=True, timeout=timeout_s, env=os.environ.copy(),
+                                check=False)
     except subprocess.TimeoutExpired:
-        raise ConfigError(f"{where}: llama.cpp did not load {load_kwargs['model_path']} and generate one token "
-                          f"within {timeout_s:g} s (local backend)") from None
+        raise ConfigError(f"{where}: llama.cpp did not load {load_kwargs['model_path']} and generate one "
+                          f"token within {timeout_s:g} s (local backend)") from None
     if result.returncode < 0:
         name = signal.Signals(-result.returncode).name
         raise ConfigError(
             f"{where}: llama.cpp crashed with {name} (exit {128 - result.returncode}) loading "
-            f"{load_kwargs['model_path']} (local backend): this CPU or build is not supported; {REINSTALL_HINT}")
+            f"{load_kwargs['model_path']} (local backend): this CPU or build is not supported; "
+            f"{REINSTALL_HINT}")
     if result.returncode != 0:
         last = (result.stderr.strip().splitlines() or ["no message"])[-1]
-        raise ConfigError(f"{where}: llama.cpp cannot load {load_kwargs['model_path']} (local backend): {last}")
+        raise ConfigError(f"{where}: llama.cpp cannot load {load_kwargs['model_path']} (local backend): "
+                          f"{last}")
 
 
 def _existing_file(path: str, key: str) -> Path:

@@ -184,7 +184,8 @@ def _resolve_one(
     if role in cli.effort:
         values["reasoning_effort"], provenance["reasoning_effort"] = cli.effort[role], "cli"
 
-    backend_name = _known_backend(role, values.get("backend") or "openai", provenance.get("backend", ""), registry)
+    backend_name = _known_backend(role, values.get("backend") or "openai", provenance.get("backend", ""),
+                                  registry)
     info = registry.get(backend_name)
     if role not in info.roles:
         raise ConfigError(f"model.{role}.backend: {backend_name} can serve only {', '.join(info.roles)}")
@@ -249,15 +250,16 @@ def _resolve_one(
 
 
 def _known_backend(role: str, name: str, source: str, registry: BackendRegistry) -> str:
-    """``name`` as a registered backend (aliases normalised), or a one-line ``ConfigError`` naming where it was
-    set and the backends there are."""
+    """``name`` as a registered backend (aliases normalised), or a one-line ``ConfigError`` naming
+    where it was set and the backends there are."""
     try:
         normalised = RoleSpec.model_validate({"backend": name}).backend
     except ValidationError:
         normalised = None
     if normalised is None or normalised not in registry.names():
         where = f"--backend (or --{role}-backend)" if source == "cli" else f"model.{role}.backend"
-        raise ConfigError(f"{where}: unknown backend {name!r}; the backends are: {', '.join(registry.names())}")
+        raise ConfigError(f"{where}: unknown backend {name!r}; the backends are: "
+                          f"{', '.join(registry.names())}")
     return normalised
 
 
@@ -273,7 +275,8 @@ def _options_for(role: str, info: BackendInfo, options: Mapping[str, Any], loade
         return dict(options)
     known = set(info.options_model.model_fields)
     return {key: value for key, value in options.items()
-            if key in known or not loaded.source_of(f"model.{role}.options.{key}").startswith(SHIPPED_SOURCE_PREFIX)}
+            if key in known
+            or not loaded.source_of(f"model.{role}.options.{key}").startswith(SHIPPED_SOURCE_PREFIX)}
 
 
 def _validate_options(role: str, info: BackendInfo, options: Mapping[str, Any]) -> BaseModel:

@@ -431,9 +431,9 @@ class RuleTable:
         if self._unknown_warned.is_set():
             return
         self._unknown_warned.set()
-        log.warning("the scripted backend has no reply for some of these items: %s holds replies only for the "
-                    "shipped fixture items, so the others get its catch-all reply%s and score as failures; use a "
-                    "real model backend (--backend) for your own data", self._where,
+        log.warning("the scripted backend has no reply for some of these items: %s holds replies only "
+                    "for the shipped fixture items, so the others get its catch-all reply%s and score as "
+                    "failures; use a real model backend (--backend) for your own data", self._where,
                     f" ({rule.name!r})" if rule.name else "")
 
 

@@ -272,7 +272,8 @@ class UsageLedger:
                 try:
                     descriptor = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
                     try:
-                        os.write(descriptor, line.encode("utf-8"))  # one write: lines of processes never interleave
+                        # One write: the lines of several processes never interleave.
+                        os.write(descriptor, line.encode("utf-8"))
                     finally:
                         os.close(descriptor)
                 except OSError as error:  # a full disk or read-only run folder: one line naming the file

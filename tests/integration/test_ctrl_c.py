@@ -61,8 +61,10 @@ def _children(pid: int) -> list[int]:
 
 
 def _usage_lines(run_dir: Path) -> int:
+    """The model calls ``usage.jsonl`` records (its cache-hit lines stand for calls not made)."""
     path = run_dir / "usage.jsonl"
-    return len(path.read_text().splitlines()) if path.exists() else 0
+    lines = path.read_text().splitlines() if path.exists() else []
+    return sum(not json.loads(line)["cache_hit"] for line in lines if line.strip())
 
 
 def test_ctrl_c_to_the_process_group_stops_the_demo_and_the_rerun_resumes(tmp_path: Path):
@@ -96,7 +98,7 @@ def test_ctrl_c_to_the_process_group_stops_the_demo_and_the_rerun_resumes(tmp_pa
 
     # The same demo from scratch (another cache) makes every call once: the resumed run made only those
     # the interrupted one had not finished (a call in flight at the interrupt may be made again).
-    fresh = subprocess.run(_demo(tmp_path / "fresh", "fresh") , env=env, cwd=tmp_path, capture_output=True,
+    fresh = subprocess.run(_demo(tmp_path / "fresh", "fresh"), env=env, cwd=tmp_path, capture_output=True,
                            text=True, timeout=600)
     assert fresh.returncode == 0, fresh.stderr
     total = _usage_lines(tmp_path / "fresh" / "runs" / "fresh")
@@ -104,8 +106,8 @@ def test_ctrl_c_to_the_process_group_stops_the_demo_and_the_rerun_resumes(tmp_pa
     print(f"interrupted run: {before} calls, resumed run: {added} calls, a run from scratch: {total} calls")
     assert 0 < added < total
     assert before + added <= total + 16  # at most one call per worker thread was in flight
-    assert summary["scores"] == json.loads((tmp_path / "fresh" / "runs" / "fresh" / "summary.json").read_text()
-                                           )["scores"]
+    fresh_summary = json.loads((tmp_path / "fresh" / "runs" / "fresh" / "summary.json").read_text())
+    assert summary["scores"] == fresh_summary["scores"]
 
 
 def test_a_dead_api_server_stops_the_run_with_a_message(tmp_path: Path):

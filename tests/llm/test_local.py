@@ -259,7 +259,8 @@ def _fake_llama_cpp(tmp_path, monkeypatch, load: str) -> None:
     package = tmp_path / "fake" / "llama_cpp"
     package.mkdir(parents=True)
     (package / "__init__.py").write_text(_FAKE_LLAMA.format(load=load))
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path / "fake"), os.environ.get("PYTHONPATH", "")]))
+    path = os.pathsep.join([str(tmp_path / "fake"), os.environ.get("PYTHONPATH", "")])
+    monkeypatch.setenv("PYTHONPATH", path)
 
 
 def test_a_native_crash_while_loading_is_an_error_naming_the_backend_and_the_fix(tmp_path, monkeypatch):
@@ -269,8 +270,8 @@ def test_a_native_crash_while_loading_is_an_error_naming_the_backend_and_the_fix
     with pytest.raises(ConfigError) as raised:
         probe_in_child({"model_path": "m.gguf", "n_ctx": 512}, "model.target.options.model_path")
     message = str(raised.value)
-    assert message.startswith("model.target.options.model_path: llama.cpp crashed with SIGSEGV (exit 139) loading "
-                              "m.gguf (local backend)")
+    assert message.startswith("model.target.options.model_path: llama.cpp crashed with SIGSEGV (exit 139) "
+                              "loading m.gguf (local backend)")
     assert "reinstall llama-cpp-python" in message and "openai_compatible" in message
 
 
@@ -278,7 +279,7 @@ def test_a_load_error_in_the_child_is_its_last_line(tmp_path, monkeypatch):
     from skillopt.llm.local import probe_in_child
 
     _fake_llama_cpp(tmp_path, monkeypatch, "raise ValueError('Failed to load model from file: m.gguf')")
-    with pytest.raises(ConfigError, match=r"cannot load m.gguf \(local backend\): ValueError: Failed to load model"):
+    with pytest.raises(ConfigError, match=r"cannot load m.gguf \(local backend\): ValueError: Failed to load"):
         probe_in_child({"model_path": "m.gguf"}, "model.target.options.model_path")
 
 

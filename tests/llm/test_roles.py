@@ -124,7 +124,7 @@ def test_a_mistyped_backend_is_one_line_naming_the_known_backends():
 
 
 def test_a_backend_the_registry_lacks_is_refused_like_a_typo():
-    with pytest.raises(ConfigError, match="model.target.backend: unknown backend 'local'; the backends are: openai"):
+    with pytest.raises(ConfigError, match="model.target.backend: unknown backend 'local'; the backends are: "):
         roles("model.target.backend=local")
 
 
@@ -136,7 +136,8 @@ def test_demo_with_another_backend_replaces_the_scripted_roles_and_their_rules()
         assert role is not None and role.backend == "openai" and "rules" not in role.options
 
     local = load_config("demo", overrides=["model.target.options.model_path=m.gguf"], env={})
-    mixed = resolve_roles(local, cli=CliRoleOptions(role_backend={"target": "local"}), env={}, registry=registry)
+    mixed = resolve_roles(local, cli=CliRoleOptions(role_backend={"target": "local"}), env={},
+                          registry=registry)
     assert mixed.target.backend == "local" and mixed.target.options["model_path"] == "m.gguf"
     assert "rules" not in mixed.target.options
     assert mixed.optimizer.backend == "scripted" and mixed.optimizer.options["rules"] == "demo"  # untouched

@@ -552,14 +552,15 @@ def test_items_the_fixture_rules_do_not_know_are_said_once(caplog: pytest.LogCap
         for question in ("What is the airspeed of a swallow?", "Who wrote my own data?"):
             reply = backend.attempt(ChatRequest(messages=[user(question)], stage="rollout"), timeout_s=5)
             assert reply.text == "I do not know.\n<answer>unknown</answer>"
-    warnings = [r.getMessage() for r in caplog.records if "no reply for some of these items" in r.getMessage()]
+    warnings = [r.getMessage() for r in caplog.records if "no reply for some of these" in r.getMessage()]
     assert len(warnings) == 1
     assert "qa rules holds replies only for the shipped fixture items" in warnings[0]
     assert "'qa other'" in warnings[0] and "--backend" in warnings[0]
 
 
 def test_a_table_of_only_catch_all_rules_is_not_warned_about(caplog: pytest.LogCaptureFixture):
-    table = scripted.RuleTable(scripted.parse_rules([{"stage": "rollout", "text": "42"}], where="mine"), where="mine")
+    rules = scripted.parse_rules([{"stage": "rollout", "text": "42"}], where="mine")
+    table = scripted.RuleTable(rules, where="mine")
     with caplog.at_level("WARNING", logger="skillopt.llm"):
         ScriptedBackend(table).attempt(ChatRequest(messages=[user("anything")], stage="rollout"), timeout_s=5)
     assert "no reply for some" not in caplog.text

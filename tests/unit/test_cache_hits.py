@@ -26,7 +26,7 @@ def test_cached_model_calling_tasks_become_cache_hits_and_computed_ones_do_not(t
     hook = cache_hit_hook(ctx)
     hook(SimpleNamespace(name="rollout_item"), None, state("Cached"))
     hook(SimpleNamespace(name="reflect_minibatch"), None, state("Cached"))
-    hook(SimpleNamespace(name="rollout_item"), None, state("Completed"))  # it ran: its call is recorded itself
+    hook(SimpleNamespace(name="rollout_item"), None, state("Completed"))  # it ran: its call is recorded
     hook(SimpleNamespace(name="apply_update"), None, state("Cached"))  # no model call behind it
     hook(SimpleNamespace(name="judge_item"), None, state("Cached"))  # no judge role in this run
     hook(SimpleNamespace(name="evaluate_skill"), None, state("Cached", SimpleNamespace(rows=[1, 2, 3])))

@@ -108,13 +108,14 @@ def test_benchmarks_lists_the_installed_plug_ins_one_line_each():
     assert "generated" in lines["demo"] and "ratio" in lines["qa"]
 
 
-@pytest.mark.parametrize("command", [["backends"], ["train", "qa", "--dry-run"], ["backends", "check", "--no-call"]])
+@pytest.mark.parametrize("command", [["backends"], ["train", "qa", "--dry-run"],
+                                     ["backends", "check", "--no-call"]])
 def test_a_mistyped_backend_is_one_line_with_exit_2(command):
     code, out, err = run(*command, "--backend", "opnai")
     assert code == 2
-    assert err.strip() == ("error: --backend (or --target-backend): unknown backend 'opnai'; the backends are: "
-                           "openai, azure_openai, anthropic, openai_compatible, codex_exec, claude_code_exec, "
-                           "local, scripted")
+    assert err.strip() == ("error: --backend (or --target-backend): unknown backend 'opnai'; the backends "
+                           "are: openai, azure_openai, anthropic, openai_compatible, codex_exec, "
+                           "claude_code_exec, local, scripted")
 
 
 def test_demo_with_another_backend_gets_past_the_scripted_options():
@@ -125,7 +126,8 @@ def test_demo_with_another_backend_gets_past_the_scripted_options():
 
 @pytest.mark.parametrize(("usage", "line"), [
     ({"calls": 6, "usd": 0.0, "unpriced_calls": 6}, "model calls 6, cost unknown (6 unpriced calls)"),
-    ({"calls": 6, "usd": 0.012, "unpriced_calls": 1}, "model calls 6, cost $0.0120 + unknown (1 unpriced call)"),
+    ({"calls": 6, "usd": 0.012, "unpriced_calls": 1},
+     "model calls 6, cost $0.0120 + unknown (1 unpriced call)"),
     ({"calls": 6, "usd": 0.012, "unpriced_calls": 0}, "model calls 6, cost $0.0120"),
     ({"calls": 0, "usd": 0.0, "unpriced_calls": 0, "cache_hits": 12},
      "model calls 0, cost $0.0000; 12 calls served from cache"),
@@ -141,8 +143,8 @@ def test_the_scripted_target_on_data_without_replies_is_refused_once_before_any_
 
     monkeypatch.chdir(tmp_path)
     data = tmp_path / "mine.jsonl"
-    data.write_text("".join(json.dumps({"id": f"q{i}", "question": f"{i}+{i}?", "answers": [str(2 * i)]}) + "\n"
-                            for i in range(12)))
+    rows = [{"id": f"q{i}", "question": f"{i}+{i}?", "answers": [str(2 * i)]} for i in range(12)]
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
     code, out, err = run("train", "qa", "--data", str(data), "--backend", "scripted")
     assert code == 2 and out == ""
     assert err.count("\n") == 1 and "the scripted target has no replies for this data" in err
@@ -154,8 +156,8 @@ def test_the_scripted_target_on_fixture_data_with_replies_passes_the_check():
     from skillopt.config import load_config
     from skillopt.run_checks import check_scripted_target
 
-    loaded = load_config("qa", overrides=["benchmark.split_mode=split_dir", "benchmark.split_dir=tests/fixtures/qa"],
-                         env={})
+    loaded = load_config("qa", env={}, overrides=["benchmark.split_mode=split_dir",
+                                                  "benchmark.split_dir=tests/fixtures/qa"])
     benchmark = load_benchmark("qa")
     bench_cfg = benchmark.Config.model_validate(loaded.config.benchmark.model_dump())
     check_scripted_target("qa", bench_cfg, type("Role", (), {"backend": "scripted", "options": {}})())

@@ -81,7 +81,7 @@ def test_stop_because_reports_the_reason_and_exits_1(tmp_path: Path):
                 pass
         sys.exit(3)  # never reached in time: the deadline exits first
     """)
-    result = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=30,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    result = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True,
+                            timeout=30, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert result.returncode == 1
     assert result.stderr.strip() == "error: the API server exited"

@@ -17,7 +17,7 @@ def call(stage: str, *, tokens: int = 100, usd: float | None = 0.001, cache_hit:
     """The ``call`` event the usage ledger emits for one model call."""
     ledger = UsageLedger(None, PriceTable.load(None))
     record = ledger.record(role="target", backend="openai_compatible", model_requested="unpriced-model",
-                           model_served=None, stage=stage, usage=Usage(prompt_tokens=tokens, completion_tokens=0),
+                           model_served=None, stage=stage, usage=Usage(prompt_tokens=tokens),
                            latency_s=0.1, attempts=1, status="ok", cache_hit=cache_hit, cost_usd=usd)
     return {"kind": "call", "record": record}
 
@@ -31,8 +31,8 @@ def test_events_fold_into_epoch_step_stage_items_calls_tokens_and_cost():
         state.apply({"kind": "item"})
         state.apply(call("rollout"))
     state.apply(call("rollout", cache_hit=True))
-    assert state.line() == ("epoch 1 · step 3/6 · rollout train 5/8 items · 5 calls (+1 from cache) · 500 tokens · "
-                            "$0.0050")
+    assert state.line() == ("epoch 1 · step 3/6 · rollout train 5/8 items · 5 calls (+1 from cache) · "
+                            "500 tokens · $0.0050")
     state.apply(call("analyst", tokens=2000, usd=None))
     assert state.line() == ("epoch 1 · step 3/6 · analyst · 6 calls (+1 from cache) · 2,500 tokens · "
                             "$0.0050 + 1 unpriced")

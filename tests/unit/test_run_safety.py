@@ -37,8 +37,8 @@ def record(step: int) -> StepRecord:
 
 
 def python(code: str, **kwargs) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, cwd=ROOT,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=60, **kwargs)
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                          cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=60, **kwargs)
 
 
 def finished_run(tmp_path: Path) -> RunDir:
@@ -71,9 +71,9 @@ def test_a_second_process_on_the_same_run_gets_an_error_naming_the_holder(tmp_pa
         except StorageError as error:
             print(error)
     """)
-    assert result.stdout.strip() == (f"run directory {tmp_path / 'runs' / 'run1'} is in use by another skillopt "
-                                     f"process (pid {os.getpid()}); wait for it to finish or stop it, or choose "
-                                     "another --run-name")
+    assert result.stdout.strip() == (f"run directory {tmp_path / 'runs' / 'run1'} is in use by another "
+                                     f"skillopt process (pid {os.getpid()}); wait for it to finish or stop "
+                                     "it, or choose another --run-name")
 
 
 def test_the_lock_goes_with_the_process_that_held_it(tmp_path: Path):
@@ -82,7 +82,8 @@ def test_the_lock_goes_with_the_process_that_held_it(tmp_path: Path):
         from skillopt.config import SkillOptConfig
         from skillopt.runs import RunDir, config_hash
         config = SkillOptConfig.model_validate({{"benchmark": {{"name": "demo"}}}})
-        RunDir.open(Path({str(tmp_path / "runs")!r}), "run1", config, config_hash=config_hash(config), provenance={{}})
+        RunDir.open(Path({str(tmp_path / "runs")!r}), "run1", config, config_hash=config_hash(config),
+                    provenance={{}})
     """)
     assert holder.returncode == 0, holder.stderr
     assert open_run(tmp_path).path.is_dir()  # no stale lock after the holder exited
@@ -186,7 +187,8 @@ def test_a_read_only_folder_is_one_line_naming_it_and_the_setting(tmp_path: Path
         except StorageError as error:
             print(error)
     """)
-    assert probe.stdout.strip() == f"cannot write to {folder} (run.cache_dir): Read-only file system", probe.stderr
+    expected = f"cannot write to {folder} (run.cache_dir): Read-only file system"
+    assert probe.stdout.strip() == expected, probe.stderr
 
 
 def bwrap_python(read_only: Path, code: str) -> subprocess.CompletedProcess[str]:
