@@ -213,7 +213,7 @@ def train_step(run: Run, state: TrainState, buffer: StepBuffer, *, epoch: int, s
     probes = []
     for batch in step_plan.batches:
         with timer("rollout"):
-            rows = evaluate(run, skill, "train", batch.item_ids, training=True).rows
+            rows = evaluate(run, skill, "train", batch.item_ids, training=True, view_seed=batch.seed).rows
         evidence.rows += rows
         with timer("reflect"):
             failures, successes = reflect(run, skill, rows, seed=batch.seed, budget=budget, buffer=buffer.format(),

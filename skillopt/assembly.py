@@ -204,6 +204,7 @@ class Run:
                         {role_name: (role.backend, role.price_model) for role_name, role in used.items()})
         prompts = benchmark.prompts_dir
         guidance = {kind: read_prompt(prompts / f"analyst_{kind}.md") for kind in ("error", "success")}
+        guidance["probe"] = read_prompt(prompts / "deep_probe.md")  # optional: the benchmark's probe guidance
         initial = read_initial_skill(config, prompts) if spec.initial_skill is None else spec.initial_skill
         return cls(spec=spec, loaded=loaded, benchmark=benchmark, bench_cfg=bench_cfg, clients=clients, dir=run_dir,
                    items=items, split_ids=split_ids, data_hash=_data_hash(items, split_ids),

@@ -69,10 +69,14 @@ def probe_request(
     meta_skill: str = "",
     prompt_chars: int | None = None,
     trajectory_chars: int | None = None,
+    benchmark_guidance: str = "",
 ) -> ChatRequest:
     """The deep-probe call on the picked rows: stage ``deep_probe``, tags ``{"item_ids"}``; sized
-    like an analyst's (``reflect.analyst_request``)."""
+    like an analyst's (``reflect.analyst_request``). ``benchmark_guidance`` (the benchmark's
+    ``deep_probe.md``) says what readout suits its tasks."""
     instructions = optimizer_prompt("deep_probe") + "\n"
+    if benchmark_guidance.strip():
+        instructions += f"\n## Benchmark guidance\n{benchmark_guidance.strip()}\n"
     message = format_analyst_message(skill=skill, budget=None, rows=rows, step_buffer=step_buffer,
                                      meta_skill=meta_skill, message_chars=room_left(prompt_chars, instructions),
                                      trajectory_chars=trajectory_chars)

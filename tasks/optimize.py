@@ -149,6 +149,7 @@ def _probe_key(p: dict[str, Any]) -> str:
     return content_key("deep-probe", optimizer=_optimizer(run), target=run.clients.roles.target.fingerprint(),
                        skill=skill_hash(p["skill"]), rows=[digest(r) for r in p["rows"]], buffer=p["step_buffer"],
                        meta=p["meta_skill"], prompts=prompt_hash("optimizer/deep_probe"),
+                       guidance=run.benchmark_guidance.get("probe", ""),
                        counts=[run.config.gradient.deep_probe_failures, run.config.gradient.deep_probe_successes])
 
 
@@ -159,7 +160,8 @@ def deep_probe(run: Run, skill: str, rows: list[ItemResult], step_buffer: str, m
     picked = pick_probe_items(rows, failures=cfg.deep_probe_failures, successes=cfg.deep_probe_successes)
     if not picked:
         return ProbeResult(fallback="no items to probe")
-    request = probe_request(skill=skill, rows=picked, step_buffer=step_buffer, meta_skill=meta_skill)
+    request = probe_request(skill=skill, rows=picked, step_buffer=step_buffer, meta_skill=meta_skill,
+                            benchmark_guidance=run.benchmark_guidance.get("probe", ""))
     reply = structured_or_fallback(run.clients.optimizer, request, ProbeReply,
                                    fallback=lambda reason: ProbeResult(fallback=f"probe reply unusable: {reason}"))
     if isinstance(reply, ProbeResult):

@@ -54,15 +54,19 @@ def _rollout_key(p: dict[str, Any]) -> str:
         "rollout", benchmark=run.benchmark.id, benchmark_version=run.benchmark.version, item=p["item"].id,
         data=run.data_hash, skill=skill_hash(p["skill"]), target=run.clients.roles.target.fingerprint(),
         prompts=run.bench_prompt_hash, training=p["training"], probe=p.get("probe_instruction") or "",
-        sample=p.get("sample", 0), bench_cfg=run.bench_cfg.model_dump(mode="json", exclude={"workers"}),
+        sample=p.get("sample", 0), view=p.get("view_seed"),
+        bench_cfg=run.bench_cfg.model_dump(mode="json", exclude={"workers"}),
     )
 
 
 @task(name="rollout_item", cache_key_fn=keyed(_rollout_key), persist_result=True, result_serializer="json",
       tags=["llm:target"], retry_condition_fn=retry_only_retryable)
 def rollout_item(run: Run, item: Item, skill: str, *, training: bool, probe_instruction: str | None = None,
-                 sample: int = 0) -> ItemResult:
-    """The target runs one item with ``skill``; the benchmark scores it."""
+                 sample: int = 0, view_seed: int | None = None) -> ItemResult:
+    """The target runs one item with ``skill``; the benchmark scores it. With ``view_seed`` (a training
+    batch's seed) the item is shown as the benchmark's view of that batch (e.g. reshuffled choices)."""
+    if view_seed is not None:
+        item = run.benchmark.batch_view(item, run.bench_cfg, seed=view_seed, training=training)
     judge = _judge_for(run) if run.benchmark.needs_judge(run.bench_cfg) else None
     return run_item(run.benchmark, item, skill, run.bench_cfg, target=run.clients.target, judge=judge,
                     probe_instruction=probe_instruction, sample=sample,
@@ -101,20 +105,20 @@ def _evaluation_key(p: dict[str, Any]) -> str:
         "evaluate", benchmark=run.benchmark.id, benchmark_version=run.benchmark.version, split=p["split"],
         items=list(p["item_ids"]), data=run.data_hash, skill=skill_hash(p["skill"]),
         target=run.clients.roles.target.fingerprint(), judge=judge.fingerprint() if judge else None,
-        prompts=run.bench_prompt_hash, training=p.get("training", False),
+        prompts=run.bench_prompt_hash, training=p.get("training", False), view=p.get("view_seed"),
         bench_cfg=run.bench_cfg.model_dump(mode="json", exclude={"workers"}),
     )
 
 
 @task(name="evaluate_skill", cache_key_fn=keyed(_evaluation_key), persist_result=True, result_serializer="json")
-def evaluate_skill(run: Run, skill: str, split: str, item_ids: list[str], *, training: bool = False
-                   ) -> Evaluation:
+def evaluate_skill(run: Run, skill: str, split: str, item_ids: list[str], *, training: bool = False,
+                   view_seed: int | None = None) -> Evaluation:
     """Roll out every item of ``item_ids`` with ``skill`` (one cached task per item) and score the split."""
-    return run_rollouts(run, skill, split, item_ids, training=training)
+    return run_rollouts(run, skill, split, item_ids, training=training, view_seed=view_seed)
 
 
 def run_rollouts(run: Run, skill: str, split: str, item_ids: list[str], *, training: bool,
-                 probe_instruction: str | None = None) -> Evaluation:
+                 probe_instruction: str | None = None, view_seed: int | None = None) -> Evaluation:
     """Submit one ``rollout_item`` per id (bounded pool), in id order; raise on outages and failures."""
     workers = max(1, int(getattr(run.bench_cfg, "workers", 4)))
     rollout = bound(run, rollout_item)
@@ -122,7 +126,8 @@ def run_rollouts(run: Run, skill: str, split: str, item_ids: list[str], *, train
     live.emit("stage", name=f"rollout {split}", total=len(item_ids))
     with ThreadPoolTaskRunner(max_workers=workers) as runner:
         futures = [runner.submit(rollout, {"run": run, "item": run.items[i], "skill": skill, "training": training,
-                                           "probe_instruction": probe_instruction}) for i in item_ids]
+                                           "probe_instruction": probe_instruction, "view_seed": view_seed})
+                   for i in item_ids]
         errors = []
         for item_id, future in zip(item_ids, futures, strict=True):
             try:
@@ -145,12 +150,12 @@ def run_rollouts(run: Run, skill: str, split: str, item_ids: list[str], *, train
 
 
 def evaluate(run: Run, skill: str, split: str, item_ids: list[str] | None = None, *,
-             training: bool = False) -> Evaluation:
+             training: bool = False, view_seed: int | None = None) -> Evaluation:
     """Scores of ``skill`` on ``item_ids``, by default the whole split (val and test cut to their configured
     sizes). Items that failed are error rows in the result; the evaluation is then not cached."""
     ids = run.selection_ids(split) if item_ids is None else list(item_ids)
     try:
-        return bound(run, evaluate_skill)(run, skill, split, ids, training=training)
+        return bound(run, evaluate_skill)(run, skill, split, ids, training=training, view_seed=view_seed)
     except PartialEvaluation as partial:
         return partial.evaluation
 

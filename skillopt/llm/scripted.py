@@ -601,6 +601,11 @@ def _judge_verdict(request: ChatRequest, origin: str) -> Answer | NoAnswer:
     return Answer(text, parsed)
 
 
+#: What the ``auto`` set answers for the deep probe: a short readout that changes no task.
+AUTO_PROBE_INSTRUCTION = ("Before your final answer, state in one line the decisive cue your answer rests on "
+                          "and the runner-up answer you rejected.")
+
+
 class AutoRules:
     """The ``auto`` set: answers every stage, so ``--backend scripted`` runs any benchmark.
 
@@ -610,7 +615,10 @@ class AutoRules:
       ``tags["gold_answers"]`` (never a substring test). The judge prompt belongs to the benchmark,
       so the benchmark's judge call must put the prediction and the gold answers in these two tags;
       a judge request without them gets no answer from this set;
-    - ``rollout``: the benchmark plug-in's target rules (``BackendContext.scripted_target_rules``);
+    - ``rollout``: the run's target rules (``BackendContext.scripted_target_rules``: the data root's
+      ``scripted_rules.yaml``);
+    - ``deep_probe``: a fixed, generic probe instruction (``AUTO_PROBE_INSTRUCTION``), so a scripted
+      run with ``gradient.deep_probe`` re-runs its probe items (a minimal object would be blank);
     - ``preflight``: ``ok``.
     """
 
@@ -624,6 +632,10 @@ class AutoRules:
             return Answer("ok")
         if request.stage == "judge":
             return _judge_verdict(request, "the auto judge")
+        if request.stage == "deep_probe" and request.response_schema is not None:
+            probe = {"reasoning": "the auto set's generic probe", "probe_instruction": AUTO_PROBE_INSTRUCTION}
+            text, parsed = _object_reply(probe, request, "the auto set")
+            return Answer(text, parsed)
         if request.stage == "rollout":
             if not len(self._target):
                 return NoAnswer("the benchmark supplied no scripted target rules for the auto set")

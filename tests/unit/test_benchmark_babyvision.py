@@ -154,6 +154,13 @@ def test_a_missing_data_path_fails_preflight_with_the_download_hint(tmp_path):
         plugin.preflight(BabyVisionConfig(split_mode="ratio", data_path=str(tmp_path / "none")))
 
 
+def test_task_id_is_preferred_over_id(tmp_path):
+    image = FIXTURES / "images" / "101.png"
+    row = {"taskId": 501, "id": "internal-7", "question": "Q?", "image": str(image), "blankAns": "1"}
+    assert normalise_row(row, roots=[FIXTURES])["id"] == 501
+    assert normalise_row({**row, "taskId": None}, roots=[FIXTURES])["id"] == "internal-7"
+
+
 def test_rows_without_task_id_take_their_position_in_the_file_as_id(tmp_path):
     """BENCHMARKS.md §2.5: the id is ``taskId``, else ``id``, else the row's index + 1."""
     image = FIXTURES / "images" / "101.png"

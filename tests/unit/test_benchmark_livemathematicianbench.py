@@ -291,6 +291,29 @@ def test_shuffling_is_seeded_relabels_and_correct_choice_follows_its_text(tmp_pa
     assert shuffled_view(group, 7)["choices"] is not group["choices"]
 
 
+def test_train_batches_reshuffle_with_the_batch_seed_and_evaluation_views_stay_stable(tmp_path):
+    """Train batches show the choices shuffled with the batch seed, so positions move between epochs
+    (each epoch's batches have their own seeds); evaluation views keep the load order, so every
+    candidate skill sees the same options; the text answer still scores right in every view."""
+    config = fixture_config()
+    loaded = fixture_items(tmp_path)
+    orders = set()
+    for seed in range(8):
+        for item in loaded.values():
+            view = plugin.batch_view(item, config, seed=seed, training=True)
+            assert view == plugin.batch_view(item, config, seed=seed, training=True)
+            assert plugin.batch_view(item, config, seed=seed, training=False) is item
+            orders.add((item.id, tuple(texts(view))))
+            reply = f"<answer>{view['correct_choice']['text']}</answer>"
+            assert plugin.score(view, reply, None).hard == 1.0
+            _, user_message = plugin.build_messages(view, "", config)
+            assert f"{view['correct_choice']['label']}. {view['correct_choice']['text']}" in user_message.text()
+    assert len(orders) > 3 * 2  # positions move between batch seeds
+    fixed = fixture_config("benchmark.shuffle_choices=false")
+    item = unshuffled(tmp_path / "fixed")[GROUP]
+    assert plugin.batch_view(item, fixed, seed=3, training=True) is item
+
+
 def test_loaded_items_are_shuffled_with_the_split_seed_and_stable_across_loads(tmp_path):
     shuffled, canonical = fixture_items(tmp_path), unshuffled(tmp_path)
     assert shuffled == fixture_items(tmp_path)
