@@ -28,6 +28,7 @@ import logging
 import math
 import os
 import re
+import shutil
 import threading
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
@@ -439,16 +440,25 @@ class RunDir:
             history = run.read_history()  # a damaged record stops the resume now, before anything is written
             run._replaying_through = max((r.step for r in history if r.kind == "step"), default=0)
             return run
-        # New, or a run that stopped during its set-up (a config or data error): nothing in it is a result,
-        # so it takes this config rather than blocking the name.
+        if run.config_path.is_file():
+            # A run that stopped before its first step (a set-up error, a failed baseline) has no result to
+            # keep: it takes this config rather than blocking the name. Its usage.jsonl (calls it paid for)
+            # stays; what its baseline wrote for the old config goes.
+            _log.warning("run directory %s stopped before its first step; it starts again with this config",
+                         run.path)
+            run._discard_baseline()
         run.write_text(CONFIG_FILE, _config_yaml(config, config_hash, provenance))
         return run
 
     def started(self) -> bool:
-        """Whether the run got past its set-up: it made a model call or recorded a result, so it has a record
-        to keep (a folder with only ``config.yaml`` and ``splits/`` has none)."""
-        return any(path.exists() for path in (self.usage_path, self.skill_snapshot_path(0), self.history_path,
-                                              self.summary_path, self.best_skill_path))
+        """Whether the run recorded a step (or finished): from then on it holds results to keep."""
+        return self.history_path.exists() or self.summary_path.exists()
+
+    def _discard_baseline(self) -> None:
+        for folder in ("skills", "eval", "splits"):
+            shutil.rmtree(self.path / folder, ignore_errors=True)
+        for name in (BEST_SKILL_FILE, "STOPPED"):
+            (self.path / name).unlink(missing_ok=True)
 
     def lock(self) -> None:
         """Hold the run's lock file for the life of this process, or raise naming the process that holds it.

@@ -160,12 +160,21 @@ def test_a_torn_usage_line_does_not_stop_the_report(tmp_path: Path, caplog: pyte
 # Set-up failures do not block a name
 
 
-def test_a_run_that_stopped_during_set_up_does_not_block_its_name(tmp_path: Path):
+def test_a_run_that_stopped_before_its_first_step_does_not_block_its_name(tmp_path: Path):
     open_run(tmp_path, make_config())  # config.yaml written, then the data failed to load
     fixed = make_config(optimizer={"learning_rate": 8})
     run = open_run(tmp_path, fixed)
     assert run.recorded_config_hash() == config_hash(fixed)
-    run.write_skill_snapshot(0, "initial")  # now it has a result: another config is refused
+    run.write_skill_snapshot(0, "initial")  # the baseline ran (and paid), then failed
+    run.write_best_skill("initial")
+    run.usage_path.write_text('{"stage": "rollout"}\n')
+    other = make_config(optimizer={"learning_rate": 2})
+    again = open_run(tmp_path, other)
+    assert again.recorded_config_hash() == config_hash(other)
+    assert not again.skill_snapshot_path(0).exists() and not again.best_skill_path.exists()
+    assert again.usage_path.read_text() == '{"stage": "rollout"}\n'  # the spend stays on record
+    again.write_skill_snapshot(0, "another initial skill")
+    again.record_step(record(1))  # now it has a result: another config is refused
     with pytest.raises(ConfigError, match="was created with config hash"):
         open_run(tmp_path, make_config())
 

@@ -177,7 +177,7 @@ def test_reopening_with_the_same_config_resumes_into_the_same_folder(tmp_path: P
 
 def test_reopening_with_a_different_config_names_both_hashes(tmp_path: Path) -> None:
     old = make_config()
-    open_run(tmp_path, old).write_skill_snapshot(0, "initial")  # the run got past its set-up
+    open_run(tmp_path, old).record_step(record(1))  # the run recorded a step
     new = make_config(optimizer={"learning_rate": 8})
     with pytest.raises(ConfigError) as error:
         open_run(tmp_path, new)
