@@ -1,4 +1,4 @@
-"""Keeping secrets out of everything skillopt prints or writes (BACKENDS.md §6).
+"""Keeping secrets out of everything skillopt prints or writes (see docs/configuration.md, "Credentials").
 
 A ``Redactor`` knows the secret values loaded in this process (the values of credential-like
 environment variables) plus the shapes secrets usually have (``sk-…`` keys, ``Bearer`` tokens,
@@ -18,7 +18,7 @@ from typing import Any
 
 REDACTED = "[REDACTED]"
 
-#: Environment variables that hold provider credentials by convention (BACKENDS.md §1.3).
+#: Environment variables that hold provider credentials by convention (docs/backends.md).
 CONVENTIONAL_KEY_VARIABLES = (
     "OPENAI_API_KEY",
     "AZURE_OPENAI_API_KEY",

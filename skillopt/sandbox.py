@@ -625,8 +625,6 @@ def run_sandboxed(
     source = Path(cwd)
     if not source.is_dir():
         raise FileNotFoundError(f"run_sandboxed: workspace {source} is not a folder")
-    if mode == "none":
-        log.warning("sandbox: %s", NO_SANDBOX_WARNING)
     root = Path(tempfile.mkdtemp(prefix="skillopt-sandbox-")).resolve()
     try:
         work = root / "work"

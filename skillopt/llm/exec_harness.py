@@ -1,4 +1,4 @@
-"""The shared harness of the exec targets ``codex_exec`` and ``claude_code_exec`` (BACKENDS.md §3.5).
+"""The shared harness of the exec targets ``codex_exec`` and ``claude_code_exec``.
 
 One ``run`` per benchmark item:
 

@@ -1,4 +1,4 @@
-"""Provider rate limits shared by every role and thread of a run (BACKENDS.md §4.4).
+"""Provider rate limits shared by every role and thread of a run (docs/backends.md, "Reliability").
 
 One bucket per ``rate_limit_key`` (``<backend>:<host>`` by default), configured under
 ``model.providers.<key>: {rpm, tpm, max_concurrency}``. Each call reserves its start time: the

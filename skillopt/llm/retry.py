@@ -1,4 +1,4 @@
-"""The retry policy: the one layer that repeats failed model calls (BACKENDS.md §4.2).
+"""The retry policy: the one layer that repeats failed model calls (docs/backends.md, "Reliability").
 
 Only errors marked ``retryable`` (429, 5xx, 529, timeouts, connection resets, empty exec answers)
 are repeated, with exponential backoff and equal jitter: ``d = min(cap, base * 2**(n-1))``, sleep
