@@ -11,10 +11,12 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PREFECT_SERVER_ANALYTICS_ENABLED=false
 
-# bubblewrap is the OS sandbox model-written code runs in (spreadsheetbench, the fake SWE-bench harness);
-# without it those benchmarks refuse to run (docs/sandbox.md). Inside a container it also needs the
-# engine to allow user namespaces (e.g. docker run --security-opt seccomp=unconfined, or a userns-enabled host).
-RUN apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends bubblewrap \
+# bubblewrap is the OS sandbox that model-written code and the exec targets' CLIs run in; without it
+# spreadsheetbench, the fake SWE-bench harness and codex_exec/claude_code_exec refuse to run
+# (docs/sandbox.md). In a container the engine must also allow user namespaces (Docker's default
+# seccomp profile may not: docker run --security-opt seccomp=unconfined, or a userns-enabled host).
+RUN apt-get update -qq \
+    && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends bubblewrap \
     && rm -rf /var/lib/apt/lists/*
 
 WORKDIR /opt/skillopt
