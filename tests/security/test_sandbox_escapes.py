@@ -5,8 +5,9 @@ sqlite3, ctypes and ``os.open``; reads of a planted secret; new processes throug
 ``_posixsubprocess.fork_exec``, ``os.fork`` and ctypes ``fork()`` + ``setsid()``; sockets (ctypes
 ones too) to a loopback server this test runs; the parent's ``/proc/<pid>/environ``; fork bombs;
 memory and CPU exhaustion; a flood of stdout. The payloads that leave a visible trace go end to end
-through the spreadsheetbench scorer (the target's answer is the payload, and what it read would
-show up as the predicted cell value); the rest go through the sandbox API directly. Every test
+through the shared runner, spreadsheetbench's episode and its scorer (the target's answer is the
+payload, and what it read would show up as the predicted cell value); the rest go through the
+sandbox API directly. Every test
 checks the host side: the file was not written, the server saw no connection, the secret is in no
 output, and no process of the run's pid namespace is left.
 """
@@ -76,16 +77,22 @@ def sheet_item(tmp_path):
 
 
 def score_payload(item, payload: str) -> tuple[str, str]:
-    """Score a reply whose script runs ``payload`` (which sets ``value``) and writes ``value`` into the
-    graded cell D2, so whatever the payload obtained shows up in the fail reason as ``pred=…`` (cut
-    short). Returns the fail reason and everything the score holds."""
+    """Roll ``item`` out with a target whose answer is a script that runs ``payload`` (which sets ``value``)
+    and writes ``value`` into the graded cell D2, through the real runner, episode and scorer; whatever
+    the payload obtained shows up in the row's fail reason as ``pred=…`` (cut short). Returns the fail
+    reason and everything the row holds."""
+    from skillopt.benchmarks.runner import run_item
     from skillopt.benchmarks.spreadsheetbench import plugin
+    from tests.fakes.benchmark_target import PluginScriptedTarget, fixture_config_of
 
     body = textwrap.dedent(payload)
     script = ("import openpyxl\nvalue = 'nothing'\n" + body + "\nwb = openpyxl.load_workbook(INPUT_PATH)\n"
               "wb['Sheet1']['D2'] = str(value)\nwb.save(OUTPUT_PATH)\n")
-    result = plugin.score(item, f"```python\n{script}```", None)
-    return result.fail_reason, f"{result.fail_reason}\n{result.detail}\n{result.extras}"
+    target = PluginScriptedTarget(plugin, rules=[{"name": "payload", "stage": "rollout",
+                                                  "text": f"```python\n{script}```"}])
+    row = run_item(plugin, item, "", fixture_config_of(plugin), target=target, judge=None)
+    assert target.requests, "the target was never asked"
+    return row.fail_reason, row.model_dump_json()
 
 
 def test_writes_outside_the_workspace_through_sqlite_ctypes_and_os_open_land_nowhere(sheet_item, tmp_path):
@@ -201,7 +208,7 @@ def test_the_parents_environment_is_not_readable_through_proc(sheet_item, monkey
     """
     outcome, everything = score_payload(sheet_item, payload)
     assert "pred='environ:clean:" in outcome and "environ:clean:0" not in outcome, outcome
-    assert "LEAKED" not in everything
+    assert "environ:LEAKED" not in everything  # (the script itself, in the trajectory, says LEAKED)
 
 
 # --------------------------------------------------------------------- processes, through the API
