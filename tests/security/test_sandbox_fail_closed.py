@@ -86,3 +86,10 @@ def test_skillopt_benchmarks_reports_a_working_sandbox():
     assert main(["benchmarks"], stdout=out, stderr=io.StringIO()) == 0
     assert f"sandbox for model-written code (spreadsheetbench, swebench's fake harness): bubblewrap " \
            f"({sandbox_status().bwrap})" in out.getvalue()
+
+
+def test_skillopt_backends_check_reports_the_sandbox_status(no_bwrap):
+    out, err = io.StringIO(), io.StringIO()
+    assert main(["backends", "check", "--backend", "scripted"], stdout=out, stderr=err) == 0, err.getvalue()
+    line = next(x for x in out.getvalue().splitlines() if x.startswith("sandbox (model-written code"))
+    assert "unavailable: bubblewrap (bwrap) is not installed" in line and "install bubblewrap" in line
