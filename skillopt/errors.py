@@ -37,3 +37,8 @@ def storage_error(path: object, error: OSError, doing: str = "write") -> Storage
     """One line naming ``path`` and the system's reason, e.g. "cannot write runs/x/summary.json: No space left
     on device"."""
     return StorageError(f"cannot {doing} {path}: {error.strerror or error}")
+
+
+class BenchmarkSetupError(SkillOptError):
+    """A benchmark's external requirement is missing (data, images, a judge, a tool); the message says
+    how to fix it."""

@@ -1,4 +1,4 @@
-"""Answer extraction and string metrics shared by every benchmark (BENCHMARKS.md §1.7, §2.2).
+"""Answer extraction and string metrics shared by every benchmark.
 
 - :func:`last_tag` and :func:`last_boxed` pull the final answer out of a target reply, and
   :func:`tag_or_last_line` adds the SearchQA fallbacks (the last non-empty line, else the reply);
@@ -54,17 +54,20 @@ _BOX_TOKENS = re.compile(r"<\|begin_of_box\|>(.*?)<\|end_of_box\|>", re.DOTALL)
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _PUNCTUATION = str.maketrans("", "", string.punctuation)
 # Thousands separators, currency signs and percent signs are noise around a number.
-_LEADING_LABEL = re.compile(r"^\(?(?P<label>[A-Za-z]{1,2})(?P<sep>\)\s*|[.:]\s*|\s+|$)(?P<rest>.*)$", re.DOTALL)
+_LEADING_LABEL = re.compile(r"^\(?(?P<label>[A-Za-z]{1,2})(?P<sep>\)\s*|[.:]\s*|\s+|$)(?P<rest>.*)$",
+                            re.DOTALL)
 _NUMBER_NOISE = re.compile(r"(?<=\d),(?=\d)|[$€£¥%]")
 #: Characters of an answer that a fail_reason quotes.
 QUOTE_CHARS = 200
 _NUMBER = re.compile(r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?")
-_UNITS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven", "twelve", "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen", "nineteen"]
-_TENS = ["twenty", "thirty", "forty", "fifty", "sixty", "seventy", "eighty", "ninety"]
+_UNITS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven",
+          "twelve", "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen", "nineteen")
+_TENS = ("twenty", "thirty", "forty", "fifty", "sixty", "seventy", "eighty", "ninety")
 _NUMBER_WORDS = {**{word: value for value, word in enumerate(_UNITS)},
                  **{word: 20 + 10 * index for index, word in enumerate(_TENS)}}
 # A tens word may take a unit ("twenty-one", "twenty one"); whole words only.
-_NUMBER_WORD = re.compile(rf"\b(?:(?:{'|'.join(_TENS)})(?:[- ](?:{'|'.join(_UNITS[1:10])}))?|{'|'.join(_UNITS)})\b",
+_NUMBER_WORD = re.compile(rf"\b(?:(?:{'|'.join(_TENS)})(?:[- ](?:{'|'.join(_UNITS[1:10])}))?"
+                          rf"|{'|'.join(_UNITS)})\b",
                           re.IGNORECASE)
 
 
@@ -193,7 +196,8 @@ def choice_label(index: int) -> str:
 
 def clean_label(text: str) -> str:
     """``text`` as a candidate option label: uppercased, whitespace, a leading ``(`` and trailing
-    ``.``, ``)`` or ``:`` stripped (``" (b). "`` → ``"B"``). Whether it names an option is the caller's check."""
+    ``.``, ``)`` or ``:`` stripped (``" (b). "`` → ``"B"``). Whether it names an option is the
+    caller's check."""
     return str(text).upper().strip().removeprefix("(").rstrip(".):").strip()
 
 

@@ -1,4 +1,4 @@
-"""The benchmark plug-in contract (BENCHMARKS.md §1.1) and the registry of plug-ins.
+"""The benchmark plug-in contract and the registry of plug-ins.
 
 A benchmark is one small package that implements ``Benchmark``. It supplies only what differs
 between benchmarks — how to load items, how to prompt, how to score — and the shared runner
@@ -21,18 +21,14 @@ from skillopt.benchmarks.episode import EpisodeContext, EpisodeResult
 from skillopt.benchmarks.grading import GENERIC_RUBRIC, verdict_request
 from skillopt.config import BenchmarkSection
 from skillopt.data import Item
-from skillopt.errors import ConfigError, SkillOptError
+from skillopt.errors import BenchmarkSetupError, ConfigError, SkillOptError
 from skillopt.llm.chat import ChatRequest, Message, system
 
 ENTRY_POINT_GROUP = "skillopt.benchmarks"
 
 
-class BenchmarkSetupError(SkillOptError):
-    """A benchmark's external requirement is missing (data, images, a judge, a tool); the message says how to fix it."""
-
-
 class RolloutInfrastructureError(SkillOptError):
-    """A whole rollout produced no model answer at all: an outage, not a score of zero (DESIGN.md §8)."""
+    """A whole rollout produced no model answer at all: an outage, not a score of zero."""
 
 
 class Score(BaseModel):
@@ -130,9 +126,10 @@ class Benchmark(ABC, Generic[ConfigT]):
     **Scoring.** ``score(item, response_text, judge)`` is pure apart from the injected ``judge``;
     it never raises for a bad answer. ``extract_answer(text)`` is the answer as the scorer compares
     it (None when the reply has none in the required format); the default is the last
-    ``<answer>`` tag, SQuAD-normalised. ``needs_judge(cfg)`` says whether ``score`` calls the judge role (default
-    False); ``judge_request(item, prediction)`` is the judge call (default: a generic equivalence
-    rubric over the item's question and golds).
+    ``<answer>`` tag, SQuAD-normalised. ``needs_judge(cfg)`` says whether ``score`` calls the judge
+    role (default False); ``judge_request(item, prediction)`` is the judge call (default: a generic
+    equivalence rubric over the item's question and golds). A benchmark that reads untagged replies
+    uses ``skillopt.benchmarks.answers.read_answer`` and marks such rows with ``with_reading``.
 
     **Setup.** ``bind_target(cfg, *, backend, kind) -> (cfg, notes)`` runs before ``preflight``
     with the target role's backend and kind (``chat`` | ``exec``): it settles target-dependent
@@ -151,7 +148,8 @@ class Benchmark(ABC, Generic[ConfigT]):
     native_extensions: ClassVar[tuple[str, ...]] = (".json", ".jsonl")
     extras: ClassVar[tuple[str, ...]] = ()
     uses_images: ClassVar[bool] = False
-    data_hint: ClassVar[str] = "pass --data DIR (a folder holding train/, val/ and test/) or set benchmark.split_dir"
+    data_hint: ClassVar[str] = ("pass --data DIR (a folder holding train/, val/ and test/) "
+                                "or set benchmark.split_dir")
 
     @property
     def prompts_dir(self) -> Path:
@@ -235,7 +233,8 @@ class Benchmark(ABC, Generic[ConfigT]):
     def judge_request(self, item: Item, prediction: str) -> ChatRequest:
         """The judge call for ``prediction`` (default: semantic equivalence with the item's golds)."""
         golds = [str(g) for g in as_list(item.get("answers", item.get("answer")))]
-        body = f"## Question\n{item.get('question', '')}\n\n## Gold answers\n{golds}\n\n## Answer\n{prediction}"
+        body = (f"## Question\n{item.get('question', '')}\n\n## Gold answers\n{golds}\n\n"
+                f"## Answer\n{prediction}")
         return verdict_request(GENERIC_RUBRIC, body, item_id=item.id, prediction=prediction, golds=golds)
 
     # -------------------------------------------------------------------------------------- setup
@@ -248,7 +247,8 @@ class Benchmark(ABC, Generic[ConfigT]):
         """Check every external requirement before the first rollout; raise ``BenchmarkSetupError``
         (default: the split folder of ``split_dir`` mode, the ``data_path`` of ``ratio`` mode)."""
         config = self.config(cfg)
-        check_split_folder(config, benchmark=self.id, default_split_mode=self.default_split_mode, fix=self.data_hint)
+        check_split_folder(config, benchmark=self.id, default_split_mode=self.default_split_mode,
+                           fix=self.data_hint)
         if (config.split_mode or self.default_split_mode) == "ratio" and config.data_path \
                 and not Path(config.data_path).exists():
             raise BenchmarkSetupError(f"{self.id}: no data at {config.data_path}; {self.data_hint}")
@@ -292,7 +292,8 @@ def split_items(cfg: BaseModel, split: str, *, run_dir: Path, benchmark: str, de
 
 def check_split_folder(cfg: Any, *, benchmark: str, default_split_mode: str, fix: str) -> None:
     """Preflight: in ``split_dir`` mode a missing split folder is a ``BenchmarkSetupError`` saying ``fix``."""
-    if (cfg.split_mode or default_split_mode) == "split_dir" and cfg.split_dir and not Path(cfg.split_dir).is_dir():
+    split_dir_mode = (cfg.split_mode or default_split_mode) == "split_dir"
+    if split_dir_mode and cfg.split_dir and not Path(cfg.split_dir).is_dir():
         raise BenchmarkSetupError(f"{benchmark}: no split folder at {cfg.split_dir}; {fix}")
 
 
@@ -318,7 +319,8 @@ def load_benchmark(name: str) -> Benchmark[Any]:
     plugin = found[name].load()
     benchmark = plugin() if isinstance(plugin, type) else plugin
     if not isinstance(benchmark, Benchmark):
-        raise ConfigError(f"entry point {ENTRY_POINT_GROUP}:{name} is not a skillopt.benchmarks.base.Benchmark")
+        raise ConfigError(f"entry point {ENTRY_POINT_GROUP}:{name} is not a "
+                          "skillopt.benchmarks.base.Benchmark")
     return benchmark
 
 

@@ -47,7 +47,8 @@ def parse_options(raw: Any, field: str = "choices") -> list[dict[str, str]]:
         pairs = []
         for index, entry in enumerate(raw):
             if isinstance(entry, Mapping):
-                text = next((entry[k] for k in ("text", "content", "option") if entry.get(k) is not None), None)
+                text = next((entry[k] for k in ("text", "content", "option") if entry.get(k) is not None),
+                            None)
                 pairs.append((str(entry.get("label") or choice_label(index)), text))
             else:
                 pairs.append((choice_label(index), entry))

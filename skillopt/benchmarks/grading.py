@@ -17,7 +17,7 @@ from skillopt.llm.chat import ChatRequest, system, user
 GENERIC_RUBRIC = "Decide whether the answer is semantically equivalent to one of the gold answers."
 
 
-#: An analyst-only hidden reference is cut to this many characters (BENCHMARKS.md §1.10).
+#: An analyst-only hidden reference is cut to this many characters.
 HIDDEN_REFERENCE_CHARS = 4000
 
 
@@ -30,11 +30,13 @@ def hidden_reference_block(lines: Sequence[str], *, use: str = "never teach its 
     return block if len(block) <= HIDDEN_REFERENCE_CHARS else block[: HIDDEN_REFERENCE_CHARS - 3] + "..."
 
 
-#: The reply format every judge rubric ends with (the structured verdict, BENCHMARKS.md §1.11).
-VERDICT_FORMAT = 'Reply with JSON {"verdict": "correct"|"incorrect", "reason": str}; keep the reason to one sentence.'
+#: The reply format every judge rubric ends with (the structured verdict).
+VERDICT_FORMAT = ('Reply with JSON {"verdict": "correct"|"incorrect", "reason": str}; '
+                  "keep the reason to one sentence.")
 
 
-def verdict_request(rubric: str, body: str, *, item_id: str, prediction: str, golds: Sequence[str]) -> ChatRequest:
+def verdict_request(rubric: str, body: str, *, item_id: str, prediction: str,
+                    golds: Sequence[str]) -> ChatRequest:
     """A judge call (stage ``judge``): the rubric as system text, the case as user text.
 
     The tags ``prediction`` and ``gold_answers`` let the scripted judge grade offline.

@@ -1,4 +1,4 @@
-"""Images of benchmark items: finding the files, sending them, hashing them (BENCHMARKS.md §1.7).
+"""Images of benchmark items: finding the files, sending them, hashing them.
 
 - :func:`resolve_image` finds a row's image: an absolute path as is, a relative one under each root
   in turn (the ``--data`` folder or ``data_root`` first, then the benchmark's fallbacks), and
@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from skillopt.benchmarks.rows import confined_path
 from skillopt.llm.chat import ImagePart
@@ -46,8 +46,8 @@ def resolve_image(value: Any, roots: Sequence[Path], *, field: str = "image_path
 
 def image_part(path: str | Path, detail: str | None) -> ImagePart:
     """One image for the target: ``detail`` ``low``/``high`` is kept, ``auto`` (or None) sends none."""
-    return ImagePart(source=str(path), detail=detail if detail in ("low", "high") else None,
-                     name=Path(path).name)
+    sent: Literal["low", "high"] | None = "low" if detail == "low" else "high" if detail == "high" else None
+    return ImagePart(source=str(path), detail=sent, name=Path(path).name)
 
 
 def item_image_paths(item: Mapping[str, Any]) -> list[Path]:

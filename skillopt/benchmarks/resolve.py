@@ -29,7 +29,8 @@ def resolve_benchmark(loaded: LoadedConfig, *, cli: CliRoleOptions | None, env: 
     benchmark = load_benchmark(config.benchmark.name)
     bench_cfg = benchmark_config(benchmark, config.benchmark)
     roles = resolve_roles(loaded, cli=cli, env=env, registry=registry)
-    bench_cfg = bind_target(benchmark, bench_cfg, roles.target.backend, registry.get(roles.target.backend).kind)
+    kind = registry.get(roles.target.backend).kind
+    bench_cfg = bind_target(benchmark, bench_cfg, roles.target.backend, kind)
     benchmark.preflight(bench_cfg)
     return benchmark, bench_cfg, roles
 

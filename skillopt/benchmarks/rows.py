@@ -65,7 +65,8 @@ def read_table(path: str | Path, *, list_columns: Sequence[str] = ()) -> list[di
     try:
         text = path.read_text(encoding="utf-8-sig")
     except UnicodeDecodeError as exc:
-        raise DataError(f"{path}: not valid UTF-8 at byte offset {exc.start}; data files must be UTF-8") from None
+        raise DataError(f"{path}: not valid UTF-8 at byte offset {exc.start}; data files must be UTF-8"
+                        ) from None
     rows: list[dict[str, Any]] = []
     for index, raw in enumerate(csv.DictReader(io.StringIO(text, newline="")), start=1):
         if None in raw:
@@ -94,7 +95,8 @@ def rows_from(path: str | Path, rows: Iterable[Mapping[str, Any]]) -> list[dict[
 
 
 def roots_of(*candidates: str | Path | None) -> list[Path]:
-    """The distinct, non-empty folders among ``candidates``, in order (relative ones stay relative to the cwd)."""
+    """The distinct, non-empty folders among ``candidates``, in order (relative ones stay relative to
+    the working directory)."""
     roots: list[Path] = []
     for candidate in candidates:
         if candidate in (None, ""):

@@ -1,4 +1,4 @@
-"""The shared rollout runner: what every benchmark's rollouts have in common (BENCHMARKS.md §1.1, §1.8, §1.9).
+"""The shared rollout runner: what every benchmark's rollouts have in common.
 
 ``run_item`` builds the target's prompt from the benchmark (the skill as the target sees it: empty
 protected blocks left out), calls the ``target`` role, runs self-check turns, records the
@@ -95,14 +95,15 @@ def run_item(
     )
 
 
-def _turns(benchmark: Benchmark[Any], target: RoleClient, messages: list[Message], trajectory: list[dict[str, Any]],
-           cfg: BaseModel, tags: dict[str, Any], *, deadline_at: float) -> tuple[str, int, bool]:
+def _turns(benchmark: Benchmark[Any], target: RoleClient, messages: list[Message],
+           trajectory: list[dict[str, Any]], cfg: BaseModel, tags: dict[str, Any], *,
+           deadline_at: float) -> tuple[str, int, bool]:
     """Up to ``max_turns`` target calls: each later turn asks the target to re-check and restate its
-    answer, stopping early once the parsed answer repeats (BENCHMARKS.md §1.8)."""
+    answer, stopping early once the parsed answer repeats."""
     max_turns = int(getattr(cfg, "max_turns", 1) or 1)
-    # A benchmark's ``max_tokens`` is a per-call override of the target role's cap (BENCHMARKS.md §1.11).
+    # A benchmark's ``max_tokens`` is a per-call override of the target role's cap.
     max_tokens = getattr(cfg, "max_tokens", None)
-    # Some benchmarks give self-check turns (2 and later) a smaller cap (BENCHMARKS.md §2.4-§2.6).
+    # Some benchmarks give self-check turns (2 and later) a smaller cap.
     check_tokens = getattr(cfg, "self_check_max_tokens", None) or max_tokens
     text, answered, previous, turn = "", False, None, 0
     for turn in range(1, max_turns + 1):
@@ -171,8 +172,8 @@ def check_infrastructure(rows: Sequence[ItemResult], *, role_label: str) -> None
         return
     reasons = [row.fail_reason for row in rows[:3]]
     raise RolloutInfrastructureError(
-        f"[target] {role_label}: none of {len(rows)} items got a model answer; stopping instead of recording a "
-        f"score of 0. First errors: {reasons}"
+        f"[target] {role_label}: none of {len(rows)} items got a model answer; stopping instead of "
+        f"recording a score of 0. First errors: {reasons}"
     )
 
 

@@ -21,13 +21,15 @@ from pydantic import BaseModel
 RULES_FILE = "scripted_rules.yaml"
 #: Target rules of benchmarks whose items are generated rather than read from a data root.
 BUILTIN_TARGET_RULES: dict[str, tuple[dict[str, Any], ...]] = {
-    "demo": ({"name": "demo target", "stage": "rollout", "handler": "skillopt.benchmarks.demo.scripted:target"},),
+    "demo": ({"name": "demo target", "stage": "rollout",
+              "handler": "skillopt.benchmarks.demo.scripted:target"},),
 }
 
 
 def rules_file(bench_cfg: BaseModel) -> Path | None:
     """The ``scripted_rules.yaml`` of the run's data root, or None when there is none."""
-    split_dir, data_root, data_path = (getattr(bench_cfg, key, None) for key in ("split_dir", "data_root", "data_path"))
+    split_dir, data_root, data_path = (getattr(bench_cfg, key, None)
+                                       for key in ("split_dir", "data_root", "data_path"))
     folders = [split_dir if getattr(bench_cfg, "split_mode", None) != "ratio" else None, data_root,
                Path(data_path).parent if data_path and Path(data_path).is_file() else data_path]
     for folder in folders:

@@ -48,7 +48,8 @@ def fixture_config_of(benchmark: Any, overrides: Sequence[str] = (), *, data: Pa
 
 def items_by_id(benchmark: Any, config: Any, run_dir: Path) -> dict[str, Any]:
     """Every fixture item of all three splits, by id."""
-    return {item.id: item for split in SPLITS for item in benchmark.load_split(config, split, run_dir=run_dir)}
+    return {item.id: item for split in SPLITS
+            for item in benchmark.load_split(config, split, run_dir=run_dir)}
 
 
 def scripted_judge_of(benchmark: Any, rules: Any = None, calls: list[Any] | None = None) -> Any:

@@ -20,7 +20,8 @@ PLAUSIBLE = {"A": "plausible", "B": "implausible"}
 
 def sports_item(scoring: str, **more) -> Item:
     """A BIG-bench-style sports understanding item: the gold is label B (*implausible*)."""
-    return Item(id="sports-1", question="Is the following sentence plausible? 'Joao Moutinho caught the screen pass.'",
+    return Item(id="sports-1",
+                question="Is the following sentence plausible? 'Joao Moutinho caught the screen pass.'",
                 answers=["B"], context="", choices=["plausible", "implausible"], task_type="sports",
                 scoring=scoring, tolerance=1e-6, **more)
 
@@ -55,7 +56,8 @@ def test_choice_items_accept_the_label_in_every_common_form(reply):
 
 
 def test_numeric_reads_number_words_tagged_or_not():
-    item = Item(id="legs", question="How many legs does a tripod have?", answers=["3"], context="", choices=[],
+    item = Item(id="legs", question="How many legs does a tripod have?", answers=["3"], context="",
+                choices=[],
                 task_type="qa", scoring="numeric", tolerance=1e-6)
     assert scored(item, "three") == (1.0, "", "untagged")
     assert scored(item, "<answer>three</answer>") == (1.0, "", "tagged")
@@ -67,7 +69,8 @@ def test_without_the_fallback_an_untagged_reply_is_a_no_answer():
         0.0, "no-answer: no <answer> tag", "tagged")
     free_text = Item(id="cap", question="Capital of France?", answers=["Paris"], context="", choices=[],
                      task_type="qa", scoring="exact", tolerance=1e-6)
-    assert scored(free_text, "Paris") == (0.0, "no-answer: no <answer> tag", "tagged")  # no free-text fallback
+    # No fallback for free text: the scorer would otherwise have to guess which words are the answer.
+    assert scored(free_text, "Paris") == (0.0, "no-answer: no <answer> tag", "tagged")
 
 
 def test_the_shared_reader_and_resolver():

@@ -1,4 +1,4 @@
-"""The ``alfworld`` benchmark (BENCHMARKS.md §2.12, fixtures §3.12).
+"""The ``alfworld`` benchmark.
 
 Items come from tests/fixtures/alfworld (split_dir form; the gamefiles are empty files under
 ``json_2.1.1/``). Games run in the fake env manager (or in small scripted worlds a test injects

@@ -1,4 +1,4 @@
-"""The ``babyvision`` benchmark (BENCHMARKS.md §2.5, fixtures §3.5): raw shapes, drops, \\boxed{} answers,
+"""The ``babyvision`` benchmark: raw shapes, drops, \\boxed{} answers,
 the exact short-circuit and the judge."""
 
 from __future__ import annotations
@@ -162,7 +162,7 @@ def test_task_id_is_preferred_over_id(tmp_path):
 
 
 def test_rows_without_task_id_take_their_position_in_the_file_as_id(tmp_path):
-    """BENCHMARKS.md §2.5: the id is ``taskId``, else ``id``, else the row's index + 1."""
+    """The id is ``taskId``, else ``id``, else the row's index + 1."""
     image = FIXTURES / "images" / "101.png"
     rows = [{"question": "Q1?", "image": str(image), "blankAns": "1"},
             {"taskId": 77, "question": "Q2?", "image": str(image), "blankAns": "2"},

@@ -99,7 +99,8 @@ def test_a_plugin_missing_a_required_method_cannot_be_instantiated():
 def test_the_defaults_load_split_folders_and_answer_every_hook(tmp_path):
     bench = Tiny()
     config = TinyConfig(split_mode="split_dir", split_dir=str(split_folder(tmp_path / "data")))
-    items = {split: bench.load_split(config, split, run_dir=tmp_path / "run") for split in ("train", "val", "test")}
+    items = {split: bench.load_split(config, split, run_dir=tmp_path / "run")
+             for split in ("train", "val", "test")}
     assert [item.id for item in items["train"]] == ["a"] and items["train"][0].task_type == "default"
     item = items["train"][0]
     assert bench.batch_view(item, config, seed=7, training=True) is item

@@ -1,4 +1,4 @@
-"""The ``docvqa`` benchmark (BENCHMARKS.md §2.4, fixtures §3.4): loading, image paths and ANLS scoring."""
+"""The ``docvqa`` benchmark: loading, image paths and ANLS scoring."""
 
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ from skillopt.benchmarks.base import ENTRY_POINT_GROUP, load_benchmark
 from skillopt.cli import main
 
 PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
-#: BENCHMARKS.md §3: the eleven public benchmarks, the bring-your-own ``qa`` and the built-in ``demo``.
+#: The eleven public benchmarks, the bring-your-own ``qa`` and the built-in ``demo``.
 SPEC_BENCHMARKS = {
     "qa", "demo", "searchqa", "livemathematicianbench", "docvqa", "babyvision", "mathverse", "mmrb", "officeqa",
     "sealqa", "spreadsheetbench", "swebench", "alfworld",

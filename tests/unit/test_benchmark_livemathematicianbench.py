@@ -1,4 +1,4 @@
-"""The ``livemathematicianbench`` benchmark (BENCHMARKS.md §2.3, fixtures §3.3).
+"""The ``livemathematicianbench`` benchmark.
 
 Items come from tests/fixtures/livemathematicianbench (split_dir form, raw rows) or its raw
 monthly copy (ratio form); the target is the real ``scripted`` backend answering from the

@@ -1,4 +1,4 @@
-"""The ``mathverse`` benchmark (BENCHMARKS.md §2.6, fixtures §3.6): version filter, choices, label and
+"""The ``mathverse`` benchmark: version filter, choices, label and
 free-form scoring, the judge only for inexact free-form answers, the Text Dominant reference."""
 
 from __future__ import annotations

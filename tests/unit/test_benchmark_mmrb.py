@@ -1,4 +1,4 @@
-"""The ``mmrb`` benchmark (BENCHMARKS.md §2.7, fixtures §3.7): ids, interleaved images, extraction order,
+"""The ``mmrb`` benchmark: ids, interleaved images, extraction order,
 label / option-text / containment scoring, ratio mode over ``*_human.json`` folders."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The ``officeqa`` benchmark (BENCHMARKS.md §2.8, fixtures §3.8).
+"""The ``officeqa`` benchmark.
 
 Items come from tests/fixtures/officeqa (split_dir form, one native CSV per split, the corpus in
 its ``transformed/`` folder) or its raw copy (ratio form). The target is the real ``scripted``

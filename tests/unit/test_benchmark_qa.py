@@ -1,4 +1,4 @@
-"""The bring-your-own ``qa`` benchmark (BENCHMARKS.md §2.1, fixtures §3.1).
+"""The bring-your-own ``qa`` benchmark.
 
 Items come from tests/fixtures/qa (split_dir form) or its raw copies (ratio form); the target is
 the real ``scripted`` backend answering from the fixture folder's ``scripted_rules.yaml``.

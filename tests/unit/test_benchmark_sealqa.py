@@ -1,4 +1,4 @@
-"""The ``sealqa`` benchmark (BENCHMARKS.md §2.9, fixtures §3.9).
+"""The ``sealqa`` benchmark.
 
 Items come from tests/fixtures/sealqa (split_dir form, one native CSV per split) or its raw copy
 (ratio form); the target is the real ``scripted`` backend answering from the plug-in's own

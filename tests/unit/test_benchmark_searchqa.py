@@ -1,4 +1,4 @@
-"""The ``searchqa`` benchmark (BENCHMARKS.md §2.2, fixtures §3.2).
+"""The ``searchqa`` benchmark.
 
 Items come from tests/fixtures/searchqa (split_dir form) or its raw copy (ratio form); the target
 is the real ``scripted`` backend answering from the fixture folder's ``scripted_rules.yaml``.

@@ -1,4 +1,4 @@
-"""The ``spreadsheetbench`` benchmark (BENCHMARKS.md §2.10, fixtures §3.10).
+"""The ``spreadsheetbench`` benchmark.
 
 Items and workbooks come from tests/fixtures/spreadsheetbench (written by its ``make_fixtures.py``);
 the target is the real ``scripted`` backend answering from the fixture folder's ``scripted_rules.yaml``; every

@@ -1,4 +1,4 @@
-"""The ``swebench`` benchmark (BENCHMARKS.md §2.11, fixtures §3.11).
+"""The ``swebench`` benchmark.
 
 Items come from tests/fixtures/swebench (split_dir form) or its raw copy (ratio, repository-
 stratified). The agent runner is the fake one (one target call), the target the real ``scripted``

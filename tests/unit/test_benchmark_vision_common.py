@@ -1,4 +1,4 @@
-"""What every image benchmark (docvqa, babyvision, mathverse, mmrb) must do (BENCHMARKS.md §1, §3).
+"""What every image benchmark (docvqa, babyvision, mathverse, mmrb) must do.
 
 Each runs from its fixture folder with only ``--data`` and the scripted backend; its prompts carry
 the item's images as ``ImagePart``s (recorded as ``[image] <name>``, never bytes) and never a gold

@@ -90,7 +90,8 @@ def test_no_byte_of_an_outside_file_is_read(tmp_path):
         with open(fifo, "w"):
             pass
         pytest.fail("loading opened the FIFO outside the data root")
-    assert isinstance(outcome.get("error"), DataError) and "outside the benchmark's data root" in str(outcome["error"])
+    assert isinstance(outcome.get("error"), DataError)
+    assert "outside the benchmark's data root" in str(outcome["error"])
 
 
 def test_mmrb_babyvision_and_mathverse_reject_a_symlinked_image_leaving_the_root(tmp_path):
@@ -127,7 +128,8 @@ def test_swebench_rejects_a_repository_name_that_is_a_path(tmp_path):
     items[0]["repo"] = "../../etc"
     (data / "train" / "items.json").write_text(json.dumps(items))
     with pytest.raises(DataError, match=r"row 1: field 'repo' must be 'owner/name'"):
-        load_all("swebench", data, tmp_path / "run", ("benchmark.harness=fake", "benchmark.agent_runner=fake"))
+        load_all("swebench", data, tmp_path / "run",
+                 ("benchmark.harness=fake", "benchmark.agent_runner=fake"))
 
 
 def test_confined_path_keeps_paths_inside_the_roots_and_follows_symlinks(tmp_path):
@@ -152,7 +154,8 @@ def test_an_item_over_max_item_chars_is_a_load_error_and_the_limit_is_a_setting(
     data = tmp_path / "qa"
     for split in SPLITS:
         (data / split).mkdir(parents=True)
-        (data / split / "items.json").write_text(json.dumps([{"id": f"{split}-1", "question": "Q?", "answer": "A"}]))
+        rows = [{"id": f"{split}-1", "question": "Q?", "answer": "A"}]
+        (data / split / "items.json").write_text(json.dumps(rows))
     huge = [{"id": "big", "question": "x" * 250_000, "answer": "A"}]
     (data / "train" / "items.json").write_text(json.dumps(huge))
     with pytest.raises(DataError) as caught:

@@ -15,7 +15,8 @@ from skillopt.records import ItemResult
 def failed_row() -> ItemResult:
     return ItemResult(id="x-1", task_type="t", hard=0.0, soft=0.0, fail_reason="wrong: chose A, correct B",
                       answered=True, phase="done",
-                      trajectory=[{"type": "message", "role": "assistant", "turn": 1, "content": "<answer>A</answer>"}])
+                      trajectory=[{"type": "message", "role": "assistant", "turn": 1,
+                                   "content": "<answer>A</answer>"}])
 
 
 @pytest.mark.parametrize(("name", "phrases"), [
@@ -34,6 +35,7 @@ def test_the_probe_call_carries_the_benchmarks_own_guidance(name, phrases):
 
 def test_the_scripted_auto_set_answers_the_probe_with_a_usable_instruction():
     backend = ScriptedBackend(resolve_rule_set(None, BackendContext(), where="test"), role="optimizer")
-    request = probe_request(skill="# Skill", rows=[failed_row()]).model_copy(update={"response_schema": ProbeReply})
+    request = probe_request(skill="# Skill", rows=[failed_row()])
+    request = request.model_copy(update={"response_schema": ProbeReply})
     reply = backend.attempt(request, timeout_s=30)
     assert reply.parsed.probe_instruction == AUTO_PROBE_INSTRUCTION

@@ -32,7 +32,8 @@ class MyBenchConfig(BenchmarkConfig):
 class MyBench(Benchmark[MyBenchConfig]):
     id = "mybench"
     Config = MyBenchConfig
-    GOLD_FIELDS = ("answer",)  # build_messages never reads these; gold reaches the optimizer only after scoring
+    # build_messages never reads these: gold reaches the optimizer only after scoring.
+    GOLD_FIELDS = ("answer",)
     default_task_type = "fact"
 
     @property
@@ -52,10 +53,12 @@ class MyBench(Benchmark[MyBenchConfig]):
     def score(self, item: Item, response_text: str, judge: Judge | None) -> Score:
         predicted = last_tag(response_text, "answer")
         if predicted is None:
-            return Score(hard=0.0, soft=0.0, fail_reason="no-answer: no <answer> tag", expected=item["answer"])
+            return Score(hard=0.0, soft=0.0, fail_reason="no-answer: no <answer> tag",
+                         expected=item["answer"])
         hard = 1.0 if exact_match(predicted, [item["answer"]]) else 0.0
         reason = "" if hard else f"wrong: predicted {predicted!r}, expected {item['answer']!r}"
-        return Score(hard=hard, soft=hard, predicted_answer=predicted, fail_reason=reason, expected=item["answer"])
+        return Score(hard=hard, soft=hard, predicted_answer=predicted, fail_reason=reason,
+                     expected=item["answer"])
 
 
 plugin = MyBench()

@@ -1,5 +1,5 @@
 """ALFWorld (``alfworld``): text household tasks played step by step in an environment
-(BENCHMARKS.md §2.12).
+.
 
 Items are ``{id, gamefile, task_type}`` (native ``items.json``); ``gamefile`` is relative to
 ``alfworld_data`` (by default the ``--data`` folder, else ``$ALFWORLD_DATA``) or absolute. Loading
@@ -45,12 +45,13 @@ from skillopt.benchmarks.alfworld.env import (
     task_type_of,
 )
 from skillopt.benchmarks.answers import quote_answer
-from skillopt.benchmarks.base import Benchmark, BenchmarkConfig, BenchmarkSetupError, Judge, Score
+from skillopt.benchmarks.base import Benchmark, BenchmarkConfig, Judge, Score
 from skillopt.benchmarks.episode import EpisodeContext, EpisodeResult
 from skillopt.benchmarks.grading import hidden_reference_block
 from skillopt.benchmarks.rows import confined_path
 from skillopt.benchmarks.runner import READOUT_HEADING
 from skillopt.data import Item
+from skillopt.errors import BenchmarkSetupError
 from skillopt.llm.chat import ChatRequest, Message, user
 
 BENCHMARK_ID = "alfworld"

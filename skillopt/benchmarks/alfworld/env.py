@@ -1,4 +1,4 @@
-"""The ALFWorld environment behind one interface (BENCHMARKS.md §2.12): a fake text world for offline
+"""The ALFWorld environment behind one interface: a fake text world for offline
 runs and an adapter over the real ``alfworld`` package (imported only when a real game starts).
 
 An env manager runs one game. ``reset()`` returns ``(obs, infos)`` and ``step([action])`` returns
@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from skillopt.benchmarks.base import BenchmarkSetupError
+from skillopt.errors import BenchmarkSetupError
 
 #: The six task types, keyed by the prefix of a task directory (longest match first).
 TASK_TYPE_PREFIXES: tuple[tuple[str, str], ...] = (
@@ -43,7 +43,7 @@ _GOALS = {
 TASK_MARKER = "Your task is to: "
 WELCOME = "-= Welcome to TextWorld, ALFRED! =-"
 NOTHING_HAPPENS = "Nothing happens."
-#: The fake world's one winning command (BENCHMARKS.md §3.12).
+#: The fake world's one winning command.
 FAKE_WINNING_COMMAND = "go to microwave 1"
 WIN_REWARD = 10.0
 ENV_MANAGERS = ("alfworld", "fake")

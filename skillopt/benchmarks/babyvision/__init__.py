@@ -1,5 +1,5 @@
 """BabyVision (``babyvision``): child-level visual reasoning over one image, answered in ``\\boxed{}``
-and graded exactly or by the judge role (BENCHMARKS.md §2.5).
+and graded exactly or by the judge role.
 
 Raw rows come from ``meta_data.jsonl`` (ratio mode; images in ``images/`` beside it) or a split's
 ``items.json``. Options may be a list of strings, a list of ``{label|text|content|option}`` or a dict;
@@ -23,12 +23,13 @@ from typing import Any, Literal
 from pydantic import Field
 
 from skillopt.benchmarks.answers import last_boxed, quote_answer, token_f1
-from skillopt.benchmarks.base import Benchmark, BenchmarkConfig, BenchmarkSetupError, Judge, Score
+from skillopt.benchmarks.base import Benchmark, BenchmarkConfig, Judge, Score
 from skillopt.benchmarks.choices import options_block, parse_options
 from skillopt.benchmarks.grading import verdict_request
 from skillopt.benchmarks.images import image_part, resolve_image
 from skillopt.benchmarks.rows import ROW_DIR, roots_of, rows_from
 from skillopt.data import DropRow, Item, read_records
+from skillopt.errors import BenchmarkSetupError
 from skillopt.llm.chat import ChatRequest, Message, TextPart, user
 
 BENCHMARK_ID = "babyvision"
@@ -67,7 +68,7 @@ class BabyVisionConfig(BenchmarkConfig):
 
 
 #: The key ``read_meta`` adds to each raw row: its 1-based position in the file, the id of a row that has
-#: neither ``taskId`` nor ``id`` (BENCHMARKS.md §2.5). Normalisers never copy it into the item.
+#: neither ``taskId`` nor ``id``. Normalisers never copy it into the item.
 ROW_NUMBER = "_row_number"
 
 

@@ -1,4 +1,4 @@
-"""The built-in ``demo`` benchmark: generated word problems, trainable offline (BENCHMARKS.md §1.3).
+"""The built-in ``demo`` benchmark: generated word problems, trainable offline.
 
 Items come from ``world.generate_splits`` (``split_mode: generated``, the default), or from files
 in the demo's own item form in ``split_dir`` / ``ratio`` mode. The answers follow conventions the

@@ -1,4 +1,4 @@
-"""The demo world's scripted models: a target and an optimizer, written as handlers (BACKENDS.md §3.7).
+"""The demo world's scripted models: a target and an optimizer, written as handlers.
 
 - ``target`` reads the system message (which holds the skill), applies exactly the rules it
   states (``world.read_style``), and answers the question it finds in the user messages. Under a
@@ -7,7 +7,7 @@
 - The optimizer handlers read the stage messages' sections (``## Current skill``, the budget,
   ``## Step buffer``, ``## Trajectories``, ``## Patches to merge``, ``## Candidate edits`` /
   ``## Candidate suggestions``, ``## Selected suggestions``, ``## Proposed …``) and answer with the
-  DESIGN.md §4.11 objects. The analyst turns the ``Conventions:`` lines of failed trajectories'
+  structured reply objects. The analyst turns the ``Conventions:`` lines of failed trajectories'
   evaluation events into general rules, removes a harmful line that overrides a stated
   convention, and — on a seeded ~30% of calls — adds a harmful or useless rule, so the gate has
   something to reject. By mode (``tags["mode"]``, else read from the message):
@@ -473,7 +473,7 @@ def merge(request: ChatRequest, seed: int) -> dict[str, Any]:
         items = _patch_json(body).get(key)
         for item in items if isinstance(items, list) else []:
             if isinstance(item, dict) and ("type" if key == "suggestions" else "op") in item:
-                source = item.get("source") if item.get("source") in ("failure", "success") else header_source
+                source = str(item["source"]) if item.get("source") in ("failure", "success") else header_source
                 incoming.append((source, item))
     merged: dict[tuple[str, str, str], dict[str, Any]] = {}
     # Failure-driven items first (stable), so an item both trees propose sits where failures put it.
@@ -677,7 +677,7 @@ def learning_rate(request: ChatRequest, seed: int) -> dict[str, Any]:
     available = int(available_match.group(1)) if available_match else len(lines)
     chosen = min(len(addressed), available)
     failed = _FAILED_RE.search(section(text, "Step scores") or "")
-    mostly_failing = bool(failed) and 2 * int(failed.group(1)) >= int(failed.group(2)) > 0
+    mostly_failing = failed is not None and 2 * int(failed.group(1)) >= int(failed.group(2)) > 0
     confidence = "low" if not chosen else ("high" if mostly_failing else "medium")
     return {
         "learning_rate": chosen,

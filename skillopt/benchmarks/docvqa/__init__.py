@@ -1,5 +1,5 @@
 """DocVQA (``docvqa``): short extractive answers read off a single document page image, scored by ANLS
-(BENCHMARKS.md §2.4).
+.
 
 Items come from one CSV per split (``questionId|id, question, answer|ground_truth, image_path,
 topic|category, docId, ucsf_document_id, ucsf_document_page_no, source_split``) or ``items.json``,
@@ -21,17 +21,11 @@ from typing import Any
 from pydantic import Field
 
 from skillopt.benchmarks.answers import last_line, quote_answer, read_answer
-from skillopt.benchmarks.base import (
-    Benchmark,
-    BenchmarkConfig,
-    BenchmarkSetupError,
-    Judge,
-    Score,
-    with_reading,
-)
+from skillopt.benchmarks.base import Benchmark, BenchmarkConfig, Judge, Score, with_reading
 from skillopt.benchmarks.images import image_part, resolve_image
 from skillopt.benchmarks.rows import ROW_DIR, first_text, parse_list, read_table, roots_of, rows_from
 from skillopt.data import Item
+from skillopt.errors import BenchmarkSetupError
 from skillopt.llm.chat import Message, TextPart, user
 
 BENCHMARK_ID = "docvqa"

@@ -1,4 +1,4 @@
-"""LiveMathematicianBench (``livemathematicianbench``): research-level math multiple choice (BENCHMARKS.md §2.3).
+"""LiveMathematicianBench (``livemathematicianbench``): research-level math multiple choice.
 
 Each item asks which of a few statements a recent arXiv theorem proves. Raw rows are the monthly
 ``qa_YYYYMM_final.json`` files (``mcq: {question, choices, correct_choice}``, the three keys also
@@ -110,7 +110,7 @@ def normalise_row(row: Mapping[str, Any]) -> dict[str, Any]:
     ``{label, text}`` whose label is not among the choices is inserted. Raises ``KeyError('no')``
     for a row with neither ``no`` nor ``id`` and ``ValueError`` for a malformed value.
     """
-    mcq = row.get("mcq") if isinstance(row.get("mcq"), Mapping) else row
+    mcq: Mapping[str, Any] = row["mcq"] if isinstance(row.get("mcq"), Mapping) else row
     question = mcq.get("question")
     if not isinstance(question, str) or not question.strip():
         raise DropRow("no_question")

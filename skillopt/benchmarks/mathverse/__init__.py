@@ -1,5 +1,5 @@
 """MathVerse (``mathverse``): visual math over diagrams in the "Text Lite" version, multiple choice or
-free-form (BENCHMARKS.md §2.6).
+free-form.
 
 Raw rows come from ``testmini.json`` (ratio mode; the default ``data_path`` is
 ``<data_root>/testmini.json``) or a split's ``items.json``. Rows are filtered to
@@ -23,18 +23,12 @@ from typing import Any
 from pydantic import Field
 
 from skillopt.benchmarks.answers import last_boxed, last_line, quote_answer, read_answer, token_f1
-from skillopt.benchmarks.base import (
-    Benchmark,
-    BenchmarkConfig,
-    BenchmarkSetupError,
-    Judge,
-    Score,
-    with_reading,
-)
+from skillopt.benchmarks.base import Benchmark, BenchmarkConfig, Judge, Score, with_reading
 from skillopt.benchmarks.grading import hidden_reference_block, verdict_request
 from skillopt.benchmarks.images import image_part, resolve_image
 from skillopt.benchmarks.rows import ROW_DIR, roots_of, rows_from
 from skillopt.data import ITEMS_FILE, DropRow, Item, read_records
+from skillopt.errors import BenchmarkSetupError
 from skillopt.llm.chat import ChatRequest, Message, TextPart, user
 
 BENCHMARK_ID = "mathverse"

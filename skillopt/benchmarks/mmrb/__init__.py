@@ -1,5 +1,5 @@
 """MMRB (``mmrb``): reasoning across several images that the question references inline, multiple choice
-or open answers, scored without a model (BENCHMARKS.md §2.7).
+or open answers, scored without a model.
 
 Raw rows come from ``<subtask>/<subtask>_human.json`` files (ratio mode; ``data_path`` is one file or a
 folder searched recursively) or a split's ``items.json``. Image paths are relative to the JSON's folder

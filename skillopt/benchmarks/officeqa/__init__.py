@@ -1,5 +1,5 @@
 """OfficeQA (``officeqa``): numeric and factual QA over US Treasury Bulletins with a local document
-tool loop (BENCHMARKS.md §2.8).
+tool loop.
 
 Items come from one CSV per split (``uid|id, question, ground_truth|answer, category|difficulty,
 source_files, source_docs, split``) or ``items.json``, normalized to ``{id, uid, question,
@@ -25,13 +25,13 @@ from typing import Any
 from pydantic import Field
 
 from skillopt.benchmarks.answers import last_tag, quote_answer, token_f1
-from skillopt.benchmarks.base import Benchmark, BenchmarkConfig, BenchmarkSetupError, Judge, Score
+from skillopt.benchmarks.base import Benchmark, BenchmarkConfig, Judge, Score
 from skillopt.benchmarks.episode import EpisodeContext, EpisodeResult
 from skillopt.benchmarks.officeqa.documents import MAX_CANDIDATES_SHOWN, Corpus, docs_roots, oracle_pages
 from skillopt.benchmarks.officeqa.tools import PROTOCOL, DocumentTools, parse_tool_call
 from skillopt.benchmarks.rows import first_text, hashed_id, read_table, required_text
 from skillopt.data import Item, read_records
-from skillopt.errors import DataError
+from skillopt.errors import BenchmarkSetupError, DataError
 from skillopt.llm.chat import Message, assistant, user
 
 BENCHMARK_ID = "officeqa"
@@ -62,7 +62,7 @@ Rules:
 _ORACLE_LABEL = "Primary evidence: the parsed pages the question's sources point to."
 _CLOSING_TOOLS = "Use the tools to find the evidence, then put the final value inside <answer>…</answer>."
 _CLOSING_NO_TOOLS = "Answer from the evidence above; put the final value inside <answer>…</answer>."
-# The evaluator keeps word characters, spaces, '.', '-' and '%' (BENCHMARKS.md §2.8).
+# The evaluator keeps word characters, spaces, '.', '-' and '%'.
 _DROP_PUNCTUATION = re.compile(r"[^\w\s.\-%]|_")
 _DROP_WORDS = re.compile(r"\b(?:millions?|billions?|dollars?|nominal)\b")
 _LIST_SPLIT = re.compile(r"\r\n|\r|\n")

@@ -1,4 +1,4 @@
-"""The OfficeQA document corpus: roots, candidate files and oracle pages (BENCHMARKS.md §2.8).
+"""The OfficeQA document corpus: roots, candidate files and oracle pages.
 
 - :func:`docs_roots` lists the existing corpus folders (``docs_dirs``, the ``--data`` folder and
   ``$OFFICEQA_DOCS_DIR``; a root's ``transformed/`` subfolder replaces it when present);

@@ -1,4 +1,4 @@
-"""The OfficeQA local document tools and their text protocol (BENCHMARKS.md §2.8, §1.10).
+"""The OfficeQA local document tools and their text protocol.
 
 A target reply holds either one ``<tool_call>{"name": …, "arguments": {…}}</tool_call>`` or the
 final ``<answer>``; the harness answers a call with ``<tool_result>…</tool_result>``. The tools —

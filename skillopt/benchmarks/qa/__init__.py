@@ -1,4 +1,4 @@
-"""Bring-your-own QA (``qa``): train a skill on your own question/answer file (BENCHMARKS.md §2.1).
+"""Bring-your-own QA (``qa``): train a skill on your own question/answer file.
 
 ``skillopt train qa --data my_items.jsonl`` splits one JSONL, JSON or CSV file at 2:1:7. Each row
 needs a question and an answer (a string or a list of strings); ``id``, ``context``, ``choices``
@@ -33,18 +33,11 @@ from skillopt.benchmarks.answers import (
     read_answer,
     resolve_choice,
 )
-from skillopt.benchmarks.base import (
-    Benchmark,
-    BenchmarkConfig,
-    BenchmarkSetupError,
-    Judge,
-    Score,
-    with_reading,
-)
+from skillopt.benchmarks.base import Benchmark, BenchmarkConfig, Judge, Score, with_reading
 from skillopt.benchmarks.choices import labelled, options_of
 from skillopt.benchmarks.rows import hashed_id, read_table
 from skillopt.data import Item, read_records
-from skillopt.errors import DataError
+from skillopt.errors import BenchmarkSetupError, DataError
 from skillopt.llm.chat import ChatRequest, Message, system, user
 
 BENCHMARK_ID = "qa"

@@ -1,5 +1,5 @@
 """SealQA (``sealqa``): fact-seeking questions whose web evidence conflicts, misleads or says nothing
-(BENCHMARKS.md §2.9).
+.
 
 Items come from one CSV per split (``question_id|id, question, answer|ground_truth, topic, urls,
 search_results, freshness, question_types, effective_year, canary``) or ``items.json``, normalized to
@@ -24,11 +24,12 @@ from typing import Any, Literal
 from pydantic import Field
 
 from skillopt.benchmarks.answers import last_tag, quote_answer
-from skillopt.benchmarks.base import Benchmark, BenchmarkConfig, BenchmarkSetupError, Judge, Score
+from skillopt.benchmarks.base import Benchmark, BenchmarkConfig, Judge, Score
 from skillopt.benchmarks.episode import EpisodeContext, EpisodeResult
 from skillopt.benchmarks.rows import hashed_id, parse_list, read_table, required_text, text_field
 from skillopt.benchmarks.sealqa.fetch import FetchError, UrlFetcher, UrllibFetcher, check_scheme, page_text
 from skillopt.data import Item
+from skillopt.errors import BenchmarkSetupError
 from skillopt.llm.chat import ChatRequest, Message, assistant, system, user
 
 BENCHMARK_ID = "sealqa"
@@ -74,7 +75,7 @@ _JUDGE_INSTRUCTIONS = (
     'for CORRECT; for NOT ATTEMPTED the verdict is "incorrect" and the reason begins with '
     '"not attempted". Judge only against the gold answer; keep the reason to one sentence.'
 )
-# The string grader keeps word characters, spaces, '%', '.' and '-' (BENCHMARKS.md §2.9).
+# The string grader keeps word characters, spaces, '%', '.' and '-'.
 _STRING_GRADER_DROP = re.compile(r"[^\w\s%.\-]")
 
 
@@ -233,7 +234,7 @@ class SealQABenchmark(Benchmark[SealQAConfig]):
         urls = list(item.get("urls") or [])[: config.fetch_max_urls]
         if last_tag(text, "answer") is not None or not config.fetch_urls or not urls:
             return EpisodeResult(text, n_turns=1, answered=True)
-        blocks = []
+        blocks: list[str] = []
         for url in urls:
             remaining = ctx.deadline - time.monotonic()
             if remaining <= 0:

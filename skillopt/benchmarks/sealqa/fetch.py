@@ -1,4 +1,4 @@
-"""The harness's URL fetch for SealQA (BENCHMARKS.md §2.9, §1.10, §1.11).
+"""The harness's URL fetch for SealQA.
 
 The harness fetches, never the target. :class:`UrlFetcher` is the protocol a fetcher implements;
 :class:`UrllibFetcher` is the real one (plain ``http``/``https`` GET, no other scheme, a bounded

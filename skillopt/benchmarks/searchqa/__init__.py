@@ -1,4 +1,4 @@
-"""SearchQA (``searchqa``): Jeopardy-style clues answered from retrieved web snippets (BENCHMARKS.md §2.2).
+"""SearchQA (``searchqa``): Jeopardy-style clues answered from retrieved web snippets.
 
 Items are ``{id, question, context, answers, task_type?}``; ``context`` is a run of
 ``[DOC] [TLE] <title> [PAR] <text>`` passages, cut to ``max_context_chars`` at passage boundaries

@@ -1,5 +1,5 @@
 """SpreadsheetBench (``spreadsheetbench``): write Python that transforms an ``.xlsx`` workbook per an
-instruction, graded cell by cell on every test case (BENCHMARKS.md §2.10).
+instruction, graded cell by cell on every test case.
 
 Items are ``{id, instruction, spreadsheet_path, instruction_type, answer_position, answer_sheet}``
 (``items.json`` per split); ``spreadsheet_path`` is a task folder holding the test-case pairs (see
@@ -27,14 +27,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from skillopt.benchmarks.base import (
-    Benchmark,
-    BenchmarkConfig,
-    BenchmarkSetupError,
-    Judge,
-    Score,
-    skill_section,
-)
+from skillopt.benchmarks.base import Benchmark, BenchmarkConfig, Judge, Score, skill_section
 from skillopt.benchmarks.episode import EpisodeContext, EpisodeResult
 from skillopt.benchmarks.rows import confined_path, roots_of
 from skillopt.benchmarks.spreadsheetbench.cells import (
@@ -46,6 +39,7 @@ from skillopt.benchmarks.spreadsheetbench.cells import (
     verification_table,
 )
 from skillopt.data import Item
+from skillopt.errors import BenchmarkSetupError
 from skillopt.llm.chat import Message, assistant, system, user
 from skillopt.sandbox import SandboxMode, SandboxResult, SandboxUnavailable, require_sandbox, run_sandboxed
 
@@ -116,7 +110,7 @@ def normalise_row(row: Mapping[str, Any], roots: Sequence[str | Path | None] = (
         "answer_sheet": row.get("answer_sheet") or None,
         "task_type": TASK_TYPES.get(instruction_type) or row.get("task_type") or "other",
     }
-    resolve_task_dir(item["spreadsheet_path"], roots)  # a folder leaving the data roots is a bad row
+    resolve_task_dir(str(item["spreadsheet_path"]), roots)  # a folder leaving the data roots is a bad row
     if "source_id" in row:
         item["source_id"] = row["source_id"]
     return item

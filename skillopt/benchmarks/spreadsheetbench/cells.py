@@ -1,4 +1,4 @@
-"""Workbooks, test cases and the cell comparison of SpreadsheetBench (BENCHMARKS.md §2.10).
+"""Workbooks, test cases and the cell comparison of SpreadsheetBench.
 
 The comparison mirrors the official ``evaluation.py`` of RUCKBReasoning/SpreadsheetBench: both
 values are transformed (numbers and numeric strings → ``round(float(v), 2)``, ``time`` →

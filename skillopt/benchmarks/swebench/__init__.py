@@ -1,4 +1,4 @@
-"""SWE-bench (``swebench``): fix a GitHub issue in a Python repository with a patch (BENCHMARKS.md §2.11).
+"""SWE-bench (``swebench``): fix a GitHub issue in a Python repository with a patch.
 
 Items are SWE-bench rows (``instance_id, repo, base_commit, problem_statement, hints_text, patch,
 test_patch, FAIL_TO_PASS, PASS_TO_PASS, …``) with ``id = instance_id`` and ``task_type = repo``. Ratio
@@ -26,14 +26,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from skillopt.benchmarks.base import (
-    Benchmark,
-    BenchmarkConfig,
-    BenchmarkSetupError,
-    Judge,
-    Score,
-    split_items,
-)
+from skillopt.benchmarks.base import Benchmark, BenchmarkConfig, Judge, Score, split_items
 from skillopt.benchmarks.episode import EpisodeContext, EpisodeResult
 from skillopt.benchmarks.swebench.agents import (
     AgentRunner,
@@ -52,6 +45,7 @@ from skillopt.benchmarks.swebench.harness import (
     test_ids,
 )
 from skillopt.data import Item, SplitSpec, parse_split_ratio, read_records
+from skillopt.errors import BenchmarkSetupError
 from skillopt.llm.chat import Message, user
 from skillopt.sandbox import SandboxUnavailable, require_sandbox
 

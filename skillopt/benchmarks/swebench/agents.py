@@ -1,4 +1,4 @@
-"""SWE-bench agent runners behind one interface (BENCHMARKS.md §2.11).
+"""SWE-bench agent runners behind one interface.
 
 An agent runner turns one instance into a patch. Every model call goes through skillopt's own
 ``target`` role (``ctx.target``, a ``RoleClient``): accounted in ``usage.jsonl`` as stage

@@ -1,4 +1,4 @@
-"""SWE-bench evaluation harnesses behind one interface (BENCHMARKS.md §2.11).
+"""SWE-bench evaluation harnesses behind one interface.
 
 A harness evaluates one prediction (``{instance_id: {model_patch, model_name_or_path}}``) in a work
 folder and writes the report the official harness writes, ``<model_name_or_path "/"→"__">.<run_id>.json``
