@@ -4,9 +4,10 @@ With no ``PREFECT_API_URL``, Prefect starts a temporary API server (a uvicorn su
 time a client needs one. Started by Prefect, it shares the terminal's process group, so the
 terminal's Ctrl-C killed it too and the run then hung on connection retries. Here the same server
 (Prefect's ``SubprocessASGIServer``, which every Prefect client looks up as one shared instance) is
-started first, from the main thread, with ``start_new_session=True``: Ctrl-C reaches only the run.
-The child asks Linux to send it SIGTERM when this process dies (``PR_SET_PDEATHSIG``), so a killed
-run never leaves a server behind, and a watchdog thread reports a server that dies mid-run.
+started first, with ``start_new_session=True``: Ctrl-C reaches only the run. The child asks Linux to
+send it SIGTERM when the thread that started it ends (``PR_SET_PDEATHSIG``), so a killed run never
+leaves a server behind; a watchdog thread reports a server that dies mid-run. Its output goes to
+``$PREFECT_HOME/temporary-server.log``, never to the terminal.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from prefect.settings import get_current_settings
 
 from skillopt.process_group import own_group
 
+#: The temporary server's output, under ``PREFECT_HOME``.
+SERVER_LOG = "temporary-server.log"
 #: Seconds between two looks at the server process.
 WATCH_INTERVAL_S = 0.5
 
@@ -54,12 +57,17 @@ class OwnSessionServer(SubprocessASGIServer):
                         "prefect.server.api.server:create_app", "--host", "127.0.0.1",
                         "--port", str(self.port),
                         "--log-level", "error", "--lifespan", "on"]
-        return subprocess.Popen(
-            [sys.executable, "-c", _CHILD, str(os.getpid()), *uvicorn_args],
-            env={**os.environ, **server_env,
-                 **get_current_settings().to_environment_variables(exclude_unset=True)},
-            **own_group(),
-        )
+        settings = get_current_settings()
+        # Its output goes to a log file, not the terminal: a server stopped with the run (Ctrl-C, exit)
+        # prints the cancellation of its background tasks as tracebacks after the command has returned.
+        log_path = settings.home / SERVER_LOG
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with log_path.open("ab") as log:
+            return subprocess.Popen(
+                [sys.executable, "-c", _CHILD, str(os.getpid()), *uvicorn_args],
+                env={**os.environ, **server_env, **settings.to_environment_variables(exclude_unset=True)},
+                stdout=log, stderr=subprocess.STDOUT, **own_group(),
+            )
 
     def stop_without_waiting(self) -> None:
         """SIGTERM the server and return: it finishes its shutdown on its own (for an exit that cannot
