@@ -5,7 +5,7 @@ from the promoted skill, promote only what beats it), has a nightly cron schedul
 ``0 3 * * *`` UTC) and a deployment concurrency limit of 1: a run triggered while another run of the
 same benchmark is still going waits in line instead of training beside it. Runs execute in child
 processes of the serving process, in its working directory, so ``runs/``, the cache and the skill
-registry land there. ``skillopt serve`` runs this; ``python -m deployments.serve`` does the same.
+registry land there. ``skillopt serve`` runs this; ``python -m skillopt.deployments.serve`` does the same.
 
     prefect deployment run skill-train/demo --param mode=train
 """
@@ -61,7 +61,7 @@ def build_deployments(benchmarks: Sequence[str], *, cron: str | None = DEFAULT_C
     from prefect.schedules import Cron
     from prefect.types.entrypoint import EntrypointType
 
-    from flows.train import skill_train
+    from skillopt.flows.train import skill_train
 
     try:
         ZoneInfo(timezone)

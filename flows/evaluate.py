@@ -15,8 +15,8 @@ from skillopt.data import resolve_split
 from skillopt.errors import ConfigError
 from skillopt.runs import per_task_type
 from skillopt.skill import skill_hash
-from tasks.rollout import evaluate
-from tasks.run import start_run
+from skillopt.tasks.rollout import evaluate
+from skillopt.tasks.run import start_run
 
 
 @flow(name="skill-eval", task_runner=ThreadPoolTaskRunner(max_workers=16))

@@ -111,9 +111,9 @@ def run_flow(kind: str, out: _Printer, guard: InterruptGuard | None = None,
             starting = _TemporaryServerStart.if_needed()
             try:
                 if kind == "train":
-                    from flows.train import skill_train as run
+                    from skillopt.flows.train import skill_train as run
                 else:
-                    from flows.evaluate import skill_eval as run
+                    from skillopt.flows.evaluate import skill_eval as run
                 server = starting.wait() if starting is not None else None
                 with _server_watched(server, guard):
                     try:
@@ -140,7 +140,7 @@ def _server_watched(server: Any, guard: InterruptGuard | None) -> Iterator[None]
     if server is None or guard is None:  # no import of Prefect's server app (seconds) without a temporary server
         yield
         return
-    from flows.temporary_server import watch_server
+    from skillopt.flows.temporary_server import watch_server
 
     guard.add_cleanup(server.stop_without_waiting)
     watching = watch_server(server, guard.stop_because)
@@ -206,7 +206,7 @@ class _TemporaryServerStart(threading.Thread):
         self._released.wait()
 
     def _start(self) -> None:
-        from flows.temporary_server import start_temporary_server
+        from skillopt.flows.temporary_server import start_temporary_server
 
         self.server = start_temporary_server()
 

@@ -25,10 +25,16 @@ from skillopt.reflect import split_and_batch
 from skillopt.select import needs_ranking
 from skillopt.skill import Edit, skill_hash
 from skillopt.slow_update import Pairs, pair_by_id, select_pairs
+from skillopt.tasks.cache import bound
+from skillopt.tasks.optimize import (
+    decide_budget_task,
+    merge_patches,
+    rank_edits,
+    reflect_minibatch,
+    rewrite_skill,
+)
+from skillopt.tasks.rollout import evaluate, evaluate_many
 from skillopt.update_modes import Picked, Update
-from tasks.cache import bound
-from tasks.optimize import decide_budget_task, merge_patches, rank_edits, reflect_minibatch, rewrite_skill
-from tasks.rollout import evaluate, evaluate_many
 
 progress = logging.getLogger("skillopt.progress")
 

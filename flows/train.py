@@ -23,7 +23,11 @@ from prefect import flow
 from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
 from prefect.task_runners import ThreadPoolTaskRunner
 
-from flows.stages import (
+from skillopt import live
+from skillopt.assembly import Run, RunSpec
+from skillopt.config import load_config
+from skillopt.data import StepPlan
+from skillopt.flows.stages import (
     Evidence,
     StepOutcome,
     StepTimer,
@@ -43,29 +47,25 @@ from flows.stages import (
     select,
     step_estimate,
 )
-from skillopt import live
-from skillopt.assembly import Run, RunSpec
-from skillopt.config import load_config
-from skillopt.data import StepPlan
 from skillopt.probe import probe_record
 from skillopt.records import Patch, StepRecord
 from skillopt.registry import PromotedSkill, SkillRegistry
 from skillopt.schedule import EditBudgetSchedule
 from skillopt.skill import SLOW_UPDATE, inject_block, replace_block, skill_hash
 from skillopt.step_buffer import StepBuffer, StepBufferEntry, failure_patterns
-from skillopt.update_modes import Picked
-from tasks.artifacts import (
+from skillopt.tasks.artifacts import (
     publish_cost,
     publish_progress,
     publish_promotion,
     publish_report_link,
     publish_step,
 )
-from tasks.cache import bound
-from tasks.epoch import meta_skill, plan_epoch_task, slow_update
-from tasks.optimize import deep_probe
-from tasks.rollout import Evaluation, evaluate
-from tasks.run import start_run
+from skillopt.tasks.cache import bound
+from skillopt.tasks.epoch import meta_skill, plan_epoch_task, slow_update
+from skillopt.tasks.optimize import deep_probe
+from skillopt.tasks.rollout import Evaluation, evaluate
+from skillopt.tasks.run import start_run
+from skillopt.update_modes import Picked
 
 progress = logging.getLogger("skillopt.progress")
 

@@ -293,7 +293,7 @@ def _cmd_train(args: argparse.Namespace, out: _Output) -> int:
 
 def _run_flow(kind: str, out: _Output, **parameters: object) -> dict:
     """Run the flow; on a terminal its lines scroll above a live status line (stage, items, calls, cost)."""
-    from flows.run import run_flow
+    from skillopt.flows.run import run_flow
     from skillopt.live_display import LiveDisplay, wants_live_display
 
     if not wants_live_display(out.out):
@@ -472,7 +472,7 @@ def _cmd_backends_check(args: argparse.Namespace, out: _Output) -> int:
     loaded, roles, registry = _resolve(args)
     limiter = None
     if loaded.config.model.rate_limit_mode == "prefect":
-        from tasks.limits import PrefectRateLimiter
+        from skillopt.tasks.limits import PrefectRateLimiter
 
         limiter = PrefectRateLimiter(loaded.config.model.providers)
     clients = ModelClients.build(roles, loaded=loaded, registry=registry, secrets=EnvSecrets(os.environ),
@@ -544,8 +544,8 @@ def _cmd_schedule(args: argparse.Namespace, out: _Output) -> int:
 
 
 def _cmd_serve(args: argparse.Namespace, out: _Output) -> int:
-    from deployments.serve import DEFAULT_CRON, DEFAULT_TIMEZONE, chosen_benchmarks, serve_benchmarks
     from skillopt.config import load_config
+    from skillopt.deployments.serve import DEFAULT_CRON, DEFAULT_TIMEZONE, chosen_benchmarks, serve_benchmarks
 
     benchmarks = chosen_benchmarks(args.benchmarks)
     for benchmark in benchmarks:  # a bad config is reported now, not at 3 a.m.

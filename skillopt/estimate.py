@@ -117,7 +117,7 @@ class RunEstimate(BaseModel):
 
 def merge_calls(patches: int, fan_in: int) -> int:
     """Merge calls of one tree of ``patches`` merged ``fan_in`` at a time, level by level (a group
-    of one passes through without a call), as ``flows.stages.merge_trees`` does."""
+    of one passes through without a call), as ``skillopt.flows.stages.merge_trees`` does."""
     calls = 0
     while patches > 1:
         groups = math.ceil(patches / fan_in)

@@ -20,7 +20,7 @@ from typing import Any
 from skillopt import __version__
 from skillopt.assembly import Run
 from skillopt.llm.errors import BackendError
-from tasks.cache_hits import cache_hit_hook
+from skillopt.tasks.cache_hits import cache_hit_hook
 
 
 def content_key(label: str, /, **parts: Any) -> str:

@@ -13,7 +13,7 @@ from skillopt.prompts import prompt_hash
 from skillopt.skill import skill_hash
 from skillopt.slow_update import Pairs, SlowUpdateReply, slow_update_request
 from skillopt.stage_call import structured_or_fallback
-from tasks.cache import content_key, digest, keyed, retry_only_retryable
+from skillopt.tasks.cache import content_key, digest, keyed, retry_only_retryable
 
 
 def _plan_key(p: dict[str, Any]) -> str:

@@ -23,9 +23,9 @@ from skillopt.rewrite import RewriteReply, rewrite_request
 from skillopt.select import RankingReply
 from skillopt.skill import Edit, skill_hash
 from skillopt.stage_call import structured_or_fallback
+from skillopt.tasks.cache import content_key, digest, keyed, retry_only_retryable
+from skillopt.tasks.rollout import PartialEvaluation, run_rollouts
 from skillopt.update_modes import Picked
-from tasks.cache import content_key, digest, keyed, retry_only_retryable
-from tasks.rollout import PartialEvaluation, run_rollouts
 
 _OPTIONS: dict[str, Any] = {"persist_result": True, "result_serializer": "json", "tags": ["llm:optimizer"],
                             "retry_condition_fn": retry_only_retryable}

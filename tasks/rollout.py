@@ -25,7 +25,7 @@ from skillopt.gate import Scores, score_rows
 from skillopt.llm.chat import ChatRequest
 from skillopt.records import ItemResult
 from skillopt.skill import skill_hash
-from tasks.cache import bound, content_key, keyed, retry_only_retryable
+from skillopt.tasks.cache import bound, content_key, keyed, retry_only_retryable
 
 
 class Evaluation(BaseModel):

@@ -15,7 +15,7 @@ def limiter_for(config: SkillOptConfig) -> RateLimiter | None:
     """Prefect's global concurrency limits with ``model.rate_limit_mode: prefect``; else the clients' own."""
     if config.model.rate_limit_mode != "prefect":
         return None
-    from tasks.limits import PrefectRateLimiter
+    from skillopt.tasks.limits import PrefectRateLimiter
 
     return PrefectRateLimiter(config.model.providers)
 

@@ -373,7 +373,7 @@ class ModelClients:
                 limiter = NoLimits()
             elif model.rate_limit_mode == "prefect":
                 raise ConfigError(
-                    "model.rate_limit_mode: prefect needs the Prefect limiter (tasks.limits.PrefectRateLimiter); "
+                    "model.rate_limit_mode: prefect needs the Prefect limiter (skillopt.tasks.limits.PrefectRateLimiter); "
                     "pass it as limiter=..."
                 )
             else:

@@ -35,7 +35,7 @@ def priced_demo(in_tmp) -> Iterator[list[str]]:
 
 
 def test_max_usd_below_the_run_cost_stops_between_steps_and_keeps_the_best_skill(prefect_settings, priced_demo):
-    from flows.train import skill_train
+    from skillopt.flows.train import skill_train
 
     overrides = [
         *priced_demo,
@@ -66,7 +66,7 @@ def test_max_usd_below_the_run_cost_stops_between_steps_and_keeps_the_best_skill
 
 
 def test_before_the_first_step_the_dry_run_estimate_projects_the_step(prefect_settings, priced_demo):
-    from flows.train import skill_train
+    from skillopt.flows.train import skill_train
 
     overrides = [
         *priced_demo,

@@ -17,7 +17,7 @@ SMALL = ["train.epochs=1"]
 
 
 def nightly(run_name: str) -> dict:
-    from flows.train import skill_train
+    from skillopt.flows.train import skill_train
 
     return skill_train(benchmark="demo", overrides=SMALL, run_name=run_name, mode="nightly")
 
@@ -55,7 +55,7 @@ def test_nightly_warm_starts_from_the_promoted_skill_and_compares_like_for_like(
 
 
 def test_train_mode_ignores_the_registry(prefect_settings, in_tmp: Path):
-    from flows.train import skill_train
+    from skillopt.flows.train import skill_train
 
     SkillRegistry(in_tmp / "skills").promote("demo", "# A promoted skill\n", source="test", reason="test")
     summary = skill_train(benchmark="demo", overrides=[*SMALL, "benchmark.train_size=8", "evaluation.eval_test=false"],

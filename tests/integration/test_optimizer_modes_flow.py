@@ -11,7 +11,7 @@ pytestmark = pytest.mark.slow
 
 
 def train(*overrides: str, run_name: str) -> tuple[dict, list[dict], Path]:
-    from flows.train import skill_train
+    from skillopt.flows.train import skill_train
 
     summary = skill_train(benchmark="demo", overrides=list(overrides), run_name=run_name)
     run_dir = Path(summary["run_dir"])

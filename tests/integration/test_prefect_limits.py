@@ -30,7 +30,7 @@ def create_limit(name: str, limit: int, decay: float = 0.0) -> None:
 
 def test_concurrency_limit_holds_calls_in_flight_across_threads():
     from skillopt.config import ProviderLimits
-    from tasks.limits import PrefectRateLimiter, limit_name
+    from skillopt.tasks.limits import PrefectRateLimiter, limit_name
 
     key = "openai_compatible:127.0.0.1:9999"
     assert limit_name(key, "conc") == "skillopt-openai-compatible-127-0-0-1-9999-conc"
@@ -60,7 +60,7 @@ def test_concurrency_limit_holds_calls_in_flight_across_threads():
 
 def test_a_missing_limit_fails_the_call_naming_it():
     from skillopt.config import ProviderLimits
-    from tasks.limits import PrefectRateLimiter
+    from skillopt.tasks.limits import PrefectRateLimiter
 
     limiter = PrefectRateLimiter({"anthropic:api.anthropic.com": ProviderLimits(rpm=50)})
     with pytest.raises(Exception, match="skillopt-anthropic-api-anthropic-com-rpm"), \
@@ -69,7 +69,7 @@ def test_a_missing_limit_fails_the_call_naming_it():
 
 
 def test_keys_without_configured_limits_pass_straight_through():
-    from tasks.limits import PrefectRateLimiter
+    from skillopt.tasks.limits import PrefectRateLimiter
 
     with PrefectRateLimiter({}).acquire("anything", tokens=1):
         pass

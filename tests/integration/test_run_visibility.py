@@ -32,7 +32,7 @@ def demo_run(prefect_api, tmp_path_factory):
     os.chdir(folder)
     try:
         with temporary_settings(updates={PREFECT_API_URL: prefect_api, PREFECT_LOGGING_LEVEL: "WARNING"}):
-            from flows.train import skill_train
+            from skillopt.flows.train import skill_train
 
             summary = skill_train(benchmark="demo", run_name=RUN)
     finally:

@@ -14,7 +14,7 @@ pytestmark = pytest.mark.slow
 
 
 def train(*overrides: str, run_name: str) -> dict:
-    from flows.train import skill_train
+    from skillopt.flows.train import skill_train
 
     return skill_train(benchmark="demo", overrides=list(overrides), run_name=run_name)
 
@@ -82,7 +82,7 @@ def test_gate_off_force_accepts_and_still_tracks_the_best(prefect_settings, in_t
 
 
 def test_skill_eval_scores_a_skill_file_like_training_did(prefect_settings, in_tmp):
-    from flows.evaluate import skill_eval
+    from skillopt.flows.evaluate import skill_eval
 
     summary = train(run_name="demo-for-eval")
     best = Path(summary["run_dir"]) / "best_skill.md"

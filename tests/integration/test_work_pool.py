@@ -39,7 +39,7 @@ def test_prefect_yaml_registers_the_work_pool_deployments(prefect_api: str, tmp_
     with temporary_settings(updates={PREFECT_API_URL: prefect_api}), get_client(sync_client=True) as client:
         deployment = client.read_deployment_by_name("skill-train/qa")
     assert deployment.work_pool_name == "skillopt"
-    assert deployment.entrypoint == "flows.train.skill_train"
+    assert deployment.entrypoint == "skillopt.flows.train.skill_train"
     assert deployment.parameters == {"benchmark": "qa", "mode": "nightly"}
     assert [(s.schedule.cron, s.schedule.timezone) for s in deployment.schedules] == [("0 3 * * *", "UTC")]
     assert deployment.global_concurrency_limit.limit == 1

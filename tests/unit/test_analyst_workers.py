@@ -9,7 +9,7 @@ from types import SimpleNamespace
 from prefect import flow, task
 from prefect.cache_policies import NONE
 
-import flows.stages as stages
+import skillopt.flows.stages as stages
 from skillopt.records import ItemResult, Patch
 
 

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 from skillopt.llm.pricing import PriceTable
 from skillopt.llm.usage import UsageLedger
-from tasks.cache_hits import cache_hit_hook
+from skillopt.tasks.cache_hits import cache_hit_hook
 
 
 def context(tmp_path):

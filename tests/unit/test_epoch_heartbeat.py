@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
 
-import flows.train as train
+import skillopt.flows.train as train
 
 
 def test_the_epoch_subflow_is_called_with_heartbeats_off_and_they_come_back(monkeypatch):

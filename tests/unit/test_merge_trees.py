@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-import flows.stages as stages
+import skillopt.flows.stages as stages
 from skillopt.records import Patch
 from skillopt.skill import Edit
 

@@ -14,7 +14,7 @@ from prefect.utilities.collections import visit_collection
 from skillopt.assembly import Run, RunSpec, open_run, remember_run
 from skillopt.config import load_config
 from skillopt.data import Item
-from tasks.cache import bound
+from skillopt.tasks.cache import bound
 
 
 def _overrides(tmp_path, *extra):
@@ -71,8 +71,8 @@ def test_the_flow_s_own_run_is_the_one_its_spec_opens(tmp_path):
 
 
 def test_model_calling_tasks_carry_their_prefect_tags_only_in_prefect_limit_mode(tmp_path):
-    from tasks.optimize import reflect_minibatch
-    from tasks.rollout import evaluate_skill, rollout_item
+    from skillopt.tasks.optimize import reflect_minibatch
+    from skillopt.tasks.rollout import evaluate_skill, rollout_item
 
     local = _run(tmp_path / "local")
     assert bound(local, rollout_item).tags == set() and bound(local, reflect_minibatch).tags == set()
@@ -80,7 +80,7 @@ def test_model_calling_tasks_carry_their_prefect_tags_only_in_prefect_limit_mode
 
     overrides = _overrides(tmp_path, "model.rate_limit_mode=prefect")
     loaded = load_config("demo", overrides=overrides, env={})
-    from tasks.run import limiter_for
+    from skillopt.tasks.run import limiter_for
 
     shared = Run.build(RunSpec.create(loaded, run_name="prefect-mode"), env={}, loaded=loaded,
                        limiter=limiter_for(loaded.config))

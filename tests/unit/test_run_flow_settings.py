@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import io
 
-import flows.run
-import flows.train
-from flows.run import run_flow
+import skillopt.flows.run
+import skillopt.flows.train
+from skillopt.flows.run import run_flow
 
 
 class Printer:
@@ -27,8 +27,8 @@ def server_environment_inside_a_run(monkeypatch) -> dict[str, str]:
         seen.update(get_current_settings().to_environment_variables(exclude_unset=True))
         return {}
 
-    monkeypatch.setattr(flows.train, "skill_train", fake_train)
-    monkeypatch.setattr(flows.run._TemporaryServerStart, "if_needed", classmethod(lambda cls: None))
+    monkeypatch.setattr(skillopt.flows.train, "skill_train", fake_train)
+    monkeypatch.setattr(skillopt.flows.run._TemporaryServerStart, "if_needed", classmethod(lambda cls: None))
     run_flow("train", Printer(), benchmark="demo")
     return seen
 
@@ -57,8 +57,8 @@ def _api_url_inside_a_run(monkeypatch, home) -> tuple[str | None, str]:
         seen["api"] = get_current_settings().api.url
         return {}
 
-    monkeypatch.setattr(flows.train, "skill_train", fake_train)
-    monkeypatch.setattr(flows.run._TemporaryServerStart, "if_needed", classmethod(lambda cls: None))
+    monkeypatch.setattr(skillopt.flows.train, "skill_train", fake_train)
+    monkeypatch.setattr(skillopt.flows.run._TemporaryServerStart, "if_needed", classmethod(lambda cls: None))
     printer = Printer()
     from prefect.settings import PREFECT_HOME, temporary_settings
 

@@ -182,8 +182,8 @@ def test_every_command_names_something_the_image_has(compose):
 
 
 def _check_skillopt_arguments(arguments: list[str]) -> None:
-    from deployments.serve import chosen_benchmarks
     from skillopt.cli import _build_parser
+    from skillopt.deployments.serve import chosen_benchmarks
 
     parsed = _build_parser().parse_args(arguments)  # exits (fails the test) on an unknown option
     assert parsed.command == "serve"
@@ -226,7 +226,7 @@ def prefect_yaml() -> dict:
 
 
 def test_prefect_yaml_has_one_nightly_deployment_per_benchmark(prefect_yaml):
-    from deployments.serve import (
+    from skillopt.deployments.serve import (
         CONCURRENCY_PER_BENCHMARK,
         DEFAULT_CRON,
         DEFAULT_TIMEZONE,
@@ -240,7 +240,7 @@ def test_prefect_yaml_has_one_nightly_deployment_per_benchmark(prefect_yaml):
     assert set(names) == set(shipped_config_names()) - {"_base_"}
     assert set(registered_benchmarks()) <= set(names)
     for deployment in deployments:
-        assert deployment["entrypoint"] == "flows.train.skill_train"
+        assert deployment["entrypoint"] == "skillopt.flows.train.skill_train"
         assert deployment["parameters"] == {"benchmark": deployment["name"], "mode": "nightly"}
         assert deployment["schedules"] == [{"cron": DEFAULT_CRON, "timezone": DEFAULT_TIMEZONE}]
         assert deployment["concurrency_limit"] == CONCURRENCY_PER_BENCHMARK

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from deployments.serve import build_deployments, chosen_benchmarks, registered_benchmarks
 from skillopt.cli import main
+from skillopt.deployments.serve import build_deployments, chosen_benchmarks, registered_benchmarks
 from skillopt.errors import ConfigError
 
 
@@ -24,7 +24,7 @@ def test_one_nightly_deployment_per_benchmark_with_a_concurrency_limit_of_one():
     assert [d.name for d in deployments] == ["demo", "qa"]
     demo = deployments[0]
     assert demo.flow_name == "skill-train"  # so the full name is skill-train/demo
-    assert demo.entrypoint == "flows.train.skill_train"
+    assert demo.entrypoint == "skillopt.flows.train.skill_train"
     assert demo.concurrency_limit == 1
     (schedule,) = demo.schedules
     assert (schedule.schedule.cron, schedule.schedule.timezone) == ("0 3 * * *", "UTC")
