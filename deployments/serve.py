@@ -1,4 +1,4 @@
-"""Serve one ``skill-train`` deployment per registered benchmark (DESIGN.md §5.3).
+"""Serve one ``skill-train`` deployment per benchmark, with its data and model choices as default parameters.
 
 Each deployment is named ``skill-train/<benchmark>``, runs ``mode: nightly`` by default (warm start
 from the promoted skill, promote only what beats it), has a nightly cron schedule (default
@@ -7,26 +7,76 @@ same benchmark is still going waits in line instead of training beside it. Runs 
 processes of the serving process, in its working directory, so ``runs/``, the cache and the skill
 registry land there. ``skillopt serve`` runs this; ``python -m skillopt.deployments.serve`` does the same.
 
+What ``skillopt serve`` was given (``--data``, ``--backend``/``--model``, ``-c``, ``-o``) becomes the
+deployments' default parameters, so ``prefect deployment run skill-train/babyvision`` trains on that
+data with those models as typed, and the UI's Run form shows each value to change. Every benchmark
+is checked before anything is registered (config, data, the plug-in's preflight): a named one that
+fails stops ``serve`` with the reason; with no names, the benchmarks that fail are skipped and listed.
+
     prefect deployment run skill-train/demo --param mode=train
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import os
+import signal
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from importlib.metadata import entry_points
+from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from skillopt import __version__
 from skillopt.benchmarks.base import ENTRY_POINT_GROUP
-from skillopt.errors import ConfigError
+from skillopt.errors import ConfigError, SkillOptError
 
 DEFAULT_CRON = "0 3 * * *"
 DEFAULT_TIMEZONE = "UTC"
 #: At most one run per benchmark at a time; later ones wait (Prefect's ENQUEUE collision strategy).
 CONCURRENCY_PER_BENCHMARK = 1
-FLOW_NAME = "skill-train"
+#: Seconds Prefect's graceful stop may take before ``serve`` kills the runs in progress and exits.
+STOP_GRACE_S = 10.0
+#: Exit status of a forced stop.
+EXIT_FORCED = 1
+
+
+@dataclass(frozen=True)
+class RunDefaults:
+    """What every served deployment's runs get unless the trigger (UI form, ``--param``) changes it."""
+
+    mode: str = "nightly"
+    #: ``--data``: a split folder or data file, stored as an absolute path.
+    data: str | None = None
+    config_file: str | None = None
+    overrides: tuple[str, ...] = ()
+    #: ``--backend``/``--model`` and the per-role options, only the ones given (``CliRoleOptions`` fields).
+    cli_roles: Mapping[str, Any] | None = None
+
+    def parameters(self, benchmark: str) -> dict[str, Any]:
+        """The deployment's default parameters: only what was given, so the UI form shows the rest empty."""
+        parameters: dict[str, Any] = {"benchmark": benchmark, "mode": self.mode}
+        if self.data:
+            parameters["data"] = self.data
+        if self.config_file:
+            parameters["config_file"] = self.config_file
+        if self.overrides:
+            parameters["overrides"] = list(self.overrides)
+        if self.cli_roles:
+            parameters["cli_roles"] = dict(self.cli_roles)
+        return parameters
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A registered benchmark that ``serve`` with no names left out, and why (its first error line)."""
+
+    benchmark: str
+    reason: str
 
 
 def registered_benchmarks() -> list[str]:
@@ -34,29 +84,86 @@ def registered_benchmarks() -> list[str]:
     return sorted({entry.name for entry in entry_points(group=ENTRY_POINT_GROUP)})
 
 
-def chosen_benchmarks(names: Sequence[str]) -> list[str]:
-    """``names`` checked against the registered benchmarks (all of them when ``names`` is empty)."""
+def run_defaults(*, mode: str = "nightly", data: str | None = None, config_file: str | None = None,
+                 overrides: Sequence[str] = (), cli_roles: Mapping[str, Any] | None = None) -> RunDefaults:
+    """``RunDefaults`` from command-line values: paths made absolute (a person reading the UI form cannot
+    know the serving process's working directory), empty role options dropped."""
+    roles = {key: value for key, value in (cli_roles or {}).items() if value}
+    return RunDefaults(mode=mode, data=str(Path(data).absolute()) if data else None,
+                       config_file=str(Path(config_file).absolute()) if config_file else None,
+                       overrides=tuple(overrides), cli_roles=roles or None)
+
+
+def check_benchmark(benchmark: str, defaults: RunDefaults, env: Mapping[str, str]) -> None:
+    """Raise the ``SkillOptError`` a run of ``benchmark`` with ``defaults`` would stop on before its first
+    model call: the config, the data (``--data`` resolved as training resolves it) and the plug-in's preflight."""
+    from skillopt.benchmarks.resolve import resolve_benchmark
+    from skillopt.config import load_config
+    from skillopt.data import SplitSpec, data_overrides
+    from skillopt.llm.base import BackendRegistry
+    from skillopt.llm.roles import CliRoleOptions
+
+    loaded = load_config(benchmark, config_file=defaults.config_file,
+                         overrides=[*data_overrides(defaults.data), *defaults.overrides], env=env)
+    plugin, bench_cfg, _ = resolve_benchmark(loaded, cli=CliRoleOptions(**(defaults.cli_roles or {})), env=env,
+                                             registry=BackendRegistry.default(), command=f"skillopt serve {benchmark}")
+    _check_data_source(benchmark, SplitSpec.from_benchmark_config(bench_cfg,
+                                                                  default_split_mode=plugin.default_split_mode))
+
+
+def _check_data_source(benchmark: str, spec: Any) -> None:
+    """The configured data exists (a plug-in's preflight need not check it): the ``data_path`` of ratio mode,
+    the ``train/ val/ test/`` folders of split_dir mode; generated data always does."""
+    from skillopt.data import SPLIT_NAMES
+    from skillopt.errors import DataError
+
+    if spec.split_mode == "ratio" and not (spec.data_path and Path(spec.data_path).exists()):
+        where = f" at {spec.data_path}" if spec.data_path else ""
+        raise DataError(f"{benchmark}: no data{where}: pass --data FILE or set benchmark.data_path")
+    if spec.split_mode == "split_dir" and not (
+            spec.split_dir and all((Path(spec.split_dir) / split).is_dir() for split in SPLIT_NAMES)):
+        where = f" at {spec.split_dir}" if spec.split_dir else ""
+        raise DataError(f"{benchmark}: no train/, val/ and test/ folders{where}: pass --data DIR or set "
+                        "benchmark.split_dir")
+
+
+def servable_benchmarks(names: Sequence[str], defaults: RunDefaults,
+                        env: Mapping[str, str] = os.environ) -> tuple[list[str], list[Skipped]]:
+    """The benchmarks to serve and the ones skipped.
+
+    Named benchmarks must all be registered and pass ``check_benchmark`` (else ``ConfigError`` naming
+    the benchmark). With no names, every registered benchmark that passes is served and the others are
+    returned as skipped with their reason. ``--data`` is one benchmark's data, so it needs exactly one name.
+    """
     registered = registered_benchmarks()
     unknown = [name for name in names if name not in registered]
     if unknown:
         raise ConfigError(f"skillopt serve: unknown benchmark {', '.join(map(repr, unknown))}; "
                           f"registered benchmarks: {', '.join(registered) or 'none'}")
-    return list(dict.fromkeys(names)) or registered
+    chosen = list(dict.fromkeys(names))
+    if defaults.data and len(chosen) != 1:
+        raise ConfigError("skillopt serve: --data is one benchmark's data: name exactly that benchmark "
+                          "(serve others with their own data from their configs or another `skillopt serve`)")
+    if chosen:
+        for benchmark in chosen:
+            try:
+                check_benchmark(benchmark, defaults, env)
+            except SkillOptError as error:
+                raise ConfigError(f"skillopt serve {benchmark}: {error}") from None
+        return chosen, []
+    served, skipped = [], []
+    for benchmark in registered:
+        try:
+            check_benchmark(benchmark, defaults, env)
+        except SkillOptError as error:
+            skipped.append(Skipped(benchmark, str(error).strip().splitlines()[0]))
+        else:
+            served.append(benchmark)
+    return served, skipped
 
 
-def default_parameters(benchmark: str, *, config_file: str | None = None, overrides: Sequence[str] = (),
-                       mode: str = "nightly") -> dict[str, Any]:
-    """The parameters a deployment's runs get unless the trigger (UI form, ``--param``) changes them."""
-    parameters: dict[str, Any] = {"benchmark": benchmark, "mode": mode}
-    if config_file:
-        parameters["config_file"] = config_file
-    if overrides:
-        parameters["overrides"] = list(overrides)
-    return parameters
-
-
-def build_deployments(benchmarks: Sequence[str], *, cron: str | None = DEFAULT_CRON, timezone: str = DEFAULT_TIMEZONE,
-                      config_file: str | None = None, overrides: Sequence[str] = (), mode: str = "nightly") -> list[Any]:
+def build_deployments(benchmarks: Sequence[str], defaults: RunDefaults, *, cron: str | None = DEFAULT_CRON,
+                      timezone: str = DEFAULT_TIMEZONE) -> list[Any]:
     """One ``RunnerDeployment`` of ``skill-train`` per benchmark; ``cron=None`` or "" leaves them unscheduled."""
     from prefect.schedules import Cron
     from prefect.types.entrypoint import EntrypointType
@@ -70,31 +177,88 @@ def build_deployments(benchmarks: Sequence[str], *, cron: str | None = DEFAULT_C
         raise ConfigError(f"skillopt serve: not a valid schedule: cron {cron!r} in time zone {timezone!r} "
                           f"(expected five fields such as '{DEFAULT_CRON}' and an IANA zone such as UTC): "
                           f"{str(error).splitlines()[-1]}") from None
-    deployments = []
-    for benchmark in chosen_benchmarks(benchmarks):
-        deployments.append(skill_train.to_deployment(
+    return [
+        skill_train.to_deployment(
             name=benchmark,
             schedules=schedules,
             concurrency_limit=CONCURRENCY_PER_BENCHMARK,
-            parameters=default_parameters(benchmark, config_file=config_file, overrides=overrides, mode=mode),
-            description=f"Train the {benchmark} skill ({mode} by default: warm start from the promoted skill, "
-                        "promote the new best only if it beats it on the selection split).",
+            parameters=defaults.parameters(benchmark),
+            description=f"Train the {benchmark} skill ({defaults.mode} by default"
+                        + ("" if defaults.mode != "nightly" else ": warm start from the promoted skill, promote "
+                           "the new best only if it beats it on the selection split") + ").",
             tags=["skillopt", f"benchmark:{benchmark}"],
             version=__version__,
             # Load the flow by module, so an installed package (a container, a work-pool host) finds it.
             entrypoint_type=EntrypointType.MODULE_PATH,
-        ))
-    return deployments
+        )
+        for benchmark in benchmarks
+    ]
 
 
-def serve_benchmarks(benchmarks: Sequence[str] = (), *, cron: str | None = DEFAULT_CRON,
-                     timezone: str = DEFAULT_TIMEZONE, config_file: str | None = None,
-                     overrides: Sequence[str] = (), mode: str = "nightly") -> None:
-    """Register the deployments with the Prefect server and execute their runs until interrupted."""
-    from prefect import serve
+def serve_benchmarks(benchmarks: Sequence[str], defaults: RunDefaults, *, cron: str | None = DEFAULT_CRON,
+                     timezone: str = DEFAULT_TIMEZONE, grace_s: float = STOP_GRACE_S) -> int:
+    """Register the deployments with the Prefect server and execute their runs until SIGTERM or SIGINT.
 
-    serve(*build_deployments(benchmarks, cron=cron, timezone=timezone, config_file=config_file,
-                             overrides=overrides, mode=mode))
+    Stopping leaves the deployments and their schedules as they are (Prefect's default would pause every
+    one of them): the next ``skillopt serve`` picks the schedules up again. Returns 0 after a clean stop
+    (runs in progress cancelled through the API); the process exits with ``EXIT_FORCED`` when the stop
+    was forced (see ``_PromptRunner``)."""
+    from prefect.runner import Runner
+
+    class _PromptRunner(Runner):
+        """Prefect's runner, stopping promptly in every state. The first SIGTERM or SIGINT starts Prefect's
+        graceful stop (runs in progress are cancelled through the API, their processes ended); if that has not
+        finished after ``grace_s`` seconds (the API server is gone and every call retries) or another signal
+        comes, the runs' processes are killed and the process exits at once."""
+
+        def handle_sigterm(self, *args: Any, **kwargs: Any) -> None:
+            _arm_forced_stop(grace_s)
+            super().handle_sigterm(*args, **kwargs)
+
+    runner = _PromptRunner(pause_on_shutdown=False)
+    for deployment in build_deployments(benchmarks, defaults, cron=cron, timezone=timezone):
+        runner.add_deployment(deployment)
+    # Ctrl-C takes the same way out as SIGTERM; asyncio.run then leaves SIGINT to this handler.
+    signal.signal(signal.SIGINT, runner.handle_sigterm)
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(runner.start())
+    return 0
+
+_forced_stop_armed = threading.Event()
+
+
+def _arm_forced_stop(grace_s: float) -> None:
+    """First call: force the stop in ``grace_s`` seconds unless the process has ended by then. Later calls
+    (another signal): force it now."""
+    if _forced_stop_armed.is_set():
+        _force_stop("a second signal")
+        return
+    _forced_stop_armed.set()
+    timer = threading.Timer(grace_s, _force_stop, args=(f"the clean stop took more than {grace_s:g} s",))
+    timer.daemon = True
+    timer.start()
+
+
+def _force_stop(why: str) -> None:
+    """Kill this process's children (the flow runs in progress) and exit now, saying so."""
+    children = _child_processes()
+    for pid in children:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    killed = f"; killed {len(children)} flow-run process(es) still running" if children else ""
+    message = f"skillopt serve: stopped at once ({why}: is the Prefect server gone?){killed}\n"
+    with contextlib.suppress(OSError):  # written to the descriptor: sys.stderr may be closing with the interpreter
+        os.write(2, message.encode())
+    os._exit(EXIT_FORCED)
+
+
+def _child_processes() -> list[int]:
+    """Ids of this process's children, from ``/proc`` (where there is none, nothing is found)."""
+    found: list[int] = []
+    for children in Path("/proc/self/task").glob("*/children"):
+        with contextlib.suppress(OSError, ValueError):
+            found += [int(pid) for pid in children.read_text().split()]
+    return sorted(set(found))
 
 
 if __name__ == "__main__":  # pragma: no cover - the CLI is the documented entry point

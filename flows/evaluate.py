@@ -1,4 +1,4 @@
-"""The ``skill-eval`` flow: score any skill file on any split of a benchmark (DESIGN.md §5.2)."""
+"""The ``skill-eval`` flow: score any skill file on any split of a benchmark."""
 
 from __future__ import annotations
 
@@ -7,19 +7,21 @@ from pathlib import Path
 from typing import Any
 
 from prefect import flow
+from prefect.runtime import flow_run
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from skillopt.assembly import RunSpec
 from skillopt.config import load_config
 from skillopt.data import resolve_split
 from skillopt.errors import ConfigError
+from skillopt.flows.naming import eval_run_name
 from skillopt.runs import per_task_type
 from skillopt.skill import skill_hash
 from skillopt.tasks.rollout import evaluate
 from skillopt.tasks.run import start_run
 
 
-@flow(name="skill-eval", task_runner=ThreadPoolTaskRunner(max_workers=16))
+@flow(name="skill-eval", flow_run_name=eval_run_name, task_runner=ThreadPoolTaskRunner(max_workers=16))
 def skill_eval(benchmark: str, skill_file: str, split: str = "test", config_file: str | None = None,
                overrides: list[str] | None = None, run_name: str | None = None,
                cli_roles: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -30,7 +32,8 @@ def skill_eval(benchmark: str, skill_file: str, split: str = "test", config_file
     skill = path.read_text(encoding="utf-8")
     split = resolve_split(split)
     loaded = load_config(benchmark, config_file=config_file, overrides=overrides or [], env=os.environ)
-    run = start_run(RunSpec.create(loaded, cli_roles=cli_roles, run_name=run_name, prefix="eval"), loaded=loaded)
+    spec = RunSpec.create(loaded, cli_roles=cli_roles, run_name=run_name or flow_run.name, prefix="eval")
+    run = start_run(spec, loaded=loaded)
     evaluation = evaluate(run, skill, split, run.split_ids[split])
     run.dir.write_evaluation(split, evaluation.rows, split=split, skill_sha=evaluation.skill_sha,
                              scores=evaluation.scores)

@@ -1,4 +1,4 @@
-"""The ``skill-train`` flow: train a skill the way one trains a network (DESIGN.md §4, §5.2).
+"""The ``skill-train`` flow: train a skill the way one trains a network.
 
 Read it top to bottom like a training script: set up the run, score the initial skill (baseline),
 then for each epoch (a ``skill-epoch`` subflow) walk its seeded batches, one step each:
@@ -16,10 +16,12 @@ from __future__ import annotations
 import logging
 import os
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Literal
 
 from prefect import flow
+from prefect.runtime import flow_run
 from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
 from prefect.task_runners import ThreadPoolTaskRunner
 
@@ -27,6 +29,8 @@ from skillopt import live
 from skillopt.assembly import Run, RunSpec
 from skillopt.config import load_config
 from skillopt.data import StepPlan
+from skillopt.flows.naming import config_overrides, train_run_name
+from skillopt.flows.run import PROGRESS_LOGGER
 from skillopt.flows.stages import (
     Evidence,
     StepOutcome,
@@ -47,6 +51,8 @@ from skillopt.flows.stages import (
     select,
     step_estimate,
 )
+from skillopt.flows.story import STORY_LOGGER, run_story
+from skillopt.llm.roles import CliRoleOptions
 from skillopt.probe import probe_record
 from skillopt.records import Patch, StepRecord
 from skillopt.registry import PromotedSkill, SkillRegistry
@@ -67,30 +73,16 @@ from skillopt.tasks.rollout import Evaluation, evaluate
 from skillopt.tasks.run import start_run
 from skillopt.update_modes import Picked
 
-progress = logging.getLogger("skillopt.progress")
+progress = logging.getLogger(PROGRESS_LOGGER)
+story = logging.getLogger(STORY_LOGGER)
 
 
-def _flow_run_name() -> str:
-    """``<bench>-lr<L>-<scheduler>-<yyyymmdd-hhmm>``, from the flow run's own parameters."""
-    from prefect.runtime import flow_run
-
-    from skillopt.errors import SkillOptError
-    from skillopt.runs import flow_run_name
-
-    parameters = flow_run.parameters
-    try:
-        loaded = load_config(parameters["benchmark"], config_file=parameters.get("config_file"),
-                             overrides=parameters.get("overrides") or [], env=os.environ)
-    except SkillOptError:
-        return str(parameters.get("benchmark", "skill-train"))  # the flow itself reports the config error
-    return flow_run_name(parameters["benchmark"], loaded.config)
-
-
-@flow(name="skill-train", flow_run_name=_flow_run_name, task_runner=ThreadPoolTaskRunner(max_workers=16),
+@flow(name="skill-train", flow_run_name=train_run_name, task_runner=ThreadPoolTaskRunner(max_workers=16),
       log_prints=False)
-def skill_train(benchmark: str, config_file: str | None = None, overrides: list[str] | None = None,
-                run_name: str | None = None, cli_roles: dict[str, Any] | None = None,
-                mode: Literal["train", "nightly"] = "train") -> dict[str, Any]:
+def skill_train(benchmark: str, data: str | None = None, config_file: str | None = None,
+                overrides: list[str] | None = None, run_name: str | None = None,
+                cli_roles: CliRoleOptions | None = None, mode: Literal["train", "nightly"] = "train",
+                verbose: bool = False) -> dict[str, Any]:
     """Train a skill for ``benchmark``; returns the run summary (also written to ``summary.json``).
 
     In ``nightly`` mode the run warm-starts from the benchmark's promoted skill in the registry
@@ -98,18 +90,32 @@ def skill_train(benchmark: str, config_file: str | None = None, overrides: list[
 
     Args:
         benchmark: The benchmark to train on, e.g. searchqa (one of `skillopt benchmarks`).
+        data: The benchmark's data on the machine that runs the flow: a folder holding train/, val/ and test/
+            (also the root of the images and files the items name) or one data file, split by
+            benchmark.split_ratio. Empty: the data named in the benchmark's config.
         config_file: A YAML config file on the machine that runs the flow, merged over the benchmark's config.
         overrides: Config overrides applied in order, each `section.key=value`, e.g. optimizer.learning_rate=8.
         run_name: Name of the run directory under run.runs_dir; re-use a name to resume. Empty: a fresh name.
-        cli_roles: Model choice for every role without its own setting, as the command line gives it, e.g.
-            {"backend": "openai", "model": "gpt-4.1-mini"}.
+        cli_roles: Backend and model for every role without its own setting (backend, model), per role
+            (role_backend, role_model: {"judge": ...}) and reasoning effort per role, e.g. {"backend": "openai",
+            "model": "gpt-4.1-mini"}.
         mode: train: start from the configured initial skill. nightly: warm-start from the promoted skill and
             promote the new best only if it beats it on the selection split.
+        verbose: Also log Prefect's line for every task run ("Finished in state Completed()").
     """
-    loaded = load_config(benchmark, config_file=config_file, overrides=overrides or [], env=os.environ)
+    with run_story(verbose=verbose):
+        return train(benchmark, data=data, config_file=config_file, overrides=overrides,
+                     run_name=run_name or flow_run.name, cli_roles=cli_roles, mode=mode)
+
+
+def train(benchmark: str, *, data: str | None, config_file: str | None, overrides: list[str] | None,
+          run_name: str | None, cli_roles: CliRoleOptions | None, mode: Literal["train", "nightly"]) -> dict[str, Any]:
+    """The body of ``skill-train``: set up the run, baseline, epochs, final evaluation (and the promotion)."""
+    loaded = load_config(benchmark, config_file=config_file, overrides=config_overrides(data, overrides),
+                         env=os.environ)
     registry = SkillRegistry(Path(loaded.config.run.skills_dir))
     incumbent = registry.current(benchmark) if mode == "nightly" else None
-    spec = RunSpec.create(loaded, cli_roles=cli_roles, run_name=run_name,
+    spec = RunSpec.create(loaded, cli_roles=asdict(cli_roles) if cli_roles else None, run_name=run_name,
                           initial_skill=incumbent.text if incumbent else None)
     run = start_run(spec, loaded=loaded)
     started = time.monotonic()
@@ -186,8 +192,8 @@ def skill_epoch(run: Any, state: TrainState, epoch: int) -> TrainState:
         run.dir.write_skill_snapshot(state.step, state.current_skill)
         progress.info("epoch %d step %d/%d (budget %d): %d/%d failed, %d edits proposed, %d selected -> %s; "
                       "current %.3f, best %.3f", epoch, state.step, state.total_steps, record.budget, record.n_fail,
-                      record.n_total, record.edits_proposed, record.edits_selected, record.decision,
-                      state.current_score, state.best_score)
+                      record.n_total, record.edits_proposed, record.edits_selected,
+                      record.gate.explain() if record.gate else record.decision, state.current_score, state.best_score)
         publish_step(run, record, state.history, previous_skill=before, current_skill=state.current_skill)
         state.progress_artifact = publish_progress(run, state.step, state.total_steps, epoch, cfg.train.epochs,
                                                    state.current_score, state.best_score, state.progress_artifact)
@@ -195,6 +201,8 @@ def skill_epoch(run: Any, state: TrainState, epoch: int) -> TrainState:
     state.epoch_last_skills.append(state.current_skill)
     if epoch >= 2 and not budget_stop(run, state, f"the epoch {epoch} boundary"):
         epoch_boundary(run, state, epoch, epoch_start_skill)
+    progress.info("epoch %d/%d done: current %.3f, best %.3f", epoch, cfg.train.epochs, state.current_score,
+                  state.best_score)
     return state
 
 
@@ -374,7 +382,7 @@ def epoch_boundary(run: Run, state: TrainState, epoch: int, epoch_start_skill: s
 def finish(run: Run, state: TrainState, *, wall_s: float) -> dict[str, Any]:
     """Promote the last skill if it beats the best, evaluate on test, write ``summary.json``."""
     from skillopt.report import write_report
-    from skillopt.runs import build_summary, summary_dict
+    from skillopt.runs import build_summary, summary_dict, summary_line
 
     cfg = run.config
     final_selection = evaluate(run, state.current_skill, "val")
@@ -404,6 +412,11 @@ def finish(run: Run, state: TrainState, *, wall_s: float) -> dict[str, Any]:
         stopped_message=state.stopped_message, best_skill_sha=skill_hash(state.best_skill), config=run.config,
     )
     run.dir.write_summary(summary)
+    state.progress_artifact = publish_progress(
+        run, state.step, state.total_steps, state.history[-1].epoch if state.history else 0, cfg.train.epochs,
+        gate_value(run, final_selection.scores), gate_value(run, best_selection.scores), state.progress_artifact,
+        finished=True)
+    story.info("%s", summary_line(summary_dict(summary)))
     progress.info("wrote %s", run.dir.summary_path)
     publish_cost(run)
     report = write_report(run.dir.path)

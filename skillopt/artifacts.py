@@ -1,4 +1,4 @@
-"""The content of the Prefect artifacts a person watches during training (DESIGN.md §5.4).
+"""The content of the Prefect artifacts a person watches during training.
 
 Pure builders: each returns markdown text or table rows; the tasks in ``tasks/`` publish them
 under ``artifact_key(benchmark, run, kind)``. Every string that leaves a builder has been passed
@@ -32,6 +32,8 @@ REPORT = "report"
 
 #: How many characters of an edit's target the edits table shows.
 TARGET_WIDTH = 60
+#: How many characters of an edit's text the edits table shows (a rule is usually one or two sentences).
+CONTENT_WIDTH = 400
 
 _NOT_SLUG = re.compile(r"[^a-z0-9-]")
 _ACCEPTED = frozenset({"accept", "accept_new_best", "force_accept"})
@@ -43,8 +45,15 @@ def slug(text: str) -> str:
 
 
 def artifact_key(benchmark: str, run: str, kind: str) -> str:
-    """``slug(benchmark)-slug(run)-slug(kind)``: the only characters Prefect accepts in an artifact key."""
-    return f"{slug(benchmark)}-{slug(run)}-{slug(kind)}"
+    """``slug(benchmark)-slug(run)-slug(kind)``: the only characters Prefect accepts in an artifact key.
+
+    A run name that already starts with the benchmark (every default name does) is not repeated:
+    run ``demo-20261201-101500-3fa9c1`` gives ``demo-20261201-101500-3fa9c1-progress``, not ``demo-demo-…``.
+    """
+    bench, run_slug = slug(benchmark), slug(run)
+    if run_slug == bench or run_slug.startswith(f"{bench}-"):
+        return f"{run_slug}-{slug(kind)}"
+    return f"{bench}-{run_slug}-{slug(kind)}"
 
 
 def progress_percent(step: int, total_steps: int) -> float:
@@ -63,14 +72,17 @@ def progress_markdown(
     best: float | None,
     *,
     last_step: StepRecord | None = None,
+    finished: bool = False,
     redactor: Redactor | None = None,
 ) -> str:
     """Where training is and how it scores, e.g. ``**Epoch 2/4 · step 7/16 (43.8%)**`` plus a
     two-row table of the current and best gate scores (``–`` before the baseline is known), then
     what ``last_step`` was made of: its optimizer replies (parsed / fallback) and error rows, with
-    a warning when most replies were unusable."""
+    a warning when most replies were unusable. ``finished``: the run's final figures (after the last
+    epoch boundary and the final check), headed ``**Finished · …**``."""
+    position = f"Epoch {epoch}/{epochs} · step {step}/{total_steps} ({progress_percent(step, total_steps):.1f}%)"
     text = (
-        f"**Epoch {epoch}/{epochs} · step {step}/{total_steps} ({progress_percent(step, total_steps):.1f}%)**\n\n"
+        f"**{'Finished · ' if finished else ''}{position}**\n\n"
         "| skill | gate score |\n|---|---|\n"
         f"| current | {_score(current)} |\n| best | {_score(best)} |\n"
     )
@@ -108,7 +120,8 @@ def edits_table(
     redactor: Redactor | None = None,
 ) -> list[dict[str, Any]]:
     """One row per edit of a step, in rank order: rank (1-based), op, target (shortened to
-    ``TARGET_WIDTH`` characters, ``(end of body)`` for an append), support, status, decision.
+    ``TARGET_WIDTH`` characters, ``(end of body)`` for an append), content (the edit's text on one
+    line, shortened to ``CONTENT_WIDTH``; empty for a delete), support, status, decision.
 
     ``edits`` are the selected edits in the order given to ``apply_edits``, so ``report.entries[i]``
     belongs to ``edits[i]``; status is the apply status (``not applied`` without a report entry).
@@ -126,6 +139,7 @@ def edits_table(
                 "rank": index + 1,
                 "op": clean(edit.op),
                 "target": clean(_shorten(edit.target)) if edit.target.strip() else "(end of body)",
+                "content": clean(_shorten(edit.content, CONTENT_WIDTH)),
                 "support": edit.support_count,
                 "status": status,
                 "decision": _edit_decision(decision) if changed else "–",

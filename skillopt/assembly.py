@@ -39,7 +39,7 @@ from skillopt.llm.reply_store import ReplyStore
 from skillopt.llm.roles import CliRoleOptions
 from skillopt.llm.usage import check_startable
 from skillopt.run_checks import check_image_support
-from skillopt.runs import RunDir, config_hash, default_run_name
+from skillopt.runs import RunDir, config_hash, run_directory_name
 from skillopt.update_modes import UpdateMode, update_mode_for
 
 SPLITS = ("train", "val", "test")
@@ -70,9 +70,7 @@ class RunSpec(BaseModel):
         """The spec of a new or resumed run; without a ``run_name`` (argument or ``run.run_name``) a fresh one
         ``<bench>[-<prefix>]-<yyyymmdd-hhmmss>-<config hash>`` is chosen here, once, for every process."""
         config = loaded.config
-        bench = config.benchmark.name or "run"
-        name = run_name or config.run.run_name or default_run_name(
-            f"{bench}-{prefix}" if prefix else bench, config_hash(config), now or datetime.now())
+        name = run_name or run_directory_name(config.benchmark.name or "run", config, prefix=prefix, now=now)
         return cls(config=config.model_dump(mode="json"), sources=dict(loaded.sources),
                    cli_roles=dict(cli_roles or {}), run_name=name, workdir=str(Path.cwd().resolve()),
                    initial_skill=initial_skill)

@@ -169,11 +169,16 @@ def _add_report_commands(commands: argparse._SubParsersAction) -> None:
 def _add_serve_and_skills(commands: argparse._SubParsersAction) -> None:
     serve = commands.add_parser(
         "serve", help="serve the skill-train/<benchmark> deployments on a Prefect server (nightly runs)",
-        description="Register one deployment skill-train/<benchmark> per benchmark (all registered ones by "
-        "default) with a nightly schedule and mode: nightly, then run their flow runs until interrupted. "
-        "Needs a Prefect server: set PREFECT_API_URL.",
+        description="Register one deployment skill-train/<benchmark> per benchmark with a nightly schedule and "
+        "mode: nightly, then run their flow runs until interrupted. --data, --backend, --model, -c and -o become "
+        "the deployments' default parameters. With no names, every installed benchmark whose config and data "
+        "check out is served and the others are listed with the reason. Needs a Prefect server: set "
+        "PREFECT_API_URL.",
     )
-    serve.add_argument("benchmarks", nargs="*", metavar="BENCHMARK", help="benchmarks to serve (default: all)")
+    serve.add_argument("benchmarks", nargs="*", metavar="BENCHMARK",
+                       help="benchmarks to serve (default: every one whose data resolves)")
+    serve.add_argument("--data", metavar="PATH", help="the benchmark's data (one name only): a folder with train/ "
+                       "val/ test/ (split_dir mode) or one data file (ratio mode)")
     serve.add_argument("--cron", default=None, metavar="EXPR",
                        help="schedule of every deployment, a cron expression (default: '0 3 * * *')")
     serve.add_argument("--timezone", default=None, metavar="TZ", help="time zone of the cron schedule (default: UTC)")
@@ -181,6 +186,7 @@ def _add_serve_and_skills(commands: argparse._SubParsersAction) -> None:
     serve.add_argument("--mode", choices=["nightly", "train"], default="nightly",
                        help="the deployments' default mode (default: nightly)")
     _add_config_options(serve)
+    _add_role_flags(serve)
 
     skills = commands.add_parser(
         "skills", help="the registry of promoted skills: list, show, promote, rollback",
@@ -263,19 +269,9 @@ def _cli_roles(args: argparse.Namespace) -> dict:
 
 
 def _data_overrides(data: str | None) -> list[str]:
-    """``--data PATH``: a folder with train/val/test is split_dir mode, anything else ratio mode (DESIGN §7)."""
-    from pathlib import Path
+    from skillopt.data import data_overrides
 
-    from skillopt.errors import ConfigError
-
-    if not data:
-        return []
-    path = Path(data)
-    if not path.exists():
-        raise ConfigError(f"--data: nothing at {data}")
-    if path.is_dir() and all((path / s).is_dir() for s in ("train", "val", "test")):
-        return ["benchmark.split_mode=split_dir", f"benchmark.split_dir={data}", f"benchmark.data_root={data}"]
-    return ["benchmark.split_mode=ratio", f"benchmark.data_path={data}"]
+    return data_overrides(data)
 
 
 def _cmd_train(args: argparse.Namespace, out: _Output) -> int:
@@ -544,12 +540,20 @@ def _cmd_schedule(args: argparse.Namespace, out: _Output) -> int:
 
 
 def _cmd_serve(args: argparse.Namespace, out: _Output) -> int:
-    from skillopt.config import load_config
-    from skillopt.deployments.serve import DEFAULT_CRON, DEFAULT_TIMEZONE, chosen_benchmarks, serve_benchmarks
+    from skillopt.deployments.serve import (
+        DEFAULT_CRON,
+        DEFAULT_TIMEZONE,
+        run_defaults,
+        servable_benchmarks,
+        serve_benchmarks,
+    )
 
-    benchmarks = chosen_benchmarks(args.benchmarks)
-    for benchmark in benchmarks:  # a bad config is reported now, not at 3 a.m.
-        load_config(benchmark, config_file=args.config, overrides=args.override, env=os.environ)
+    defaults = run_defaults(mode=args.mode, data=args.data, config_file=args.config, overrides=args.override,
+                            cli_roles=_cli_roles(args))
+    benchmarks, skipped = servable_benchmarks(args.benchmarks, defaults)  # reported now, not at 3 a.m.
+    if not benchmarks:
+        raise SkillOptError("skillopt serve: no benchmark to serve: "
+                            + "; ".join(f"{s.benchmark}: {s.reason}" for s in skipped))
 
     from prefect.settings import PREFECT_SERVER_ANALYTICS_ENABLED, get_current_settings, temporary_settings
 
@@ -558,12 +562,16 @@ def _cmd_serve(args: argparse.Namespace, out: _Output) -> int:
                             "http://127.0.0.1:4200/api after `prefect server start`; see docs/self-hosting.md)")
     cron = None if args.no_schedule else (args.cron or DEFAULT_CRON)
     out.print(f"serving {len(benchmarks)} deployment(s): " + ", ".join(f"skill-train/{b}" for b in benchmarks))
+    for skip in skipped:
+        out.print(f"  skipped {skip.benchmark}: {skip.reason}")
     out.print(f"  schedule: {cron + ' ' + (args.timezone or DEFAULT_TIMEZONE) if cron else 'none'}; "
               f"default mode: {args.mode}; at most 1 run per benchmark at a time")
+    parameters = {k: v for k, v in defaults.parameters(benchmarks[0]).items() if k not in ("benchmark", "mode")}
+    if parameters:
+        out.print("  default parameters: " + ", ".join(f"{k}={v}" for k, v in parameters.items()))
+    out.print(f"  start a run: prefect deployment run skill-train/{benchmarks[0]}   (stop serving: Ctrl-C)")
     with temporary_settings(set_defaults={PREFECT_SERVER_ANALYTICS_ENABLED: False}):
-        serve_benchmarks(benchmarks, cron=cron, timezone=args.timezone or DEFAULT_TIMEZONE, config_file=args.config,
-                         overrides=args.override, mode=args.mode)
-    return EXIT_OK
+        return serve_benchmarks(benchmarks, defaults, cron=cron, timezone=args.timezone or DEFAULT_TIMEZONE)
 
 
 def _cmd_server_start(args: argparse.Namespace, out: _Output) -> int:

@@ -56,6 +56,7 @@ __all__ = [
     "StepPlan",
     "check_train_size",
     "small_split_warning",
+    "data_overrides",
     "default_split_output_dir",
     "identity_normaliser",
     "largest_remainder_counts",
@@ -192,6 +193,23 @@ def resolve_split(name: str) -> SplitName:
     except (KeyError, TypeError):
         accepted = ", ".join(_SPLIT_ALIASES)
         raise DataError(f"unknown split name {name!r}; accepted names: {accepted}") from None
+
+
+def data_overrides(data: str | Path | None) -> list[str]:
+    """The ``benchmark.*`` overrides that ``--data PATH`` (or a deployment's ``data`` parameter) stands for.
+
+    A folder holding ``train/``, ``val/`` and ``test/`` is ``split_dir`` input and also the root of every
+    relative asset path (images, documents) the benchmark reads; any other file or folder is ``ratio``
+    input (``data_path``). Nothing at ``data`` is a :class:`ConfigError`; ``None`` or "" gives no overrides.
+    """
+    if not data:
+        return []
+    path = Path(data)
+    if not path.exists():
+        raise ConfigError(f"--data: nothing at {data}")
+    if path.is_dir() and all((path / split).is_dir() for split in SPLIT_NAMES):
+        return ["benchmark.split_mode=split_dir", f"benchmark.split_dir={data}", f"benchmark.data_root={data}"]
+    return ["benchmark.split_mode=ratio", f"benchmark.data_path={data}"]
 
 
 # ----------------------------------------------------------------------------------------- reading

@@ -8,6 +8,8 @@ might be a secret.
 
 from __future__ import annotations
 
+import re
+
 
 class SkillOptError(Exception):
     """Base class of every error skillopt raises on purpose."""
@@ -42,3 +44,29 @@ def storage_error(path: object, error: OSError, doing: str = "write") -> Storage
 class BenchmarkSetupError(SkillOptError):
     """A benchmark's external requirement is missing (data, images, a judge, a tool); the message says
     how to fix it."""
+
+
+#: Command-line options as error messages name them, and what a deployment run calls the same setting
+#: (its parameters), in the order they are tried: a run started from the Prefect UI or `prefect deployment
+#: run` has no command line to pass an option to.
+_DEPLOYMENT_TERMS: tuple[tuple[str, str], ...] = (
+    (r"\bpass --data ([A-Z]+)\b", r"set the deployment parameter data to \1"),
+    (r"\bpass --data\b", "set the deployment parameter data"),
+    (r"--data:", "deployment parameter data:"),
+    (r"--data\b", "the deployment parameter data"),
+    (r"--run-name\b", "the deployment parameter run_name"),
+    (r"(?:-c|--config) FILE\b", "the deployment parameter config_file"),
+    (r"--no-cache\b", "the override run.refresh_cache=true"),
+    (r"--(target|optimizer|judge)-backend\b", r"the deployment parameter cli_roles.role_backend.\1"),
+    (r"--(target|optimizer|judge)-model\b", r"the deployment parameter cli_roles.role_model.\1"),
+    (r"--(backend|model|effort)\b", r"the deployment parameter cli_roles.\1"),
+    (r"(?<![\w-])-o (?=[a-z_]+\.)", "the overrides entry "),
+)
+
+
+def in_deployment_terms(message: str) -> str:
+    """``message`` with each command-line option it names replaced by the deployment parameter to set,
+    e.g. "pass --data DIR" → "set the deployment parameter data to DIR"."""
+    for pattern, words in _DEPLOYMENT_TERMS:
+        message = re.sub(pattern, words, message)
+    return message

@@ -32,7 +32,7 @@ import shutil
 import threading
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from datetime import UTC, date, datetime
+from datetime import date, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -118,19 +118,14 @@ def default_run_name(benchmark: str, config_hash: str, now: datetime) -> str:
     return f"{benchmark}-{now:%Y%m%d-%H%M%S}-{config_hash[:6]}"
 
 
-def flow_run_name(benchmark: str, config: SkillOptConfig, now: datetime | None = None) -> str:
-    """A Prefect flow-run name such as ``searchqa-lr4-cosine-20261130-0412``.
-
-    With ``optimizer.lr_control_mode: autonomous`` the scheduler is ignored, so the name says
-    ``lrauto`` instead of ``lr<N>-<scheduler>``. ``now`` defaults to the current UTC time.
-    """
-    now = datetime.now(UTC) if now is None else now
-    optimizer = config.optimizer
-    if optimizer.lr_control_mode == "autonomous":
-        budget = "lrauto"
-    else:
-        budget = f"lr{optimizer.learning_rate}-{optimizer.lr_scheduler}"
-    return f"{benchmark}-{budget}-{now:%Y%m%d-%H%M}"
+def run_directory_name(benchmark: str, config: SkillOptConfig, *, prefix: str | None = None,
+                       now: datetime | None = None) -> str:
+    """The name of a run's directory, which is also its Prefect flow run's name: ``run.run_name`` when set,
+    else ``default_run_name`` of ``<bench>`` (``<bench>-<prefix>`` for an evaluation) at ``now`` (local time)."""
+    if config.run.run_name:
+        return config.run.run_name
+    owner = f"{benchmark}-{prefix}" if prefix else benchmark
+    return default_run_name(owner, config_hash(config), datetime.now() if now is None else now)
 
 
 def per_task_type(rows: Iterable[ItemResult]) -> dict[str, dict[str, float | int]]:
@@ -259,6 +254,22 @@ def summary_dict(summary: RunSummary) -> dict[str, Any]:
         name: phase.model_dump(mode="json", exclude_none=True) for name, phase in summary.scores.items()
     }
     return data
+
+
+def summary_line(summary: Mapping[str, Any]) -> str:
+    """``summary.json``'s object in one line for a run's log, e.g. ``finished demo-…: best selection hard 1.000
+    soft 1.000, test hard 0.900 soft 0.920 (baseline: selection hard 0.667 …); 6 steps: 2 accepted, 3 rejected,
+    1 skipped; 120 model calls``."""
+    def phase(name: str) -> str:
+        splits = summary["scores"].get(name, {})
+        return ", ".join(f"{'selection' if split == 'val' else split} hard {v['hard']:.3f} soft {v['soft']:.3f}"
+                         for split, v in (("val", splits.get("selection")), ("test", splits.get("test"))) if v)
+
+    total = summary.get("counts", {}).get("total", {})
+    stopped = f" (stopped by {summary['stopped_by']})" if summary.get("stopped_by") else ""
+    return (f"finished {summary['run_name']}{stopped}: best {phase('best')} (baseline: {phase('baseline')}); "
+            f"{total.get('n', 0)} steps: {total.get('accepts', 0)} accepted, {total.get('rejects', 0)} rejected, "
+            f"{total.get('skips', 0)} skipped; {summary.get('usage', {}).get('total', {}).get('calls', 0)} model calls")
 
 
 def decision_counts(history: Sequence[StepRecord]) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""Publishing what a person sees in the Prefect UI (DESIGN.md §5.4).
+"""Publishing what a person sees in the Prefect UI.
 
 The content is built by ``skillopt.artifacts`` (pure); this module only hands it to Prefect under
 stable keys ``<bench>-<run>-<kind>``, so each key shows its latest version and its history.
@@ -49,13 +49,14 @@ def _publish(kind: str, create: Any, **kwargs: Any) -> Any:
 
 
 def publish_progress(ctx: Run, step: int, total_steps: int, epoch: int, epochs: int, current: float,
-                     best: float, artifact_id: str | None = None) -> str | None:
+                     best: float, artifact_id: str | None = None, *, finished: bool = False) -> str | None:
     """Prefect's progress artifact of the run, created once and then updated in place: the share of
-    steps done, with the epoch, step and current/best gate scores as its description.
+    steps done, with the epoch, step and current/best gate scores as its description (``finished``:
+    the run's final figures).
 
     Returns the artifact id to pass back on the next call (None if publishing failed)."""
     percent = progress_percent(step, total_steps)
-    description = progress_markdown(epoch, epochs, step, total_steps, current, best)
+    description = progress_markdown(epoch, epochs, step, total_steps, current, best, finished=finished)
     if artifact_id is None:
         created = _publish("progress", create_progress_artifact, progress=percent, key=_key(ctx, "progress"),
                            description=description)

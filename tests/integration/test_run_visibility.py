@@ -20,7 +20,7 @@ RUN = "demo-visible"
 
 
 def key(kind: str) -> str:
-    return f"demo-{RUN}-{kind}"
+    return f"{RUN}-{kind}"  # the run name starts with the benchmark, which the key does not repeat
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +71,9 @@ def test_artifacts_read_back_from_the_prefect_api(demo_run, prefect_api):
     progress = versions(prefect_api, "progress")
     assert len(progress) == 1, "the progress artifact is updated in place, not re-created"
     assert progress[0]["type"] == "progress" and float(progress[0]["data"]) == 100.0
-    assert f"step {len(history)}/{len(history)}" in progress[0]["description"]
+    assert f"Finished · Epoch 2/2 · step {len(history)}/{len(history)}" in progress[0]["description"]
+    best = summary["scores"]["best"]["selection"]["hard"]  # the demo gates on hard scores
+    assert f"| best | {best:.3f} |" in progress[0]["description"]
 
     accepted = [r for r in history if r["gate"] and r["decision"] != "reject"]
     diffs = versions(prefect_api, "skill-diff")
@@ -84,7 +86,9 @@ def test_artifacts_read_back_from_the_prefect_api(demo_run, prefect_api):
     edits = table(versions(prefect_api, "edits")[-1])
     last_with_edits = [r for r in history if r["edits"]][-1]
     assert [row["op"] for row in edits] == [e["op"] for e in last_with_edits["edits"]]
-    assert set(edits[0]) == {"rank", "op", "target", "support", "status", "decision"}
+    assert set(edits[0]) == {"rank", "op", "target", "content", "support", "status", "decision"}
+    assert [row["content"] for row in edits] == [" ".join(e["content"].split())[:400]
+                                                 for e in last_with_edits["edits"]]
 
     gates = table(versions(prefect_api, "gates")[-1])
     assert [(row["step"], row["decision"]) for row in gates] == [(r["step"], r["decision"]) for r in history]
@@ -173,3 +177,28 @@ def test_prefect_ui_shows_the_skill_diff_and_gate_artifacts(demo_run, prefect_ap
         cells = page.locator("table").first.inner_text()
         assert "decision" in cells and "accept_new_best" in cells and "reject" in cells
         screenshot(page, "prefect-ui-gates")
+
+
+def test_the_flow_run_logs_tell_the_training_story_without_a_line_per_task(demo_run, prefect_api):
+    (progress,) = api(prefect_api, "/artifacts/latest/filter", {"artifacts": {"key": {"any_": [key("progress")]}}})
+    (run,) = api(prefect_api, "/flow_runs/filter", {"flow_runs": {"id": {"any_": [progress["flow_run_id"]]}}})
+    assert run["name"] == RUN == demo_run["run_dir"].name  # one name in the UI and in runs/
+    logs = api(prefect_api, "/logs/filter", {"logs": {"flow_run_id": {"any_": [run["id"]]}}, "limit": 200})
+    lines = [log["message"] for log in logs]
+    history = demo_run["history"]
+    assert f"run directory: runs/{RUN}" in lines
+    assert any(line.startswith("baseline on the selection split: ") for line in lines)
+    steps_logged = [line for line in lines if line.startswith("epoch ") and " step " in line]
+    assert len(steps_logged) == len(steps(history))
+    for line, record in zip(steps_logged, steps(history), strict=True):
+        assert f"step {record['step']}/" in line and f"-> {record['decision']}" in line
+        if record["gate"]:  # the gate's own explanation: candidate against current, flips
+            assert f"candidate {record['gate']['candidate_gate']:.3f}" in line and "flips +" in line
+    assert any(line.startswith("epoch 2 boundary: slow update") for line in lines)
+    assert [line for line in lines if line.startswith("epoch ") and " done: " in line] != []
+    (finished,) = [line for line in lines if line.startswith(f"finished {RUN}: ")]
+    best = demo_run["summary"]["scores"]["best"]["selection"]["hard"]
+    assert f"best selection hard {best:.3f}" in finished
+    # Prefect's own line per task run stays out at the default level.
+    assert not [log for log in logs if log["task_run_id"] is not None]
+    assert sum(line.startswith("Finished in state") for line in lines) <= 1  # the flow run's own

@@ -22,8 +22,8 @@ from skillopt.runs import (
     build_summary,
     config_hash,
     default_run_name,
-    flow_run_name,
     per_task_type,
+    run_directory_name,
     summary_dict,
 )
 from skillopt.skill import Edit, apply_edits
@@ -104,9 +104,9 @@ def test_run_names_follow_the_documented_patterns() -> None:
     now = datetime(2026, 11, 30, 4, 12, 9)
     digest = config_hash(make_config())
     assert default_run_name("searchqa", digest, now) == f"searchqa-20261130-041209-{digest[:6]}"
-    assert flow_run_name("searchqa", make_config(), now=now) == "searchqa-lr4-cosine-20261130-0412"
-    autonomous = make_config(optimizer={"lr_control_mode": "autonomous"})
-    assert flow_run_name("searchqa", autonomous, now=now) == "searchqa-lrauto-20261130-0412"
+    assert run_directory_name("searchqa", make_config(), now=now) == f"searchqa-20261130-041209-{digest[:6]}"
+    assert run_directory_name("searchqa", make_config(), prefix="eval", now=now).startswith("searchqa-eval-2026")
+    assert run_directory_name("searchqa", make_config(run={"run_name": "mine"}), now=now) == "mine"
 
 
 # --- layout, config.yaml, resume -----------------------------------------------------------------
@@ -330,11 +330,20 @@ def test_artifact_keys_contain_only_what_prefect_accepts() -> None:
     assert artifacts.artifact_key("demo", "run 1/é", artifacts.SKILL_DIFF) == "demo-run-1---skill-diff"
 
 
+def test_artifact_keys_do_not_repeat_the_benchmark_a_run_name_starts_with() -> None:
+    assert artifacts.artifact_key("demo", "demo-20261201-101500-3fa9c1", "progress") == \
+        "demo-20261201-101500-3fa9c1-progress"
+    assert artifacts.artifact_key("SearchQA", "searchqa", "cost") == "searchqa-cost"
+    assert artifacts.artifact_key("qa", "qax-1", "cost") == "qa-qax-1-cost"  # only a whole-word prefix
+
+
 def test_progress_markdown_shows_position_and_scores() -> None:
     text = artifacts.progress_markdown(2, 4, 7, 16, 0.625, 0.7)
     assert "Epoch 2/4" in text and "step 7/16" in text and "43.8%" in text
     assert "| current | 0.625 |" in text and "| best | 0.700 |" in text
     assert "| current | – |" in artifacts.progress_markdown(1, 4, 0, 16, None, None)
+    final = artifacts.progress_markdown(4, 4, 16, 16, 0.75, 1.0, finished=True)
+    assert final.startswith("**Finished · Epoch 4/4 · step 16/16 (100.0%)**") and "| best | 1.000 |" in final
 
 
 def test_skill_diff_markdown_holds_the_decision_and_a_fenced_diff() -> None:
@@ -349,7 +358,7 @@ def test_artifact_builders_redact_secrets(monkeypatch) -> None:
     monkeypatch.setenv("OPENAI_API_KEY", SENTINEL)
     gate = gate_result([1, 1], [0, 1])
     text = artifacts.skill_diff_markdown(1, "old\n", f"new {SENTINEL}\n", gate)
-    rows = artifacts.edits_table([Edit(op="replace", target=f"key {SENTINEL}", content="x")])
+    rows = artifacts.edits_table([Edit(op="replace", target=f"key {SENTINEL}", content=f"use {SENTINEL}")])
     assert SENTINEL not in text and SENTINEL not in json.dumps(rows)
 
 
@@ -362,10 +371,13 @@ def test_edits_table_lists_rank_op_target_support_status_and_decision() -> None:
     _, report = apply_edits(skill, edits)
     rows = artifacts.edits_table(edits, report, "reject")
     assert [r["rank"] for r in rows] == [1, 2]
-    assert rows[0] == {"rank": 1, "op": "append", "target": "(end of body)", "support": 5, "status": "applied",
-                       "decision": "rejected"}
+    assert rows[0] == {"rank": 1, "op": "append", "target": "(end of body)", "content": "Show your work.",
+                       "support": 5, "status": "applied", "decision": "rejected"}
     assert rows[1]["status"] == "skipped_target_not_found" and rows[1]["decision"] == "–"
     assert len(rows[1]["target"]) == artifacts.TARGET_WIDTH and rows[1]["target"].endswith("…")
+    long_rule = Edit(op="append", content="Check\nunits. " + "word " * 200)
+    (row,) = artifacts.edits_table([long_rule])
+    assert row["content"].startswith("Check units. word") and len(row["content"]) == artifacts.CONTENT_WIDTH
     assert artifacts.edits_table(edits[:1], report, "accept_new_best")[0]["decision"] == "accepted"
 
 

@@ -4,13 +4,21 @@ from __future__ import annotations
 
 import io
 import json
+import re
 from pathlib import Path
 
 import pytest
 
 from skillopt.cli import main
-from skillopt.deployments.serve import build_deployments, chosen_benchmarks, registered_benchmarks
-from skillopt.errors import ConfigError
+from skillopt.deployments.serve import (
+    build_deployments,
+    registered_benchmarks,
+    run_defaults,
+    servable_benchmarks,
+)
+from skillopt.errors import ConfigError, in_deployment_terms
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
 
 def run_cli(*argv: str) -> tuple[int, str, str]:
@@ -20,7 +28,7 @@ def run_cli(*argv: str) -> tuple[int, str, str]:
 
 
 def test_one_nightly_deployment_per_benchmark_with_a_concurrency_limit_of_one():
-    deployments = build_deployments(["demo", "qa"])
+    deployments = build_deployments(["demo", "qa"], run_defaults())
     assert [d.name for d in deployments] == ["demo", "qa"]
     demo = deployments[0]
     assert demo.flow_name == "skill-train"  # so the full name is skill-train/demo
@@ -32,31 +40,84 @@ def test_one_nightly_deployment_per_benchmark_with_a_concurrency_limit_of_one():
 
 
 def test_every_form_field_of_the_deployment_is_typed_and_described():
-    (deployment,) = build_deployments(["demo"], cron=None, overrides=["train.epochs=1"])
+    (deployment,) = build_deployments(["demo"], run_defaults(overrides=["train.epochs=1"]), cron=None)
     assert deployment.schedules in (None, [])
     assert deployment.parameters["overrides"] == ["train.epochs=1"]
     schema = deployment._parameter_openapi_schema.model_dump()
     properties = schema["properties"]
-    assert set(properties) >= {"benchmark", "config_file", "overrides", "run_name", "cli_roles", "mode"}
+    assert set(properties) >= {"benchmark", "data", "config_file", "overrides", "run_name", "cli_roles", "mode",
+                               "verbose"}
     for name, field in properties.items():
         assert field.get("description"), f"{name} has no description in the UI form"
         assert "type" in field or "anyOf" in field, f"{name} has no type"
     assert properties["mode"]["enum"] == ["train", "nightly"]
     assert properties["overrides"]["anyOf"][0] == {"items": {"type": "string"}, "type": "array"}
+    assert properties["data"]["anyOf"][0] == {"type": "string"}
+    roles = schema["definitions"]["CliRoleOptions"]["properties"]
+    assert roles["backend"]["anyOf"][0] == {"type": "string"} and roles["model"]["anyOf"][0] == {"type": "string"}
 
 
-def test_serving_every_registered_benchmark_and_unknown_names_are_refused():
-    assert chosen_benchmarks([]) == registered_benchmarks()
-    assert "demo" in registered_benchmarks()
+def test_data_backend_model_config_and_overrides_become_the_default_parameters(tmp_path: Path, monkeypatch):
+    monkeypatch.chdir(FIXTURES.parent.parent)
+    config = tmp_path / "mine.yaml"
+    config.write_text("train:\n  epochs: 1\n")
+    defaults = run_defaults(mode="train", data="tests/fixtures/babyvision", config_file=str(config),
+                            overrides=["optimizer.learning_rate=2"],
+                            cli_roles={"backend": "scripted", "model": None, "role_backend": {}, "effort": {}})
+    (deployment,) = build_deployments(["babyvision"], defaults)
+    assert deployment.parameters == {
+        "benchmark": "babyvision", "mode": "train", "data": str(FIXTURES / "babyvision"),
+        "config_file": str(config), "overrides": ["optimizer.learning_rate=2"], "cli_roles": {"backend": "scripted"},
+    }
+    assert servable_benchmarks(["babyvision"], defaults) == (["babyvision"], [])
+
+
+def test_serve_with_no_names_serves_what_has_data_and_says_why_it_skips_the_rest(monkeypatch, tmp_path: Path):
+    monkeypatch.chdir(tmp_path)  # no data/ folder here: only the generated demo has data
+    served, skipped = servable_benchmarks([], run_defaults())
+    assert served == ["demo"]
+    reasons = {skip.benchmark: skip.reason for skip in skipped}
+    assert set(reasons) == set(registered_benchmarks()) - {"demo"}
+    assert "no data at data/babyvision" in reasons["babyvision"]
+    assert reasons["qa"] == "qa: no data: pass --data FILE or set benchmark.data_path"
+
+
+def test_serve_refuses_a_named_benchmark_without_data_unknown_names_and_data_for_several(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match="skillopt serve babyvision: babyvision: no data at data/babyvision"):
+        servable_benchmarks(["babyvision"], run_defaults())
     with pytest.raises(ConfigError, match="unknown benchmark 'nosuch'; registered benchmarks: .*demo"):
-        chosen_benchmarks(["demo", "nosuch"])
+        servable_benchmarks(["demo", "nosuch"], run_defaults())
+    with pytest.raises(ConfigError, match="--data is one benchmark's data: name exactly that benchmark"):
+        servable_benchmarks(["demo", "qa"], run_defaults(data=str(tmp_path)))
+    with pytest.raises(ConfigError, match="--data: nothing at"):
+        servable_benchmarks(["qa"], run_defaults(data="missing.jsonl"))
+
+
+def test_a_deployment_run_is_told_which_parameter_to_set_never_a_command_line_option(monkeypatch, tmp_path):
+    """Every plug-in's complaint about missing data, in a deployment's terms."""
+    monkeypatch.chdir(tmp_path)
+    _, skipped = servable_benchmarks([], run_defaults())
+    assert len(skipped) == len(registered_benchmarks()) - 1
+    flags = re.compile(r"(?<![\w-])(--data|--backend|--model|--run-name|--no-cache|-c FILE|-o)\b")
+    for skip in skipped:
+        assert flags.search(skip.reason), skip.reason  # the command line's wording names a flag ...
+        reworded = in_deployment_terms(skip.reason)
+        assert not flags.search(reworded), reworded  # ... a deployment run's names the parameter
+        assert "deployment parameter data" in reworded, reworded
+    assert in_deployment_terms("babyvision: no data at x; download it and pass --data DIR") == \
+        "babyvision: no data at x; download it and set the deployment parameter data to DIR"
+    assert in_deployment_terms("-o benchmark.nosuch: unknown key; choose another name with --run-name") == \
+        "the overrides entry benchmark.nosuch: unknown key; choose another name with the deployment parameter run_name"
+    assert in_deployment_terms("set --judge-backend or --backend") == \
+        "set the deployment parameter cli_roles.role_backend.judge or the deployment parameter cli_roles.backend"
 
 
 def test_a_bad_schedule_is_refused_with_the_expected_form():
     with pytest.raises(ConfigError, match="not a valid schedule: cron 'every night'"):
-        build_deployments(["demo"], cron="every night")
+        build_deployments(["demo"], run_defaults(), cron="every night")
     with pytest.raises(ConfigError, match="time zone 'Mars/Base'"):
-        build_deployments(["demo"], timezone="Mars/Base")
+        build_deployments(["demo"], run_defaults(), timezone="Mars/Base")
 
 
 def test_serve_without_a_prefect_server_says_what_to_set():
