@@ -620,6 +620,10 @@ class AutoRules:
     - ``deep_probe``: a fixed, generic probe instruction (``AUTO_PROBE_INSTRUCTION``), so a scripted
       run with ``gradient.deep_probe`` re-runs its probe items (a minimal object would be blank);
     - ``preflight``: ``ok``.
+
+    A rule of those that names another stage (``stage: analyst``, ``merge``, ``slow_update`` ...) answers
+    that stage first, so a data folder can script an optimizer that proposes the edit its target needs
+    (an offline demonstration of training); a stage its rules do not answer gets the reply above.
     """
 
     name = "auto"
@@ -630,16 +634,19 @@ class AutoRules:
     def reply(self, request: ChatRequest, *, role: str, seed: int) -> Answer | NoAnswer:
         if request.stage == "preflight":
             return Answer("ok")
-        if request.stage == "judge":
-            return _judge_verdict(request, "the auto judge")
-        if request.stage == "deep_probe" and request.response_schema is not None:
-            probe = {"reasoning": "the auto set's generic probe", "probe_instruction": AUTO_PROBE_INSTRUCTION}
-            text, parsed = _object_reply(probe, request, "the auto set")
-            return Answer(text, parsed)
         if request.stage == "rollout":
             if not len(self._target):
                 return NoAnswer("the benchmark supplied no scripted target rules for the auto set")
             return self._target.reply(request, role=role, seed=seed)
+        scripted = self._target.reply(request, role=role, seed=seed) if len(self._target) else None
+        if isinstance(scripted, Answer):
+            return scripted
+        if request.stage == "deep_probe" and request.response_schema is not None:
+            probe = {"reasoning": "the auto set's generic probe", "probe_instruction": AUTO_PROBE_INSTRUCTION}
+            text, parsed = _object_reply(probe, request, "the auto set")
+            return Answer(text, parsed)
+        if request.stage == "judge":
+            return _judge_verdict(request, "the auto judge")
         if request.response_schema is None:
             return Answer("{}")
         return _schema_reply(request.response_schema, request, padded=False, origin="the auto set")

@@ -108,7 +108,7 @@ def test_images_reach_the_openai_compatible_fake_as_data_uri_image_parts(name, o
               "model.target.model=fixture-vl-model"]
     items, rows = fixture_rollouts(name, target, {}, tmp_path)
     requests = openai_server.requests_for("/v1/chat/completions")
-    assert len(requests) == len(items) == 3
+    assert len(requests) == len(items) >= 3  # every fixture item, once
     for item, request in zip(items, requests, strict=True):
         images = request.images
         assert [image["data"] for image in images] == item_images_b64(item)  # the file's bytes, in order

@@ -3,7 +3,8 @@
 One `skillopt serve demo` process (in the background, its own working directory) serves the
 `skill-train/demo` deployment for the whole module. Runs are triggered with `prefect deployment run`
 and `prefect flow-run retry`, cancelled through the Prefect API, and checked through the API (states,
-task runs, artifacts) and on disk (run directory, skill registry, usage ledger).
+task runs, artifacts) and on disk (run directory, skill registry, usage ledger). One more test serves
+`skill-train/babyvision` with its data and backend, as the self-hosting guide's offline recipe does.
 """
 
 from __future__ import annotations
@@ -11,11 +12,13 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,6 +31,7 @@ pytestmark = pytest.mark.slow
 
 #: Small runs: one epoch of the demo (three steps) keeps each run to seconds.
 SMALL = ["train.epochs=1"]
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 FINAL = {"COMPLETED", "FAILED", "CANCELLED", "CRASHED"}
 
 
@@ -37,6 +41,7 @@ class Served:
     workdir: Path
     env: dict[str, str]
     log: Path
+    deployment: str = "skill-train/demo"
 
     def client(self) -> Any:
         from prefect.client.orchestration import get_client
@@ -55,8 +60,10 @@ class Served:
         assert done.returncode == 0, f"prefect {' '.join(args)}:\n{done.stdout}\n{done.stderr}"
         return done.stdout
 
-    def trigger(self, parameters: dict[str, Any]) -> str:
-        output = self.prefect("deployment", "run", "skill-train/demo", "--params", json.dumps(parameters))
+    def trigger(self, parameters: dict[str, Any] | None = None) -> str:
+        """``prefect deployment run <deployment>``, with ``--params`` only when ``parameters`` are given."""
+        extra = ["--params", json.dumps(parameters)] if parameters is not None else []
+        output = self.prefect("deployment", "run", self.deployment, *extra)
         match = re.search(r"UUID: ([0-9a-f-]{36})", output)
         assert match, output
         return match.group(1)
@@ -104,19 +111,22 @@ class Served:
                 time.sleep(0.5)
 
 
-@pytest.fixture(scope="module")
-def served(prefect_api: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    workdir = tmp_path_factory.mktemp("served")
+@contextmanager
+def serving(prefect_api: str, workdir: Path, benchmark: str, *options: str,
+            env: dict[str, str] | None = None) -> Iterator[tuple[Served, Any, Any]]:
+    """``skillopt serve <benchmark> <options>`` in ``workdir`` (with ``env`` added to the environment) until the
+    block ends: the handle, the process and the deployment as registered. On the way out the process gets
+    SIGTERM."""
     env = {**os.environ, "PREFECT_API_URL": prefect_api, "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
            # Pick up scheduled runs (a retry) every 2 s instead of 10 s.
-           "PREFECT_RUNNER_POLL_FREQUENCY": "2"}
+           "PREFECT_RUNNER_POLL_FREQUENCY": "2", **(env or {})}
     console_script = Path(sys.executable).with_name("skillopt")
     command = [str(console_script)] if console_script.exists() else [sys.executable, "-m", "skillopt.cli"]
     log = workdir / "serve.log"
     with log.open("w") as sink:
-        process = subprocess.Popen([*command, "serve", "demo"], cwd=workdir, env=env, stdout=sink,
+        process = subprocess.Popen([*command, "serve", benchmark, *options], cwd=workdir, env=env, stdout=sink,
                                    stderr=subprocess.STDOUT, start_new_session=True)
-    handle = Served(api=prefect_api, workdir=workdir, env=env, log=log)
+    handle = Served(api=prefect_api, workdir=workdir, env=env, log=log, deployment=f"skill-train/{benchmark}")
     try:
         from prefect.exceptions import ObjectNotFound
 
@@ -125,15 +135,12 @@ def served(prefect_api: str, tmp_path_factory: pytest.TempPathFactory) -> Iterat
             while True:
                 assert process.poll() is None, f"skillopt serve exited:\n{log.read_text()[-3000:]}"
                 try:
-                    deployment = client.read_deployment_by_name("skill-train/demo")
+                    deployment = client.read_deployment_by_name(handle.deployment)
                     break
                 except ObjectNotFound:
                     assert time.monotonic() < deadline, f"no deployment after 120 s:\n{log.read_text()[-3000:]}"
                     time.sleep(0.5)
-        assert deployment.parameters == {"benchmark": "demo", "mode": "nightly"}
-        assert [s.schedule.cron for s in deployment.schedules] == ["0 3 * * *"]
-        assert deployment.global_concurrency_limit.limit == 1
-        yield handle
+        yield handle, process, deployment
     finally:
         with _suppress_missing():
             os.killpg(process.pid, signal.SIGTERM)
@@ -143,6 +150,15 @@ def served(prefect_api: str, tmp_path_factory: pytest.TempPathFactory) -> Iterat
             with _suppress_missing():
                 os.killpg(process.pid, signal.SIGKILL)
             process.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def served(prefect_api: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    with serving(prefect_api, tmp_path_factory.mktemp("served"), "demo") as (handle, _, deployment):
+        assert deployment.parameters == {"benchmark": "demo", "mode": "nightly"}
+        assert [s.schedule.cron for s in deployment.schedules] == ["0 3 * * *"]
+        assert deployment.global_concurrency_limit.limit == 1
+        yield handle
 
 
 class _suppress_missing:
@@ -193,7 +209,8 @@ def test_nightly_run_promotes_and_an_identical_train_run_is_served_from_the_cach
     assert {t.state.name for t in task_runs} == {"Cached"}, sorted((t.name, t.state.name) for t in task_runs if t.state.name != "Cached")
     (train_dir,) = served.run_dirs() - before
     usage = train_dir / "usage.jsonl"
-    assert not usage.exists() or usage.read_text().strip() == "", "the cached re-run called a model"
+    calls = [json.loads(line) for line in usage.read_text().splitlines()] if usage.exists() else []
+    assert all(call["cache_hit"] for call in calls), "the cached re-run called a model"
     assert (train_dir / "best_skill.md").read_text() == (run_dir / "best_skill.md").read_text()
 
 
@@ -230,3 +247,54 @@ def test_a_cancelled_run_retried_from_the_cli_reuses_every_finished_task(served:
     cached = {t.cache_key for t in served.task_runs(run_id) if t.state and t.state.name == "Cached"}
     assert finished <= cached, f"{len(finished - cached)} finished tasks were not reused"
 
+
+
+def test_a_deployment_served_with_data_and_a_backend_runs_as_typed_and_tells_its_story(prefect_api, tmp_path):
+    """The self-hosting guide's offline recipe, as a person types it, then the run's page in the Prefect UI."""
+    from tests.browser import chromium, screenshot
+
+    shutil.copytree(FIXTURES / "babyvision", tmp_path / "tests" / "fixtures" / "babyvision")
+    # Prefect's own default level (the tests run it at WARNING): task-run lines would be logged at INFO.
+    with serving(prefect_api, tmp_path, "babyvision", "--data", "tests/fixtures/babyvision", "--backend", "scripted",
+                 env={"PREFECT_LOGGING_LEVEL": "INFO"}) as (served, process, deployment):
+        assert deployment.parameters == {"benchmark": "babyvision", "mode": "nightly",
+                                         "data": str(tmp_path / "tests" / "fixtures" / "babyvision"),
+                                         "cli_roles": {"backend": "scripted"}}
+        run_id = served.trigger()  # prefect deployment run skill-train/babyvision, nothing else
+        run = served.wait(run_id, timeout=600)
+        assert run.state.type.value == "COMPLETED", f"{run.state.message}\n{served.log.read_text()[-3000:]}"
+        run_dir = tmp_path / "runs" / run.name  # the flow run is named after its run directory
+        summary = json.loads((run_dir / "summary.json").read_text())
+        assert summary["counts"]["total"]["accepts"] >= 1, summary["counts"]
+        assert summary["scores"]["best"]["selection"]["hard"] > summary["scores"]["baseline"]["selection"]["hard"]
+
+        # The run's logs, as `prefect flow-run logs` shows them: the story, not a line per task run.
+        logs = served.prefect("flow-run", "logs", run_id)
+        for line in (f"run directory: runs/{run.name}", "baseline on the selection split: 0.600 (10 items)",
+                     "epoch 1 step 1/4 (budget 4): 6/10 failed, 1 edits proposed, 1 selected -> accept_new_best: "
+                     "candidate 1.000 > current 0.600", "-> reject: candidate 1.000 <= current 1.000",
+                     "epoch 2 boundary: slow update", "epoch 4/4 done: current 1.000, best 1.000",
+                     f"finished {run.name}: best selection hard 1.000", "promotion: "):
+            assert line in logs, f"{line!r} is not in the run's logs:\n{logs}"
+        assert logs.count("Finished in state Completed()") == 1, logs  # the flow run's own line only
+
+        # The same story on the run's page in the Prefect UI.
+        with chromium() as browser:
+            page = browser.new_page(viewport={"width": 1500, "height": 1100})
+            page.goto(f"{prefect_api.removesuffix('/api')}/runs/flow-run/{run_id}")
+            page.get_by_text("baseline on the selection split: 0.600").first.wait_for(timeout=60_000)
+            assert page.get_by_text(run.name).count() >= 1
+            assert page.get_by_text("-> accept_new_best: candidate 1.000 > current 0.600").count() == 1
+            screenshot(page, "prefect-ui-deployment-run-logs")
+
+        # A bad parameter from the UI form: the run says which parameter to set, never a command-line option.
+        failed = served.wait(served.trigger({"data": "nowhere"}))
+        assert failed.state.type.value == "FAILED"
+        assert "deployment parameter data: nothing at nowhere" in failed.state.message, failed.state.message
+        assert "--data" not in failed.state.message
+
+        # Stopping serve: it ends by itself and leaves the deployment as it was (not paused).
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=60) == 0, served.log.read_text()[-3000:]
+        with served.settings(), served.client() as client:
+            assert client.read_deployment_by_name(served.deployment).paused is False

@@ -466,6 +466,26 @@ def test_auto_rollout_uses_the_benchmark_target_rules() -> None:
         ask(b, "item three")
 
 
+def test_auto_lets_the_data_rules_script_an_optimizer_stage_and_answers_the_rest_itself() -> None:
+    from skillopt.reflect import AnalystReply as Analyst
+
+    edit = {"op": "append", "content": "Count the hidden cubes."}
+    context = BackendContext(scripted_target_rules=(
+        {"stage": "rollout", "text": "\\boxed{7}"},
+        {"stage": "analyst", "system": "# Failure analyst",
+         "json": {"diagnosis": [], "patch": {"reasoning": "r", "edits": [edit]}}},
+    ))
+    optimizer = backend("optimizer", context=context)
+    scripted_reply = ask(optimizer, "trajectories", stage="analyst", sys="# Failure analyst", schema=Analyst)
+    assert scripted_reply.parsed.patch.edits[0].model_dump(exclude_defaults=True) == edit
+    # A request no rule answers (another analyst, another stage) gets the auto set's own reply.
+    default = json.loads(ask(optimizer, "trajectories", stage="analyst", sys="# Success analyst",
+                             schema=Analyst).text)
+    assert default == {"diagnosis": [], "patch": {"edits": []}}
+    assert ask(optimizer, stage="merge").text == "{}"
+    assert ask(backend(context=context), "solve").text == "\\boxed{7}"
+
+
 def test_auto_rollout_without_target_rules_is_no_match() -> None:
     with pytest.raises(ScriptedNoMatch, match="stage rollout.*no scripted target rules"):
         ask(backend(), "solve")

@@ -51,7 +51,7 @@ def test_registered_loads_with_only_data_and_passes_preflight(bench, tmp_path):
     assert config.split_mode == "split_dir" and config.image_detail == "auto"
     bench.preflight(config)
     items = items_by_id(bench, config, tmp_path)
-    assert len(items) == 3
+    assert len(items) >= 3  # one per split at least (babyvision's has more: something to learn)
     for item in items.values():
         images = item.get("image_paths") or [item["image_path"]]
         assert all(Path(p).is_absolute() and Path(p).is_file() for p in images)
@@ -119,7 +119,7 @@ def test_a_target_that_always_raises_is_an_infrastructure_error(bench, tmp_path)
         with pytest.raises(ServerError) as caught:
             run_item(bench, item, "", config, target=failing, judge=None)
         rows.append(error_row(item, caught.value))
-    with pytest.raises(RolloutInfrastructureError, match="none of 3 items got a model answer"):
+    with pytest.raises(RolloutInfrastructureError, match=f"none of {len(rows)} items got a model answer"):
         check_infrastructure(rows, role_label="scripted/scripted")
 
 
