@@ -53,7 +53,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench.latency_world import LatencyWorld  # noqa: E402
-from bench.run import PROVIDER_KEY, read_jsonl  # noqa: E402
+from bench.run import PROVIDER_KEY, read_jsonl, world_roles  # noqa: E402
 
 #: The end-to-end target: wall time at most the critical path plus this.
 E2E_SLACK_S = 3.0
@@ -74,13 +74,8 @@ class Config:
     seed: int = 42
 
     def overrides(self, url: str) -> list[str]:
-        items = []
-        for role in ("target", "optimizer"):
-            items += [f"model.{role}.backend=openai_compatible", f"model.{role}.base_url={url}",
-                      f"model.{role}.model=demo-{role}", f"model.{role}.options={{}}",
-                      f"model.{role}.rate_limit_key={PROVIDER_KEY}"]
-        return items + [
-            "model.judge=null", f"model.providers.{PROVIDER_KEY}.max_concurrency={self.workers}",
+        return world_roles(url) + [
+            f"model.providers.{PROVIDER_KEY}.max_concurrency={self.workers}",
             f"benchmark.workers={self.workers}", f"gradient.analyst_workers={self.workers}",
             f"train.batch_size={self.batch}", f"benchmark.train_size={self.train}",
             f"benchmark.val_size={self.val}", f"benchmark.test_size={self.test}",

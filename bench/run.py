@@ -219,6 +219,17 @@ def _epoch(stamp: str) -> float:
 # One training run
 
 
+def world_roles(url: str) -> list[str]:
+    """Overrides that put target and optimizer on the ``openai_compatible`` backend pointed at the latency world
+    at ``url``, in one provider bucket; no judge."""
+    items = ["model.judge=null"]
+    for role in ("target", "optimizer"):
+        items += [f"model.{role}.backend=openai_compatible", f"model.{role}.base_url={url}",
+                  f"model.{role}.model=demo-{role}", f"model.{role}.options={{}}",
+                  f"model.{role}.rate_limit_key={PROVIDER_KEY}"]
+    return items
+
+
 @dataclass(frozen=True)
 class Spec:
     """One ``skillopt train demo`` run against the latency world."""
@@ -236,15 +247,11 @@ class Spec:
     zero_latency: bool = True  # also run it at latency 0 (Prefect overhead per task)
 
     def overrides(self, url: str) -> list[str]:
-        items = []
-        for role in ("target", "optimizer"):
-            items += [f"model.{role}.backend=openai_compatible", f"model.{role}.base_url={url}",
-                      f"model.{role}.model=demo-{role}", f"model.{role}.options={{}}",
-                      f"model.{role}.rate_limit_key={PROVIDER_KEY}"]
-            if self.fault_rate:
-                items.append(f"model.{role}.timeout_s=2")
+        items = world_roles(url)
+        if self.fault_rate:
+            items += [f"model.{role}.timeout_s=2" for role in ("target", "optimizer")]
         items += [
-            "model.judge=null", f"model.providers.{PROVIDER_KEY}.max_concurrency={self.concurrency}",
+            f"model.providers.{PROVIDER_KEY}.max_concurrency={self.concurrency}",
             f"benchmark.workers={self.concurrency}", f"gradient.analyst_workers={self.concurrency}",
             f"train.batch_size={self.batch}", f"benchmark.train_size={self.train_size or self.batch}",
             f"benchmark.val_size={self.val_size}", f"train.epochs={self.epochs}", f"train.seed={self.seed}",

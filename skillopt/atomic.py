@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 from skillopt.errors import StorageError, storage_error
@@ -56,3 +58,15 @@ def check_writable(folder: Path, setting: str) -> None:
             os.unlink(probe)
     except OSError as error:
         raise StorageError(f"cannot write to {folder} ({setting}): {error.strerror or error}") from None
+
+
+@contextlib.contextmanager
+def exclusive_lock(path: Path) -> Iterator[None]:
+    """Hold an exclusive advisory lock on ``path`` (created if missing) while the block runs: one process at a
+    time, across processes."""
+    with path.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)

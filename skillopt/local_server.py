@@ -14,7 +14,6 @@ and one HTTP health check.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import signal
@@ -23,11 +22,11 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from skillopt.atomic import atomic_write_bytes
+from skillopt.atomic import atomic_write_bytes, exclusive_lock
 from skillopt.errors import SkillOptError
 
 HOST = "127.0.0.1"
@@ -216,12 +215,6 @@ def _tail(path: Path, lines: int = 20) -> str:
         return ""
 
 
-@contextlib.contextmanager
-def _locked(home: Path) -> Iterator[None]:
+def _locked(home: Path) -> contextlib.AbstractContextManager[None]:
     """One ``start``/``stop`` at a time per ``PREFECT_HOME``."""
-    with (home / "skillopt-server.lock").open("a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    return exclusive_lock(home / "skillopt-server.lock")

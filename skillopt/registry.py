@@ -17,16 +17,14 @@ which version is current; ``current.md`` is its copy for people and for the warm
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import re
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel
 
-from skillopt.atomic import atomic_write_bytes
+from skillopt.atomic import atomic_write_bytes, exclusive_lock
 from skillopt.errors import SkillOptError
 from skillopt.redact import Redactor
 from skillopt.runs import read_jsonl_models
@@ -242,16 +240,10 @@ class SkillRegistry:
         return RegistryEvent(at=datetime.now(UTC).isoformat(timespec="seconds"), benchmark=benchmark, action=action,
                              **fields)
 
-    @contextlib.contextmanager
-    def _locked(self, benchmark: str) -> Iterator[None]:
+    def _locked(self, benchmark: str) -> contextlib.AbstractContextManager[None]:
         folder = self.folder(benchmark)
         folder.mkdir(parents=True, exist_ok=True)
-        with (folder / ".lock").open("a") as handle:
-            fcntl.flock(handle, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(handle, fcntl.LOCK_UN)
+        return exclusive_lock(folder / ".lock")
 
 
 def promotion_markdown(event: RegistryEvent, *, redactor: Redactor | None = None) -> str:
