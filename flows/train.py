@@ -28,7 +28,7 @@ from prefect.task_runners import ThreadPoolTaskRunner
 from skillopt import live
 from skillopt.assembly import Run, RunSpec
 from skillopt.config import load_config
-from skillopt.data import StepPlan
+from skillopt.data import EpochPlan, StepPlan
 from skillopt.flows.naming import config_overrides, train_run_name
 from skillopt.flows.run import PROGRESS_LOGGER
 from skillopt.flows.stages import (
@@ -69,7 +69,7 @@ from skillopt.tasks.artifacts import (
 from skillopt.tasks.cache import bound
 from skillopt.tasks.epoch import meta_skill, plan_epoch_task, slow_update
 from skillopt.tasks.optimize import deep_probe
-from skillopt.tasks.rollout import Evaluation, evaluate
+from skillopt.tasks.rollout import Evaluation, evaluate, evaluate_many, evaluate_skill
 from skillopt.tasks.run import start_run
 from skillopt.update_modes import Picked
 
@@ -140,14 +140,18 @@ def baseline(run: Run) -> TrainState:
     skill = run.initial_skill
     if cfg.optimizer.use_slow_update:
         skill = inject_block(skill, SLOW_UPDATE, "")  # empty: invisible to the target and to the hash
+    first_epoch = plan_epoch_task(run.split_ids["train"], cfg.train.seed, 1, cfg.train.batch_size,
+                                  cfg.train.accumulation)
+    first_rollouts = _start_first_rollouts(run, skill, first_epoch)
     evaluation = evaluate(run, skill, "val")
+    if first_rollouts is not None:
+        first_rollouts.wait()
     score = gate_value(run, evaluation.scores)
     run.dir.write_skill_snapshot(0, skill)
     run.dir.write_best_skill(skill)
     run.dir.write_evaluation("baseline_selection", evaluation.rows, split="val", skill_sha=evaluation.skill_sha,
                              scores=evaluation.scores)
-    steps_per_epoch = len(plan_epoch_task(run.split_ids["train"], cfg.train.seed, 1, cfg.train.batch_size,
-                                          cfg.train.accumulation).steps)
+    steps_per_epoch = len(first_epoch.steps)
     state = TrainState(initial_skill=skill, current_skill=skill, current_score=score, best_skill=skill,
                        best_score=score, total_steps=cfg.train.epochs * steps_per_epoch, baseline=evaluation.scores)
     if has_budget(run):
@@ -157,6 +161,16 @@ def baseline(run: Run) -> TrainState:
     progress.info("baseline on the selection split: %.3f (%d items); %d steps to go", score,
                   len(evaluation.rows), state.total_steps)
     return state
+
+
+def _start_first_rollouts(run: Run, skill: str, first_epoch: EpochPlan) -> Any:
+    """Step 1 rolls out the initial skill on the first batch: start those calls with the baseline's, as one
+    wave instead of two (step 1 then finds them in the cache). Not with budget caps, which must be able to stop
+    the run before step 1 spends anything, nor with the cache refreshed (step 1 would not find them)."""
+    if has_budget(run) or run.config.run.refresh_cache or not first_epoch.steps:
+        return None
+    batch = first_epoch.steps[0].batches[0]
+    return bound(run, evaluate_skill).submit(run, skill, "train", batch.item_ids, training=True)
 
 
 def run_epoch(run: Run, state: TrainState, epoch: int) -> TrainState:
@@ -385,25 +399,38 @@ def finish(run: Run, state: TrainState, *, wall_s: float) -> dict[str, Any]:
     from skillopt.runs import build_summary, summary_dict, summary_line
 
     cfg = run.config
-    final_selection = evaluate(run, state.current_skill, "val")
-    if skill_hash(state.current_skill) != skill_hash(state.best_skill):
+    with_test = cfg.evaluation.eval_test and state.stopped_by != "budget"
+    if cfg.evaluation.eval_test and not with_test:
+        # The selection checks are cached gate results; the test split would be new spend past the cap.
+        progress.warning("stopped by budget: the test evaluation is skipped; score the best skill later with "
+                         "`skillopt eval %s --skill %s`", run.benchmark.id, run.dir.best_skill_path)
+    # The evaluations that do not wait for the final check run side by side with it: the initial skill's test
+    # split, and the best skill's when the final check cannot change it (the last skill is the best).
+    # One evaluation per distinct skill: two identical ones at once would both make every call.
+    settled = skill_hash(state.current_skill) == skill_hash(state.best_skill)
+    early = [("baseline", state.initial_skill)] + ([("best", state.best_skill)] if settled else [])
+    early_skills = {skill_hash(skill): skill for _, skill in early} if with_test else {}
+    final_selection, *early_tests = evaluate_many(
+        run, [(state.current_skill, "val", run.selection_ids("val"))]
+        + [(skill, "test", run.selection_ids("test")) for skill in early_skills.values()])
+    tested = dict(zip(early_skills, early_tests, strict=True))
+    tests: dict[str, Evaluation] = {name: tested[skill_hash(skill)] for name, skill in early if with_test}
+    if not settled:
         final_score = gate_value(run, final_selection.scores)
         if final_score > state.best_score:
             state.best_skill, state.best_score, state.best_step = state.current_skill, final_score, state.step
             run.dir.write_best_skill(state.best_skill)
     run.dir.write_evaluation("final_selection", final_selection.rows, split="val",
                              skill_sha=final_selection.skill_sha, scores=final_selection.scores)
-    best_selection = evaluate(run, state.best_skill, "val")
-    tests: dict[str, Evaluation] = {}
-    if cfg.evaluation.eval_test and state.stopped_by == "budget":
-        # The selection checks above are cached gate results; the test split would be new spend past the cap.
-        progress.warning("stopped by budget: the test evaluation is skipped; score the best skill later with "
-                         "`skillopt eval %s --skill %s`", run.benchmark.id, run.dir.best_skill_path)
-    elif cfg.evaluation.eval_test:
-        for name, skill in (("baseline", state.initial_skill), ("best", state.best_skill)):
-            tests[name] = evaluate(run, skill, "test")
-            run.dir.write_evaluation(f"{name}_test", tests[name].rows, split="test", skill_sha=tests[name].skill_sha,
-                                     scores=tests[name].scores)
+    if with_test and "best" not in tests and skill_hash(state.best_skill) in tested:
+        tests["best"] = tested[skill_hash(state.best_skill)]
+    best_selection, *best_test = evaluate_many(
+        run, [(state.best_skill, "val", run.selection_ids("val"))]
+        + ([(state.best_skill, "test", run.selection_ids("test"))] if with_test and "best" not in tests else []))
+    tests.update(zip(["best"], best_test, strict=False))
+    for name, evaluation in tests.items():
+        run.dir.write_evaluation(f"{name}_test", evaluation.rows, split="test", skill_sha=evaluation.skill_sha,
+                                 scores=evaluation.scores)
     summary = build_summary(
         run_name=run.run_name, benchmark=run.benchmark.id, baseline_selection=state.baseline,
         baseline_test=tests["baseline"].scores if tests else None, best_selection=best_selection.scores,
