@@ -170,7 +170,8 @@ def _start_first_rollouts(run: Run, skill: str, first_epoch: EpochPlan) -> Any:
     if has_budget(run) or run.config.run.refresh_cache or not first_epoch.steps:
         return None
     batch = first_epoch.steps[0].batches[0]
-    return bound(run, evaluate_skill).submit(run, skill, "train", batch.item_ids, training=True)
+    return bound(run, evaluate_skill).submit(run, skill, "train", batch.item_ids, training=True,
+                                             view_seed=batch.seed)  # exactly the call step 1 makes
 
 
 def run_epoch(run: Run, state: TrainState, epoch: int) -> TrainState:
