@@ -47,7 +47,8 @@ def test_demo_improves_on_test_with_accepts_rejects_slow_update_and_meta_skill(p
 
 
 def test_an_identical_skill_is_never_rolled_out_twice(prefect_settings, in_tmp):
-    summary = train(run_name="demo-identical")
+    # One epoch: each epoch draws fresh training rollouts by design (the batch's view seed is in their key).
+    summary = train("train.epochs=1", run_name="demo-identical")
     records = [json.loads(line) for line in (Path(summary["run_dir"]) / "usage.jsonl").read_text().splitlines()]
     rollouts = [(r["tags"]["skill_sha"], r["tags"]["item_id"], r["tags"]["training"])
                 for r in records if r["stage"] == "rollout" and not r.get("cache_hit")]  # hits made no call
