@@ -42,7 +42,7 @@ def test_the_run_keeps_what_tasks_read(tmp_path):
     assert len(run.split_ids["train"]) == 40
     assert [row.id for row in run.rows_of(run.split_ids["val"])] == run.split_ids["val"]
     assert run.config.train.batch_size == 8 and run.benchmark.id == "demo"
-    assert run.benchmark_guidance.keys() == {"error", "success"}
+    assert run.benchmark_guidance.keys() == {"error", "success", "probe"}  # probe: an optional deep_probe.md
     assert run.update_mode.name == "patch"
     assert repr(run) == "Run(run_name='context', benchmark='demo')"
 

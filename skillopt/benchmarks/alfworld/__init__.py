@@ -1,5 +1,4 @@
-"""ALFWorld (``alfworld``): text household tasks played step by step in an environment
-.
+"""ALFWorld (``alfworld``): text household tasks played step by step in an environment.
 
 Items are ``{id, gamefile, task_type}`` (native ``items.json``); ``gamefile`` is relative to
 ``alfworld_data`` (by default the ``--data`` folder, else ``$ALFWORLD_DATA``) or absolute. Loading

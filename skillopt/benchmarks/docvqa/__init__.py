@@ -1,5 +1,4 @@
-"""DocVQA (``docvqa``): short extractive answers read off a single document page image, scored by ANLS
-.
+"""DocVQA (``docvqa``): short extractive answers read off a single document page image, scored by ANLS.
 
 Items come from one CSV per split (``questionId|id, question, answer|ground_truth, image_path,
 topic|category, docId, ucsf_document_id, ucsf_document_page_no, source_split``) or ``items.json``,

@@ -1,5 +1,4 @@
-"""SealQA (``sealqa``): fact-seeking questions whose web evidence conflicts, misleads or says nothing
-.
+"""SealQA (``sealqa``): fact-seeking questions whose web evidence conflicts, misleads or says nothing.
 
 Items come from one CSV per split (``question_id|id, question, answer|ground_truth, topic, urls,
 search_results, freshness, question_types, effective_year, canary``) or ``items.json``, normalized to
