@@ -1,4 +1,4 @@
-"""Download BabyVision (BENCHMARKS.md §2.5) into the folder the ``babyvision`` plug-in reads in ratio mode.
+"""Download BabyVision into the folder the ``babyvision`` plug-in reads in ratio mode.
 
 Loads HF ``UnipatAI/BabyVision`` split ``train`` and writes::
 

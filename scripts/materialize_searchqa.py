@@ -1,4 +1,4 @@
-"""Materialize the released SearchQA split (BENCHMARKS.md §2.2) from Hugging Face rows.
+"""Materialize the released SearchQA split from Hugging Face rows.
 
 The id manifest names the items of each split by their HF ``key`` (32 hex characters)::
 

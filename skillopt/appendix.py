@@ -1,4 +1,4 @@
-"""The execution-notes appendix (DESIGN.md §4.9, ``optimizer.use_appendix``).
+"""The execution-notes appendix (``optimizer.use_appendix``).
 
 Failure analysts may classify a failure as "the rule exists but was not followed" and return
 short reminders (``Patch.execution_notes``). After the gate, the flow folds the notes of the step

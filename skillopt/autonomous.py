@@ -1,4 +1,4 @@
-"""The autonomous edit budget: the optimizer decides how many edits to apply (DESIGN.md §4.5).
+"""The autonomous edit budget: the optimizer decides how many edits to apply.
 
 With ``optimizer.lr_control_mode: autonomous`` the scheduler's budget is replaced, step by step,
 by one ``lr`` call: ``budget_request`` shows the optimizer the step's evidence (scores, the

@@ -1,6 +1,6 @@
 """The configuration tree: pydantic models, YAML files with ``_base_`` inheritance, overrides.
 
-Layers, lowest first (BACKENDS.md §1.4):
+Layers, lowest first:
 
 1. defaults — the pydantic models below;
 2. environment — ``SKILLOPT_<ROLE>_<KEY>`` for the model roles, used only where no YAML file
@@ -55,7 +55,7 @@ from skillopt.resources import shipped_config_names, shipped_dir
 
 
 def _parse_bool(value: Any) -> Any:
-    """Booleans accept only true/false/yes/no/1/0, in any case (BACKENDS.md §1.2)."""
+    """Booleans accept only true/false/yes/no/1/0, in any case."""
     if isinstance(value, bool):
         return value
     if isinstance(value, int) and value in (0, 1):
@@ -93,7 +93,7 @@ class _Section(BaseModel):
 
 
 # --------------------------------------------------------------------------------------------
-# model: roles, providers, retries (BACKENDS.md §1.2, §4, §5)
+# model: roles, providers, retries
 
 
 class RoleSpec(_Section):
@@ -128,7 +128,7 @@ class OptimizerSpec(RoleSpec):
 
 
 class JudgeSpec(RoleSpec):
-    """The judge; without its own block it inherits the optimizer's connection (BACKENDS.md §1.1)."""
+    """The judge; without its own block it inherits the optimizer's connection."""
 
     backend: Annotated[BackendName, BeforeValidator(_normalise_backend)] | None = None  # type: ignore[assignment]
     max_tokens: int | None = Field(default=512, ge=1)
@@ -167,7 +167,7 @@ class ModelSection(_Section):
 
 
 # --------------------------------------------------------------------------------------------
-# Training sections (DESIGN.md §7)
+# Training sections
 
 
 class TrainSection(_Section):
@@ -236,7 +236,7 @@ class BudgetSection(_Section):
 
 
 class BenchmarkSection(_Section):
-    """Keys every benchmark shares (BENCHMARKS.md §1.11).
+    """Keys every benchmark shares.
 
     Benchmark-specific keys are kept as extras here and validated by the benchmark plug-in's
     own ``Config`` model when the plug-in is loaded, so a config loads without its code.
@@ -275,7 +275,7 @@ class RunSection(_Section):
 
 
 class SkillOptConfig(_Section):
-    """The whole configuration of one training or evaluation run (DESIGN.md §7)."""
+    """The whole configuration of one training or evaluation run."""
 
     model: ModelSection = Field(default_factory=ModelSection)
     train: TrainSection = Field(default_factory=TrainSection)
@@ -388,7 +388,7 @@ class _Layered:
         """Deep-merge ``other`` over this: dicts merge, lists and scalars replace."""
         for path, value in _leaves(other, ()):
             if _is_role_field(path) and value is None:
-                continue  # a YAML null on a role field defers to lower layers (BACKENDS.md §1.4)
+                continue  # a YAML null on a role field defers to lower layers
             self.set(path, value, sources.get(path, "yaml"))
 
     def _forget_below(self, path: Path_) -> None:
@@ -811,7 +811,7 @@ def _nest(path: Path_, value: Any) -> dict[str, Any]:
 
 
 def _normalise_judge_block(layered: _Layered) -> None:
-    """A judge block whose fields are all null counts as absent (BACKENDS.md §1.1)."""
+    """A judge block whose fields are all null counts as absent."""
     model = layered.data.get("model")
     if not isinstance(model, dict) or "judge" not in model:
         return

@@ -1,7 +1,7 @@
 """Benchmark splits and seeded epoch planning.
 
 This module owns everything between a benchmark's data files and the ordered batches a training
-epoch walks (DESIGN.md §4.1, BENCHMARKS.md §1.2–§1.4):
+epoch walks:
 
 * **Ids** — :func:`safe_id` turns a raw id into a filesystem-safe one; :class:`Item` is the
   dict-like record every benchmark hands around.
@@ -850,7 +850,7 @@ class StepPlan(BaseModel):
 
 
 class EpochPlan(BaseModel):
-    """The deterministic batch schedule of one epoch (DESIGN.md §4.1)."""
+    """The deterministic batch schedule of one epoch."""
 
     model_config = ConfigDict(frozen=True)
 

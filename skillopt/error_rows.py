@@ -1,4 +1,4 @@
-"""Error rows: items whose model call failed after every retry (BACKENDS.md §4.6).
+"""Error rows: items whose model call failed after every retry.
 
 An error row (``ItemResult.phase == "error"``, made by ``benchmarks.runner.error_row``) says nothing
 about the skill: the target or the judge never answered. So it is

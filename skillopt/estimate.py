@@ -1,5 +1,4 @@
-"""The dry run: model calls, tokens and USD a training config implies, without calling a model
-(BACKENDS.md §5, "Dry run").
+"""The dry run: model calls, tokens and USD a training config implies, without calling a model.
 
 Call counts follow from the config and the split sizes the way ``flows/train.py`` spends them:
 

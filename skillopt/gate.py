@@ -1,4 +1,4 @@
-"""The validation gate: does a candidate skill replace the current one? (DESIGN.md §4.3 step 6)
+"""The validation gate: does a candidate skill replace the current one?
 
 Both skills are scored on the same selection items. The gate score is ``hard``, ``soft`` or
 ``mixed = (1 - w) * hard + w * soft`` (``evaluation.gate_metric``, ``evaluation.gate_mixed_weight``).
@@ -142,7 +142,7 @@ def paired_bootstrap_p_value(
 
 
 class GateResult(BaseModel):
-    """One gate decision with everything needed to audit it (DESIGN.md §3)."""
+    """One gate decision with everything needed to audit it."""
 
     model_config = ConfigDict(frozen=True)
 

@@ -1,4 +1,4 @@
-"""Aggregate: hierarchical merging of patches (DESIGN.md §4.3 step 3).
+"""Aggregate: hierarchical merging of patches.
 
 Failure patches and success patches each form a tree: ``merge_groups`` cuts a level into
 consecutive groups of ``fan_in``; every group of two or more becomes one ``merge_request``

@@ -1,4 +1,4 @@
-"""Meta skill: the optimizer's memory across epochs (DESIGN.md §4.8).
+"""Meta skill: the optimizer's memory across epochs.
 
 At the end of epoch e ≥ 2 the optimizer compares the last skills of epochs e−1 and e on the same
 train items (the ``Pairs`` of ``slow_update``) and writes a short memory for itself: which kinds

@@ -1,4 +1,4 @@
-"""Deep probe: make the target show its intermediate judgement on a few items (DESIGN.md §4.9).
+"""Deep probe: make the target show its intermediate judgement on a few items.
 
 With ``gradient.deep_probe`` each step picks representative rows of its rollout
 (``pick_probe_items``: ``deep_probe_failures`` failures and ``deep_probe_successes`` successes,

@@ -1,4 +1,4 @@
-"""The optimizer's side of a model call: prompt templates in, reply models out (DESIGN.md §4.11).
+"""The optimizer's side of a model call: prompt templates in, reply models out.
 
 Templates are markdown files in ``prompts/optimizer/``; each holds one stage's instructions and
 its exact JSON output keys and becomes the system message of that stage's call (the evidence

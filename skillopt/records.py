@@ -1,4 +1,4 @@
-"""The records training passes around and writes down (DESIGN.md §3).
+"""The records training passes around and writes down.
 
 ``ItemResult`` is one rollout's outcome with its trajectory; ``Patch`` is what one optimizer call
 proposes; ``StepRecord`` is one line of ``history.jsonl``; ``RunSummary`` is ``summary.json``.
@@ -22,7 +22,7 @@ Phase = Literal["done", "timeout", "error"]
 
 
 class ItemResult(BaseModel):
-    """One rollout (BENCHMARKS.md §1.5). ``trajectory`` events are plain dicts (§1.6); the last one
+    """One rollout. ``trajectory`` events are plain dicts (§1.6); the last one
     is always the ``evaluation`` event, the only place gold reaches the optimizer."""
 
     model_config = ConfigDict(extra="forbid")
@@ -167,7 +167,7 @@ class PhaseScores(BaseModel):
 
 
 class RunSummary(BaseModel):
-    """``summary.json`` (DESIGN.md §3): scores always numeric in this shape."""
+    """``summary.json``: scores always numeric in this shape."""
 
     run_name: str
     benchmark: str

@@ -1,4 +1,4 @@
-"""Reflect: the analyst calls of one step (DESIGN.md §4.3 step 2, patch mode).
+"""Reflect: the analyst calls of one step (patch mode).
 
 Failures and successes are shuffled and cut into minibatches (``split_and_batch``); each
 minibatch becomes one analyst request (``analyst_request``); the flow sends it with
@@ -92,7 +92,7 @@ def minibatches(rows: Sequence[ItemResult], *, size: int, seed: int) -> list[lis
 def split_and_batch(
     rows: Sequence[ItemResult], *, size: int, seed: int, failure_only: bool
 ) -> tuple[list[list[ItemResult]], list[list[ItemResult]]]:
-    """``(failure minibatches, success minibatches)`` of one batch's rows (DESIGN.md §4.3 step 2).
+    """``(failure minibatches, success minibatches)`` of one batch's rows.
 
     Error rows (a model call that failed after its retries) are neither: they are left out.
     Failures (``hard < 1e-9``) are shuffled with ``seed``, successes with ``seed + 1``; the input

@@ -1,4 +1,4 @@
-"""The skill registry: which skill each benchmark has promoted, and every decision about it (DESIGN.md §5.2).
+"""The skill registry: which skill each benchmark has promoted, and every decision about it.
 
 ```
 <run.skills_dir>/<benchmark>/

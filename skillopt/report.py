@@ -1,4 +1,4 @@
-"""The HTML run report and the side-by-side comparison of runs (DESIGN.md §5.4, §6).
+"""The HTML run report and the side-by-side comparison of runs.
 
 ``render_report(run)`` and ``render_compare(runs)`` return one self-contained HTML document: the
 plots are inline SVG with one mark per data point, the style and the few lines of script (the
@@ -29,7 +29,7 @@ from skillopt.redact import Redactor
 from skillopt.runs import HISTORY_FILE, SUMMARY_FILE, RunDir
 from skillopt.skill import unified_diff
 
-#: The report's file name inside the run directory (DESIGN.md §6).
+#: The report's file name inside the run directory.
 REPORT_FILE = "report.html"
 #: At most this many marks per cost series; longer series are thinned evenly (first and last kept).
 MAX_SERIES_POINTS = 300

@@ -1,4 +1,4 @@
-"""The rewrite modes: revise suggestions and whole-skill candidates (DESIGN.md §4.3 step 5, §4.11).
+"""The rewrite modes: revise suggestions and whole-skill candidates.
 
 ``optimizer.skill_update_mode`` replaces patch mode's edits with one of:
 

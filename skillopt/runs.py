@@ -1,10 +1,10 @@
-"""The run directory: the human-readable record of one training run (DESIGN.md §6).
+"""The run directory: the human-readable record of one training run.
 
 ```
 <run.runs_dir>/<run-name>/
   config.yaml           resolved config (secrets redacted), its hash in the header, provenance
   history.jsonl         one StepRecord per (kind, step), rewritten whole on every record
-  summary.json          RunSummary in the DESIGN.md §3 shape
+  summary.json          RunSummary (numeric scores per phase and split)
   best_skill.md         the best validated skill
   skills/step_NNNN.md   the current skill after global step N (0 = initial); never changed later
   steps/NNNN/           free-form JSON per step: patches, merged patch, ranked edits, gate, ...
@@ -164,7 +164,7 @@ def build_summary(
     best_skill_sha: str = "",
     redactor: Redactor | None = None,
 ) -> RunSummary:
-    """The ``summary.json`` record of a run (DESIGN.md §3).
+    """The ``summary.json`` record of a run.
 
     ``scores`` is ``{"baseline": {"selection", "test"}, "best": {"selection", "test"}, "final":
     {"selection"}}``, each a ``{"hard", "soft"}`` pair of finite numbers. Test scores are required
@@ -690,7 +690,7 @@ class RunDir:
         return folder
 
     def write_summary(self, summary: RunSummary) -> Path:
-        """Write ``summary.json`` in the DESIGN.md §3 shape (see ``summary_dict``); the run reached its
+        """Write ``summary.json`` in its documented shape (see ``summary_dict``); the run reached its
         end, so a best skill held back during a replay is written first."""
         self._end_replay()
         return self.write_json(SUMMARY_FILE, summary_dict(summary))

@@ -1,7 +1,7 @@
 """Edit-budget (learning-rate) schedules: how many edits one training step may apply.
 
 The budget plays the part of a learning rate: step ``s`` (1-based, global across epochs) may apply
-at most ``budget(s)`` edits to the skill. DESIGN.md §4.5 fixes the formulas; with
+at most ``budget(s)`` edits to the skill. The formulas, with
 ``L_max = optimizer.learning_rate``, ``L_min = optimizer.min_learning_rate``, ``T = total_steps``
 and ``t = min(s, T) / T``:
 
@@ -44,7 +44,7 @@ _INT_TEXT = re.compile(r"[+-]?\d{1,18}")
 
 
 class EditBudgetSchedule(BaseModel):
-    """The edit budget of every training step (DESIGN.md §4.5).
+    """The edit budget of every training step.
 
     Construct it with ``from_config`` (from the config values), ``from_state`` (from a saved
     ``state_dict``) or directly; every route raises ``ConfigError`` naming the configuration key

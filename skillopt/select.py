@@ -1,4 +1,4 @@
-"""Select ("gradient clipping"): keep at most B edits of the merged pool (DESIGN.md §4.3 step 4).
+"""Select ("gradient clipping"): keep at most B edits of the merged pool.
 
 When the pool holds more than B edits (``needs_ranking``), one ranking call returns the indices
 of the B most important; ``select_edits`` turns its reply (or its failure, ``None``) into the

@@ -1,4 +1,4 @@
-"""The skill document: protected blocks, edits, hashing and diffs (DESIGN.md §3, §4.7, §4.8).
+"""The skill document: protected blocks, edits, hashing and diffs.
 
 A skill is one markdown document. It may end with up to two *protected blocks*, in this order::
 
@@ -289,7 +289,7 @@ APPLY_STATUSES: tuple[str, ...] = get_args(ApplyStatus)
 
 
 class Edit(BaseModel):
-    """One proposed change to a skill's body (DESIGN.md §3).
+    """One proposed change to a skill's body.
 
     ``op`` is kept as free text so that an unknown op from an optimizer reply is reported at apply
     time (``skipped_unknown_op``) instead of failing the whole patch; it is normalised to lower
@@ -348,7 +348,7 @@ class ApplyReport(BaseModel):
 
 
 def apply_edits(text: str, edits: Iterable[Edit]) -> tuple[str, ApplyReport]:
-    """Apply ``edits`` in order, each to the result of the previous one (DESIGN.md §4.7).
+    """Apply ``edits`` in order, each to the result of the previous one.
 
     Returns the canonical new skill and a report with one entry per edit. A bad edit never raises:
     it gets a ``skipped_*`` or ``error`` status and leaves the skill unchanged. Only the body is
@@ -474,7 +474,7 @@ def _fuzzy_spans(text: str, target: str) -> list[tuple[int, int]]:
 
 
 def restore_protected(original_text: str, rewritten_text: str) -> tuple[str, bool]:
-    """Keep a model's rewritten body and the original's protected blocks exactly (DESIGN.md §4.3.5).
+    """Keep a model's rewritten body and the original's protected blocks exactly.
 
     Every protected block in ``rewritten_text`` (a START..END pair of one block, wherever it is) is
     dropped, along with stray markers and leading blank lines; text outside those pairs stays in

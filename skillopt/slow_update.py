@@ -1,4 +1,4 @@
-"""Slow update: epoch-level guidance from a longitudinal comparison (DESIGN.md §4.8).
+"""Slow update: epoch-level guidance from a longitudinal comparison.
 
 The same train items are rolled out under the skill the epoch started with ("before") and the
 current skill ("after"); ``pair_by_id`` sorts the pairs into improved / regressed / persistent

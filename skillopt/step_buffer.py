@@ -1,4 +1,4 @@
-"""The step buffer: what earlier steps of this epoch found and tried (DESIGN.md §4.6).
+"""The step buffer: what earlier steps of this epoch found and tried.
 
 After every gated step the flow adds one ``StepBufferEntry``: the decision, the failure counts,
 the failure patterns (failed rows grouped by the analysts' diagnoses, by item id) and, when the

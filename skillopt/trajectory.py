@@ -1,4 +1,4 @@
-"""How one scored rollout reads in an optimizer prompt (DESIGN.md §4.3 step 2, BENCHMARKS.md §1.6).
+"""How one scored rollout reads in an optimizer prompt.
 
 ``format_trajectory`` is shared by reflection, the deep probe, the slow update and the meta skill,
 so every optimizer call sees a trajectory the same way::

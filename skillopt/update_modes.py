@@ -1,4 +1,4 @@
-"""The skill update modes (``optimizer.skill_update_mode``) as strategies (DESIGN.md §4.3 step 5).
+"""The skill update modes (``optimizer.skill_update_mode``) as strategies.
 
 Every mode answers the same few questions, so the training step never asks which mode it runs:
 

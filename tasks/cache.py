@@ -1,4 +1,4 @@
-"""Cache keys and result storage for skillopt's tasks (DESIGN.md §5.1).
+"""Cache keys and result storage for skillopt's tasks.
 
 Keys are content addresses: the hash of everything that decides a result (ids, skill hashes, role
 fingerprints, prompt-template hashes, the package and benchmark versions, the sample index) and

@@ -1,4 +1,4 @@
-"""Epoch-level tasks: the batch plan, the slow update and the optimizer's meta-skill memory (DESIGN.md §4.1, §4.8)."""
+"""Epoch-level tasks: the batch plan, the slow update and the optimizer's meta-skill memory."""
 
 from __future__ import annotations
 

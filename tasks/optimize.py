@@ -1,4 +1,4 @@
-"""Optimizer tasks of one step: reflect, merge, rank, decide the budget, rewrite, probe (DESIGN.md §4.3, §4.9).
+"""Optimizer tasks of one step: reflect, merge, rank, decide the budget, rewrite, probe.
 
 Each task builds its request with the run's update mode or a pure stage function, makes one structured call
 through ``structured_or_fallback`` (the client re-asks once on a bad reply; what still fails takes the stage's
@@ -155,7 +155,7 @@ def _probe_key(p: dict[str, Any]) -> str:
 
 @task(name="deep_probe", cache_key_fn=keyed(_probe_key), **_OPTIONS)
 def deep_probe(run: Run, skill: str, rows: list[ItemResult], step_buffer: str, meta_skill: str) -> ProbeResult:
-    """Ask for a diagnostic instruction, then re-run representative items with it appended (DESIGN §4.9)."""
+    """Ask for a diagnostic instruction, then re-run representative items with it appended."""
     cfg = run.config.gradient
     picked = pick_probe_items(rows, failures=cfg.deep_probe_failures, successes=cfg.deep_probe_successes)
     if not picked:

@@ -1,1 +1,1 @@
-"""Model access: backends, structured output parsing, usage accounting (see BACKENDS.md)."""
+"""Model access: backends, structured output parsing, usage accounting."""

@@ -1,4 +1,4 @@
-"""The ``anthropic`` backend: Claude through the Messages API (BACKENDS.md §3.3).
+"""The ``anthropic`` backend: Claude through the Messages API.
 
 Reasoning effort maps to an extended-thinking budget (``none``/null → off, ``minimal`` 1024,
 ``low`` 2048, ``medium`` 8192, ``high`` 24576, ``max`` 32000, overridable with

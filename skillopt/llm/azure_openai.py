@@ -1,4 +1,4 @@
-"""The ``azure_openai`` backend: Azure OpenAI deployments (BACKENDS.md §3.2).
+"""The ``azure_openai`` backend: Azure OpenAI deployments.
 
 ``model`` is the deployment name, ``price_model`` the underlying model, ``base_url`` the resource
 endpoint. Authentication (``options.auth``): ``api_key``; ``entra`` and ``managed_identity`` through

@@ -1,4 +1,4 @@
-"""The backend protocol and the registry of backends (BACKENDS.md §2.2, §3).
+"""The backend protocol and the registry of backends.
 
 A backend is described by a ``BackendInfo``: its name, its option schema, its defaults (model,
 base URL, credential variable, timeout) and a factory that builds the backend object for one

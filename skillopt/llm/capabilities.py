@@ -1,4 +1,4 @@
-"""What a model accepts, by ``price_model`` glob (BACKENDS.md §2.3).
+"""What a model accepts, by ``price_model`` glob.
 
 A parameter the model cannot take is left out and warned about once per role; with
 ``strict_params: true`` it is a ``ConfigError`` instead. A role's ``capabilities`` mapping extends or

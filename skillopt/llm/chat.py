@@ -1,4 +1,4 @@
-"""The chat contract every backend speaks (BACKENDS.md §2.1).
+"""The chat contract every backend speaks.
 
 A ``ChatRequest`` carries messages (text and image parts), an optional response schema, per-call
 overrides of the role's settings, the accounting ``stage`` and free-form ``tags``. A
@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-#: Accounting labels (BACKENDS.md §1.1), plus ``preflight`` for the one-token checks of
+#: Accounting labels, plus ``preflight`` for the one-token checks of
 #: ``skillopt backends check``.
 Stage = Literal[
     "rollout", "judge", "analyst", "merge", "ranking", "lr", "rewrite", "slow_update", "meta_skill",

@@ -1,4 +1,4 @@
-"""``claude_code_exec``: Claude Code in print mode as the target (BACKENDS.md §3.5).
+"""``claude_code_exec``: Claude Code in print mode as the target.
 
 The command line, pinned by a golden test::
 

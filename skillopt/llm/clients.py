@@ -1,4 +1,4 @@
-"""Clients: one object per role, bundled per run (BACKENDS.md §2.2).
+"""Clients: one object per role, bundled per run.
 
 A ``RoleClient`` owns the one retry loop, takes the shared rate limiter before every attempt,
 accounts every call in the shared ``UsageLedger`` (errors included), and turns replies into
@@ -239,7 +239,7 @@ class RoleClient:
         if repair is None:
             repair = self.role.role == "optimizer"
         build = request if callable(request) else _fixed(request)
-        # json_object servers carry the schema in the prompt (BACKENDS.md §3.4): leave it room.
+        # json_object servers carry the schema in the prompt: leave it room.
         limit = self.prompt_room().prompt_chars - _schema_chars(schema)
         first_request, first = self._send_fitting(build, schema, limit)
         try:

@@ -1,4 +1,4 @@
-"""``codex_exec``: the OpenAI Codex CLI as the target (BACKENDS.md §3.5).
+"""``codex_exec``: the OpenAI Codex CLI as the target.
 
 The command line, pinned by a golden test::
 

@@ -1,4 +1,4 @@
-"""Errors of model calls (BACKENDS.md §4.1).
+"""Errors of model calls.
 
 Every ``BackendError`` carries the role, backend, model and stage of the call, and its
 message starts with ``[<role>] <backend>/<model> (stage <stage>)`` when those are known,

@@ -1,6 +1,6 @@
 """Pieces the HTTP backends share: error classification, deadline-bound reads, warn-once.
 
-Provider bodies appear in errors only redacted and cut to 500 characters (BACKENDS.md §4.1).
+Provider bodies appear in errors only redacted and cut to 500 characters.
 """
 
 from __future__ import annotations

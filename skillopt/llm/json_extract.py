@@ -1,4 +1,4 @@
-"""Find one JSON value in a model's free-text reply (BACKENDS.md §4.5).
+"""Find one JSON value in a model's free-text reply.
 
 ``extract_json`` turns a reply into a validated object or raises ``ParseError``. Candidates come
 from two places, tried in this order:

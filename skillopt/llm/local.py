@@ -1,4 +1,4 @@
-"""The ``local`` backend: a GGUF model run in-process by llama.cpp (BACKENDS.md §3.6).
+"""The ``local`` backend: a GGUF model run in-process by llama.cpp.
 
 Needs the ``skillopt[local]`` extra (``llama-cpp-python``), imported only when a backend is built.
 Each backend object owns one ``Llama`` (loaded on the first call) behind a lock, so calls are

@@ -1,4 +1,4 @@
-"""The ``openai`` backend: the OpenAI API through the official SDK (BACKENDS.md §3.1).
+"""The ``openai`` backend: the OpenAI API through the official SDK.
 
 Responses API by default (``options.api: auto``), Chat Completions on request. This module also
 holds the Chat Completions wire mapping that ``openai_compatible`` and ``azure_openai`` reuse.

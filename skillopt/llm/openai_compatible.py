@@ -1,4 +1,4 @@
-"""The ``openai_compatible`` backend: any Chat Completions server (BACKENDS.md §3.4).
+"""The ``openai_compatible`` backend: any Chat Completions server.
 
 Presets carry what differs between servers: the default endpoint, the key variable, how thinking
 is switched on or off on the wire, whether a JSON schema can be sent, and quirks (``<think>``

@@ -1,4 +1,4 @@
-"""Preflight of the model roles (BACKENDS.md §3.8).
+"""Preflight of the model roles.
 
 Per role: the resolved spec, whether the credential is present (never its value), a 0.5 s TCP
 probe of the endpoint, the extras the backend needs, the exec CLI's version and flags, the GGUF

@@ -1,4 +1,4 @@
-"""Model prices and the cost of one call (BACKENDS.md §5, "Prices").
+"""Model prices and the cost of one call.
 
 The shipped ``pricing.yaml`` (next to this module) lists USD prices per million tokens by a glob
 over the role's ``price_model``. A user table (``model.pricing_file``) is merged over it: its

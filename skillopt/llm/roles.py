@@ -1,4 +1,4 @@
-"""Resolving the three model roles (BACKENDS.md §1.1–§1.4).
+"""Resolving the three model roles.
 
 ``resolve_roles`` is the one function that turns a loaded config, the named CLI options and the
 environment into three ``ResolvedRole`` objects (the judge may be unresolvable), each with the

@@ -1,4 +1,4 @@
-"""The ``scripted`` backend: deterministic, offline replies from rules (BACKENDS.md §3.7).
+"""The ``scripted`` backend: deterministic, offline replies from rules.
 
 A rule is a small mapping. Its **match keys** all have to hold for the rule to apply:
 
@@ -653,7 +653,7 @@ class AutoRules:
 
 
 class EstimateRules:
-    """The ``estimate`` set: stubs of representative length for the dry run (BACKENDS.md §5).
+    """The ``estimate`` set: stubs of representative length for the dry run.
 
     Rollouts answer ~400 tokens of filler text; optimizer stages a padded object valid for the
     response schema (every string ~60 tokens, every list three items); the judge a verdict with a

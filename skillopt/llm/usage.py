@@ -1,4 +1,4 @@
-"""Usage and cost accounting: the per-call ledger and the budget guard (BACKENDS.md §5).
+"""Usage and cost accounting: the per-call ledger and the budget guard.
 
 ``UsageLedger`` appends one JSON line per model call to ``<run_dir>/usage.jsonl`` and keeps the
 run's spend in memory. On resume it reads the file back only to restore the spend totals, so

@@ -1,4 +1,4 @@
-"""Loopback fakes for offline tests: provider HTTP servers with fault plans, and a socket guard (BACKENDS.md §7).
+"""Loopback fakes for offline tests: provider HTTP servers with fault plans, and a socket guard.
 
 Fixtures live in ``tests.fakes.fixtures``; everything else is importable from here.
 """

@@ -1,7 +1,7 @@
 """Loopback fakes of the OpenAI and Anthropic HTTP APIs, scripted by per-path fault plans.
 
-The real ``openai`` and ``anthropic`` SDKs talk to these servers exactly as they would talk to the providers
-(BACKENDS.md §7): stdlib ``ThreadingHTTPServer`` on ``127.0.0.1:0``, one daemon thread, no network.
+The real ``openai`` and ``anthropic`` SDKs talk to these servers exactly as they would talk to the providers:
+stdlib ``ThreadingHTTPServer`` on ``127.0.0.1:0``, one daemon thread, no network.
 
 Servers
     ``FakeOpenAIServer`` serves ``POST …/chat/completions`` (plain JSON, or SSE when ``"stream": true``, with a usage

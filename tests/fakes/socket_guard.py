@@ -1,4 +1,4 @@
-"""A socket guard: inside ``guarded()`` nothing can reach a non-loopback address (BACKENDS.md §7).
+"""A socket guard: inside ``guarded()`` nothing can reach a non-loopback address.
 
 ``socket.socket.connect``, ``socket.socket.connect_ex``, ``socket.socket.sendto`` and ``socket.create_connection``
 refuse any address that is not loopback (``127.0.0.0/8``, ``::1``, ``::ffff:127.x.x.x`` or the name

@@ -1,4 +1,4 @@
-"""Self-tests of the loopback fakes, driven by the real ``openai`` and ``anthropic`` SDKs (BACKENDS.md §7)."""
+"""Self-tests of the loopback fakes, driven by the real ``openai`` and ``anthropic`` SDKs."""
 
 # ruff: noqa: F811 - the imported fixtures are redefined as test parameters on purpose
 

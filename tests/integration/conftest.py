@@ -1,6 +1,6 @@
 """A real Prefect API for the flow tests: one `prefect server start` on loopback per test session.
 
-Starting it takes ~10-20 s here (PREFECT_NOTES.md); every flow test shares it. Flows run in this
+Starting it takes ~10-20 s on a 2-core machine; every flow test shares it. Flows run in this
 process point at it through `temporary_settings`; flows run in subprocesses get `PREFECT_API_URL`.
 """
 

@@ -76,7 +76,7 @@ def test_gate_off_force_accepts_and_still_tracks_the_best(prefect_settings, in_t
     steps = [r for r in history(Path(summary["run_dir"])) if r["kind"] == "step" and r["gate"]]
     assert steps and {r["decision"] for r in steps} == {"force_accept"}
     # The best is the highest validated score: the baseline, every candidate, and the final skill
-    # (the last skill is promoted when it beats the best, DESIGN.md §4.10).
+    # (the last skill is promoted when it beats the best).
     best_seen = max([summary["scores"]["baseline"]["selection"]["hard"], summary["scores"]["final"]["selection"]["hard"]]
                     + [r["gate"]["candidate_gate"] for r in steps])
     assert summary["scores"]["best"]["selection"]["hard"] == pytest.approx(best_seen)

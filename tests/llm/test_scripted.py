@@ -1,4 +1,4 @@
-"""The scripted backend (BACKENDS.md §3.7): rules, built-in sets, usage, and no network."""
+"""The scripted backend: rules, built-in sets, usage, and no network."""
 
 from __future__ import annotations
 
@@ -57,7 +57,7 @@ def ask(b: ScriptedBackend, text: str = "hello", stage: str = "rollout", sys: st
     return b.attempt(request, timeout_s=30.0)
 
 
-# Representative optimizer schemas in the DESIGN.md §4.11 shapes.
+# Representative optimizer schemas in the shapes the optimizer prompts ask for.
 class Edit(BaseModel):
     op: Literal["add", "replace", "delete"]
     target: str

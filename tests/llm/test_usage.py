@@ -1,4 +1,4 @@
-"""Usage and cost accounting (BACKENDS.md §5): prices, the JSONL ledger, budgets and summaries."""
+"""Usage and cost accounting: prices, the JSONL ledger, budgets and summaries."""
 
 from __future__ import annotations
 

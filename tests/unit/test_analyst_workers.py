@@ -1,4 +1,4 @@
-"""``gradient.analyst_workers`` bounds how many analyst calls of one step run at once (DESIGN.md §7)."""
+"""``gradient.analyst_workers`` bounds how many analyst calls of one step run at once."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Splits, ids and epoch planning (skillopt.data): DESIGN.md §4.1, BENCHMARKS.md §1.2–§1.4."""
+"""Splits, ids and epoch planning (skillopt.data)."""
 
 from __future__ import annotations
 

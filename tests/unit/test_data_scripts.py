@@ -1,4 +1,4 @@
-"""The data scripts in scripts/ (BENCHMARKS.md §2.2, §2.5): invented Hugging Face rows go through their
+"""The data scripts in scripts/: invented Hugging Face rows go through their
 pure conversion functions, and the folders they write load through the real ``searchqa`` and
 ``babyvision`` plug-ins. The download functions need the network and are never called with it here."""
 

@@ -1,4 +1,4 @@
-"""The validation gate (DESIGN.md §4.3 step 6): metrics, decisions, flips and the paired test."""
+"""The validation gate: metrics, decisions, flips and the paired test."""
 
 from __future__ import annotations
 

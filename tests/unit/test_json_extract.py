@@ -1,4 +1,4 @@
-"""Behaviour of ``extract_json`` and ``strict_json_schema`` (BACKENDS.md §4.5, DESIGN.md §4.11)."""
+"""Behaviour of ``extract_json`` and ``strict_json_schema``."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The failure and success merge trees of a step are merged side by side (DESIGN.md §4.3): each level's merge
+"""The failure and success merge trees of a step are merged side by side: each level's merge
 calls of both trees are submitted before the flow waits for any of them, and the result is the same as merging
 the trees one after the other."""
 

@@ -1,4 +1,4 @@
-"""No module-level mutable state in the model layer, and no writes to os.environ anywhere (BACKENDS.md §2.2)."""
+"""No module-level mutable state in the model layer, and no writes to os.environ anywhere."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The optimizer's other modes: rewrite from suggestions, full rewrites, the autonomous budget, the deep
-probe and the execution-notes appendix (DESIGN.md §4.3–§4.9, §4.11).
+probe and the execution-notes appendix.
 
 First the exact prompt formats, reply parsing, cuts and fallbacks of each pure stage; then the demo
 world's scripted optimizer answering every new request; last, one small training loop per mode

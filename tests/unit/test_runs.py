@@ -1,4 +1,4 @@
-"""The run directory (DESIGN.md §6), summary.json (§3) and the artifact builders (§5.4)."""
+"""The run directory, summary.json (§3) and the artifact builders (§5.4)."""
 
 from __future__ import annotations
 

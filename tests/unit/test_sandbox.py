@@ -1,4 +1,4 @@
-"""The sandbox target-written code runs in (BENCHMARKS.md §1.10): each test runs a small hostile
+"""The sandbox target-written code runs in: each test runs a small hostile
 script through :func:`run_sandboxed` and checks that it is stopped or refused with a clear reason,
 and that nothing outside the sandbox changed."""
 

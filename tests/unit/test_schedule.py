@@ -1,4 +1,4 @@
-"""Edit-budget schedules (DESIGN.md §4.5) and the autonomous budget clamp."""
+"""Edit-budget schedules and the autonomous budget clamp."""
 
 from __future__ import annotations
 

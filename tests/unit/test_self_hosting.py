@@ -1,6 +1,6 @@
 """docker-compose.yml, the Dockerfile, .env.example and deployments/prefect.yaml, checked by parsing them.
 
-There is no Docker engine here (PREFECT_NOTES.md), so these tests read the files the way compose and
+There is no Docker engine in the test environment, so these tests read the files the way compose and
 Prefect would and check what `docker compose up -d` and `prefect deploy --all` depend on: services,
 health checks, volumes, loopback-only ports, that every command names something the image has, and
 that the deployments match what `skillopt serve` registers.

@@ -1,4 +1,4 @@
-"""The skill document: protected blocks, edits, hashing and diffs (DESIGN.md §4.7, §4.8)."""
+"""The skill document: protected blocks, edits, hashing and diffs."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The optimizer's pure stages: the exact prompt formats, reply parsing and the fallbacks (DESIGN.md §4.3–§4.11)."""
+"""The optimizer's pure stages: the exact prompt formats, reply parsing and the fallbacks."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Fake ``codex`` and ``claude`` CLIs for offline tests (BACKENDS.md §7); stdlib only.
+"""Fake ``codex`` and ``claude`` CLIs for offline tests; stdlib only.
 
 The ``codex`` and ``claude`` scripts next to this file call ``main(<cli>)``. They answer
 ``--version`` and their help command, and otherwise run one scenario:
