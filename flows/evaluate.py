@@ -25,7 +25,8 @@ from skillopt.tasks.run import start_run
 def skill_eval(benchmark: str, skill_file: str, split: str = "test", config_file: str | None = None,
                overrides: list[str] | None = None, run_name: str | None = None,
                cli_roles: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Evaluate ``skill_file`` on ``split``; writes ``eval/<split>/`` in the run directory and returns the scores."""
+    """Evaluate ``skill_file`` on ``split``; writes ``eval/<split>/`` in the run directory and returns the
+    scores."""
     path = Path(skill_file)
     if not path.is_file():
         raise ConfigError(f"--skill: no file at {skill_file}")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import random
 import time
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -79,6 +80,31 @@ class StepTimer:
             self.seconds[stage] = self.seconds.get(stage, 0.0) + time.monotonic() - start
 
 
+class Draws:
+    """Which draw each training rollout of one epoch is (sampling vs caching).
+
+    With ``train.resample_each_epoch`` a training rollout is keyed by its epoch and by how often this epoch
+    has drawn the item before (its sample index), so every epoch samples the target afresh even for an
+    unchanged skill, and an item drawn twice in one epoch is two samples. Without it, ``epoch`` is None and
+    every sample index 0: an unchanged skill replays its cached rollouts. The counts follow the seeded plan,
+    so a resumed run asks for exactly the draws the killed one did.
+    """
+
+    def __init__(self, epoch: int, *, resample: bool) -> None:
+        self.epoch = epoch if resample else None
+        self._seen: Counter[str] = Counter()
+
+    def take(self, item_ids: list[str]) -> list[int]:
+        """The sample index of each of ``item_ids``, counting them as drawn."""
+        if self.epoch is None:
+            return [0] * len(item_ids)
+        samples = []
+        for item_id in item_ids:
+            samples.append(self._seen[item_id])
+            self._seen[item_id] += 1
+        return samples
+
+
 class Evidence(BaseModel):
     """What the rollouts and analysts of one step produced."""
 
@@ -93,7 +119,7 @@ class Evidence(BaseModel):
 
 
 class StepOutcome(BaseModel):
-    """How a step's update ended: the decision and what led to it (``None`` where the step never got there)."""
+    """How a step's update ended: the decision and what led to it (None where the step never got there)."""
 
     decision: str
     budget: int
@@ -113,20 +139,23 @@ class StepOutcome(BaseModel):
 
 def reflect(run: Run, skill: str, rows: list[ItemResult], *, seed: int, budget: int, buffer: str,
             meta_skill: str) -> tuple[list[Patch], list[Patch]]:
-    """One analyst call per minibatch of failures and of successes, at most ``gradient.analyst_workers`` at once."""
+    """One analyst call per minibatch of failures and of successes, at most ``gradient.analyst_workers`` at
+    once."""
     cfg = run.config
     failures, successes = split_and_batch(rows, size=cfg.gradient.minibatch_size, seed=seed,
                                           failure_only=cfg.gradient.failure_only)
     task = bound(run, reflect_minibatch)
     with ThreadPoolTaskRunner(max_workers=cfg.gradient.analyst_workers) as runner:
-        futures = [(kind, runner.submit(task, {"run": run, "kind": kind, "skill": skill, "rows": batch,
-                                               "budget": budget, "step_buffer": buffer, "meta_skill": meta_skill}))
+        common = {"run": run, "skill": skill, "budget": budget, "step_buffer": buffer,
+                  "meta_skill": meta_skill}
+        futures = [(kind, runner.submit(task, {**common, "kind": kind, "rows": batch}))
                    for kind, groups in (("failure", failures), ("success", successes)) for batch in groups]
         patches = [(kind, future.result()) for kind, future in futures]
     return [p for k, p in patches if k == "failure"], [p for k, p in patches if k == "success"]
 
 
-def aggregate(run: Run, skill: str, failures: list[Patch], successes: list[Patch], *, meta_skill: str) -> Patch:
+def aggregate(run: Run, skill: str, failures: list[Patch], successes: list[Patch], *,
+              meta_skill: str) -> Patch:
     """Hierarchical merge of each tree, then the final merge that gives failure-driven edits priority."""
     merged = merge_trees(run, skill, {"failure": failures, "success": successes}, meta_skill=meta_skill)
     trees = [t for t in merged.values() if _has_content(t)]
@@ -134,13 +163,15 @@ def aggregate(run: Run, skill: str, failures: list[Patch], successes: list[Patch
         return Patch(reasoning="no edits proposed")
     if len(trees) == 1:
         return trees[0]
-    return bound(run, merge_patches)(run, "final", skill, trees, max(t.merge_level for t in trees) + 1, meta_skill)
+    level = max(t.merge_level for t in trees) + 1
+    return bound(run, merge_patches)(run, "final", skill, trees, level, meta_skill)
 
 
 def merge_trees(run: Run, skill: str, trees: dict[str, list[Patch]], *, meta_skill: str) -> dict[str, Patch]:
-    """Merge each non-empty tree (kind -> patches) level by level until one patch is left, the trees side by side:
-    every merge call of a level is submitted, for all trees, before waiting for any."""
-    pending = {kind: [p for p in patches if _has_content(p)] or patches[:1]  # nothing to merge in empty patches
+    """Merge each non-empty tree (kind -> patches) level by level until one patch is left, the trees side by
+    side: every merge call of a level is submitted, for all trees, before waiting for any."""
+    # A tree of only empty patches has nothing to merge: one of them stands for it.
+    pending = {kind: [p for p in patches if _has_content(p)] or patches[:1]
                for kind, patches in trees.items() if patches}
     level = 0
     task = bound(run, merge_patches)
@@ -220,8 +251,9 @@ def gate_value(run: Run, scores: Scores) -> float:
 
 
 def rescore(run: Run, state: TrainState, skill: str) -> None:
-    """Make ``skill`` the current skill outside the gate (guidance, execution notes): the best stays a validated
-    snapshot, and the current skill is re-scored (cached by hash) so later gates compare against a true score."""
+    """Make ``skill`` the current skill outside the gate (guidance, execution notes): the best stays a
+    validated snapshot, and the current skill is re-scored (cached by hash) so later gates compare against a
+    true score."""
     state.current_skill = skill
     state.current_score = gate_value(run, evaluate(run, skill, "val").scores)
 
@@ -243,7 +275,7 @@ def add_execution_notes(run: Run, state: TrainState, patches: list[Patch]) -> li
 # Epoch boundary
 
 
-def longitudinal_pairs(run: Run, epoch: int, before_skill: str, after_skill: str) -> Pairs:
+def longitudinal_pairs(run: Run, epoch: int, before_skill: str, after_skill: str, *, draws: Draws) -> Pairs:
     """The same train items under both skills, paired by id and filtered by the pair policy.
 
     ``slow_update_samples`` items are drawn with seed ``seed + 2000*epoch``; with the ``changed`` or
@@ -260,9 +292,10 @@ def longitudinal_pairs(run: Run, epoch: int, before_skill: str, after_skill: str
         chunk = order[taken:taken + wanted]
         taken += len(chunk)
         before, after = evaluate_many(run, [(before_skill, "train", chunk), (after_skill, "train", chunk)],
-                                      training=True)
+                                      training=True, epoch=draws.epoch)
         found = select_pairs(pair_by_id(before.rows, after.rows), policy)
-        pairs = Pairs(**{group: [*getattr(pairs, group), *getattr(found, group)] for group in Pairs.model_fields})
+        pairs = Pairs(**{group: [*getattr(pairs, group), *getattr(found, group)]
+                         for group in Pairs.model_fields})
         if policy == "mixed" or sum(len(getattr(pairs, g)) for g in Pairs.model_fields) >= wanted:
             break
     return pairs

@@ -32,6 +32,7 @@ from skillopt.data import EpochPlan, StepPlan
 from skillopt.flows.naming import config_overrides, train_run_name
 from skillopt.flows.run import PROGRESS_LOGGER
 from skillopt.flows.stages import (
+    Draws,
     Evidence,
     StepOutcome,
     StepTimer,
@@ -94,7 +95,8 @@ def skill_train(benchmark: str, data: str | None = None, config_file: str | None
             (also the root of the images and files the items name) or one data file, split by
             benchmark.split_ratio. Empty: the data named in the benchmark's config.
         config_file: A YAML config file on the machine that runs the flow, merged over the benchmark's config.
-        overrides: Config overrides applied in order, each `section.key=value`, e.g. optimizer.learning_rate=8.
+        overrides: Config overrides applied in order, each `section.key=value`, e.g.
+            optimizer.learning_rate=8.
         run_name: Name of the run directory under run.runs_dir; re-use a name to resume. Empty: a fresh name.
         cli_roles: Backend and model for every role without its own setting (backend, model), per role
             (role_backend, role_model: {"judge": ...}) and reasoning effort per role, e.g. {"backend": "openai",
@@ -149,11 +151,12 @@ def baseline(run: Run) -> TrainState:
     score = gate_value(run, evaluation.scores)
     run.dir.write_skill_snapshot(0, skill)
     run.dir.write_best_skill(skill)
-    run.dir.write_evaluation("baseline_selection", evaluation.rows, split="val", skill_sha=evaluation.skill_sha,
-                             scores=evaluation.scores)
+    run.dir.write_evaluation("baseline_selection", evaluation.rows, split="val",
+                             skill_sha=evaluation.skill_sha, scores=evaluation.scores)
     steps_per_epoch = len(first_epoch.steps)
     state = TrainState(initial_skill=skill, current_skill=skill, current_score=score, best_skill=skill,
-                       best_score=score, total_steps=cfg.train.epochs * steps_per_epoch, baseline=evaluation.scores)
+                       best_score=score, total_steps=cfg.train.epochs * steps_per_epoch,
+                       baseline=evaluation.scores)
     if has_budget(run):
         state.step_estimate = step_estimate(run)
     state.progress_artifact = publish_progress(run, state.step, state.total_steps, 0, cfg.train.epochs,
@@ -165,18 +168,22 @@ def baseline(run: Run) -> TrainState:
 
 def _start_first_rollouts(run: Run, skill: str, first_epoch: EpochPlan) -> Any:
     """Step 1 rolls out the initial skill on the first batch: start those calls with the baseline's, as one
-    wave instead of two (step 1 then finds them in the cache). Not with budget caps, which must be able to stop
-    the run before step 1 spends anything, nor with the cache refreshed (step 1 would not find them)."""
+    wave instead of two (step 1 then finds them in the cache). Not with budget caps, which must be able to
+    stop the run before step 1 spends anything, nor with the cache refreshed (step 1 would not find them)."""
     if has_budget(run) or run.config.run.refresh_cache or not first_epoch.steps:
         return None
     batch = first_epoch.steps[0].batches[0]
+    # Exactly the call step 1 makes: the first draws of epoch 1, in the batch's view.
+    draws = Draws(1, resample=run.config.train.resample_each_epoch)
     return bound(run, evaluate_skill).submit(run, skill, "train", batch.item_ids, training=True,
-                                             view_seed=batch.seed)  # exactly the call step 1 makes
+                                             epoch=draws.epoch, samples=draws.take(batch.item_ids),
+                                             view_seed=batch.seed)
 
 
 def run_epoch(run: Run, state: TrainState, epoch: int) -> TrainState:
-    """The ``skill-epoch`` subflow without flow-run heartbeats (the top-level flow keeps them): a sync subflow
-    waits up to 1 s for its heartbeat thread to stop, which held the first step of every epoch after the first."""
+    """The ``skill-epoch`` subflow without flow-run heartbeats (the top-level flow keeps them): a sync
+    subflow waits up to 1 s for its heartbeat thread to stop, which held the first step of every epoch after
+    the first."""
     with temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
         return skill_epoch(run, state, epoch)
 
@@ -195,27 +202,31 @@ def skill_epoch(run: Any, state: TrainState, epoch: int) -> TrainState:
                            cfg.train.accumulation)
     epoch_start_skill = state.current_skill
     buffer = StepBuffer()  # memory of this epoch only
+    draws = Draws(epoch, resample=cfg.train.resample_each_epoch)
     for step_plan in plan.steps:
         if budget_stop(run, state, f"epoch {epoch} step {step_plan.index + 1}"):
             return state
         state.step += 1
         live.emit("step", epoch=epoch, step=state.step, total_steps=state.total_steps)
         before = state.current_skill
-        record = train_step(run, state, buffer, epoch=epoch, step_plan=step_plan, budget=schedule.budget(state.step))
+        record = train_step(run, state, buffer, draws, epoch=epoch, step_plan=step_plan,
+                            budget=schedule.budget(state.step))
         state.history.append(record)
         run.dir.record_step(record)
         run.dir.write_skill_snapshot(state.step, state.current_skill)
         progress.info("epoch %d step %d/%d (budget %d): %d/%d failed, %d edits proposed, %d selected -> %s; "
-                      "current %.3f, best %.3f", epoch, state.step, state.total_steps, record.budget, record.n_fail,
-                      record.n_total, record.edits_proposed, record.edits_selected,
-                      record.gate.explain() if record.gate else record.decision, state.current_score, state.best_score)
+                      "current %.3f, best %.3f", epoch, state.step, state.total_steps, record.budget,
+                      record.n_fail, record.n_total, record.edits_proposed, record.edits_selected,
+                      record.gate.explain() if record.gate else record.decision, state.current_score,
+                      state.best_score)
         publish_step(run, record, state.history, previous_skill=before, current_skill=state.current_skill)
-        state.progress_artifact = publish_progress(run, state.step, state.total_steps, epoch, cfg.train.epochs,
-                                                   state.current_score, state.best_score, state.progress_artifact)
+        state.progress_artifact = publish_progress(run, state.step, state.total_steps, epoch,
+                                                   cfg.train.epochs, state.current_score, state.best_score,
+                                                   state.progress_artifact)
         publish_cost(run)
     state.epoch_last_skills.append(state.current_skill)
     if epoch >= 2 and not budget_stop(run, state, f"the epoch {epoch} boundary"):
-        epoch_boundary(run, state, epoch, epoch_start_skill)
+        epoch_boundary(run, state, epoch, epoch_start_skill, draws)
     progress.info("epoch %d/%d done: current %.3f, best %.3f", epoch, cfg.train.epochs, state.current_score,
                   state.best_score)
     return state
@@ -225,8 +236,8 @@ def skill_epoch(run: Any, state: TrainState, epoch: int) -> TrainState:
 # One step
 
 
-def train_step(run: Run, state: TrainState, buffer: StepBuffer, *, epoch: int, step_plan: StepPlan,
-               budget: int) -> StepRecord:
+def train_step(run: Run, state: TrainState, buffer: StepBuffer, draws: Draws, *, epoch: int,
+               step_plan: StepPlan, budget: int) -> StepRecord:
     """rollout -> reflect -> aggregate -> select -> update -> gate; returns the step's record."""
     timer, mark, skill = StepTimer(), run.clients.ledger.mark(), state.current_skill
     step_dir = f"steps/{state.step:04d}"
@@ -236,13 +247,15 @@ def train_step(run: Run, state: TrainState, buffer: StepBuffer, *, epoch: int, s
     probes = []
     for batch in step_plan.batches:
         with timer("rollout"):
-            rows = evaluate(run, skill, "train", batch.item_ids, training=True, view_seed=batch.seed).rows
+            rows = evaluate(run, skill, "train", batch.item_ids, training=True, epoch=draws.epoch,
+                            samples=draws.take(batch.item_ids), view_seed=batch.seed).rows
         evidence.rows += rows
         with timer("reflect"):
-            failures, successes = reflect(run, skill, rows, seed=batch.seed, budget=budget, buffer=buffer.format(),
-                                          meta_skill=state.meta_memory)
+            failures, successes = reflect(run, skill, rows, seed=batch.seed, budget=budget,
+                                          buffer=buffer.format(), meta_skill=state.meta_memory)
             if run.config.gradient.deep_probe:  # diagnostic re-runs become extra minibatches
-                probe = bound(run, deep_probe)(run, skill, rows, buffer.format(), state.meta_memory)
+                probe = bound(run, deep_probe)(run, skill, rows, buffer.format(), state.meta_memory,
+                                               epoch=draws.epoch)
                 probes.append(probe)
                 pf, ps = reflect(run, skill, probe.rows, seed=batch.seed + 1_000_003, budget=budget,
                                  buffer=buffer.format(), meta_skill=state.meta_memory)
@@ -268,15 +281,20 @@ def train_step(run: Run, state: TrainState, buffer: StepBuffer, *, epoch: int, s
     # 7. Record.
     appendix_notes = (add_execution_notes(run, state, evidence.failure_patches)
                       if run.config.optimizer.use_appendix else [])
-    record = step_record(run, state, evidence, merged, outcome, epoch=epoch, step_in_epoch=step_plan.index + 1,
-                         appendix_notes=appendix_notes, wall_s=dict(timer.seconds), mark=mark)
+    record = step_record(run, state, evidence, merged, outcome, epoch=epoch,
+                         step_in_epoch=step_plan.index + 1, appendix_notes=appendix_notes,
+                         wall_s=dict(timer.seconds), mark=mark)
     state.step_totals.append(run.clients.ledger.totals(since=mark))
+    diagnoses = [d for p in evidence.failure_patches for d in p.diagnosis]
     buffer.add(StepBufferEntry(
         step=state.step, decision=outcome.decision, n_fail=record.n_fail, n_total=record.n_total,
-        failure_patterns=failure_patterns(evidence.rows, [d for p in evidence.failure_patches for d in p.diagnosis]),
+        failure_patterns=failure_patterns(evidence.rows, diagnoses),
         rejected_edits=outcome.rejected, score_before=outcome.scores[0] if outcome.scores else None,
         score_after=outcome.scores[1] if outcome.scores else None,
     ))
+    # The buffer after this step: its entries, and the text the next step's analysts will read.
+    run.dir.write_json(f"{step_dir}/step_buffer.json",
+                       {"entries": buffer.entries, "formatted": buffer.format()})
     return record
 
 
@@ -296,8 +314,8 @@ def update_and_gate(run: Run, state: TrainState, buffer: StepBuffer, skill: str,
         with timer("ranking"):
             picked = select(run, skill, pool, budget, state.meta_memory)
         run.dir.write_json(f"steps/{state.step:04d}/selection.json", picked)
-    outcome = StepOutcome(decision="", budget=budget, budget_decision=budget_decision, edits_proposed=len(pool),
-                          picked=picked if mode.budgeted else None)
+    outcome = StepOutcome(decision="", budget=budget, budget_decision=budget_decision,
+                          edits_proposed=len(pool), picked=picked if mode.budgeted else None)
     if mode.budgeted and not picked.count:
         return outcome.model_copy(update={"decision": "skip_zero_budget"})
 
@@ -305,7 +323,8 @@ def update_and_gate(run: Run, state: TrainState, buffer: StepBuffer, skill: str,
                              timer=timer)
     if update is None:
         return outcome.model_copy(update={"decision": "skip_no_rewrite"})
-    outcome = outcome.model_copy(update={"update": update, "rejected": mode.proposed_edits(skill, picked, update)})
+    rejected = mode.proposed_edits(skill, picked, update)
+    outcome = outcome.model_copy(update={"update": update, "rejected": rejected})
     if skill_hash(update.candidate) == skill_hash(skill):
         return outcome.model_copy(update={"decision": "skip_identical"})
 
@@ -329,10 +348,11 @@ def step_record(run: Run, state: TrainState, evidence: Evidence, merged: Patch, 
     if update and update.protected_restored:
         warnings.append("the rewrite lost or changed a protected block; it was restored")
     return StepRecord(
-        step=state.step, epoch=epoch, step_in_epoch=step_in_epoch, budget=outcome.budget, decision=outcome.decision,
-        batch_ids=[r.id for r in rows], n_fail=sum(r.failed for r in rows), n_total=len(rows),
-        rollout_hard=sum(r.hard for r in rows) / len(rows), rollout_soft=sum(r.soft for r in rows) / len(rows),
-        patches_proposed=len(evidence.patches), patches_parsed=sum(p.fallback is None for p in evidence.patches),
+        step=state.step, epoch=epoch, step_in_epoch=step_in_epoch, budget=outcome.budget,
+        decision=outcome.decision, batch_ids=[r.id for r in rows], n_fail=sum(r.failed for r in rows),
+        n_total=len(rows), rollout_hard=sum(r.hard for r in rows) / len(rows),
+        rollout_soft=sum(r.soft for r in rows) / len(rows), patches_proposed=len(evidence.patches),
+        patches_parsed=sum(p.fallback is None for p in evidence.patches),
         edits_proposed=outcome.edits_proposed, edits_selected=picked.count if picked else 0,
         edits=picked.edits if picked else [], apply_report=update.report if update else None,
         edits_applied=update.report.n_applied if update and update.report else 0,
@@ -349,12 +369,12 @@ def step_record(run: Run, state: TrainState, evidence: Evidence, merged: Patch, 
 # Epoch boundary
 
 
-def epoch_boundary(run: Run, state: TrainState, epoch: int, epoch_start_skill: str) -> None:
+def epoch_boundary(run: Run, state: TrainState, epoch: int, epoch_start_skill: str, draws: Draws) -> None:
     """Slow update (new guidance for the target) and meta skill (memory for the optimizer)."""
     cfg = run.config
     if not (cfg.optimizer.use_slow_update or cfg.optimizer.use_meta_skill):
         return
-    pairs = longitudinal_pairs(run, epoch, epoch_start_skill, state.current_skill)
+    pairs = longitudinal_pairs(run, epoch, epoch_start_skill, state.current_skill, draws=draws)
     run.dir.write_json(f"epochs/{epoch:02d}/pairs.json", pairs)
 
     if cfg.optimizer.use_meta_skill and len(state.epoch_last_skills) >= 2:
@@ -362,7 +382,8 @@ def epoch_boundary(run: Run, state: TrainState, epoch: int, epoch_start_skill: s
                                        state.meta_memory, pairs)
         if reply is not None:
             state.meta_memory = reply.memory
-        run.dir.write_json(f"epochs/{epoch:02d}/meta_skill.json", {"reply": reply, "memory": state.meta_memory})
+        run.dir.write_json(f"epochs/{epoch:02d}/meta_skill.json",
+                           {"reply": reply, "memory": state.meta_memory})
 
     if not cfg.optimizer.use_slow_update:
         return
@@ -384,8 +405,9 @@ def epoch_boundary(run: Run, state: TrainState, epoch: int, epoch_start_skill: s
     progress.info("epoch %d boundary: slow update -> %s; current %.3f, best %.3f", epoch, decision,
                   state.current_score, state.best_score)
     record = StepRecord(step=state.step, epoch=epoch, step_in_epoch=0, budget=0, kind="slow_update",
-                        decision=decision, gate=gate, current_score=state.current_score, best_score=state.best_score,
-                        skill_sha=skill_hash(state.current_skill), skill_chars=len(state.current_skill))
+                        decision=decision, gate=gate, current_score=state.current_score,
+                        best_score=state.best_score, skill_sha=skill_hash(state.current_skill),
+                        skill_chars=len(state.current_skill))
     state.history.append(record)
     run.dir.record_step(record)
 

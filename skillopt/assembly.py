@@ -3,7 +3,7 @@
 ``RunSpec`` is the small, picklable description of a run (the resolved config, the CLI's model choice,
 the run name, the working directory its relative paths start from, a warm-start skill). ``Run.build``
 turns it into the live ``Run``: the benchmark plug-in and its validated config, the resolved roles and
-model clients, the run directory, the items of every split, the update mode and the data hash. A process
+model clients, the run directory, the items of every split and the update mode. A process
 that only has the spec (a task on another worker) calls ``open_run(spec)``, which builds the run once per
 process and returns the same object afterwards.
 
@@ -26,7 +26,6 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from skillopt.atomic import check_writable
 from skillopt.benchmarks.base import Benchmark, BenchmarkSetupError
-from skillopt.benchmarks.images import image_digests, item_image_paths
 from skillopt.benchmarks.resolve import initial_skill as read_initial_skill
 from skillopt.benchmarks.resolve import read_prompt, resolve_benchmark
 from skillopt.benchmarks.scripted_target import target_rules
@@ -65,10 +64,11 @@ class RunSpec(BaseModel):
     initial_skill: str | None = None
 
     @classmethod
-    def create(cls, loaded: LoadedConfig, *, cli_roles: Mapping[str, Any] | None = None, run_name: str | None = None,
-               prefix: str | None = None, initial_skill: str | None = None, now: datetime | None = None) -> RunSpec:
-        """The spec of a new or resumed run; without a ``run_name`` (argument or ``run.run_name``) a fresh one
-        ``<bench>[-<prefix>]-<yyyymmdd-hhmmss>-<config hash>`` is chosen here, once, for every process."""
+    def create(cls, loaded: LoadedConfig, *, cli_roles: Mapping[str, Any] | None = None,
+               run_name: str | None = None, prefix: str | None = None, initial_skill: str | None = None,
+               now: datetime | None = None) -> RunSpec:
+        """The spec of a new or resumed run; without a ``run_name`` (argument or ``run.run_name``) a fresh
+        one ``<bench>[-<prefix>]-<yyyymmdd-hhmmss>-<config hash>`` is chosen here, once, for every process."""
         config = loaded.config
         name = run_name or run_directory_name(config.benchmark.name or "run", config, prefix=prefix, now=now)
         return cls(config=config.model_dump(mode="json"), sources=dict(loaded.sources),
@@ -94,16 +94,15 @@ class RunSpec(BaseModel):
 class Run:
     """The run's shared state: passed to every stage, left out of every cache key.
 
-    A plain class on purpose, not a dataclass or a pydantic model: Prefect walks every task parameter that is a
-    collection, dataclass or model in search of futures (when it submits the task and again when it resolves the
-    inputs). Walking the items of every split, the config and the clients cost ~0.1 s per task on a 400-item
-    split (measured with ``bench/run.py``); a plain object is a single leaf.
+    A plain class on purpose, not a dataclass or a pydantic model: Prefect walks every task parameter that
+    is a collection, dataclass or model in search of futures (when it submits the task and again when it
+    resolves the inputs). Walking the items of every split, the config and the clients cost ~0.1 s per task
+    on a 400-item split (measured with ``bench/run.py``); a plain object is a single leaf.
     """
 
     def __init__(self, *, spec: RunSpec, loaded: LoadedConfig, benchmark: Benchmark, bench_cfg: BaseModel,
                  clients: ModelClients, dir: RunDir, items: dict[str, Item], split_ids: dict[str, list[str]],
-                 data_hash: str, bench_prompt_hash: str, initial_skill: str,
-                 benchmark_guidance: dict[str, str]) -> None:
+                 initial_skill: str, benchmark_guidance: dict[str, str]) -> None:
         self.spec = spec
         self.loaded = loaded
         self.benchmark = benchmark
@@ -112,8 +111,6 @@ class Run:
         self.dir = dir
         self.items = items
         self.split_ids = split_ids
-        self.data_hash = data_hash
-        self.bench_prompt_hash = bench_prompt_hash
         self.initial_skill = initial_skill
         #: The plug-in's analyst guidance, by kind (``error`` for failure analysts, ``success``).
         self.benchmark_guidance = benchmark_guidance
@@ -141,22 +138,24 @@ class Run:
     def selection_ids(self, split: str) -> list[str]:
         """The ids a whole-split evaluation scores: ``evaluation.sel_size`` / ``test_size`` cut val / test."""
         ids = self.split_ids[split]
-        size = {"val": self.config.evaluation.sel_size, "test": self.config.evaluation.test_size}.get(split, 0)
+        sizes = {"val": self.config.evaluation.sel_size, "test": self.config.evaluation.test_size}
+        size = sizes.get(split, 0)
         return list(ids[:size] if size else ids)
 
     @classmethod
-    def from_config(cls, loaded: LoadedConfig, *, env: Mapping[str, str] | None = None, run_name: str | None = None,
-                    registry: BackendRegistry | None = None) -> Run:
+    def from_config(cls, loaded: LoadedConfig, *, env: Mapping[str, str] | None = None,
+                    run_name: str | None = None, registry: BackendRegistry | None = None) -> Run:
         """The run of a validated config in this process (no CLI model choice, no warm start)."""
         return cls.build(RunSpec.create(loaded, run_name=run_name), env=env, registry=registry, loaded=loaded)
 
     @classmethod
-    def build(cls, spec: RunSpec, *, env: Mapping[str, str] | None = None, registry: BackendRegistry | None = None,
-              limiter: RateLimiter | None = None, loaded: LoadedConfig | None = None) -> Run:
+    def build(cls, spec: RunSpec, *, env: Mapping[str, str] | None = None,
+              registry: BackendRegistry | None = None, limiter: RateLimiter | None = None,
+              loaded: LoadedConfig | None = None) -> Run:
         """Resolve roles, load the benchmark and its splits, open the run directory, build the clients.
 
-        ``limiter`` is the provider limiter shared by the clients (``model.rate_limit_mode: prefect`` needs one
-        from the task layer); ``loaded`` saves re-validating the config when the caller has it already.
+        ``limiter`` is the provider limiter shared by the clients (``model.rate_limit_mode: prefect`` needs
+        one from the task layer); ``loaded`` saves re-validating the config when the caller has it already.
         """
         env = os.environ if env is None else env
         loaded = loaded or spec.loaded()
@@ -183,7 +182,8 @@ class Run:
         small = small_split_warning({s: len(ids) for s, ids in split_ids.items()},
                                     min_items=config.evaluation.min_split_items,
                                     split_ratio=config.benchmark.split_ratio,
-                                    split_mode=getattr(bench_cfg, "split_mode", None) or benchmark.default_split_mode)
+                                    split_mode=getattr(bench_cfg, "split_mode", None)
+                                    or benchmark.default_split_mode)
         if small:
             progress.warning("%s", small)
 
@@ -192,22 +192,22 @@ class Run:
             protected_paths=tuple(p for p in (Path(spec.workdir), run_dir.path) if p.exists()),
             scripted_target_rules=target_rules(benchmark.id, bench_cfg),
         )
+        replies = ReplyStore(cache_dir / "replies", refresh=config.run.refresh_cache)
         clients = ModelClients.build(roles, loaded=loaded, registry=registry, secrets=EnvSecrets(env),
-                                     context=context, usage_path=run_dir.path / "usage.jsonl", limiter=limiter,
-                                     replies=ReplyStore(cache_dir / "replies", refresh=config.run.refresh_cache))
+                                     context=context, usage_path=run_dir.path / "usage.jsonl",
+                                     limiter=limiter, replies=replies)
         used = {"target": roles.target, "optimizer": roles.optimizer}
         if benchmark.needs_judge(bench_cfg) and roles.judge is not None:
             used["judge"] = roles.judge
-        check_startable(config.budget, clients.ledger.prices,
-                        {role_name: (role.backend, role.price_model) for role_name, role in used.items()})
+        priced = {role_name: (role.backend, role.price_model) for role_name, role in used.items()}
+        check_startable(config.budget, clients.ledger.prices, priced)
         prompts = benchmark.prompts_dir
         guidance = {kind: read_prompt(prompts / f"analyst_{kind}.md") for kind in ("error", "success")}
         guidance["probe"] = read_prompt(prompts / "deep_probe.md")  # optional: the benchmark's probe guidance
         initial = read_initial_skill(config, prompts) if spec.initial_skill is None else spec.initial_skill
-        return cls(spec=spec, loaded=loaded, benchmark=benchmark, bench_cfg=bench_cfg, clients=clients, dir=run_dir,
-                   items=items, split_ids=split_ids, data_hash=_data_hash(items, split_ids),
-                   bench_prompt_hash=_digest([guidance, read_prompt(prompts / "initial_skill.md"), benchmark.version]),
-                   initial_skill=initial, benchmark_guidance=guidance)
+        return cls(spec=spec, loaded=loaded, benchmark=benchmark, bench_cfg=bench_cfg, clients=clients,
+                   dir=run_dir, items=items, split_ids=split_ids, initial_skill=initial,
+                   benchmark_guidance=guidance)
 
 
 class _OpenRuns:
@@ -233,7 +233,10 @@ class _OpenRuns:
 _open_runs = _OpenRuns()
 
 
-def open_run(spec: RunSpec, *, limiter_for: Callable[[SkillOptConfig], RateLimiter | None] | None = None) -> Run:
+LimiterFor = Callable[[SkillOptConfig], RateLimiter | None]
+
+
+def open_run(spec: RunSpec, *, limiter_for: LimiterFor | None = None) -> Run:
     """The run ``spec`` describes, built on first use in this process and shared afterwards.
 
     ``limiter_for(config)`` supplies the clients' provider limiter when the run is built (the task layer's
@@ -249,15 +252,3 @@ def open_run(spec: RunSpec, *, limiter_for: Callable[[SkillOptConfig], RateLimit
 def remember_run(run: Run) -> Run:
     """Make ``open_run(run.spec)`` in this process return ``run`` (the flow's own, already built run)."""
     return _open_runs.add(run)
-
-
-def _data_hash(items: Mapping[str, Item], split_ids: Mapping[str, Sequence[str]]) -> str:
-    """The items of every split plus the content hash of each image they name (paths alone are not enough)."""
-    images = {item_id: image_digests(item_image_paths(item)) for item_id, item in items.items()
-              if item_image_paths(item)}
-    return _digest({"splits": {s: [items[i] for i in split_ids[s]] for s in SPLITS}, "images": images})
-
-
-def _digest(value: Any) -> str:
-    text = json.dumps(value, sort_keys=True, ensure_ascii=False)
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:24]

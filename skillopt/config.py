@@ -177,6 +177,9 @@ class TrainSection(_Section):
     seed: int = 42
     train_size: int = Field(default=0, ge=0)
     skill_init: str | None = None
+    #: Training rollouts are new draws each epoch (keyed by epoch and sample index); false replays the
+    #: cached rollouts of an unchanged skill in later epochs (enough for a temperature-0 target).
+    resample_each_epoch: Bool = True
 
 
 class GradientSection(_Section):

@@ -24,12 +24,14 @@ def own_group() -> dict[str, Any]:
 
 
 def signal_group(process: subprocess.Popen[Any], sig: int) -> None:
-    """Send ``sig`` to the whole group ``process`` leads (the process tree on Windows); a gone group is fine."""
+    """Send ``sig`` to the whole group ``process`` leads (the process tree on Windows); a gone group is
+    fine."""
     if os.name == "nt":  # pragma: no cover - exercised on Windows only
         if sig == signal.SIGTERM:
             process.terminate()
         else:
-            subprocess.run(["taskkill", "/T", "/F", "/PID", str(process.pid)], capture_output=True, check=False)
+            subprocess.run(["taskkill", "/T", "/F", "/PID", str(process.pid)], capture_output=True,
+                           check=False)
         return
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(process.pid, sig)

@@ -3,20 +3,19 @@
 Templates are markdown files in ``prompts/optimizer/``; each holds one stage's instructions and
 its exact JSON output keys and becomes the system message of that stage's call (the evidence
 goes in the user message). Benchmarks add their own analyst guidance from
-``prompts/benchmarks/<id>/``, appended by ``reflect``. Templates are hashed into cache keys
-(``prompt_hash``). Every stage's reply model derives from ``ReplyModel``.
+``prompts/benchmarks/<id>/``, appended by ``reflect``. A template reaches cache keys as part of the
+rendered request (``ChatRequest.cache_key``). Every stage's reply model derives from ``ReplyModel``.
 """
 
 from __future__ import annotations
 
-import hashlib
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
 from skillopt.resources import load_prompt
 
-#: Every optimizer template, as ``load_prompt`` names it; hash them all for a version key.
+#: Every optimizer template, as ``load_prompt`` names it.
 OPTIMIZER_PROMPTS: tuple[str, ...] = (
     "optimizer/analyst_failure",
     "optimizer/analyst_success",
@@ -40,20 +39,6 @@ OPTIMIZER_PROMPTS: tuple[str, ...] = (
 def optimizer_prompt(name: str) -> str:
     """The text of the optimizer template ``name`` (``"merge"`` reads ``prompts/optimizer/merge.md``)."""
     return load_prompt(f"optimizer/{name}").strip()
-
-
-def prompt_hash(*names: str) -> str:
-    """sha256 hex digest of the templates ``names`` (``load_prompt`` names), in the order given.
-
-    Each template is hashed with its name and length, so moving text from one template to the
-    next changes the digest. Raises ``FileNotFoundError`` for an unknown name.
-    """
-    digest = hashlib.sha256()
-    for name in names:
-        text = load_prompt(name).encode("utf-8")
-        digest.update(f"{name}\0{len(text)}\0".encode())
-        digest.update(text)
-    return digest.hexdigest()
 
 
 class ReplyModel(BaseModel):

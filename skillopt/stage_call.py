@@ -31,7 +31,8 @@ M = TypeVar("M")
 F = TypeVar("F")
 
 #: Non-retryable errors that every later call would hit too: they stop the run instead of falling back.
-RUN_LEVEL_ERRORS: tuple[type[BackendError], ...] = (AuthError, PermissionDenied, ModelNotFound, BudgetExceeded)
+RUN_LEVEL_ERRORS: tuple[type[BackendError], ...] = (AuthError, PermissionDenied, ModelNotFound,
+                                                    BudgetExceeded)
 
 
 def structured_or_fallback(client: Any, request: ChatRequest, schema: type[M], *,

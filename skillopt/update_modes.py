@@ -193,7 +193,8 @@ class SuggestionsMode(UpdateMode):
         return rewrite_analyst_request(mode="rewrite_from_suggestions", **evidence)
 
     def patch_from_analyst(self, reply: Any, *, kind: str, rows: Sequence[ItemResult], budget: int) -> Patch:
-        return patch_from_suggestion_reply(reply, kind=kind, rows=rows, budget=budget)  # type: ignore[arg-type]
+        return patch_from_suggestion_reply(reply, kind=kind, rows=rows,  # type: ignore[arg-type]
+                                           budget=budget)
 
     def merge_request(self, *, kind: str, skill: str, patches: Sequence[Patch], level: int,
                       meta_skill: str) -> ChatRequest:
@@ -201,7 +202,8 @@ class SuggestionsMode(UpdateMode):
                                          level=level, meta_skill=meta_skill)
 
     def patch_from_merge(self, reply: Any, *, kind: str, level: int, patches: Sequence[Patch]) -> Patch:
-        return patch_from_suggestion_merge(reply, kind=kind, level=level, patches=patches)  # type: ignore[arg-type]
+        return patch_from_suggestion_merge(reply, kind=kind, level=level,  # type: ignore[arg-type]
+                                           patches=patches)
 
     def merge_fallback(self, patches: Sequence[Patch], *, reason: str) -> Patch:
         return concat_suggestions(patches, reason=reason)
@@ -242,11 +244,12 @@ class FullRewriteMode(UpdateMode):
 
     def merge_request(self, *, kind: str, skill: str, patches: Sequence[Patch], level: int,
                       meta_skill: str) -> ChatRequest:
-        return merge_skills_request(kind=kind, skill=skill, patches=patches, level=level,  # type: ignore[arg-type]
-                                    meta_skill=meta_skill)
+        return merge_skills_request(kind=kind, skill=skill,  # type: ignore[arg-type]
+                                    patches=patches, level=level, meta_skill=meta_skill)
 
     def patch_from_merge(self, reply: Any, *, kind: str, level: int, patches: Sequence[Patch]) -> Patch:
-        return patch_from_skill_merge(reply, kind=kind, level=level, patches=patches)  # type: ignore[arg-type]
+        return patch_from_skill_merge(reply, kind=kind, level=level,  # type: ignore[arg-type]
+                                      patches=patches)
 
     def merge_fallback(self, patches: Sequence[Patch], *, reason: str) -> Patch:
         return keep_first_skill(patches, reason=reason)

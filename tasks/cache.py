@@ -1,10 +1,16 @@
 """Cache keys and result storage for skillopt's tasks.
 
-Keys are content addresses: the hash of everything that decides a result (ids, skill hashes, role
-fingerprints, prompt-template hashes, the package and benchmark versions, the sample index) and
-nothing else — never the run id or the flow-run id. So re-running a command, retrying a flow run or
-restarting after a crash finds every finished call in the store. Results are JSON files under the
-run's ``cache_dir``, in a Prefect ``LocalFileSystem`` block saved under a name derived from its path.
+A model-calling task's key is its request: ``call_key`` hashes the request the task sends (every prompt
+text, images by content, the role's model identity and sampling parameters, the response schema, the tags)
+through ``ChatRequest.cache_key``, the same function the reply store files replies under. A task's key is
+therefore ``skillopt-<stage>-<the reply store key of its request>``: editing a prompt makes new keys for
+exactly the calls whose request holds it, and nothing else (no version constant, no template hash).
+Rollout keys (``tasks.rollout.rollout_key``) add what decides the score and which draw it is; pure tasks
+(the epoch plan) hash their inputs with the package version (``content_key``).
+
+Never the run id or the flow-run id: re-running a command, retrying a flow run or restarting after a crash
+finds every finished call. Results are JSON files under the run's ``cache_dir``, in a Prefect
+``LocalFileSystem`` block saved under a name derived from its path.
 """
 
 from __future__ import annotations
@@ -17,16 +23,44 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel
+
 from skillopt import __version__
 from skillopt.assembly import Run
+from skillopt.llm.chat import ChatRequest
 from skillopt.llm.errors import BackendError
 from skillopt.tasks.cache_hits import cache_hit_hook
 
 
 def content_key(label: str, /, **parts: Any) -> str:
     """``skillopt-<label>-<sha256 of the parts>``; parts are JSON-serialised with sorted keys."""
-    payload = json.dumps({"version": __version__, **parts}, sort_keys=True, default=_default, ensure_ascii=False)
+    payload = json.dumps({"version": __version__, **parts}, sort_keys=True, default=_default,
+                         ensure_ascii=False)
     return f"skillopt-{label}-{hashlib.sha256(payload.encode('utf-8')).hexdigest()[:40]}"
+
+
+def call_key(role_fingerprint: str, request: ChatRequest, schema: type[BaseModel] | None = None) -> str:
+    """``skillopt-<stage>-<request.cache_key(role_fingerprint)>``, with the response schema the call asks for
+    (``RoleClient.structured`` sets it), so the key names the reply store file of the task's first call."""
+    if schema is not None:
+        request = request.model_copy(update={"response_schema": schema})
+    return f"skillopt-{request.stage}-{request.cache_key(role_fingerprint)}"
+
+
+CacheKeyFn = Callable[[Any, dict[str, Any]], str]
+
+
+def keyed_by_request(build: Callable[..., ChatRequest],
+                     schema: Callable[[Run], type[BaseModel]] | type[BaseModel]) -> CacheKeyFn:
+    """A Prefect ``cache_key_fn`` for an optimizer task: ``call_key`` of the request ``build(**parameters)``
+    renders (the task renders the same one), with ``schema`` (or ``schema(run)``) as its response schema."""
+
+    def cache_key_fn(context: Any, parameters: dict[str, Any]) -> str:
+        run: Run = parameters["run"]
+        reply = schema if isinstance(schema, type) else schema(run)
+        return call_key(run.clients.roles.optimizer.fingerprint(), build(**parameters), reply)
+
+    return cache_key_fn
 
 
 def digest(value: Any) -> str:

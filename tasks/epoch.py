@@ -8,12 +8,14 @@ from prefect import task
 
 from skillopt.assembly import Run
 from skillopt.data import EpochPlan, plan_epoch
+from skillopt.llm.chat import ChatRequest
 from skillopt.meta_skill import MetaSkillReply, meta_skill_request
-from skillopt.prompts import prompt_hash
-from skillopt.skill import skill_hash
 from skillopt.slow_update import Pairs, SlowUpdateReply, slow_update_request
 from skillopt.stage_call import structured_or_fallback
-from skillopt.tasks.cache import content_key, digest, keyed, retry_only_retryable
+from skillopt.tasks.cache import content_key, keyed, keyed_by_request, retry_only_retryable
+
+_OPTIONS: dict[str, Any] = {"persist_result": True, "result_serializer": "json", "tags": ["llm:optimizer"],
+                            "retry_condition_fn": retry_only_retryable}
 
 
 def _plan_key(p: dict[str, Any]) -> str:
@@ -22,41 +24,36 @@ def _plan_key(p: dict[str, Any]) -> str:
 
 
 @task(name="plan_epoch", cache_key_fn=keyed(_plan_key), persist_result=True, result_serializer="json")
-def plan_epoch_task(train_ids: list[str], seed: int, epoch: int, batch_size: int, accumulation: int) -> EpochPlan:
+def plan_epoch_task(train_ids: list[str], seed: int, epoch: int, batch_size: int,
+                    accumulation: int) -> EpochPlan:
     """The seeded batches of one epoch (pure)."""
     return plan_epoch(train_ids, seed=seed, epoch=epoch, batch_size=batch_size, accumulation=accumulation)
 
 
-def _slow_key(p: dict[str, Any]) -> str:
-    run: Run = p["run"]
-    return content_key("slow-update", optimizer=run.clients.roles.optimizer.fingerprint(),
-                       start=skill_hash(p["start_skill"]), current=skill_hash(p["current_skill"]),
-                       guidance=p["previous_guidance"], pairs=digest(p["pairs"]), prompts=prompt_hash("optimizer/slow_update"))
+def _slow_update_request(run: Run, start_skill: str, current_skill: str, previous_guidance: str,
+                         pairs: Pairs) -> ChatRequest:
+    return slow_update_request(start_skill=start_skill, current_skill=current_skill,
+                               previous_guidance=previous_guidance, pairs=pairs)
 
 
-@task(name="slow_update", cache_key_fn=keyed(_slow_key), persist_result=True, result_serializer="json",
-      tags=["llm:optimizer"], retry_condition_fn=retry_only_retryable)
+@task(name="slow_update", cache_key_fn=keyed_by_request(_slow_update_request, SlowUpdateReply), **_OPTIONS)
 def slow_update(run: Run, start_skill: str, current_skill: str, previous_guidance: str,
                 pairs: Pairs) -> SlowUpdateReply | None:
     """New epoch guidance for the target; None when the reply cannot be used (the old guidance stays)."""
-    request = slow_update_request(start_skill=start_skill, current_skill=current_skill,
-                                  previous_guidance=previous_guidance, pairs=pairs)
+    request = _slow_update_request(run, start_skill, current_skill, previous_guidance, pairs)
     return structured_or_fallback(run.clients.optimizer, request, SlowUpdateReply, fallback=lambda _: None)
 
 
-def _meta_key(p: dict[str, Any]) -> str:
-    run: Run = p["run"]
-    return content_key("meta-skill", optimizer=run.clients.roles.optimizer.fingerprint(),
-                       previous=skill_hash(p["previous_skill"]), current=skill_hash(p["current_skill"]),
-                       memory=p["previous_memory"], pairs=digest(p["pairs"]), prompts=prompt_hash("optimizer/meta_skill"))
+def _meta_skill_request(run: Run, previous_skill: str, current_skill: str, previous_memory: str,
+                        pairs: Pairs) -> ChatRequest:
+    return meta_skill_request(previous_skill=previous_skill, current_skill=current_skill,
+                              previous_memory=previous_memory, pairs=pairs)
 
 
-@task(name="meta_skill", cache_key_fn=keyed(_meta_key), persist_result=True, result_serializer="json",
-      tags=["llm:optimizer"], retry_condition_fn=retry_only_retryable)
+@task(name="meta_skill", cache_key_fn=keyed_by_request(_meta_skill_request, MetaSkillReply), **_OPTIONS)
 def meta_skill(run: Run, previous_skill: str, current_skill: str, previous_memory: str,
                pairs: Pairs) -> MetaSkillReply | None:
-    """The optimizer's memory for the next epoch; None when the reply cannot be used (the old memory stays)."""
-    request = meta_skill_request(previous_skill=previous_skill, current_skill=current_skill,
-                                 previous_memory=previous_memory, pairs=pairs)
+    """The optimizer's memory for the next epoch; None when the reply cannot be used (the old memory
+    stays)."""
+    request = _meta_skill_request(run, previous_skill, current_skill, previous_memory, pairs)
     return structured_or_fallback(run.clients.optimizer, request, MetaSkillReply, fallback=lambda _: None)
-

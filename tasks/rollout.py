@@ -1,11 +1,16 @@
 """Rollout tasks: one item, one judge verdict, one whole evaluation of a skill on a split.
 
-``evaluate_skill`` is the selection cache: its key is the skill's hash plus the split's item ids
-and everything that decides a rollout, so an unchanged skill costs one cached task, never one per
-item. Inside it, each item is its own cached ``rollout_item`` task, so a crash mid-evaluation
-repeats only the items that had not finished. An item whose call failed becomes an error row and
-keeps the evaluation from being cached (it raises ``PartialEvaluation`` carrying the rows), so a
-re-run retries exactly the failed items.
+A rollout's key (``rollout_key``) is the request the target gets first, hashed by ``ChatRequest.cache_key``
+with the target's identity and sampling parameters, plus the item's content, the benchmark's settings, the
+judge's rendered request and which draw it is: a training rollout carries its epoch and sample index
+(``train.resample_each_epoch``), an evaluation rollout neither, so the selection and test splits stay cached
+by skill while every epoch samples its training items afresh.
+
+``evaluate_skill`` is the selection cache: its key is the list of its items' rollout keys, so an unchanged
+skill costs one cached task, never one per item. Inside it, each item is its own cached ``rollout_item``
+task, so a crash mid-evaluation repeats only the items that had not finished. An item whose call failed
+becomes an error row and keeps the evaluation from being cached (it raises ``PartialEvaluation`` carrying
+the rows), so a re-run retries exactly the failed items.
 """
 
 from __future__ import annotations
@@ -18,14 +23,14 @@ from pydantic import BaseModel
 
 from skillopt import live
 from skillopt.assembly import Run
-from skillopt.benchmarks.runner import check_infrastructure, error_row, run_item
+from skillopt.benchmarks.runner import check_infrastructure, error_row, first_messages, run_item
 from skillopt.data import Item
 from skillopt.errors import SkillOptError, StorageError
 from skillopt.gate import Scores, score_rows
 from skillopt.llm.chat import ChatRequest
 from skillopt.records import ItemResult
 from skillopt.skill import skill_hash
-from skillopt.tasks.cache import bound, content_key, keyed, retry_only_retryable
+from skillopt.tasks.cache import bound, call_key, digest, keyed, retry_only_retryable
 
 
 class Evaluation(BaseModel):
@@ -48,40 +53,101 @@ class JudgeVerdict(BaseModel):
     reason: str = ""
 
 
-def _rollout_key(p: dict[str, Any]) -> str:
-    run: Run = p["run"]
-    return content_key(
-        "rollout", benchmark=run.benchmark.id, benchmark_version=run.benchmark.version, item=p["item"].id,
-        data=run.data_hash, skill=skill_hash(p["skill"]), target=run.clients.roles.target.fingerprint(),
-        prompts=run.bench_prompt_hash, training=p["training"], probe=p.get("probe_instruction") or "",
-        sample=p.get("sample", 0), view=p.get("view_seed"),
-        bench_cfg=run.bench_cfg.model_dump(mode="json", exclude={"workers"}),
-    )
+#: Stands in for the prediction when a rollout key renders the judge's request (its prompt texts count).
+_OPEN_PREDICTION = "<prediction>"
 
 
-@task(name="rollout_item", cache_key_fn=keyed(_rollout_key), persist_result=True, result_serializer="json",
-      tags=["llm:target"], retry_condition_fn=retry_only_retryable)
+def rollout_key(run: Run, item: Item, skill: str, *, training: bool, probe_instruction: str | None = None,
+                sample: int = 0, epoch: int | None = None, view_seed: int | None = None) -> str:
+    """The cache key of one rollout: the request the target gets first (the benchmark's rendered prompt with
+    the skill, every prompt text and image in it, the target's identity and sampling parameters) through the
+    one key function ``ChatRequest.cache_key``, plus what decides the score (the item's content, the
+    benchmark's settings and scoring version, the judge's request with the prediction left open) and which
+    draw it is (training feedback, epoch and sample index). With ``view_seed`` the item is the benchmark's
+    view of that training batch (e.g. reshuffled choices), so the request and item hashed are that view."""
+    item = _viewed(run, item, view_seed, training)
+    first = ChatRequest(messages=first_messages(run.benchmark, item, skill, run.bench_cfg,
+                                                probe_instruction=probe_instruction), stage="rollout")
+    judge = run.clients.roles.judge if run.benchmark.needs_judge(run.bench_cfg) else None
+    parts = {
+        "request": first.cache_key(run.clients.roles.target.fingerprint()),
+        "item": item,
+        "settings": run.bench_cfg.model_dump(mode="json", exclude={"workers"}),
+        # The plug-in's declared scoring version: its author bumps it when score() changes.
+        "scoring": run.benchmark.version,
+        "judge": judge_call_key(run, run.benchmark.judge_request(item, _OPEN_PREDICTION)) if judge else None,
+        "training": training, "epoch": epoch, "sample": sample,
+    }
+    return f"skillopt-rollout-{digest(parts)}"
+
+
+def _rollout_item_key(p: dict[str, Any]) -> str:
+    return rollout_key(p["run"], p["item"], p["skill"], training=p["training"],
+                       probe_instruction=p.get("probe_instruction"), sample=p.get("sample", 0),
+                       epoch=p.get("epoch"), view_seed=p.get("view_seed"))
+
+
+@task(name="rollout_item", cache_key_fn=keyed(_rollout_item_key), persist_result=True,
+      result_serializer="json", tags=["llm:target"], retry_condition_fn=retry_only_retryable)
 def rollout_item(run: Run, item: Item, skill: str, *, training: bool, probe_instruction: str | None = None,
-                 sample: int = 0, view_seed: int | None = None) -> ItemResult:
-    """The target runs one item with ``skill``; the benchmark scores it. With ``view_seed`` (a training
-    batch's seed) the item is shown as the benchmark's view of that batch (e.g. reshuffled choices)."""
-    if view_seed is not None:
-        item = run.benchmark.batch_view(item, run.bench_cfg, seed=view_seed, training=training)
+                 sample: int = 0, epoch: int | None = None, view_seed: int | None = None) -> ItemResult:
+    """The target runs one item with ``skill``; the benchmark scores it. A training rollout of a later epoch
+    (or a later sample of the same item) is a new draw: ``epoch`` and ``sample`` are in its requests' tags
+    and its seed. With ``view_seed`` (a training batch's seed) the item is shown as the benchmark's view of
+    that batch (e.g. reshuffled choices)."""
+    item = _viewed(run, item, view_seed, training)
     judge = _judge_for(run) if run.benchmark.needs_judge(run.bench_cfg) else None
-    return run_item(run.benchmark, item, skill, run.bench_cfg, target=run.clients.target, judge=judge,
+    target: Any = run.clients.target
+    draw: dict[str, Any] = {}
+    if epoch is not None:
+        draw = {"epoch": epoch}
+        target = DrawTarget(target, draw_seed(run, epoch, sample))
+    return run_item(run.benchmark, item, skill, run.bench_cfg, target=target, judge=judge,
                     probe_instruction=probe_instruction, sample=sample,
-                    tags={"training": training, "skill_sha": skill_hash(skill)[:16]})
+                    tags={"training": training, "skill_sha": skill_hash(skill)[:16], **draw})
 
 
-def _judge_key(p: dict[str, Any]) -> str:
-    run: Run = p["run"]
+def _viewed(run: Run, item: Item, view_seed: int | None, training: bool) -> Item:
+    if view_seed is None:
+        return item
+    return run.benchmark.batch_view(item, run.bench_cfg, seed=view_seed, training=training)
+
+
+def draw_seed(run: Run, epoch: int, sample: int) -> int:
+    """The sampling seed of one training draw: the target's configured seed (else ``train.seed``) moved on by
+    epoch and sample index, so each draw is its own reproducible request."""
+    base = run.clients.roles.target.seed
+    return (run.config.train.seed if base is None else base) + 1000 * epoch + sample
+
+
+class DrawTarget:
+    """The target client for one training draw: a request that sets no seed of its own gets the draw's seed.
+
+    A later epoch's rollout of an unchanged skill is then a different request from the same prompt (a backend
+    that honours seeds samples it reproducibly), and a provider, a proxy or a test sees it as a new call.
+    """
+
+    def __init__(self, client: Any, seed: int) -> None:
+        self._client = client
+        self._seed = seed
+
+    def chat(self, request: ChatRequest) -> Any:
+        if request.seed is None:
+            request = request.model_copy(update={"seed": self._seed})
+        return self._client.chat(request)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+
+def judge_call_key(run: Run, request: ChatRequest) -> str:
     judge = run.clients.roles.judge
-    return content_key("judge", judge=judge.fingerprint() if judge else None, item=p["item"].id,
-                       prediction=p["prediction"], prompts=run.bench_prompt_hash)
+    return call_key(judge.fingerprint() if judge else "", request, JudgeVerdict)
 
 
-@task(name="judge_item", cache_key_fn=keyed(_judge_key), persist_result=True, result_serializer="json",
-      tags=["llm:judge"], retry_condition_fn=retry_only_retryable)
+@task(name="judge_item", cache_key_fn=lambda _context, p: judge_call_key(p["run"], p["request"]),
+      persist_result=True, result_serializer="json", tags=["llm:judge"],
+      retry_condition_fn=retry_only_retryable)
 def judge_item(run: Run, item: Item, prediction: str, request: ChatRequest) -> JudgeVerdict:
     """One structured verdict from the judge role (temperature 0, recorded seed)."""
     verdict, _ = run.clients.get("judge").structured(request, JudgeVerdict)
@@ -90,6 +156,7 @@ def judge_item(run: Run, item: Item, prediction: str, request: ChatRequest) -> J
 
 def _judge_for(run: Run) -> Any:
     """The ``Judge`` callable a benchmark's ``score`` receives, backed by the cached ``judge_item`` task."""
+
     def judge(item: Item, prediction: str) -> tuple[bool, str]:
         request = run.benchmark.judge_request(item, prediction)
         verdict = bound(run, judge_item)(run, item, prediction, request)
@@ -99,35 +166,40 @@ def _judge_for(run: Run) -> Any:
 
 
 def _evaluation_key(p: dict[str, Any]) -> str:
+    """The rollout keys of every item in order: an evaluation is cached exactly as long as all its rollouts
+    are."""
     run: Run = p["run"]
-    judge = run.clients.roles.judge
-    return content_key(
-        "evaluate", benchmark=run.benchmark.id, benchmark_version=run.benchmark.version, split=p["split"],
-        items=list(p["item_ids"]), data=run.data_hash, skill=skill_hash(p["skill"]),
-        target=run.clients.roles.target.fingerprint(), judge=judge.fingerprint() if judge else None,
-        prompts=run.bench_prompt_hash, training=p.get("training", False), view=p.get("view_seed"),
-        bench_cfg=run.bench_cfg.model_dump(mode="json", exclude={"workers"}),
-    )
+    samples = p.get("samples") or [0] * len(p["item_ids"])
+    keys = [rollout_key(run, run.items[i], p["skill"], training=p.get("training", False), sample=sample,
+                        epoch=p.get("epoch"), view_seed=p.get("view_seed"))
+            for i, sample in zip(p["item_ids"], samples, strict=True)]
+    return f"skillopt-evaluate-{digest({'split': p['split'], 'rollouts': keys})}"
 
 
-@task(name="evaluate_skill", cache_key_fn=keyed(_evaluation_key), persist_result=True, result_serializer="json")
+@task(name="evaluate_skill", cache_key_fn=keyed(_evaluation_key), persist_result=True,
+      result_serializer="json")
 def evaluate_skill(run: Run, skill: str, split: str, item_ids: list[str], *, training: bool = False,
+                   epoch: int | None = None, samples: list[int] | None = None,
                    view_seed: int | None = None) -> Evaluation:
-    """Roll out every item of ``item_ids`` with ``skill`` (one cached task per item) and score the split."""
-    return run_rollouts(run, skill, split, item_ids, training=training, view_seed=view_seed)
+    """Roll out every item of ``item_ids`` with ``skill`` (one cached task per item) and score the split.
+    ``epoch`` and ``samples`` (one per id) make training rollouts new draws; evaluations leave them out."""
+    return run_rollouts(run, skill, split, item_ids, training=training, epoch=epoch, samples=samples,
+                        view_seed=view_seed)
 
 
 def run_rollouts(run: Run, skill: str, split: str, item_ids: list[str], *, training: bool,
-                 probe_instruction: str | None = None, view_seed: int | None = None) -> Evaluation:
+                 probe_instruction: str | None = None, epoch: int | None = None,
+                 samples: list[int] | None = None, view_seed: int | None = None) -> Evaluation:
     """Submit one ``rollout_item`` per id (bounded pool), in id order; raise on outages and failures."""
     workers = max(1, int(getattr(run.bench_cfg, "workers", 4)))
     rollout = bound(run, rollout_item)
     rows: list[ItemResult] = []
     live.emit("stage", name=f"rollout {split}", total=len(item_ids))
     with ThreadPoolTaskRunner(max_workers=workers) as runner:
-        futures = [runner.submit(rollout, {"run": run, "item": run.items[i], "skill": skill, "training": training,
-                                           "probe_instruction": probe_instruction, "view_seed": view_seed})
-                   for i in item_ids]
+        common = {"run": run, "skill": skill, "training": training, "probe_instruction": probe_instruction,
+                  "epoch": epoch, "view_seed": view_seed}
+        futures = [runner.submit(rollout, {**common, "item": run.items[i], "sample": sample})
+                   for i, sample in zip(item_ids, samples or [0] * len(item_ids), strict=True)]
         errors = []
         for item_id, future in zip(item_ids, futures, strict=True):
             try:
@@ -149,21 +221,27 @@ def run_rollouts(run: Run, skill: str, split: str, item_ids: list[str], *, train
     return evaluation
 
 
-def evaluate(run: Run, skill: str, split: str, item_ids: list[str] | None = None, *,
-             training: bool = False, view_seed: int | None = None) -> Evaluation:
+def evaluate(run: Run, skill: str, split: str, item_ids: list[str] | None = None, *, training: bool = False,
+             epoch: int | None = None, samples: list[int] | None = None,
+             view_seed: int | None = None) -> Evaluation:
     """Scores of ``skill`` on ``item_ids``, by default the whole split (val and test cut to their configured
-    sizes). Items that failed are error rows in the result; the evaluation is then not cached."""
+    sizes). Items that failed are error rows in the result; the evaluation is then not cached. ``epoch`` and
+    ``samples`` (training rollouts) say which draw each rollout is; ``view_seed`` is the training batch's
+    seed the benchmark may show its items by."""
     ids = run.selection_ids(split) if item_ids is None else list(item_ids)
     try:
-        return bound(run, evaluate_skill)(run, skill, split, ids, training=training, view_seed=view_seed)
+        return bound(run, evaluate_skill)(run, skill, split, ids, training=training, epoch=epoch,
+                                          samples=samples, view_seed=view_seed)
     except PartialEvaluation as partial:
         return partial.evaluation
 
 
-def evaluate_many(run: Run, jobs: list[tuple[str, str, list[str]]], *, training: bool = False) -> list[Evaluation]:
+def evaluate_many(run: Run, jobs: list[tuple[str, str, list[str]]], *, training: bool = False,
+                  epoch: int | None = None) -> list[Evaluation]:
     """Several evaluations at once, in parallel: ``(skill, split, item_ids)`` each, results in order."""
     task = bound(run, evaluate_skill)
-    futures = [task.submit(run, skill, split, list(ids), training=training) for skill, split, ids in jobs]
+    futures = [task.submit(run, skill, split, list(ids), training=training, epoch=epoch)
+               for skill, split, ids in jobs]
     results = []
     for future in futures:
         try:

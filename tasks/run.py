@@ -21,7 +21,8 @@ def limiter_for(config: SkillOptConfig) -> RateLimiter | None:
 
 
 def start_run(spec: RunSpec, *, loaded: LoadedConfig | None = None) -> Run:
-    """Build the run ``spec`` describes for a flow in this process (``loaded``: the config, already validated)."""
+    """Build the run ``spec`` describes for a flow in this process (``loaded``: the config, already
+    validated)."""
     loaded = loaded or spec.loaded()
     return remember_run(Run.build(spec, loaded=loaded, limiter=limiter_for(loaded.config)))
 

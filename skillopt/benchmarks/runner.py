@@ -48,9 +48,7 @@ def run_item(
     started = time.monotonic()
     exec_timeout = float(getattr(cfg, "exec_timeout", 120))
     deadline = max(float(getattr(cfg, "task_timeout", 0) or 0), exec_timeout + 60)
-    messages = list(benchmark.build_messages(item, target_text(skill), cfg))
-    if probe_instruction:
-        messages = _with_readout(messages, probe_instruction)
+    messages = first_messages(benchmark, item, skill, cfg, probe_instruction=probe_instruction)
     system_text = "\n\n".join(m.text() for m in messages if m.role == "system")
     user_text = "\n\n".join(m.text() for m in messages if m.role == "user")
     trajectory: list[dict[str, Any]] = [
@@ -93,6 +91,15 @@ def run_item(
         target_system_prompt=system_text,
         target_user_prompt=user_text,
     )
+
+
+def first_messages(benchmark: Benchmark[Any], item: Item, skill: str, cfg: BaseModel, *,
+                   probe_instruction: str | None = None) -> list[Message]:
+    """The messages of a rollout's first request: the benchmark's prompt with ``skill`` as the target sees
+    it (empty protected blocks left out) and the probe's training readout, if any. Rollout cache keys hash
+    them."""
+    messages = list(benchmark.build_messages(item, target_text(skill), cfg))
+    return _with_readout(messages, probe_instruction) if probe_instruction else messages
 
 
 def _turns(benchmark: Benchmark[Any], target: RoleClient, messages: list[Message],

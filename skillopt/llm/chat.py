@@ -10,6 +10,8 @@ output hit its cap.
 from __future__ import annotations
 
 import base64
+import hashlib
+import json
 import mimetypes
 from pathlib import Path
 from typing import Any, Literal
@@ -81,8 +83,6 @@ class ImagePart(BaseModel):
 
     def content_sha256(self) -> str:
         """``sha256`` of the image bytes: what cache keys use, so a changed file is a new request."""
-        import hashlib
-
         return hashlib.sha256(self.data()).hexdigest()
 
     def fingerprint(self) -> dict[str, Any]:
@@ -165,6 +165,27 @@ class ChatRequest(BaseModel):
 
     def prompt_chars(self) -> int:
         return sum(len(m.text()) for m in self.messages)
+
+    def cache_key(self, role_fingerprint: str) -> str:
+        """The one cache key of a model call: sha256 of everything that decides the reply.
+
+        That is the role's fingerprint (backend, model, effort, limits, sampling parameters), the messages
+        with every prompt text verbatim and images by content hash, the response schema, the per-call
+        overrides, the stage and the tags (item id, turn, epoch, sample index ...). The reply store files
+        replies under it and the task layer derives its Prefect cache keys from it, so editing any prompt
+        text makes a new key for exactly the calls whose request it is part of.
+        """
+        schema = self.response_schema.model_json_schema() if self.response_schema else None
+        payload = {
+            "role": role_fingerprint,
+            "messages": [m.fingerprint() for m in self.messages],
+            "schema": schema,
+            "overrides": [self.max_tokens, self.temperature, self.reasoning_effort, self.seed],
+            "stage": self.stage,
+            "tags": self.tags,
+        }
+        text = json.dumps(payload, sort_keys=True, default=str, ensure_ascii=False)
+        return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 class Usage(BaseModel):

@@ -6,9 +6,11 @@ Every successful reply is therefore written here the moment it arrives (atomical
 JSON file per reply under the run's ``cache_dir``), and a request with the same content is
 answered from here: after a ``kill -9`` at any point, re-running repeats no completed call.
 
-The key covers what decides a reply: the role's fingerprint (backend, model, effort, limits,
-sampling parameters), the messages (images by content hash), the response schema, the per-call overrides and the tags
-(item id, turn, sample index ...). ``refresh=True`` skips reads (``run.refresh_cache``).
+The key is ``ChatRequest.cache_key``: the role's fingerprint (backend, model, effort, limits, sampling
+parameters), the messages (every prompt text; images by content hash), the response schema, the per-call
+overrides and the tags (item id, turn, epoch, sample index ...). The task layer's Prefect keys come from the
+same function, so a model-calling task's key names the reply file of its first call.
+``refresh=True`` skips reads (``run.refresh_cache``).
 
 A reply is written before its usage line (``RoleClient.chat``), so a kill between the two costs at
 most an unrecorded cache hit, never a second payment. A kill in the middle of a write leaves a
@@ -19,8 +21,6 @@ temporary file named after its host and pid; opening the store removes those who
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
 import os
 import socket
 import time
@@ -41,18 +41,8 @@ class ReplyStore:
 
     @staticmethod
     def key(fingerprint: str, request: ChatRequest) -> str:
-        schema = request.response_schema.model_json_schema() if request.response_schema else None
-        payload = {
-            "role": fingerprint,
-            # Images by content hash, not by path: a changed picture is a new request.
-            "messages": [m.fingerprint() for m in request.messages],
-            "schema": schema,
-            "overrides": [request.max_tokens, request.temperature, request.reasoning_effort, request.seed],
-            "stage": request.stage,
-            "tags": request.tags,
-        }
-        text = json.dumps(payload, sort_keys=True, default=str, ensure_ascii=False)
-        return hashlib.sha256(text.encode("utf-8")).hexdigest()
+        """Where the reply to ``request`` by the role ``fingerprint`` is filed: ``request.cache_key``."""
+        return request.cache_key(fingerprint)
 
     def _path(self, key: str) -> Path:
         return self.folder / key[:2] / f"{key}.json"

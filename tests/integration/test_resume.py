@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -25,15 +26,20 @@ from tests.fakes.demo_world_http import DemoWorldServer, role_overrides
 pytestmark = pytest.mark.slow
 
 
-def train_command(url: str) -> list[str]:
-    roles = [part for override in role_overrides(url) for part in ("-o", override)]
-    return [sys.executable, "-m", "skillopt.cli", "train", "demo", "--run-name", "resume", *roles]
+#: A skill that never changes over two epochs: epoch 2 sends the very prompts of epoch 1 again, as new draws.
+UNCHANGED_SKILL = ("optimizer.learning_rate=0", "optimizer.min_learning_rate=0",
+                   "optimizer.use_slow_update=false", "optimizer.use_meta_skill=false")
 
 
-def start(cwd: Path, api: str, url: str) -> subprocess.Popen:
+def train_command(url: str, extra: tuple[str, ...] = ()) -> list[str]:
+    overrides = [part for override in (*role_overrides(url), *extra) for part in ("-o", override)]
+    return [sys.executable, "-m", "skillopt.cli", "train", "demo", "--run-name", "resume", *overrides]
+
+
+def start(cwd: Path, api: str, url: str, extra: tuple[str, ...] = ()) -> subprocess.Popen:
     env = {**os.environ, "PREFECT_API_URL": api, "PREFECT_LOGGING_LEVEL": "WARNING"}
-    return subprocess.Popen(train_command(url), cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
+    return subprocess.Popen(train_command(url, extra), cwd=cwd, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
 
 
 def finish(process: subprocess.Popen) -> str:
@@ -42,23 +48,28 @@ def finish(process: subprocess.Popen) -> str:
     return output
 
 
-def test_kill_9_mid_step_then_rerun_repeats_no_completed_call(prefect_api, tmp_path):
+@pytest.mark.parametrize("extra", [(), UNCHANGED_SKILL], ids=["training", "unchanged-skill-resampled"])
+def test_kill_9_mid_step_then_rerun_repeats_no_completed_call(prefect_api, tmp_path, extra):
     world = DemoWorldServer()
     with world.server:
         url = world.server.openai_base_url
 
         reference_dir = tmp_path / "reference"
         reference_dir.mkdir()
-        finish(start(reference_dir, prefect_api, url))
+        finish(start(reference_dir, prefect_api, url, extra))
         reference_calls = list(world.answered)
         assert len(set(reference_calls)) == len(reference_calls), "an uninterrupted run repeated a call"
+        if extra == UNCHANGED_SKILL:
+            # Each epoch drew every training item afresh: the same prompt, told apart by its draw's seed.
+            draws = Counter(json.loads(body).get("seed") for body in reference_calls)
+            assert draws[42 + 1000] == draws[42 + 2000] > 0
 
         # The interrupted run, in a fresh folder (its own cache): hold requests from a seeded point on.
         run_dir = tmp_path / "interrupted"
         run_dir.mkdir()
         world.answered.clear()
         world.hold_from = random.Random(20261130).randint(len(reference_calls) // 5, 4 * len(reference_calls) // 5)
-        process = start(run_dir, prefect_api, url)
+        process = start(run_dir, prefect_api, url, extra)
         assert world.held.wait(timeout=300), "the run finished before the kill point"
         time.sleep(2.0)  # every answered call has been stored by now; the held ones never will be
         os.killpg(process.pid, signal.SIGKILL)
@@ -69,7 +80,7 @@ def test_kill_9_mid_step_then_rerun_repeats_no_completed_call(prefect_api, tmp_p
         world.hold_from = None
         world.release.set()
         world.answered.clear()
-        finish(start(run_dir, prefect_api, url))
+        finish(start(run_dir, prefect_api, url, extra))
         answered_after = list(world.answered)
 
     repeated = answered_before_kill & set(answered_after)

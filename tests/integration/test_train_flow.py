@@ -40,6 +40,11 @@ def test_demo_improves_on_test_with_accepts_rejects_slow_update_and_meta_skill(p
     steps = [r for r in history(run_dir) if r["kind"] == "step"]
     expected = EditBudgetSchedule.from_config("cosine", 4, 2, len(steps)).budgets()
     assert [r["budget"] for r in steps] == expected
+    # The step buffer after each step: this epoch's steps only (it is reset at each epoch start).
+    buffers = {step: json.loads((run_dir / "steps" / f"{step:04d}" / "step_buffer.json").read_text())
+               for step in (2, 4)}
+    assert [e["step"] for e in buffers[2]["entries"]] == [1, 2] and "Step 2:" in buffers[2]["formatted"]
+    assert [e["step"] for e in buffers[4]["entries"]] == [4]
     # Files a person reads.
     for name in ("config.yaml", "summary.json", "best_skill.md", "usage.jsonl", "skills/step_0000.md",
                  "eval/baseline_test/scores.json", "eval/best_test/scores.json"):
@@ -47,11 +52,11 @@ def test_demo_improves_on_test_with_accepts_rejects_slow_update_and_meta_skill(p
 
 
 def test_an_identical_skill_is_never_rolled_out_twice(prefect_settings, in_tmp):
-    # One epoch: each epoch draws fresh training rollouts by design (the batch's view seed is in their key).
-    summary = train("train.epochs=1", run_name="demo-identical")
+    summary = train(run_name="demo-identical")
     records = [json.loads(line) for line in (Path(summary["run_dir"]) / "usage.jsonl").read_text().splitlines()]
-    rollouts = [(r["tags"]["skill_sha"], r["tags"]["item_id"], r["tags"]["training"])
-                for r in records if r["stage"] == "rollout" and not r.get("cache_hit")]  # hits made no call
+    # A training rollout is one draw of its epoch (epoch and sample index); an evaluation rollout is not.
+    rollouts = [(r["tags"]["skill_sha"], r["tags"]["item_id"], r["tags"]["training"], r["tags"].get("epoch"),
+                 r["tags"]["sample"]) for r in records if r["stage"] == "rollout" and not r.get("cache_hit")]
     assert rollouts, "the demo made no rollouts"
     duplicates = [key for key, n in Counter(rollouts).items() if n > 1]
     assert duplicates == []

@@ -110,21 +110,22 @@ def test_reply_store_keys_follow_image_content_not_the_path(tmp_path):
     assert ReplyStore.key("role-fp", same_bytes) == key()  # the same picture elsewhere is the same request
 
 
-def test_the_run_data_hash_changes_when_an_image_changes_under_the_same_path(tmp_path):
-    from skillopt.assembly import _data_hash
+def test_a_rollout_s_first_request_changes_when_an_image_changes_under_the_same_path(tmp_path):
+    from skillopt.benchmarks.runner import first_messages
 
     data = tmp_path / "docvqa"
     shutil.copytree(DOCVQA, data)
     plugin = load_benchmark("docvqa")
     config = fixture_config_of(plugin, [f"benchmark.split_dir={data}", f"benchmark.data_root={data}"])
 
-    def data_hash() -> str:
-        items = items_by_id(plugin, config, tmp_path)
-        return _data_hash(items, {"train": ["90001"], "val": ["90002"], "test": ["90003"]})
+    def first_request_key() -> str:
+        item = items_by_id(plugin, config, tmp_path)["90002"]
+        return ChatRequest(messages=first_messages(plugin, item, "", config), stage="rollout").cache_key("target")
 
-    before = data_hash()
+    before = first_request_key()
+    assert first_request_key() == before
     (data / "images" / "q90002_d7002.png").write_bytes(tiny_png((0, 0, 0)))
-    assert data_hash() != before
+    assert first_request_key() != before
 
 
 def run_context_overrides(name: str, tmp_path: Path, *extra: str) -> list[str]:

@@ -48,8 +48,8 @@ def context(task: MergeTask, monkeypatch):
 
 def test_both_trees_submit_each_level_before_waiting(monkeypatch):
     task = MergeTask()
-    merged = stages.merge_trees(context(task, monkeypatch), "skill", {"failure": patches("failure", 4), "success": patches("success", 2)},
-                               meta_skill="")
+    trees = {"failure": patches("failure", 4), "success": patches("success", 2)}
+    merged = stages.merge_trees(context(task, monkeypatch), "skill", trees, meta_skill="")
     first_wait = next(i for i, (what, _) in enumerate(task.log) if what == "wait")
     level_one = [name for what, name in task.log[:first_wait] if what == "submit"]
     assert level_one == ["failure-L1-f0+f1", "failure-L1-f2+f3", "success-L1-s0+s1"]
@@ -60,7 +60,8 @@ def test_both_trees_submit_each_level_before_waiting(monkeypatch):
 def test_side_by_side_gives_what_one_tree_at_a_time_gives(monkeypatch):
     trees = {"failure": patches("failure", 5), "success": patches("success", 3)}
     together = stages.merge_trees(context(MergeTask(), monkeypatch), "skill", trees, meta_skill="")
-    one_by_one = {kind: stages.merge_trees(context(MergeTask(), monkeypatch), "skill", {kind: ps}, meta_skill="")[kind]
+    one_by_one = {kind: stages.merge_trees(context(MergeTask(), monkeypatch), "skill", {kind: ps},
+                                           meta_skill="")[kind]
                   for kind, ps in trees.items()}
     assert together == one_by_one
 

@@ -40,7 +40,8 @@ def _gone_soon(pid: int) -> bool:
 
 
 def test_ending_the_group_stops_the_leader_and_its_grandchild():
-    process = subprocess.Popen([sys.executable, "-c", PARENT], stdout=subprocess.PIPE, text=True, **own_group())
+    process = subprocess.Popen([sys.executable, "-c", PARENT], stdout=subprocess.PIPE, text=True,
+                               **own_group())
     grandchild = int(process.stdout.readline())
     assert _alive(grandchild)
     code = end_group(process, grace_s=1.0)
@@ -51,13 +52,14 @@ def test_ending_the_group_stops_the_leader_and_its_grandchild():
 
 def test_a_timeout_in_run_in_group_stops_the_grandchild_too(tmp_path):
     pid_file = tmp_path / "grandchild.pid"
-    script = PARENT.replace("print(child.pid, flush=True)", f"open({str(pid_file)!r}, 'w').write(str(child.pid))")
+    script = PARENT.replace("print(child.pid, flush=True)",
+                            f"open({str(pid_file)!r}, 'w').write(str(child.pid))")
     with pytest.raises(subprocess.TimeoutExpired):
         run_in_group([sys.executable, "-c", script], timeout_s=2.0, grace_s=0.5)
     assert _gone_soon(int(pid_file.read_text()))
 
 
 def test_run_in_group_returns_the_output_and_exit_code_of_a_finished_child():
-    done = run_in_group([sys.executable, "-c", "import sys; print('out'); print('err', file=sys.stderr); sys.exit(3)"],
-                        timeout_s=30)
+    code = "import sys; print('out'); print('err', file=sys.stderr); sys.exit(3)"
+    done = run_in_group([sys.executable, "-c", code], timeout_s=30)
     assert (done.returncode, done.stdout, done.stderr) == (3, "out\n", "err\n")

@@ -48,7 +48,8 @@ def test_the_run_keeps_what_tasks_read(tmp_path):
 
 
 def test_a_process_rebuilds_the_same_run_from_the_pickled_spec_once(tmp_path, monkeypatch):
-    overrides = _overrides(tmp_path, "benchmark.train_size=40", "optimizer.skill_update_mode=full_rewrite_minibatch")
+    overrides = _overrides(tmp_path, "benchmark.train_size=40",
+                           "optimizer.skill_update_mode=full_rewrite_minibatch")
     spec = RunSpec.create(load_config("demo", overrides=overrides, env={}), run_name="spec")
     travelled = pickle.loads(pickle.dumps(spec))
     assert travelled == spec and travelled.key() == spec.key()

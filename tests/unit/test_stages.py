@@ -18,7 +18,7 @@ from skillopt.merge import (
 )
 from skillopt.meta_skill import MetaSkillReply, memory_from_reply, meta_skill_request
 from skillopt.probe import probe_request
-from skillopt.prompts import OPTIMIZER_PROMPTS, ReplyModel, prompt_hash
+from skillopt.prompts import OPTIMIZER_PROMPTS, ReplyModel, optimizer_prompt
 from skillopt.records import Diagnosis, ItemResult, Patch
 from skillopt.reflect import (
     AnalystReply,
@@ -501,9 +501,7 @@ def test_null_for_an_optional_key_means_its_default():
     assert reply.execution_notes == [] and reply.patch.reasoning == "" and reply.patch.edits[0].target == ""
 
 
-def test_prompt_hash_covers_every_optimizer_template_and_changes_with_the_selection():
-    assert len(prompt_hash(*OPTIMIZER_PROMPTS)) == 64
-    assert prompt_hash("optimizer/merge") != prompt_hash("optimizer/merge_final")
-    assert prompt_hash("optimizer/merge", "optimizer/ranking") == prompt_hash("optimizer/merge", "optimizer/ranking")
+def test_every_optimizer_template_ships_and_an_unknown_one_is_an_error():
+    assert all(optimizer_prompt(name.removeprefix("optimizer/")) for name in OPTIMIZER_PROMPTS)
     with pytest.raises(FileNotFoundError):
-        prompt_hash("optimizer/nope")
+        optimizer_prompt("nope")
