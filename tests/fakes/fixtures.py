@@ -3,11 +3,14 @@
 - ``openai_server``: a started ``FakeOpenAIServer``, fresh for each test, stopped (threads joined) at teardown.
 - ``anthropic_server``: the same for ``FakeAnthropicServer``.
 - ``socket_guard``: the test runs with non-loopback connections refused; yields the ``SocketGuard``.
+- ``editable_prompts``: skillopt reads a private copy of the shipped prompts and configs; yields its ``prompts``.
 """
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -29,3 +32,17 @@ def anthropic_server() -> Iterator[FakeAnthropicServer]:
     """A fresh Anthropic fake on 127.0.0.1; point the SDK at ``.url``."""
     with FakeAnthropicServer() as server:
         yield server
+
+
+@pytest.fixture
+def editable_prompts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A private, editable copy of the shipped prompts and configs that skillopt reads for this test."""
+    import skillopt.resources as resources
+
+    package = tmp_path / "package"
+    (package / "skillopt").mkdir(parents=True)
+    for kind in ("prompts", "configs"):
+        shutil.copytree(resources.shipped_dir(kind), package / kind)
+    monkeypatch.setattr(resources, "_PACKAGE_DIR", package / "skillopt")
+    assert resources.shipped_dir("prompts") == package / "prompts"
+    return package / "prompts"

@@ -8,14 +8,12 @@ epoch must send its training items to the target again unless ``train.resample_e
 from __future__ import annotations
 
 import json
-import shutil
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
 import skillopt.benchmarks.demo as demo
-import skillopt.resources as resources
 
 pytestmark = pytest.mark.slow
 
@@ -34,18 +32,6 @@ def paid_calls(run_dir: Path) -> list[dict]:
 
 def by_stage(calls: list[dict]) -> Counter:
     return Counter((call["stage"], call["tags"].get("kind")) for call in calls)
-
-
-@pytest.fixture
-def editable_prompts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A private copy of the shipped prompts and configs that skillopt reads for this test."""
-    package = tmp_path / "package"
-    (package / "skillopt").mkdir(parents=True)
-    for kind in ("prompts", "configs"):
-        shutil.copytree(resources.shipped_dir(kind), package / kind)
-    monkeypatch.setattr(resources, "_PACKAGE_DIR", package / "skillopt")
-    assert resources.shipped_dir("prompts") == package / "prompts"
-    return package / "prompts"
 
 
 def append(path: Path, text: str) -> None:

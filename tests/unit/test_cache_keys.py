@@ -3,13 +3,11 @@ draw (epoch and sample index)."""
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
 
 import skillopt.benchmarks.demo as demo
-import skillopt.resources as resources
 from skillopt.assembly import Run
 from skillopt.config import load_config
 from skillopt.flows.stages import Draws
@@ -24,18 +22,7 @@ from skillopt.tasks.rollout import DrawTarget, rollout_key
 
 
 @pytest.fixture
-def prompts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A private, editable copy of the shipped prompts and configs."""
-    package = tmp_path / "package"
-    (package / "skillopt").mkdir(parents=True)
-    for kind in ("prompts", "configs"):
-        shutil.copytree(resources.shipped_dir(kind), package / kind)
-    monkeypatch.setattr(resources, "_PACKAGE_DIR", package / "skillopt")
-    return package / "prompts"
-
-
-@pytest.fixture
-def run(tmp_path: Path, prompts: Path) -> Run:
+def run(tmp_path: Path, editable_prompts: Path) -> Run:
     overrides = [f"run.runs_dir={tmp_path / 'runs'}", f"run.cache_dir={tmp_path / 'cache'}"]
     return Run.from_config(load_config("demo", overrides=overrides, env={}), env={}, run_name="keys")
 
@@ -56,7 +43,7 @@ def test_the_reply_store_and_the_task_keys_share_one_key_function():
     assert call_key("other-model", request, Pairs) != keyed  # the model identity is part of it
 
 
-def test_editing_an_optimizer_template_changes_only_the_calls_that_send_it(run, prompts):
+def test_editing_an_optimizer_template_changes_only_the_calls_that_send_it(run, editable_prompts):
     item = run.items[run.split_ids["train"][0]]
     rows = [ItemResult(id=item.id, task_type=item.task_type, hard=0.0, soft=0.0)]
     pairs = Pairs()
@@ -65,8 +52,8 @@ def test_editing_an_optimizer_template_changes_only_the_calls_that_send_it(run, 
     before = (_analyst_key(run, rows), slow_update.cache_key_fn(None, slow_parameters),
               rollout_key(run, item, run.initial_skill, training=True))
 
-    (prompts / "optimizer" / "analyst_failure.md").write_text(
-        (prompts / "optimizer" / "analyst_failure.md").read_text() + "\nName the unit of every number.\n")
+    template = editable_prompts / "optimizer" / "analyst_failure.md"
+    template.write_text(template.read_text() + "\nName the unit of every number.\n")
     after = (_analyst_key(run, rows), slow_update.cache_key_fn(None, slow_parameters),
              rollout_key(run, item, run.initial_skill, training=True))
     assert after[0] != before[0]  # the failure analysts send the template
