@@ -163,7 +163,7 @@ class Run:
         registry = registry or BackendRegistry.default()
         benchmark, bench_cfg, roles = resolve_benchmark(loaded, cli=CliRoleOptions(**spec.cli_roles), env=env,
                                                         registry=registry, command="skillopt train BENCHMARK")
-        name = config.benchmark.name
+        name = benchmark.id
         if benchmark.needs_judge(bench_cfg) and roles.judge_problem:
             raise BenchmarkSetupError(f"benchmark {name} needs the judge role: {roles.judge_problem}")
         check_image_support(name, benchmark, roles, registry, analyst_images=config.optimizer.analyst_images)
