@@ -1,6 +1,7 @@
-"""The stages ``flows/train.py`` calls, one call each: the state a run carries from step to step, the fan-out
-of analyst and merge calls, selection and the candidate, the gate, the epoch boundary's pairs, the budget
-guard. Model calls go through the cached tasks of ``tasks/``; the decisions are ``skillopt``'s.
+"""The stages ``flows/train.py`` calls, one call each: the state a run carries from step to step, step 1's
+early rollouts, the fan-out of analyst and merge calls, selection and the candidate, the gate, the step's
+record, the epoch boundary's pairs, the budget guard and the nightly promotion. Model calls go through the
+cached tasks of ``tasks/``; the decisions are ``skillopt``'s.
 """
 
 from __future__ import annotations
@@ -18,14 +19,17 @@ from pydantic import BaseModel, Field
 
 from skillopt.appendix import with_execution_notes
 from skillopt.assembly import Run
+from skillopt.data import EpochPlan
 from skillopt.gate import GateResult, Scores, decide, gate_score
 from skillopt.llm.usage import Totals, check_budget, projection_from_history
 from skillopt.merge import merge_groups
 from skillopt.records import ItemResult, Patch, StepRecord
 from skillopt.reflect import split_and_batch
+from skillopt.registry import PromotedSkill, SkillRegistry
 from skillopt.select import needs_ranking
 from skillopt.skill import Edit, skill_hash
 from skillopt.slow_update import Pairs, pair_by_id, select_pairs
+from skillopt.tasks.artifacts import publish_promotion
 from skillopt.tasks.cache import bound
 from skillopt.tasks.optimize import (
     decide_budget_task,
@@ -34,7 +38,7 @@ from skillopt.tasks.optimize import (
     reflect_minibatch,
     rewrite_skill,
 )
-from skillopt.tasks.rollout import evaluate, evaluate_many
+from skillopt.tasks.rollout import evaluate, evaluate_many, evaluate_skill
 from skillopt.update_modes import Picked, Update
 
 progress = logging.getLogger("skillopt.progress")
@@ -131,6 +135,24 @@ class StepOutcome(BaseModel):
     #: The step's idea as edits, for the step buffer, when the candidate was not accepted.
     rejected: list[Edit] = Field(default_factory=list)
     scores: tuple[float, float] | None = None
+
+
+# --------------------------------------------------------------------------------------------
+# Rollout
+
+
+def start_first_rollouts(run: Run, skill: str, first_epoch: EpochPlan) -> Any:
+    """Step 1 rolls out the initial skill on the first batch: start those calls with the baseline's, as one
+    wave instead of two (step 1 then finds them in the cache). Not with budget caps, which must be able to
+    stop the run before step 1 spends anything, nor with the cache refreshed (step 1 would not find them)."""
+    if has_budget(run) or run.config.run.refresh_cache or not first_epoch.steps:
+        return None
+    batch = first_epoch.steps[0].batches[0]
+    # Exactly the call step 1 makes: the first draws of epoch 1, in the batch's view.
+    draws = Draws(1, resample=run.config.train.resample_each_epoch)
+    return bound(run, evaluate_skill).submit(run, skill, "train", batch.item_ids, training=True,
+                                             epoch=draws.epoch, samples=draws.take(batch.item_ids),
+                                             view_seed=batch.seed)
 
 
 # --------------------------------------------------------------------------------------------
@@ -272,6 +294,37 @@ def add_execution_notes(run: Run, state: TrainState, patches: list[Patch]) -> li
 
 
 # --------------------------------------------------------------------------------------------
+# Record
+
+
+def step_record(run: Run, state: TrainState, evidence: Evidence, merged: Patch, outcome: StepOutcome, *,
+                epoch: int, step_in_epoch: int, appendix_notes: list[str], wall_s: dict[str, float],
+                mark: int) -> StepRecord:
+    """The step's line of ``history.jsonl``, from what the step produced and how it ended."""
+    rows, picked, update = evidence.rows, outcome.picked, outcome.update
+    warnings = [p.fallback for p in [*evidence.patches, merged] if p.fallback]
+    warnings += [picked.fallback] if picked and picked.fallback else []
+    if update and update.protected_restored:
+        warnings.append("the rewrite lost or changed a protected block; it was restored")
+    return StepRecord(
+        step=state.step, epoch=epoch, step_in_epoch=step_in_epoch, budget=outcome.budget,
+        decision=outcome.decision, batch_ids=[r.id for r in rows], n_fail=sum(r.failed for r in rows),
+        n_total=len(rows), rollout_hard=sum(r.hard for r in rows) / len(rows),
+        rollout_soft=sum(r.soft for r in rows) / len(rows), patches_proposed=len(evidence.patches),
+        patches_parsed=sum(p.fallback is None for p in evidence.patches),
+        edits_proposed=outcome.edits_proposed, edits_selected=picked.count if picked else 0,
+        edits=picked.edits if picked else [], apply_report=update.report if update else None,
+        edits_applied=update.report.n_applied if update and update.report else 0,
+        change_summary=update.change_summary if update else [],
+        protected_restored=update.protected_restored if update else False,
+        budget_decision=outcome.budget_decision, probe=evidence.probe, appendix_notes=appendix_notes,
+        gate=outcome.gate, current_score=state.current_score, best_score=state.best_score,
+        skill_sha=skill_hash(state.current_skill), skill_chars=len(state.current_skill), warnings=warnings,
+        usage=run.clients.ledger.summary(since=mark)["total"], wall_s=wall_s,
+    )
+
+
+# --------------------------------------------------------------------------------------------
 # Epoch boundary
 
 
@@ -333,3 +386,27 @@ def budget_stop(run: Run, state: TrainState, where: str) -> bool:
         run.dir.write_text("STOPPED", verdict.message + "\n")
         progress.warning("%s", verdict.message)
     return verdict.stop
+
+
+# --------------------------------------------------------------------------------------------
+# Nightly promotion
+
+
+def promote_if_better(run: Run, state: TrainState, registry: SkillRegistry,
+                      incumbent: PromotedSkill | None) -> dict[str, Any]:
+    """Promote the best skill only if it beats the skill the run started from on the selection split.
+
+    That skill is the promoted one (the warm start) or, before anything was promoted, the initial
+    skill; both were scored in this run's baseline, so the comparison is like for like. The decision
+    goes to the registry history, ``promotion.json`` in the run directory and a Prefect artifact.
+    """
+    event = registry.decide(
+        run.benchmark.id, candidate=state.best_skill, candidate_score=state.best_score,
+        incumbent_sha=skill_hash(state.initial_skill), incumbent_score=gate_value(run, state.baseline),
+        incumbent_version=incumbent.version if incumbent else None, metric=run.config.evaluation.gate_metric,
+        source="nightly", run_name=run.run_name, run_dir=str(run.dir.path),
+    )
+    run.dir.write_json("promotion.json", event)
+    publish_promotion(run, event)
+    progress.info("promotion: %s", event.reason)
+    return event.model_dump(mode="json")

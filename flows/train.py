@@ -28,7 +28,7 @@ from prefect.task_runners import ThreadPoolTaskRunner
 from skillopt import live
 from skillopt.assembly import Run, RunSpec
 from skillopt.config import load_config
-from skillopt.data import EpochPlan, StepPlan
+from skillopt.data import StepPlan
 from skillopt.flows.naming import config_overrides, train_run_name
 from skillopt.flows.run import PROGRESS_LOGGER
 from skillopt.flows.stages import (
@@ -47,30 +47,32 @@ from skillopt.flows.stages import (
     gate_value,
     has_budget,
     longitudinal_pairs,
+    promote_if_better,
     reflect,
     rescore,
     select,
+    start_first_rollouts,
     step_estimate,
+    step_record,
 )
 from skillopt.flows.story import STORY_LOGGER, run_story
 from skillopt.llm.roles import CliRoleOptions
 from skillopt.probe import probe_record
 from skillopt.records import Patch, StepRecord
-from skillopt.registry import PromotedSkill, SkillRegistry
+from skillopt.registry import SkillRegistry
 from skillopt.schedule import EditBudgetSchedule
 from skillopt.skill import SLOW_UPDATE, inject_block, replace_block, skill_hash
 from skillopt.step_buffer import StepBuffer, StepBufferEntry, failure_patterns
 from skillopt.tasks.artifacts import (
     publish_cost,
     publish_progress,
-    publish_promotion,
     publish_report_link,
     publish_step,
 )
 from skillopt.tasks.cache import bound
 from skillopt.tasks.epoch import meta_skill, plan_epoch_task, slow_update
 from skillopt.tasks.optimize import deep_probe
-from skillopt.tasks.rollout import Evaluation, evaluate, evaluate_many, evaluate_skill
+from skillopt.tasks.rollout import Evaluation, evaluate, evaluate_many
 from skillopt.tasks.run import start_run
 from skillopt.update_modes import Picked
 
@@ -144,7 +146,7 @@ def baseline(run: Run) -> TrainState:
         skill = inject_block(skill, SLOW_UPDATE, "")  # empty: invisible to the target and to the hash
     first_epoch = plan_epoch_task(run.split_ids["train"], cfg.train.seed, 1, cfg.train.batch_size,
                                   cfg.train.accumulation)
-    first_rollouts = _start_first_rollouts(run, skill, first_epoch)
+    first_rollouts = start_first_rollouts(run, skill, first_epoch)
     evaluation = evaluate(run, skill, "val")
     if first_rollouts is not None:
         first_rollouts.wait()
@@ -164,20 +166,6 @@ def baseline(run: Run) -> TrainState:
     progress.info("baseline on the selection split: %.3f (%d items); %d steps to go", score,
                   len(evaluation.rows), state.total_steps)
     return state
-
-
-def _start_first_rollouts(run: Run, skill: str, first_epoch: EpochPlan) -> Any:
-    """Step 1 rolls out the initial skill on the first batch: start those calls with the baseline's, as one
-    wave instead of two (step 1 then finds them in the cache). Not with budget caps, which must be able to
-    stop the run before step 1 spends anything, nor with the cache refreshed (step 1 would not find them)."""
-    if has_budget(run) or run.config.run.refresh_cache or not first_epoch.steps:
-        return None
-    batch = first_epoch.steps[0].batches[0]
-    # Exactly the call step 1 makes: the first draws of epoch 1, in the batch's view.
-    draws = Draws(1, resample=run.config.train.resample_each_epoch)
-    return bound(run, evaluate_skill).submit(run, skill, "train", batch.item_ids, training=True,
-                                             epoch=draws.epoch, samples=draws.take(batch.item_ids),
-                                             view_seed=batch.seed)
 
 
 def run_epoch(run: Run, state: TrainState, epoch: int) -> TrainState:
@@ -338,33 +326,6 @@ def update_and_gate(run: Run, state: TrainState, buffer: StepBuffer, skill: str,
                                       "scores": (gate.current_gate, gate.candidate_gate)})
 
 
-def step_record(run: Run, state: TrainState, evidence: Evidence, merged: Patch, outcome: StepOutcome, *,
-                epoch: int, step_in_epoch: int, appendix_notes: list[str], wall_s: dict[str, float],
-                mark: int) -> StepRecord:
-    """The step's line of ``history.jsonl``, from what the step produced and how it ended."""
-    rows, picked, update = evidence.rows, outcome.picked, outcome.update
-    warnings = [p.fallback for p in [*evidence.patches, merged] if p.fallback]
-    warnings += [picked.fallback] if picked and picked.fallback else []
-    if update and update.protected_restored:
-        warnings.append("the rewrite lost or changed a protected block; it was restored")
-    return StepRecord(
-        step=state.step, epoch=epoch, step_in_epoch=step_in_epoch, budget=outcome.budget,
-        decision=outcome.decision, batch_ids=[r.id for r in rows], n_fail=sum(r.failed for r in rows),
-        n_total=len(rows), rollout_hard=sum(r.hard for r in rows) / len(rows),
-        rollout_soft=sum(r.soft for r in rows) / len(rows), patches_proposed=len(evidence.patches),
-        patches_parsed=sum(p.fallback is None for p in evidence.patches),
-        edits_proposed=outcome.edits_proposed, edits_selected=picked.count if picked else 0,
-        edits=picked.edits if picked else [], apply_report=update.report if update else None,
-        edits_applied=update.report.n_applied if update and update.report else 0,
-        change_summary=update.change_summary if update else [],
-        protected_restored=update.protected_restored if update else False,
-        budget_decision=outcome.budget_decision, probe=evidence.probe, appendix_notes=appendix_notes,
-        gate=outcome.gate, current_score=state.current_score, best_score=state.best_score,
-        skill_sha=skill_hash(state.current_skill), skill_chars=len(state.current_skill), warnings=warnings,
-        usage=run.clients.ledger.summary(since=mark)["total"], wall_s=wall_s,
-    )
-
-
 # --------------------------------------------------------------------------------------------
 # Epoch boundary
 
@@ -473,27 +434,3 @@ def finish(run: Run, state: TrainState, *, wall_s: float) -> dict[str, Any]:
     publish_report_link(run, report)
     progress.info("report: %s", report)
     return {**summary_dict(summary), "run_dir": str(run.dir.path)}
-
-
-# --------------------------------------------------------------------------------------------
-# Nightly promotion
-
-
-def promote_if_better(run: Run, state: TrainState, registry: SkillRegistry,
-                      incumbent: PromotedSkill | None) -> dict[str, Any]:
-    """Promote the best skill only if it beats the skill the run started from on the selection split.
-
-    That skill is the promoted one (the warm start) or, before anything was promoted, the initial
-    skill; both were scored in this run's baseline, so the comparison is like for like. The decision
-    goes to the registry history, ``promotion.json`` in the run directory and a Prefect artifact.
-    """
-    event = registry.decide(
-        run.benchmark.id, candidate=state.best_skill, candidate_score=state.best_score,
-        incumbent_sha=skill_hash(state.initial_skill), incumbent_score=gate_value(run, state.baseline),
-        incumbent_version=incumbent.version if incumbent else None, metric=run.config.evaluation.gate_metric,
-        source="nightly", run_name=run.run_name, run_dir=str(run.dir.path),
-    )
-    run.dir.write_json("promotion.json", event)
-    publish_promotion(run, event)
-    progress.info("promotion: %s", event.reason)
-    return event.model_dump(mode="json")
