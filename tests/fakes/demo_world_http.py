@@ -3,23 +3,45 @@
 The demo's scripted handlers answer over a real HTTP protocol, so a run configured with the
 ``openai_compatible`` backend and this server's URL trains like the offline demo while the test
 sees (and can hold) every request. Used by the resume and deployment tests.
+
+Two variants serve the signal tests:
+
+- ``failing``: the rollouts of these questions always get HTTP 500 (a persistent outage for some
+  items): the run must record them as error rows, not failures.
+- ``evidence_in_reply``: the target ends its reply with the ``Conventions:`` self-check line the
+  demo's evaluation event carries, and the optimizer reads only that one (the evaluation event's
+  line is struck from what the optimizer handlers see). With ``reply_padding`` the reply starts with
+  that many characters of working notes, so the decisive line sits after them: the optimizer
+  learns only if the tail of a long trajectory reaches it.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import threading
 
 from skillopt.benchmarks.demo import scripted as demo
+from skillopt.benchmarks.demo.world import gold_answer, parse_question, score_response
 from skillopt.llm.chat import ChatRequest, system, user
 from skillopt.prompts import optimizer_prompt
-from tests.fakes.http_fakes import FakeOpenAIServer, ok
+from tests.fakes.http_fakes import FakeOpenAIServer, ok, status
+
+#: The evaluation event's detail line, struck from optimizer messages in ``evidence_in_reply`` mode.
+_EVALUATION_CONVENTIONS = re.compile(r"^Conventions:[^\n]*\n?", re.MULTILINE)
+_NOTE = "Working note: I restate the problem, list the quantities, and check each step of the arithmetic. "
 
 
 class DemoWorldServer:
     """The demo world's target and optimizer behind the OpenAI-compatible fake, with a kill switch."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, failing: frozenset[str] = frozenset(), evidence_in_reply: bool = False,
+                 reply_padding: int = 0) -> None:
+        self.failing = failing
+        self.evidence_in_reply = evidence_in_reply
+        self.reply_padding = reply_padding
+        #: The analyst messages the optimizer received, for tests to inspect.
+        self.analyst_messages: list[str] = []
         self.server = FakeOpenAIServer(handler=self.reply)
         self.lock = threading.Lock()
         self.answered: list[str] = []
@@ -32,6 +54,8 @@ class DemoWorldServer:
 
     def reply(self, request):
         body = request.body
+        if not isinstance(body, dict) or "messages" not in body:
+            return None  # GET /models, /props: the fake's own replies
         with self.lock:
             holding = self.hold_from is not None and len(self.answered) >= self.hold_from
         if holding:
@@ -39,12 +63,31 @@ class DemoWorldServer:
             self.release.wait(timeout=300)
             return ok(text="too late")
         chat = self.as_chat_request(body)
+        if chat.stage == "rollout" and chat.last_user_text() in self.failing:
+            return status(500, message="the fake server fails this item every time")
+        if chat.stage == "analyst":
+            with self.lock:
+                self.analyst_messages.append(chat.last_user_text())
+        if self.evidence_in_reply and chat.stage != "rollout":
+            chat = chat.model_copy(update={"messages": [
+                system(chat.system_text()), user(_EVALUATION_CONVENTIONS.sub("", chat.last_user_text()))]})
         handler = {"rollout": demo.target, "analyst": demo.analyst, "merge": demo.merge, "ranking": demo.ranking,
                    "slow_update": demo.slow_update, "meta_skill": demo.meta_skill}[chat.stage]
         answer = handler(chat, 0)
+        if self.evidence_in_reply and chat.stage == "rollout":
+            answer = self.with_self_check(chat, str(answer))
         with self.lock:
             self.answered.append(canonical(body))
         return ok(text=answer if isinstance(answer, str) else json.dumps(answer), usage=self.usage)
+
+    def with_self_check(self, chat: ChatRequest, answer: str) -> str:
+        """The reply with ``reply_padding`` characters of notes before it and the conventions line after it."""
+        problem = parse_question(chat.last_user_text())
+        if problem is None:
+            return answer
+        detail = score_response(problem.task_type, gold_answer(problem), answer).detail
+        notes = (_NOTE * (self.reply_padding // len(_NOTE) + 1))[: self.reply_padding]
+        return f"{notes}\n{answer}\n{detail}" if notes else f"{answer}\n{detail}"
 
     def as_chat_request(self, body: dict) -> ChatRequest:
         system_text = "\n".join(m["content"] for m in body["messages"] if m["role"] == "system")
