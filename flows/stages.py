@@ -20,10 +20,11 @@ from pydantic import BaseModel, Field
 from skillopt.appendix import with_execution_notes
 from skillopt.assembly import Run
 from skillopt.data import EpochPlan
-from skillopt.gate import GateResult, Scores, decide, gate_score
+from skillopt.error_rows import answered_rows, paired_answered, too_many_errors
+from skillopt.gate import GateResult, Scores, decide, gate_score, score_rows
 from skillopt.llm.usage import Totals, check_budget, projection_from_history
 from skillopt.merge import merge_groups
-from skillopt.records import ItemResult, Patch, StepRecord
+from skillopt.records import ItemResult, Patch, StepRecord, unusable_replies_warning
 from skillopt.reflect import split_and_batch
 from skillopt.registry import PromotedSkill, SkillRegistry
 from skillopt.select import needs_ranking
@@ -135,6 +136,9 @@ class StepOutcome(BaseModel):
     #: The step's idea as edits, for the step buffer, when the candidate was not accepted.
     rejected: list[Edit] = Field(default_factory=list)
     scores: tuple[float, float] | None = None
+    #: Selection items the gate left out as error rows, and why it did not decide, if it did not.
+    gate_error_ids: list[str] = Field(default_factory=list)
+    skip_reason: str | None = None
 
 
 # --------------------------------------------------------------------------------------------
@@ -250,14 +254,39 @@ def build_candidate(run: Run, skill: str, merged: Patch, picked: Picked, *, buff
 # Gate
 
 
-def gate_candidate(run: Run, state: TrainState, candidate: str) -> GateResult:
-    """The candidate against the current skill on the selection split (both evaluations cached by skill)."""
+class GateSkipped(BaseModel):
+    """A gate that did not decide: too many of its items were error rows (``evaluation.max_error_share``)."""
+
+    reason: str
+    error_ids: list[str] = Field(default_factory=list)
+
+
+def gate_candidate(run: Run, state: TrainState, candidate: str) -> GateResult | GateSkipped:
+    """The candidate against the current skill on the selection split (evaluations cached by skill).
+
+    Error rows are left out on every side, paired by item: an item that errored under the candidate, the
+    current or the best skill counts for none of them, and the current and best scores are taken on the same
+    items. An evaluation with error rows is retried once more first (its finished items come from the cache).
+    """
     cfg = run.config.evaluation
-    current = evaluate(run, state.current_skill, "val")
-    proposed = evaluate(run, candidate, "val")
-    return decide(proposed.rows, current.rows, current_score=state.current_score, best_score=state.best_score,
-                  metric=cfg.gate_metric, mixed_weight=cfg.gate_mixed_weight, use_gate=cfg.use_gate,
-                  test=cfg.gate_test, alpha=cfg.gate_alpha, seed=run.config.train.seed + state.step)
+    skills = {"candidate": candidate, "current": state.current_skill, "best": state.best_skill}
+    by_hash: dict[str, Any] = {}
+    for skill in skills.values():
+        key = skill_hash(skill)
+        if key not in by_hash:
+            evaluation = evaluate(run, skill, "val")
+            if any(row.is_error for row in evaluation.rows):
+                evaluation = evaluate(run, skill, "val")  # one more try before the gate decides
+            by_hash[key] = evaluation
+    (proposed, current, best), dropped = paired_answered(*(by_hash[skill_hash(s)].rows for s in skills.values()))
+    reason = too_many_errors(len(dropped), len(by_hash[skill_hash(candidate)].rows), cfg.max_error_share)
+    if reason:
+        return GateSkipped(reason=reason, error_ids=dropped)
+    result = decide(proposed, current, current_score=gate_value(run, score_rows(current)),
+                    best_score=gate_value(run, score_rows(best)), metric=cfg.gate_metric,
+                    mixed_weight=cfg.gate_mixed_weight, use_gate=cfg.use_gate, test=cfg.gate_test,
+                    alpha=cfg.gate_alpha, seed=run.config.train.seed + state.step)
+    return result.model_copy(update={"excluded": dropped})
 
 
 def accept(run: Run, state: TrainState, candidate: str, score: float, *, new_best: bool) -> None:
@@ -302,16 +331,23 @@ def step_record(run: Run, state: TrainState, evidence: Evidence, merged: Patch, 
                 mark: int) -> StepRecord:
     """The step's line of ``history.jsonl``, from what the step produced and how it ended."""
     rows, picked, update = evidence.rows, outcome.picked, outcome.update
+    answered = answered_rows(rows)  # error rows are neither failures nor successes
     warnings = [p.fallback for p in [*evidence.patches, merged] if p.fallback]
     warnings += [picked.fallback] if picked and picked.fallback else []
     if update and update.protected_restored:
         warnings.append("the rewrite lost or changed a protected block; it was restored")
+    if outcome.skip_reason:
+        warnings.append(outcome.skip_reason)
+    parsed, fallback = reply_counts(evidence, merged, outcome)
+    replies_warning = unusable_replies_warning(parsed, fallback)
+    warnings += [replies_warning] if replies_warning else []
     return StepRecord(
         step=state.step, epoch=epoch, step_in_epoch=step_in_epoch, budget=outcome.budget,
-        decision=outcome.decision, batch_ids=[r.id for r in rows], n_fail=sum(r.failed for r in rows),
-        n_total=len(rows), rollout_hard=sum(r.hard for r in rows) / len(rows),
-        rollout_soft=sum(r.soft for r in rows) / len(rows), patches_proposed=len(evidence.patches),
-        patches_parsed=sum(p.fallback is None for p in evidence.patches),
+        decision=outcome.decision, batch_ids=[r.id for r in rows], n_fail=sum(r.failed for r in answered),
+        n_total=len(answered), n_error=len(rows) - len(answered), gate_error_ids=outcome.gate_error_ids,
+        replies_parsed=parsed, replies_fallback=fallback,
+        rollout_hard=_mean(r.hard for r in answered), rollout_soft=_mean(r.soft for r in answered),
+        patches_proposed=len(evidence.patches), patches_parsed=sum(p.fallback is None for p in evidence.patches),
         edits_proposed=outcome.edits_proposed, edits_selected=picked.count if picked else 0,
         edits=picked.edits if picked else [], apply_report=update.report if update else None,
         edits_applied=update.report.n_applied if update and update.report else 0,
@@ -322,6 +358,28 @@ def step_record(run: Run, state: TrainState, evidence: Evidence, merged: Patch, 
         skill_sha=skill_hash(state.current_skill), skill_chars=len(state.current_skill), warnings=warnings,
         usage=run.clients.ledger.summary(since=mark)["total"], wall_s=wall_s,
     )
+
+
+def reply_counts(evidence: Evidence, merged: Patch, outcome: StepOutcome) -> tuple[int, int]:
+    """``(parsed, fallback)``: the step's optimizer calls whose reply was used, and those that took their
+    stage's fallback: analysts, the last merge (the one that produced ``merged``), the ranking, the
+    autonomous budget and the probe. Read from the stages' results (a resumed step counts the same)."""
+    outcomes = [patch.fallback for patch in evidence.patches]
+    if merged.merge_level > 0 or merged.fallback:  # a single patch passes through without a merge call
+        outcomes.append(merged.fallback)
+    if outcome.picked is not None and 0 < outcome.budget < outcome.edits_proposed:  # a ranking call chose
+        outcomes.append(outcome.picked.fallback)
+    if outcome.budget_decision is not None:
+        outcomes.append(outcome.budget_decision.get("fallback"))
+    if evidence.probe is not None:
+        outcomes.append(evidence.probe.get("fallback"))
+    fallback = sum(reason is not None for reason in outcomes)
+    return len(outcomes) - fallback, fallback
+
+
+def _mean(values: Any) -> float | None:
+    values = list(values)
+    return sum(values) / len(values) if values else None
 
 
 # --------------------------------------------------------------------------------------------

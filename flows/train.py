@@ -34,6 +34,7 @@ from skillopt.flows.run import PROGRESS_LOGGER
 from skillopt.flows.stages import (
     Draws,
     Evidence,
+    GateSkipped,
     StepOutcome,
     StepTimer,
     TrainState,
@@ -58,7 +59,7 @@ from skillopt.flows.stages import (
 from skillopt.flows.story import STORY_LOGGER, run_story
 from skillopt.llm.roles import CliRoleOptions
 from skillopt.probe import probe_record
-from skillopt.records import Patch, StepRecord
+from skillopt.records import Patch, StepRecord, unusable_replies_warning
 from skillopt.registry import SkillRegistry
 from skillopt.schedule import EditBudgetSchedule
 from skillopt.skill import SLOW_UPDATE, inject_block, replace_block, skill_hash
@@ -202,15 +203,21 @@ def skill_epoch(run: Any, state: TrainState, epoch: int) -> TrainState:
         state.history.append(record)
         run.dir.record_step(record)
         run.dir.write_skill_snapshot(state.step, state.current_skill)
-        progress.info("epoch %d step %d/%d (budget %d): %d/%d failed, %d edits proposed, %d selected -> %s; "
-                      "current %.3f, best %.3f", epoch, state.step, state.total_steps, record.budget,
-                      record.n_fail, record.n_total, record.edits_proposed, record.edits_selected,
-                      record.gate.explain() if record.gate else record.decision, state.current_score,
-                      state.best_score)
+        progress.info("epoch %d step %d/%d (budget %d): %d/%d failed%s, %d edits proposed, %d selected -> %s; "
+                      "current %.3f, best %.3f; optimizer replies %d parsed / %d unusable", epoch, state.step,
+                      state.total_steps, record.budget, record.n_fail, record.n_total,
+                      f" ({record.n_error} error rows)" if record.n_error else "", record.edits_proposed,
+                      record.edits_selected, record.gate.explain() if record.gate else record.decision,
+                      state.current_score, state.best_score, record.replies_parsed, record.replies_fallback)
+        for warning in record.warnings if record.decision == "skip_errors" else []:
+            progress.warning("step %d: %s", state.step, warning)
+        replies_warning = unusable_replies_warning(record.replies_parsed, record.replies_fallback)
+        if replies_warning:
+            progress.warning("step %d: %s", state.step, replies_warning)
         publish_step(run, record, state.history, previous_skill=before, current_skill=state.current_skill)
         state.progress_artifact = publish_progress(run, state.step, state.total_steps, epoch,
                                                    cfg.train.epochs, state.current_score, state.best_score,
-                                                   state.progress_artifact)
+                                                   state.progress_artifact, last_step=record)
         publish_cost(run)
     state.epoch_last_skills.append(state.current_skill)
     if epoch >= 2 and not budget_stop(run, state, f"the epoch {epoch} boundary"):
@@ -319,6 +326,10 @@ def update_and_gate(run: Run, state: TrainState, buffer: StepBuffer, skill: str,
     with timer("gate"):
         gate = gate_candidate(run, state, update.candidate)
     run.dir.write_json(f"steps/{state.step:04d}/gate.json", gate)
+    if isinstance(gate, GateSkipped):
+        return outcome.model_copy(update={"decision": "skip_errors", "skip_reason": gate.reason,
+                                          "gate_error_ids": gate.error_ids})
+    outcome = outcome.model_copy(update={"gate_error_ids": gate.excluded})
     if gate.decision != "reject":
         accept(run, state, update.candidate, gate.candidate_gate, new_best=gate.new_best)
         return outcome.model_copy(update={"decision": gate.decision, "gate": gate, "rejected": []})
@@ -356,10 +367,14 @@ def epoch_boundary(run: Run, state: TrainState, epoch: int, epoch_start_skill: s
     state.guidance = reply.guidance
     gate = None
     if cfg.optimizer.slow_update_gate:
-        gate = gate_candidate(run, state, candidate)
-        decision = gate.decision
-        if gate.decision != "reject":
-            accept(run, state, candidate, gate.candidate_gate, new_best=gate.new_best)
+        checked = gate_candidate(run, state, candidate)
+        if isinstance(checked, GateSkipped):
+            decision = "skip_errors"
+            progress.warning("epoch %d boundary: %s", epoch, checked.reason)
+        else:
+            gate, decision = checked, checked.decision
+            if gate.decision != "reject":
+                accept(run, state, candidate, gate.candidate_gate, new_best=gate.new_best)
     else:
         rescore(run, state, candidate)
         decision = "slow_update"

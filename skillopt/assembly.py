@@ -31,6 +31,7 @@ from skillopt.benchmarks.resolve import read_prompt, resolve_benchmark
 from skillopt.benchmarks.scripted_target import target_rules
 from skillopt.config import LoadedConfig, SkillOptConfig
 from skillopt.data import Item, check_train_size, small_split_warning
+from skillopt.error_rows import ErrorStreak
 from skillopt.llm.base import BackendContext, BackendRegistry, EnvSecrets
 from skillopt.llm.clients import ModelClients
 from skillopt.llm.limiter import RateLimiter
@@ -115,6 +116,8 @@ class Run:
         #: The plug-in's analyst guidance, by kind (``error`` for failure analysts, ``success``).
         self.benchmark_guidance = benchmark_guidance
         self.update_mode: UpdateMode = update_mode_for(loaded.config.optimizer)
+        #: Error rows in a row across the run's rollouts; ``model.failfast_n`` of them stop the run.
+        self.error_streak = ErrorStreak(loaded.config.model.failfast_n)
 
     def __repr__(self) -> str:
         return f"Run(run_name={self.run_name!r}, benchmark={self.benchmark.id!r})"

@@ -160,8 +160,7 @@ class ModelSection(_Section):
     providers: dict[str, ProviderLimits] = Field(default_factory=dict)
     rate_limit_mode: Literal["local", "prefect", "off"] = "local"
     retry: RetryPolicy = Field(default_factory=RetryPolicy)
-    task_retries: int = Field(default=0, ge=0)
-    max_error_rate: float = Field(default=0.2, ge=0, le=1)
+    #: This many error rows in a row (model calls that failed after their retries) stop the run.
     failfast_n: int = Field(default=5, ge=1)
     pricing_file: str | None = None
 
@@ -190,6 +189,9 @@ class GradientSection(_Section):
     deep_probe: Bool = False
     deep_probe_failures: int = Field(default=4, ge=0)
     deep_probe_successes: int = Field(default=2, ge=0)
+    #: A cap on each trajectory an optimizer prompt shows, in tokens; unset: a prompt's trajectories share the
+    #: room the optimizer's context window leaves after the rest of the prompt and the reply.
+    trajectory_tokens: int | None = Field(default=None, ge=64)
 
 
 class OptimizerSection(_Section):
@@ -228,6 +230,8 @@ class EvaluationSection(_Section):
     eval_test: Bool = True
     #: A split smaller than this gets a warning at the start of a run (0: never).
     min_split_items: int = Field(default=10, ge=0)
+    #: A gate where more than this share of the selection items are error rows skips the step instead of deciding.
+    max_error_share: float = Field(default=0.1, ge=0, le=1)
 
 
 class BudgetSection(_Section):

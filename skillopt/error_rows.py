@@ -71,6 +71,12 @@ class ErrorStreak:
         self._count = 0
         self._lock = threading.Lock()
 
+    def __getstate__(self) -> dict[str, int]:  # the run travels to workers; its lock does not
+        return {"limit": self.limit, "count": self._count}
+
+    def __setstate__(self, state: dict[str, int]) -> None:
+        self.limit, self._count, self._lock = state["limit"], state["count"], threading.Lock()
+
     def observe(self, rows: Sequence[ItemResult]) -> None:
         with self._lock:
             for row in rows:

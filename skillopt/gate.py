@@ -160,6 +160,8 @@ class GateResult(BaseModel):
     method: PairedMethod | None = None
     p_value: float | None = None
     alpha: float
+    #: Selection items left out on both sides because they were error rows under some skill (``error_rows``).
+    excluded: list[str] = []
 
     @property
     def accepted(self) -> bool:
@@ -195,6 +197,8 @@ class GateResult(BaseModel):
         if test_note:
             parts.append(test_note)
         parts.append(flips)
+        if self.excluded:
+            parts.append(f"{len(self.excluded)} error item{'s' if len(self.excluded) != 1 else ''} left out")
         return "; ".join(parts)
 
 

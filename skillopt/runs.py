@@ -129,9 +129,12 @@ def run_directory_name(benchmark: str, config: SkillOptConfig, *, prefix: str | 
 
 
 def per_task_type(rows: Iterable[ItemResult]) -> dict[str, dict[str, float | int]]:
-    """Mean hard and soft score and row count per ``task_type``, task types sorted by name."""
+    """Mean hard and soft score and row count per ``task_type``, task types sorted by name; error rows (calls
+    that failed after their retries) say nothing about the skill and are left out."""
     groups: dict[str, list[ItemResult]] = {}
     for row in rows:
+        if row.is_error:
+            continue
         groups.setdefault(row.task_type, []).append(row)
     breakdown: dict[str, dict[str, float | int]] = {}
     for task_type in sorted(groups):
@@ -651,8 +654,8 @@ class RunDir:
 
         - ``results.jsonl``: one row per item, in the given order, without the trajectory and the
           target's prompts (those are in ``predictions/``);
-        - ``scores.json``: ``{name, split, skill_sha, hard, soft, n, per_task_type}`` (``scores``
-          defaults to the mean of ``rows``);
+        - ``scores.json``: ``{name, split, skill_sha, hard, soft, n, errors, per_task_type}`` (``scores``
+          defaults to the mean of the rows that are not error rows; ``errors`` counts those);
         - ``predictions/<id>/trajectory.json``, ``target_system_prompt.txt``,
           ``target_user_prompt.txt``: for people reading what the target did.
 
@@ -664,7 +667,7 @@ class RunDir:
         duplicates = sorted(item for item, count in Counter(row.id for row in rows).items() if count > 1)
         if duplicates:
             raise ValueError(f"evaluation {name!r} has duplicate item ids: {', '.join(duplicates[:10])}")
-        scores = score_rows(rows) if scores is None else scores
+        scores = score_rows([r for r in rows if not r.is_error] or rows) if scores is None else scores
         lines = [
             row.model_dump_json(exclude={"trajectory", "target_system_prompt", "target_user_prompt"}) + "\n"
             for row in rows
@@ -684,6 +687,7 @@ class RunDir:
                 "hard": scores.hard,
                 "soft": scores.soft,
                 "n": scores.n,
+                "errors": sum(row.is_error for row in rows),
                 "per_task_type": per_task_type(rows),
             },
         )

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from skillopt.llm.chat import ChatRequest
+from skillopt.llm.clients import RequestBuilder
 from skillopt.llm.errors import (
     AuthError,
     BackendError,
@@ -35,9 +36,10 @@ RUN_LEVEL_ERRORS: tuple[type[BackendError], ...] = (AuthError, PermissionDenied,
                                                     BudgetExceeded)
 
 
-def structured_or_fallback(client: Any, request: ChatRequest, schema: type[M], *,
+def structured_or_fallback(client: Any, request: ChatRequest | RequestBuilder, schema: type[M], *,
                            fallback: Callable[[str], F]) -> M | F:
-    """``client.structured(request, schema)``'s validated reply, or ``fallback(reason)`` when this call
+    """``client.structured(request, schema)``'s validated reply (``request`` may be a builder that sizes the
+    request to the optimizer's context window, see ``RoleClient.structured``), or ``fallback(reason)`` when this call
     failed in a way only this call is affected by (see the module docstring); other failures raise."""
     try:
         reply, _ = client.structured(request, schema)

@@ -38,6 +38,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from skillopt.llm.context import CHARS_PER_TOKEN
 from skillopt.records import ItemResult
 
 #: Below this many characters per field, shortening fields stops being useful and events from the
@@ -230,6 +231,11 @@ def format_trajectory(row: ItemResult, *, index: int, max_chars: int | None = No
     are longer: those are never cut.
     """
     return _block(row, index).render(max_chars)
+
+
+def trajectory_chars(tokens: int | None) -> int | None:
+    """``gradient.trajectory_tokens`` in characters (None: no per-trajectory cap)."""
+    return tokens * CHARS_PER_TOKEN if tokens else None
 
 
 def fit_trajectories(rows: Sequence[ItemResult], *, budget_chars: int | None, first_index: int = 1,

@@ -49,14 +49,16 @@ def _publish(kind: str, create: Any, **kwargs: Any) -> Any:
 
 
 def publish_progress(ctx: Run, step: int, total_steps: int, epoch: int, epochs: int, current: float,
-                     best: float, artifact_id: str | None = None, *, finished: bool = False) -> str | None:
+                     best: float, artifact_id: str | None = None, *, finished: bool = False,
+                     last_step: StepRecord | None = None) -> str | None:
     """Prefect's progress artifact of the run, created once and then updated in place: the share of
     steps done, with the epoch, step and current/best gate scores as its description (``finished``:
-    the run's final figures).
+    the run's final figures), and the last step's optimizer replies and error rows.
 
     Returns the artifact id to pass back on the next call (None if publishing failed)."""
     percent = progress_percent(step, total_steps)
-    description = progress_markdown(epoch, epochs, step, total_steps, current, best, finished=finished)
+    description = progress_markdown(epoch, epochs, step, total_steps, current, best, finished=finished,
+                                    last_step=last_step)
     if artifact_id is None:
         created = _publish("progress", create_progress_artifact, progress=percent, key=_key(ctx, "progress"),
                            description=description)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 from prefect import task
@@ -13,6 +14,7 @@ from skillopt.meta_skill import MetaSkillReply, meta_skill_request
 from skillopt.slow_update import Pairs, SlowUpdateReply, slow_update_request
 from skillopt.stage_call import structured_or_fallback
 from skillopt.tasks.cache import content_key, keyed, keyed_by_request, retry_only_retryable
+from skillopt.trajectory import trajectory_chars
 
 _OPTIONS: dict[str, Any] = {"persist_result": True, "result_serializer": "json", "tags": ["llm:optimizer"],
                             "retry_condition_fn": retry_only_retryable}
@@ -31,23 +33,31 @@ def plan_epoch_task(train_ids: list[str], seed: int, epoch: int, batch_size: int
 
 
 def _slow_update_request(run: Run, start_skill: str, current_skill: str, previous_guidance: str,
-                         pairs: Pairs) -> ChatRequest:
+                         pairs: Pairs, prompt_chars: int | None = None) -> ChatRequest:
+    """Sized to ``prompt_chars`` (default: the room the optimizer's context window leaves)."""
+    if prompt_chars is None:
+        prompt_chars = run.clients.optimizer.prompt_chars(SlowUpdateReply)
     return slow_update_request(start_skill=start_skill, current_skill=current_skill,
-                               previous_guidance=previous_guidance, pairs=pairs)
+                               previous_guidance=previous_guidance, pairs=pairs, prompt_chars=prompt_chars,
+                               trajectory_chars=trajectory_chars(run.config.gradient.trajectory_tokens))
 
 
 @task(name="slow_update", cache_key_fn=keyed_by_request(_slow_update_request, SlowUpdateReply), **_OPTIONS)
 def slow_update(run: Run, start_skill: str, current_skill: str, previous_guidance: str,
                 pairs: Pairs) -> SlowUpdateReply | None:
     """New epoch guidance for the target; None when the reply cannot be used (the old guidance stays)."""
-    request = _slow_update_request(run, start_skill, current_skill, previous_guidance, pairs)
+    request = partial(_slow_update_request, run, start_skill, current_skill, previous_guidance, pairs)
     return structured_or_fallback(run.clients.optimizer, request, SlowUpdateReply, fallback=lambda _: None)
 
 
 def _meta_skill_request(run: Run, previous_skill: str, current_skill: str, previous_memory: str,
-                        pairs: Pairs) -> ChatRequest:
+                        pairs: Pairs, prompt_chars: int | None = None) -> ChatRequest:
+    """Sized to ``prompt_chars`` (default: the room the optimizer's context window leaves)."""
+    if prompt_chars is None:
+        prompt_chars = run.clients.optimizer.prompt_chars(MetaSkillReply)
     return meta_skill_request(previous_skill=previous_skill, current_skill=current_skill,
-                              previous_memory=previous_memory, pairs=pairs)
+                              previous_memory=previous_memory, pairs=pairs, prompt_chars=prompt_chars,
+                              trajectory_chars=trajectory_chars(run.config.gradient.trajectory_tokens))
 
 
 @task(name="meta_skill", cache_key_fn=keyed_by_request(_meta_skill_request, MetaSkillReply), **_OPTIONS)
@@ -55,5 +65,5 @@ def meta_skill(run: Run, previous_skill: str, current_skill: str, previous_memor
                pairs: Pairs) -> MetaSkillReply | None:
     """The optimizer's memory for the next epoch; None when the reply cannot be used (the old memory
     stays)."""
-    request = _meta_skill_request(run, previous_skill, current_skill, previous_memory, pairs)
+    request = partial(_meta_skill_request, run, previous_skill, current_skill, previous_memory, pairs)
     return structured_or_fallback(run.clients.optimizer, request, MetaSkillReply, fallback=lambda _: None)

@@ -8,6 +8,7 @@ and turns the reply into a ``Patch`` or a selection.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 from prefect import task
@@ -26,6 +27,7 @@ from skillopt.skill import Edit
 from skillopt.stage_call import structured_or_fallback
 from skillopt.tasks.cache import digest, keyed_by_request, retry_only_retryable
 from skillopt.tasks.rollout import PartialEvaluation, rollout_key, run_rollouts
+from skillopt.trajectory import trajectory_chars
 from skillopt.update_modes import Picked
 
 _OPTIONS: dict[str, Any] = {"persist_result": True, "result_serializer": "json", "tags": ["llm:optimizer"],
@@ -33,13 +35,16 @@ _OPTIONS: dict[str, Any] = {"persist_result": True, "result_serializer": "json",
 
 
 def analyst_request(run: Run, kind: str, skill: str, rows: list[ItemResult], budget: int, step_buffer: str,
-                    meta_skill: str) -> ChatRequest:
+                    meta_skill: str, prompt_chars: int | None = None) -> ChatRequest:
     """The update mode's analyst request on one minibatch, with the items' images when the analyst sees
-    them."""
+    them, sized to ``prompt_chars`` (default: the room the optimizer's context window leaves)."""
+    if prompt_chars is None:
+        prompt_chars = run.clients.optimizer.prompt_chars(run.update_mode.analyst_reply)
     request = run.update_mode.analyst_request(
         kind=kind, skill=skill, budget=budget, rows=rows, step_buffer=step_buffer, meta_skill=meta_skill,
         use_appendix=run.config.optimizer.use_appendix,
-        benchmark_guidance=run.benchmark_guidance["error" if kind == "failure" else "success"])
+        benchmark_guidance=run.benchmark_guidance["error" if kind == "failure" else "success"],
+        prompt_chars=prompt_chars, trajectory_chars=trajectory_chars(run.config.gradient.trajectory_tokens))
     if not run.config.optimizer.analyst_images:
         return request
     images = {row.id: item_image_paths(run.items.get(row.id, {})) for row in rows}
@@ -52,7 +57,8 @@ def reflect_minibatch(run: Run, kind: str, skill: str, rows: list[ItemResult], b
                       step_buffer: str, meta_skill: str) -> Patch:
     """One analyst call on one minibatch of train trajectories (edits, suggestions or a whole skill)."""
     mode = run.update_mode
-    request = analyst_request(run, kind, skill, rows, budget, step_buffer, meta_skill)
+    # A builder: the client rebuilds the request smaller if the server still finds it too long.
+    request = partial(analyst_request, run, kind, skill, rows, budget, step_buffer, meta_skill)
     reply = structured_or_fallback(
         run.clients.optimizer, request, mode.analyst_reply,
         fallback=lambda reason: analyst_fallback(kind=kind, rows=rows,  # type: ignore[arg-type]
@@ -132,9 +138,12 @@ class ProbeResult(BaseModel):
 
 
 def _probe_request(run: Run, skill: str, picked: list[ItemResult], step_buffer: str,
-                   meta_skill: str) -> ChatRequest:
+                   meta_skill: str, prompt_chars: int | None = None) -> ChatRequest:
+    if prompt_chars is None:
+        prompt_chars = run.clients.optimizer.prompt_chars(ProbeReply)
     return probe_request(skill=skill, rows=picked, step_buffer=step_buffer, meta_skill=meta_skill,
-                         benchmark_guidance=run.benchmark_guidance.get("probe", ""))
+                         benchmark_guidance=run.benchmark_guidance.get("probe", ""), prompt_chars=prompt_chars,
+                         trajectory_chars=trajectory_chars(run.config.gradient.trajectory_tokens))
 
 
 def _probe_picks(run: Run, rows: list[ItemResult]) -> list[ItemResult]:
@@ -161,7 +170,7 @@ def deep_probe(run: Run, skill: str, rows: list[ItemResult], step_buffer: str, m
     picked = _probe_picks(run, rows)
     if not picked:
         return ProbeResult(fallback="no items to probe")
-    request = _probe_request(run, skill, picked, step_buffer, meta_skill)
+    request = partial(_probe_request, run, skill, picked, step_buffer, meta_skill)
     reply = structured_or_fallback(
         run.clients.optimizer, request, ProbeReply,
         fallback=lambda reason: ProbeResult(fallback=f"probe reply unusable: {reason}"))
@@ -172,6 +181,6 @@ def deep_probe(run: Run, skill: str, rows: list[ItemResult], step_buffer: str, m
     try:
         evaluation = run_rollouts(run, skill, "train", [row.id for row in picked], training=True,
                                   probe_instruction=reply.probe_instruction, epoch=epoch)
-    except PartialEvaluation as partial:
-        evaluation = partial.evaluation
+    except PartialEvaluation as incomplete:
+        evaluation = incomplete.evaluation
     return ProbeResult(instruction=reply.probe_instruction, rows=evaluation.rows)

@@ -209,6 +209,11 @@ class RoleClient:
         """The room a structured call's prompt and reply have in this role's window."""
         return PromptRoom.of(self.context_window(), self.role.max_tokens)
 
+    def prompt_chars(self, schema: type[BaseModel]) -> int:
+        """How long a structured call's prompt for ``schema`` may be: the room the window leaves, less what a
+        server that takes the schema in the text adds. Builders are first called with this size."""
+        return self.prompt_room().prompt_chars - _schema_chars(schema)
+
     def _learn_window(self, error: BackendError) -> None:
         window = window_from_error(error.reason)
         if window:
@@ -240,8 +245,7 @@ class RoleClient:
             repair = self.role.role == "optimizer"
         build = request if callable(request) else _fixed(request)
         # json_object servers carry the schema in the prompt: leave it room.
-        limit = self.prompt_room().prompt_chars - _schema_chars(schema)
-        first_request, first = self._send_fitting(build, schema, limit)
+        first_request, first = self._send_fitting(build, schema, self.prompt_chars(schema))
         try:
             return self._parse(first, schema, first_request, repair), first
         except ParseError as error:
@@ -264,8 +268,7 @@ class RoleClient:
             return request, self.chat(request)
         except ContextLengthExceeded as error:
             self._learn_window(error)
-            smaller_limit = min(self.prompt_room().prompt_chars - _schema_chars(schema),
-                                int(request.prompt_chars() * SHRINK_AFTER_OVERFLOW))
+            smaller_limit = min(self.prompt_chars(schema), int(request.prompt_chars() * SHRINK_AFTER_OVERFLOW))
             smaller = self._capped(build(smaller_limit), schema)
             if smaller.prompt_chars() >= request.prompt_chars() and smaller.max_tokens == request.max_tokens:
                 raise  # nothing left to shrink: the stage falls back
