@@ -87,9 +87,9 @@ def progress_markdown(
         f"| current | {_score(current)} |\n| best | {_score(best)} |\n"
     )
     if last_step is not None:
-        text += (f"\nLast step: optimizer replies {last_step.replies_parsed} parsed, {last_step.replies_fallback} "
-                 f"fallback; error rows {last_step.n_error} in the batch, {len(last_step.gate_error_ids)} in the "
-                 "gate\n")
+        text += (f"\nLast step: optimizer replies {last_step.replies_parsed} parsed, "
+                 f"{last_step.replies_fallback} fallback; error rows {last_step.n_error} in the batch, "
+                 f"{len(last_step.gate_error_ids)} in the gate\n")
         warning = unusable_replies_warning(last_step.replies_parsed, last_step.replies_fallback)
         if warning:
             text += f"\n**Warning:** {warning}\n"

@@ -51,7 +51,8 @@ def too_many_errors(errors: int, total: int, max_share: float) -> str | None:
         return f"all {total} selection items are error rows; no item to compare the skills on"
     if errors / total > max_share:
         return (f"{errors} of {total} selection items are error rows ({errors / total:.0%}), more than "
-                f"evaluation.max_error_share {max_share:.0%}; the step is skipped rather than decided on the rest")
+                f"evaluation.max_error_share {max_share:.0%}; the step is skipped rather than decided on "
+                "the rest")
     return None
 
 

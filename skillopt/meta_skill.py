@@ -35,7 +35,8 @@ class MetaSkillReply(ReplyModel):
     memory: str
 
 
-def meta_skill_sections(*, previous_skill: str, current_skill: str, previous_memory: str) -> list[tuple[str, str]]:
+def meta_skill_sections(*, previous_skill: str, current_skill: str,
+                        previous_memory: str) -> list[tuple[str, str]]:
     """The meta-skill message before the comparison: both skills and the previous memory."""
     return [
         ("Previous epoch's last skill", skill_or_empty(previous_skill)),

@@ -152,8 +152,8 @@ def unusable_replies_warning(parsed: int, fallback: int) -> str | None:
     if not total or fallback * 2 <= total:
         return None
     return (f"most optimizer replies were unusable: {fallback} of {total} took their stage's fallback "
-            "(unparseable JSON, or a call that failed for good); the optimizer model may be too small for the "
-            "task, its context window too short, or its server misconfigured")
+            "(unparseable JSON, or a call that failed for good); the optimizer model may be too small for "
+            "the task, its context window too short, or its server misconfigured")
 
 
 class SplitScores(BaseModel):

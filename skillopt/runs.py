@@ -231,7 +231,8 @@ def signal_counts(history: Sequence[StepRecord]) -> dict[str, Any]:
     return {
         "optimizer_replies": {"parsed": sum(r.replies_parsed for r in steps),
                               "fallback": sum(r.replies_fallback for r in steps)},
-        "errors": {"rollout": sum(r.n_error for r in steps), "gate": sum(len(r.gate_error_ids) for r in steps)},
+        "errors": {"rollout": sum(r.n_error for r in steps),
+                   "gate": sum(len(r.gate_error_ids) for r in steps)},
     }
 
 
@@ -241,8 +242,9 @@ def summary_warnings(history: Sequence[StepRecord]) -> list[str]:
     replies, errors = counts["optimizer_replies"], counts["errors"]
     warnings = [w for w in [unusable_replies_warning(replies["parsed"], replies["fallback"])] if w]
     if errors["rollout"] or errors["gate"]:
-        warnings.append(f"{errors['rollout']} training rollouts and {errors['gate']} gate items were error rows "
-                        "(model calls that failed after their retries); they were left out of reflection and gates")
+        warnings.append(f"{errors['rollout']} training rollouts and {errors['gate']} gate items were error "
+                        "rows (model calls that failed after their retries); they were left out of reflection "
+                        "and gates")
     return warnings
 
 

@@ -137,8 +137,8 @@ def format_comparison(pairs: Pairs, *, section_chars: int | None = None,
                        for before, after in pairs.stable_success) or "(none)"
     tail = f"\n### Stable successes\n{stable}"
     comparisons = [_pair_lines(before, after) for before, after in shown]
-    fixed = [*lines, *(f"\n### {title}\n" + ("" if group else "(none)") for title, group in groups), *comparisons,
-             tail]
+    headings = [f"\n### {title}\n" + ("" if group else "(none)") for title, group in groups]
+    fixed = [*lines, *headings, *comparisons, tail]
     room = room_left(section_chars, *fixed, "\n" * (len(fixed) + 2 * len(shown)))
     blocks = iter(fit_trajectories([after for _, after in shown], budget_chars=room,
                                    per_trajectory_chars=trajectory_chars))
@@ -151,7 +151,7 @@ def format_comparison(pairs: Pairs, *, section_chars: int | None = None,
 
 
 def _side(label: str, row: ItemResult) -> str:
-    answer = elide_middle(one_line(row.predicted_answer), ANSWER_CHARS) if row.predicted_answer.strip() else ""
+    answer = elide_middle(one_line(row.predicted_answer), ANSWER_CHARS)
     outcome = "failed" if row.failed else "solved"
     text = f"{label}: {outcome} (hard {row.hard:.2f}, soft {row.soft:.2f}), answer `{answer or '(none)'}`"
     return text
@@ -190,7 +190,8 @@ def comparison_request(stage: Literal["slow_update", "meta_skill"], sections: Se
     instructions = optimizer_prompt(stage) + "\n"
     message = comparison_message(sections, pairs, message_chars=room_left(prompt_chars, instructions),
                                  trajectory_chars=trajectory_chars)
-    return ChatRequest(messages=[system(instructions), user(message)], stage=stage, tags={"item_ids": pairs.ids()})
+    return ChatRequest(messages=[system(instructions), user(message)], stage=stage,
+                       tags={"item_ids": pairs.ids()})
 
 
 def block_text(text: str) -> str:
@@ -198,7 +199,8 @@ def block_text(text: str) -> str:
     return strip_markers(text).strip()
 
 
-def slow_update_sections(*, start_skill: str, current_skill: str, previous_guidance: str) -> list[tuple[str, str]]:
+def slow_update_sections(*, start_skill: str, current_skill: str,
+                         previous_guidance: str) -> list[tuple[str, str]]:
     """The slow-update message before the comparison: both skills and the previous guidance."""
     return [
         ("Skill at the start of the epoch", skill_or_empty(start_skill)),
@@ -208,8 +210,8 @@ def slow_update_sections(*, start_skill: str, current_skill: str, previous_guida
 
 
 def slow_update_request(
-    *, start_skill: str, current_skill: str, previous_guidance: str, pairs: Pairs, prompt_chars: int | None = None,
-    trajectory_chars: int | None = None,
+    *, start_skill: str, current_skill: str, previous_guidance: str, pairs: Pairs,
+    prompt_chars: int | None = None, trajectory_chars: int | None = None,
 ) -> ChatRequest:
     """The slow-update call: stage ``slow_update``, tags ``{"item_ids"}`` (train items only), sized
     to ``prompt_chars`` (None: whole trajectories)."""

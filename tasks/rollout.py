@@ -214,9 +214,11 @@ def run_rollouts(run: Run, skill: str, split: str, item_ids: list[str], *, train
     check_infrastructure(rows, role_label=run.clients.roles.target.label())
     run.error_streak.observe(rows)
     # Error rows say nothing about the skill: the scores are those of the items that answered.
-    evaluation = Evaluation(split=split, skill_sha=skill_hash(skill), rows=rows, scores=score_rows(answered_rows(rows)))
+    scores = score_rows(answered_rows(rows))
+    evaluation = Evaluation(split=split, skill_sha=skill_hash(skill), rows=rows, scores=scores)
     if errors:
-        raise PartialEvaluation(f"{len(errors)} of {len(rows)} {split} items failed; first: {errors[0]}", evaluation)
+        raise PartialEvaluation(f"{len(errors)} of {len(rows)} {split} items failed; first: {errors[0]}",
+                                evaluation)
     return evaluation
 
 
