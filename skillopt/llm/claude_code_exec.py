@@ -110,7 +110,7 @@ class ClaudeCodeExec(ExecHarness):
         result: dict[str, Any] | None = None
         for event in output.events:
             kind = event.get("type")
-            message = event.get("message") if isinstance(event.get("message"), dict) else {}
+            message = value if isinstance(value := event.get("message"), dict) else {}
             if kind == "system" and event.get("subtype") == "init":
                 output.model = event.get("model") or output.model
             elif kind == "assistant":
@@ -154,7 +154,7 @@ def _text_of(content: Any) -> str:
 
 def _note_tool_use(output: CliOutput, block: dict[str, Any], ws: Workspace) -> None:
     name = str(block.get("name", "?"))
-    arguments = block.get("input") if isinstance(block.get("input"), dict) else {}
+    arguments = value if isinstance(value := block.get("input"), dict) else {}
     if name == "Read" and arguments.get("file_path"):
         path = str(arguments["file_path"])
         prefix = f"{ws.root}/"

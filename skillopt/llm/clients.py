@@ -30,7 +30,7 @@ from skillopt.llm.context import (
     known_context_tokens,
     window_from_error,
 )
-from skillopt.llm.errors import BackendError, ContextLengthExceeded, ParseError, RateLimited
+from skillopt.llm.errors import BackendError, ContextLengthExceeded, ErrorContext, ParseError, RateLimited
 from skillopt.llm.json_extract import extract_json, schema_instruction
 from skillopt.llm.limiter import LocalRateLimiter, NoLimits, RateLimiter
 from skillopt.llm.pricing import PriceTable
@@ -284,8 +284,8 @@ class RoleClient:
                                           "max_tokens": request.max_tokens if cap == wanted else cap})
 
     def _parse(self, response: ChatResponse, schema: type[M], request: ChatRequest, repair: bool) -> M:
-        context = {"role": self.role.role, "backend": self.role.backend, "model": self.role.model,
-                   "stage": request.stage}
+        context: ErrorContext = {"role": self.role.role, "backend": self.role.backend, "model": self.role.model,
+                                 "stage": request.stage}
         if response.truncated:
             raise ParseError("the reply was cut off at max_tokens", excerpt=response.text[-300:], **context)
         if response.parsed is not None:

@@ -96,7 +96,7 @@ class CodexExec(ExecHarness):
         output = CliOutput(events=parse_jsonl(stdout))
         for event in output.events:
             kind = event.get("type")
-            item = event.get("item") if isinstance(event.get("item"), dict) else {}
+            item = value if isinstance(value := event.get("item"), dict) else {}
             if kind == "item.completed" and item.get("type") == "command_execution":
                 command = str(item.get("command", ""))
                 output.commands.append(command)

@@ -7,7 +7,21 @@ followed by the cause and a hint. ``retryable`` marks the errors the retry loop 
 
 from __future__ import annotations
 
+from typing import TypedDict, Unpack
+
 from skillopt.errors import SkillOptError
+
+
+class ErrorContext(TypedDict, total=False):
+    """Where a failed call went: the keywords of ``BackendError`` that code collects once and passes to
+    each error it may raise (the hint, the retry delay and the attempt count are given per error)."""
+
+    role: str | None
+    backend: str | None
+    model: str | None
+    stage: str | None
+    status: int | None
+    request_id: str | None
 
 
 class BackendError(SkillOptError):
@@ -111,9 +125,9 @@ class ParseError(BackendError):
     ``excerpt`` holds at most 300 characters of the reply for diagnosis.
     """
 
-    def __init__(self, message: str, *, excerpt: str = "", **context: object) -> None:
+    def __init__(self, message: str, *, excerpt: str = "", **context: Unpack[ErrorContext]) -> None:
         self.excerpt = excerpt[:300]
-        super().__init__(message, **context)  # type: ignore[arg-type]
+        super().__init__(message, **context)
 
 
 class EmptyAnswer(BackendError):

@@ -44,7 +44,7 @@ from skillopt.config import Bool
 from skillopt.errors import ConfigError, DataError, SecurityError
 from skillopt.llm.base import BackendContext, SecretSource
 from skillopt.llm.chat import Usage
-from skillopt.llm.errors import BackendError, EmptyAnswer, ExecError, ExecTimeout
+from skillopt.llm.errors import BackendError, EmptyAnswer, ErrorContext, ExecError, ExecTimeout
 from skillopt.llm.http_common import WarnOnce, require_key, resolve_key
 from skillopt.llm.roles import ResolvedRole
 from skillopt.redact import Redactor
@@ -506,6 +506,8 @@ class ExecHarness(ABC):
 
     def _result(self, done: list[_Attempt], latency_s: float) -> ExecResult:
         last = done[-1]
+        # Only an answered attempt ends the run, and one killed at the wall clock is an ExecTimeout.
+        assert last.outcome.exit_code is not None
         usage = Usage()
         costs = [a.output.cost_usd for a in done if a.output.cost_usd is not None]
         for attempt in done:
@@ -554,7 +556,8 @@ class ExecHarness(ABC):
 
     def _classify(self, task: ExecTask, outcome: ProcessOutcome, output: CliOutput) -> BackendError | None:
         """The error this attempt ends with, or None for an answer."""
-        context = {"role": self.role.role, "backend": self.backend, "model": self.role.model, "stage": "rollout"}
+        context: ErrorContext = {"role": self.role.role, "backend": self.backend, "model": self.role.model,
+                                 "stage": "rollout"}
         if outcome.timed_out:
             return ExecTimeout(
                 f"item {task.item_id}: {self.cli} gave no answer within {self.role.timeout_s:g} s; its process "

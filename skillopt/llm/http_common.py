@@ -22,6 +22,7 @@ from skillopt.llm.errors import (
     CallTimeout,
     ConnectionFailed,
     ContextLengthExceeded,
+    ErrorContext,
     ModelNotFound,
     PermissionDenied,
     RateLimited,
@@ -54,7 +55,8 @@ def classify_status(
     excerpt = redactor(message or body)[:500]
     where = f"HTTP {status} from {host_of(role.base_url)}"
     reason = f"{where}: {excerpt}" if excerpt else where
-    context = {"status": status, "request_id": headers.get("x-request-id") or headers.get("request-id")}
+    context: ErrorContext = {"status": status,
+                             "request_id": headers.get("x-request-id") or headers.get("request-id")}
     lowered = f"{code or ''} {message or ''}".lower()
     if status == 401:
         return AuthError(reason, hint=_key_hint(role), **context)

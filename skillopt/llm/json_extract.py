@@ -329,10 +329,10 @@ def _scan_prose(text: str, opener: str, fences: tuple[list[_Fence], list[tuple[i
     skip_starts = [s for s, _ in skips]
 
     runs: dict[int, list[int]] = {}
-    for m in _BACKTICK_RUN.finditer(text):
-        k = bisect.bisect_right(skip_starts, m.start()) - 1
-        if k < 0 or m.start() >= skips[k][1]:  # runs on fence lines are not inline code
-            runs.setdefault(m.end() - m.start(), []).append(m.start())
+    for backticks in _BACKTICK_RUN.finditer(text):
+        k = bisect.bisect_right(skip_starts, backticks.start()) - 1
+        if k < 0 or backticks.start() >= skips[k][1]:  # runs on fence lines are not inline code
+            runs.setdefault(backticks.end() - backticks.start(), []).append(backticks.start())
     blank_lines = [m.start() for m in _BLANK_LINE.finditer(text)]
 
     result = _ScanResult([], 0, None)

@@ -228,7 +228,7 @@ class OpenAIWire:
     def parse_responses(self, raw: bytes) -> ChatResponse:
         result = parse_body(self.openai.types.responses.Response, raw)
         usage = result.usage
-        reasoning_parts = []
+        reasoning_parts: list[str] = []
         for item in result.output or []:
             if getattr(item, "type", None) == "reasoning":
                 reasoning_parts.extend(getattr(s, "text", "") for s in (getattr(item, "summary", None) or []))
@@ -312,7 +312,8 @@ def _factory(role: ResolvedRole, secrets: SecretSource, context: BackendContext)
                            project=options.project, max_retries=0)
     api = options.api
     if api == "auto":
-        api = "responses" if capabilities_for(role.price_model, role.capabilities).api == "responses" else "chat"
+        responses = capabilities_for(role.price_model, role.capabilities).api == "responses"
+        api = "responses" if responses else "chat_completions"
     return OpenAIWire(role, client, api="responses" if api == "responses" else "chat",
                       redactor=Redactor([key]), store=options.store)
 

@@ -157,7 +157,7 @@ class CompatibleWire(OpenAIWire):
             return None
         ours = [e for e in entries if isinstance(e, dict) and e.get("id") == self.role.model]
         for entry in ours or (entries if len(entries) == 1 else []):
-            meta = entry.get("meta") if isinstance(entry.get("meta"), dict) else {}
+            meta = raw if isinstance(raw := entry.get("meta"), dict) else {}
             for value in (entry.get("max_model_len"), entry.get("context_length"), entry.get("context_window"),
                           meta.get("n_ctx")):
                 if isinstance(value, int) and value > 0:

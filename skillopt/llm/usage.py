@@ -19,7 +19,7 @@ import logging
 import math
 import os
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
@@ -129,7 +129,7 @@ class Totals(BaseModel):
         if not items:
             return cls()
 
-        def mean_of(values: list[float]) -> float:
+        def mean_of(values: Sequence[float]) -> float:
             return sum(values) / len(items)
 
         def count(values: list[int]) -> int:
