@@ -643,8 +643,10 @@ class AutoRules:
             return scripted
         if request.stage == "deep_probe" and request.response_schema is not None:
             probe = {"reasoning": "the auto set's generic probe", "probe_instruction": AUTO_PROBE_INSTRUCTION}
-            text, parsed = _object_reply(probe, request, "the auto set")
-            return Answer(text, parsed)
+            try:  # the probe reply's shape; any other schema gets the minimal object below
+                return Answer(json.dumps(probe), request.response_schema.model_validate(probe))
+            except ValidationError:
+                pass
         if request.stage == "judge":
             return _judge_verdict(request, "the auto judge")
         if request.response_schema is None:
