@@ -27,8 +27,9 @@ from typing import Any, Protocol
 from skillopt.interrupt import InterruptGuard
 
 PROGRESS_LOGGER = "skillopt.progress"
-#: How long the exit waits for Prefect's log and event queues to reach the API.
-FLUSH_TIMEOUT_S = 10.0
+#: How long the exit waits for Prefect's log and event queues to reach the API (instant with a responsive server;
+#: a saturated one can take seconds, and what is still queued when the process ends is lost).
+FLUSH_TIMEOUT_S = 30.0
 
 
 class _Printer(Protocol):
