@@ -39,6 +39,9 @@ DEFAULT_CRON = "0 3 * * *"
 DEFAULT_TIMEZONE = "UTC"
 #: At most one run per benchmark at a time; later ones wait (Prefect's ENQUEUE collision strategy).
 CONCURRENCY_PER_BENCHMARK = 1
+#: What the description of a deployment says about its default mode.
+NIGHTLY_NOTE = {"nightly": ": warm start from the promoted skill, promote the new best only if it beats "
+                           "it on the selection split"}
 #: Seconds Prefect's graceful stop may take before ``serve`` kills the runs in progress and exits.
 STOP_GRACE_S = 10.0
 #: Exit status of a forced stop.
@@ -96,7 +99,7 @@ def run_defaults(*, mode: str = "nightly", data: str | None = None, config_file:
 
 def check_benchmark(benchmark: str, defaults: RunDefaults, env: Mapping[str, str]) -> None:
     """Raise the ``SkillOptError`` a run of ``benchmark`` with ``defaults`` would stop on before its first
-    model call: the config, the data (``--data`` resolved as training resolves it) and the plug-in's preflight."""
+    model call: the config, the data (``--data`` resolved as training does), the plug-in's preflight."""
     from skillopt.benchmarks.resolve import resolve_benchmark
     from skillopt.config import load_config
     from skillopt.data import SplitSpec, data_overrides
@@ -105,8 +108,9 @@ def check_benchmark(benchmark: str, defaults: RunDefaults, env: Mapping[str, str
 
     loaded = load_config(benchmark, config_file=defaults.config_file,
                          overrides=[*data_overrides(defaults.data), *defaults.overrides], env=env)
-    plugin, bench_cfg, _ = resolve_benchmark(loaded, cli=CliRoleOptions(**(defaults.cli_roles or {})), env=env,
-                                             registry=BackendRegistry.default(), command=f"skillopt serve {benchmark}")
+    roles = CliRoleOptions(**(defaults.cli_roles or {}))
+    plugin, bench_cfg, _ = resolve_benchmark(loaded, cli=roles, env=env, registry=BackendRegistry.default(),
+                                             command=f"skillopt serve {benchmark}")
     _check_data_source(benchmark, SplitSpec.from_benchmark_config(bench_cfg,
                                                                   default_split_mode=plugin.default_split_mode))
 
@@ -164,7 +168,7 @@ def servable_benchmarks(names: Sequence[str], defaults: RunDefaults,
 
 def build_deployments(benchmarks: Sequence[str], defaults: RunDefaults, *, cron: str | None = DEFAULT_CRON,
                       timezone: str = DEFAULT_TIMEZONE) -> list[Any]:
-    """One ``RunnerDeployment`` of ``skill-train`` per benchmark; ``cron=None`` or "" leaves them unscheduled."""
+    """One ``RunnerDeployment`` of ``skill-train`` per benchmark; ``cron`` None or "": unscheduled."""
     from prefect.schedules import Cron
     from prefect.types.entrypoint import EntrypointType
 
@@ -183,9 +187,8 @@ def build_deployments(benchmarks: Sequence[str], defaults: RunDefaults, *, cron:
             schedules=schedules,
             concurrency_limit=CONCURRENCY_PER_BENCHMARK,
             parameters=defaults.parameters(benchmark),
-            description=f"Train the {benchmark} skill ({defaults.mode} by default"
-                        + ("" if defaults.mode != "nightly" else ": warm start from the promoted skill, promote "
-                           "the new best only if it beats it on the selection split") + ").",
+            description=f"Train the {benchmark} skill "
+                        f"({defaults.mode} by default{NIGHTLY_NOTE.get(defaults.mode, '')}).",
             tags=["skillopt", f"benchmark:{benchmark}"],
             version=__version__,
             # Load the flow by module, so an installed package (a container, a work-pool host) finds it.
@@ -247,7 +250,7 @@ def _force_stop(why: str) -> None:
             os.kill(pid, signal.SIGKILL)
     killed = f"; killed {len(children)} flow-run process(es) still running" if children else ""
     message = f"skillopt serve: stopped at once ({why}: is the Prefect server gone?){killed}\n"
-    with contextlib.suppress(OSError):  # written to the descriptor: sys.stderr may be closing with the interpreter
+    with contextlib.suppress(OSError):  # to the descriptor: sys.stderr may be closing with the interpreter
         os.write(2, message.encode())
     os._exit(EXIT_FORCED)
 

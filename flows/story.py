@@ -51,7 +51,7 @@ class _ToFlowRun(APILogHandler):
 @contextmanager
 def run_story(*, verbose: bool = False) -> Iterator[None]:
     """Around a top-level flow's body: progress lines into the run's logs, task-run state lines off unless
-    ``verbose``, deployment terms in skillopt errors of a deployment run. Outside a flow run it does nothing."""
+    ``verbose``, deployment terms in skillopt errors of a deployment run. Outside a flow run: nothing."""
     from prefect.runtime import deployment, flow_run
 
     run_id = flow_run.id

@@ -80,7 +80,8 @@ def progress_markdown(
     what ``last_step`` was made of: its optimizer replies (parsed / fallback) and error rows, with
     a warning when most replies were unusable. ``finished``: the run's final figures (after the last
     epoch boundary and the final check), headed ``**Finished · …**``."""
-    position = f"Epoch {epoch}/{epochs} · step {step}/{total_steps} ({progress_percent(step, total_steps):.1f}%)"
+    done = progress_percent(step, total_steps)
+    position = f"Epoch {epoch}/{epochs} · step {step}/{total_steps} ({done:.1f}%)"
     text = (
         f"**{'Finished · ' if finished else ''}{position}**\n\n"
         "| skill | gate score |\n|---|---|\n"

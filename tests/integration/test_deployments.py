@@ -114,7 +114,7 @@ class Served:
 @contextmanager
 def serving(prefect_api: str, workdir: Path, benchmark: str, *options: str,
             env: dict[str, str] | None = None) -> Iterator[tuple[Served, Any, Any]]:
-    """``skillopt serve <benchmark> <options>`` in ``workdir`` (with ``env`` added to the environment) until the
+    """``skillopt serve <benchmark> <options>`` in ``workdir`` (``env`` added to the environment) until the
     block ends: the handle, the process and the deployment as registered. On the way out the process gets
     SIGTERM."""
     env = {**os.environ, "PREFECT_API_URL": prefect_api, "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
@@ -124,8 +124,8 @@ def serving(prefect_api: str, workdir: Path, benchmark: str, *options: str,
     command = [str(console_script)] if console_script.exists() else [sys.executable, "-m", "skillopt.cli"]
     log = workdir / "serve.log"
     with log.open("w") as sink:
-        process = subprocess.Popen([*command, "serve", benchmark, *options], cwd=workdir, env=env, stdout=sink,
-                                   stderr=subprocess.STDOUT, start_new_session=True)
+        process = subprocess.Popen([*command, "serve", benchmark, *options], cwd=workdir, env=env,
+                                   stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
     handle = Served(api=prefect_api, workdir=workdir, env=env, log=log, deployment=f"skill-train/{benchmark}")
     try:
         from prefect.exceptions import ObjectNotFound
@@ -138,7 +138,7 @@ def serving(prefect_api: str, workdir: Path, benchmark: str, *options: str,
                     deployment = client.read_deployment_by_name(handle.deployment)
                     break
                 except ObjectNotFound:
-                    assert time.monotonic() < deadline, f"no deployment after 120 s:\n{log.read_text()[-3000:]}"
+                    assert time.monotonic() < deadline, f"no deployment in 120 s:\n{log.read_text()[-3000:]}"
                     time.sleep(0.5)
         yield handle, process, deployment
     finally:
@@ -250,13 +250,13 @@ def test_a_cancelled_run_retried_from_the_cli_reuses_every_finished_task(served:
 
 
 def test_a_deployment_served_with_data_and_a_backend_runs_as_typed_and_tells_its_story(prefect_api, tmp_path):
-    """The self-hosting guide's offline recipe, as a person types it, then the run's page in the Prefect UI."""
+    """The self-hosting guide's offline recipe as a person types it, then the run's page in the Prefect UI."""
     from tests.browser import chromium, screenshot
 
     shutil.copytree(FIXTURES / "babyvision", tmp_path / "tests" / "fixtures" / "babyvision")
     # Prefect's own default level (the tests run it at WARNING): task-run lines would be logged at INFO.
-    with serving(prefect_api, tmp_path, "babyvision", "--data", "tests/fixtures/babyvision", "--backend", "scripted",
-                 env={"PREFECT_LOGGING_LEVEL": "INFO"}) as (served, process, deployment):
+    with serving(prefect_api, tmp_path, "babyvision", "--data", "tests/fixtures/babyvision",
+                 "--backend", "scripted", env={"PREFECT_LOGGING_LEVEL": "INFO"}) as (served, process, deployment):
         assert deployment.parameters == {"benchmark": "babyvision", "mode": "nightly",
                                          "data": str(tmp_path / "tests" / "fixtures" / "babyvision"),
                                          "cli_roles": {"backend": "scripted"}}
@@ -266,13 +266,14 @@ def test_a_deployment_served_with_data_and_a_backend_runs_as_typed_and_tells_its
         run_dir = tmp_path / "runs" / run.name  # the flow run is named after its run directory
         summary = json.loads((run_dir / "summary.json").read_text())
         assert summary["counts"]["total"]["accepts"] >= 1, summary["counts"]
-        assert summary["scores"]["best"]["selection"]["hard"] > summary["scores"]["baseline"]["selection"]["hard"]
+        scores = summary["scores"]
+        assert scores["best"]["selection"]["hard"] > scores["baseline"]["selection"]["hard"]
 
         # The run's logs, as `prefect flow-run logs` shows them: the story, not a line per task run.
         logs = served.prefect("flow-run", "logs", run_id)
         for line in (f"run directory: runs/{run.name}", "baseline on the selection split: 0.600 (10 items)",
-                     "epoch 1 step 1/4 (budget 4): 6/10 failed, 1 edits proposed, 1 selected -> accept_new_best: "
-                     "candidate 1.000 > current 0.600", "-> reject: candidate 1.000 <= current 1.000",
+                     "epoch 1 step 1/4 (budget 4): 6/10 failed, 1 edits proposed, 1 selected -> "
+                     "accept_new_best: candidate 1.000 > current 0.600", "-> reject: candidate 1.000 <= current 1.000",
                      "epoch 2 boundary: slow update", "epoch 4/4 done: current 1.000, best 1.000",
                      f"finished {run.name}: best selection hard 1.000", "promotion: "):
             assert line in logs, f"{line!r} is not in the run's logs:\n{logs}"

@@ -180,7 +180,8 @@ def test_prefect_ui_shows_the_skill_diff_and_gate_artifacts(demo_run, prefect_ap
 
 
 def test_the_flow_run_logs_tell_the_training_story_without_a_line_per_task(demo_run, prefect_api):
-    (progress,) = api(prefect_api, "/artifacts/latest/filter", {"artifacts": {"key": {"any_": [key("progress")]}}})
+    (progress,) = api(prefect_api, "/artifacts/latest/filter",
+                      {"artifacts": {"key": {"any_": [key("progress")]}}})
     (run,) = api(prefect_api, "/flow_runs/filter", {"flow_runs": {"id": {"any_": [progress["flow_run_id"]]}}})
     assert run["name"] == RUN == demo_run["run_dir"].name  # one name in the UI and in runs/
     logs = api(prefect_api, "/logs/filter", {"logs": {"flow_run_id": {"any_": [run["id"]]}}, "limit": 200})

@@ -45,8 +45,8 @@ def test_every_form_field_of_the_deployment_is_typed_and_described():
     assert deployment.parameters["overrides"] == ["train.epochs=1"]
     schema = deployment._parameter_openapi_schema.model_dump()
     properties = schema["properties"]
-    assert set(properties) >= {"benchmark", "data", "config_file", "overrides", "run_name", "cli_roles", "mode",
-                               "verbose"}
+    assert set(properties) >= {"benchmark", "data", "config_file", "overrides", "run_name", "cli_roles",
+                               "mode", "verbose"}
     for name, field in properties.items():
         assert field.get("description"), f"{name} has no description in the UI form"
         assert "type" in field or "anyOf" in field, f"{name} has no type"
@@ -54,7 +54,7 @@ def test_every_form_field_of_the_deployment_is_typed_and_described():
     assert properties["overrides"]["anyOf"][0] == {"items": {"type": "string"}, "type": "array"}
     assert properties["data"]["anyOf"][0] == {"type": "string"}
     roles = schema["definitions"]["CliRoleOptions"]["properties"]
-    assert roles["backend"]["anyOf"][0] == {"type": "string"} and roles["model"]["anyOf"][0] == {"type": "string"}
+    assert roles["backend"]["anyOf"][0] == roles["model"]["anyOf"][0] == {"type": "string"}
 
 
 def test_data_backend_model_config_and_overrides_become_the_default_parameters(tmp_path: Path, monkeypatch):
@@ -63,11 +63,13 @@ def test_data_backend_model_config_and_overrides_become_the_default_parameters(t
     config.write_text("train:\n  epochs: 1\n")
     defaults = run_defaults(mode="train", data="tests/fixtures/babyvision", config_file=str(config),
                             overrides=["optimizer.learning_rate=2"],
-                            cli_roles={"backend": "scripted", "model": None, "role_backend": {}, "effort": {}})
+                            cli_roles={"backend": "scripted", "model": None, "role_backend": {},
+                                       "effort": {}})
     (deployment,) = build_deployments(["babyvision"], defaults)
     assert deployment.parameters == {
         "benchmark": "babyvision", "mode": "train", "data": str(FIXTURES / "babyvision"),
-        "config_file": str(config), "overrides": ["optimizer.learning_rate=2"], "cli_roles": {"backend": "scripted"},
+        "config_file": str(config), "overrides": ["optimizer.learning_rate=2"],
+        "cli_roles": {"backend": "scripted"},
     }
     assert servable_benchmarks(["babyvision"], defaults) == (["babyvision"], [])
 
@@ -82,9 +84,9 @@ def test_serve_with_no_names_serves_what_has_data_and_says_why_it_skips_the_rest
     assert reasons["qa"] == "qa: no data: pass --data FILE or set benchmark.data_path"
 
 
-def test_serve_refuses_a_named_benchmark_without_data_unknown_names_and_data_for_several(monkeypatch, tmp_path):
+def test_serve_refuses_a_benchmark_without_data_unknown_names_and_data_for_several(monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(ConfigError, match="skillopt serve babyvision: babyvision: no data at data/babyvision"):
+    with pytest.raises(ConfigError, match="skillopt serve babyvision: babyvision: no data at data/"):
         servable_benchmarks(["babyvision"], run_defaults())
     with pytest.raises(ConfigError, match="unknown benchmark 'nosuch'; registered benchmarks: .*demo"):
         servable_benchmarks(["demo", "nosuch"], run_defaults())
@@ -107,10 +109,11 @@ def test_a_deployment_run_is_told_which_parameter_to_set_never_a_command_line_op
         assert "deployment parameter data" in reworded, reworded
     assert in_deployment_terms("babyvision: no data at x; download it and pass --data DIR") == \
         "babyvision: no data at x; download it and set the deployment parameter data to DIR"
-    assert in_deployment_terms("-o benchmark.nosuch: unknown key; choose another name with --run-name") == \
-        "the overrides entry benchmark.nosuch: unknown key; choose another name with the deployment parameter run_name"
-    assert in_deployment_terms("set --judge-backend or --backend") == \
-        "set the deployment parameter cli_roles.role_backend.judge or the deployment parameter cli_roles.backend"
+    assert in_deployment_terms("-o benchmark.nosuch: unknown key; choose another name with --run-name") == (
+        "the overrides entry benchmark.nosuch: unknown key; choose another name with the deployment parameter "
+        "run_name")
+    assert in_deployment_terms("set --judge-backend or --backend") == (
+        "set the deployment parameter cli_roles.role_backend.judge or the deployment parameter cli_roles.backend")
 
 
 def test_a_bad_schedule_is_refused_with_the_expected_form():
