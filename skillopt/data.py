@@ -592,7 +592,7 @@ def _check_unique(pairs: Iterable[tuple[Item, _Row]]) -> None:
         seen[item.id] = (item, row)
 
 
-def _check_not_empty(counts: Mapping[str, int], where: str) -> None:
+def _check_not_empty(counts: Mapping[SplitName, int], where: str) -> None:
     if counts["train"] == 0 or counts["val"] == 0:
         raise DataError(
             f"{where}: train and val must be non-empty (the gate needs val); got "

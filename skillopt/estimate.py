@@ -35,7 +35,7 @@ from pydantic import BaseModel
 
 from skillopt.config import LoadedConfig, SkillOptConfig
 from skillopt.data import Item, plan_epoch
-from skillopt.llm.chat import ROLE_OF_STAGE, STAGES, ChatRequest, Usage, user
+from skillopt.llm.chat import ROLE_OF_STAGE, STAGES, ChatRequest, Stage, Usage, user
 from skillopt.llm.pricing import PriceTable
 from skillopt.llm.scripted import Answer, EstimateRules
 from skillopt.llm.usage import BudgetVerdict, RoleSpend, Totals, check_budget
@@ -213,7 +213,7 @@ def _analyst_calls(batch: int, minibatch: int, failure_only: bool) -> Calls:
 # Tokens per call
 
 
-def _stub_tokens(stage: str, schema: type[BaseModel] | None) -> int:
+def _stub_tokens(stage: Stage, schema: type[BaseModel] | None) -> int:
     """Completion tokens of the ``estimate`` rule set's stub reply for ``stage`` (characters / 4)."""
     request = ChatRequest(messages=[user("estimate")], stage=stage, response_schema=schema)
     answer = EstimateRules().reply(request, role=ROLE_OF_STAGE.get(stage, "optimizer"), seed=0)
@@ -221,7 +221,7 @@ def _stub_tokens(stage: str, schema: type[BaseModel] | None) -> int:
     return math.ceil(len(text) / 4)
 
 
-def _schemas() -> dict[str, type[BaseModel] | None]:
+def _schemas() -> dict[Stage, type[BaseModel] | None]:
     from skillopt.autonomous import BudgetReply
     from skillopt.merge import MergeReply
     from skillopt.meta_skill import MetaSkillReply
@@ -253,7 +253,7 @@ def tokens_per_call(config: SkillOptConfig, *, rollout_prompt: int, skill_tokens
     minibatch = min(g.minibatch_size, config.train.batch_size, limit)  # trajectories one analyst reads
     samples = min(config.optimizer.slow_update_samples, limit)
     pool = 2 * config.optimizer.learning_rate * completion["analyst"] // 3
-    prompt = {
+    prompt: dict[Stage, int] = {
         "rollout": rollout_prompt,
         "judge": trajectory,
         "analyst": template["analyst"] + skill_tokens + minibatch * trajectory,

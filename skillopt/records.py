@@ -62,10 +62,13 @@ class Diagnosis(BaseModel):
     description: str = ""
 
 
+SuggestionType = Literal["add_rule", "remove_rule", "merge_rules", "reorganize", "compress", "clarify"]
+
+
 class Suggestion(BaseModel):
     """A typed revise suggestion (``rewrite_from_suggestions`` mode), applied later by one rewrite call."""
 
-    type: Literal["add_rule", "remove_rule", "merge_rules", "reorganize", "compress", "clarify"]
+    type: SuggestionType
     title: str = ""
     motivation: str = ""
     instruction: str = ""

@@ -20,9 +20,9 @@ import contextlib
 import re
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TypedDict
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from skillopt.atomic import atomic_write_bytes, exclusive_lock
 from skillopt.errors import SkillOptError
@@ -50,6 +50,18 @@ class PromotedSkill(BaseModel):
     sha: str
 
 
+class _Decision(TypedDict):
+    """What a promote and a keep record alike about one run's decision."""
+
+    source: str
+    reason: str
+    metric: str | None
+    incumbent_score: float | None
+    candidate_score: float | None
+    run_name: str | None
+    run_dir: str | None
+
+
 class RegistryEvent(BaseModel):
     """One line of ``history.jsonl``: a decision about a benchmark's promoted skill.
 
@@ -59,7 +71,7 @@ class RegistryEvent(BaseModel):
     was), ``candidate_score`` for the run's best skill.
     """
 
-    at: str
+    at: str = Field(default_factory=lambda: datetime.now(UTC).isoformat(timespec="seconds"))
     benchmark: str
     action: Literal["promote", "keep", "rollback"]
     version: int | None
@@ -163,10 +175,10 @@ class SkillRegistry:
             previous = self.current_version(benchmark)
             version = max(self.versions(benchmark), default=0) + 1
             atomic_write_bytes(self._version_path(benchmark, version), text.encode("utf-8"))
-            event = self._event(benchmark, "promote", version=version, previous=previous, reason=reason,
-                                source=source, skill_sha=skill_hash(text), candidate_sha=skill_hash(text),
-                                metric=metric, incumbent_score=incumbent_score, candidate_score=candidate_score,
-                                run_name=run_name, run_dir=run_dir)
+            event = RegistryEvent(benchmark=benchmark, action="promote", version=version, previous=previous,
+                                  reason=reason, source=source, skill_sha=skill_hash(text),
+                                  candidate_sha=skill_hash(text), metric=metric, incumbent_score=incumbent_score,
+                                  candidate_score=candidate_score, run_name=run_name, run_dir=run_dir)
             self._append(benchmark, event)
             self._write_current(benchmark, version)
         return event
@@ -179,10 +191,10 @@ class SkillRegistry:
         with self._locked(benchmark):
             version = self.current_version(benchmark)
             sha = skill_hash(self.version_text(benchmark, version)) if version else None
-            event = self._event(benchmark, "keep", version=version, previous=version, reason=reason, source=source,
-                                skill_sha=sha, candidate_sha=candidate_sha, metric=metric,
-                                incumbent_score=incumbent_score, candidate_score=candidate_score,
-                                run_name=run_name, run_dir=run_dir)
+            event = RegistryEvent(benchmark=benchmark, action="keep", version=version, previous=version,
+                                  reason=reason, source=source, skill_sha=sha, candidate_sha=candidate_sha,
+                                  metric=metric, incumbent_score=incumbent_score, candidate_score=candidate_score,
+                                  run_name=run_name, run_dir=run_dir)
             self._append(benchmark, event)
         return event
 
@@ -193,8 +205,9 @@ class SkillRegistry:
         verdict = promotion_verdict(candidate_score=candidate_score, incumbent_score=incumbent_score,
                                     candidate_sha=skill_hash(candidate), incumbent_sha=incumbent_sha,
                                     incumbent_version=incumbent_version, metric=metric)
-        common = {"source": source, "reason": verdict.reason, "metric": metric, "incumbent_score": incumbent_score,
-                  "candidate_score": candidate_score, "run_name": run_name, "run_dir": run_dir}
+        common: _Decision = {"source": source, "reason": verdict.reason, "metric": metric,
+                             "incumbent_score": incumbent_score, "candidate_score": candidate_score,
+                             "run_name": run_name, "run_dir": run_dir}
         if verdict.promote:
             return self.promote(benchmark, candidate, **common)
         return self.keep(benchmark, candidate_sha=skill_hash(candidate), **common)
@@ -212,9 +225,9 @@ class SkillRegistry:
                 raise RegistryError(f"{benchmark}: version {current} is the first promoted skill; "
                                     "there is no earlier version to roll back to")
             target = origin.previous
-            event = self._event(benchmark, "rollback", version=target, previous=current,
-                                reason=f"rolled back from version {current} to version {target}", source=source,
-                                skill_sha=skill_hash(self.version_text(benchmark, target)))
+            event = RegistryEvent(benchmark=benchmark, action="rollback", version=target, previous=current,
+                                  reason=f"rolled back from version {current} to version {target}", source=source,
+                                  skill_sha=skill_hash(self.version_text(benchmark, target)))
             self._append(benchmark, event)
             self._write_current(benchmark, target)
         return event
@@ -235,11 +248,6 @@ class SkillRegistry:
             before += b"\n"
         atomic_write_bytes(path, before + event.model_dump_json().encode("utf-8") + b"\n")
 
-    @staticmethod
-    def _event(benchmark: str, action: str, **fields: object) -> RegistryEvent:
-        return RegistryEvent(at=datetime.now(UTC).isoformat(timespec="seconds"), benchmark=benchmark, action=action,
-                             **fields)
-
     def _locked(self, benchmark: str) -> contextlib.AbstractContextManager[None]:
         folder = self.folder(benchmark)
         folder.mkdir(parents=True, exist_ok=True)
@@ -254,7 +262,7 @@ def promotion_markdown(event: RegistryEvent, *, redactor: Redactor | None = None
     def score(value: float | None) -> str:
         return "–" if value is None else f"{value:.4f}"
 
-    current = f"version {event.version} (sha {event.skill_sha[:12]})" if event.version else "none"
+    current = f"version {event.version} (sha {(event.skill_sha or '')[:12]})" if event.version else "none"
     text = (
         f"**{event.benchmark}: {verb}**\n\n{event.reason}\n\n"
         f"| skill | {event.metric or 'score'} on the selection split |\n|---|---|\n"

@@ -223,9 +223,9 @@ def score_chart(run: RunData, chart_id: str = "chart-scores") -> str:
     steps = run.steps
     selection = Series("selection (current)", [(r.step, r.current_score) for r in steps],
                        ["skipped" if _decision_mark(r.decision) == "skipped" else "" for r in steps])
-    gated = [r for r in steps if r.gate is not None]
-    candidate = Series("candidate (gate)", [(r.step, r.gate.candidate_gate) for r in gated],
-                       ["gate " + _decision_mark(r.decision) for r in gated], line=False)
+    gated = [(r, r.gate) for r in steps if r.gate is not None]
+    candidate = Series("candidate (gate)", [(r.step, gate.candidate_gate) for r, gate in gated],
+                       ["gate " + _decision_mark(r.decision) for r, _ in gated], line=False)
     rollout = Series("rollout (train batch)", [(r.step, r.rollout_hard) for r in steps if r.rollout_hard is not None])
     return line_chart(chart_id, "Score per step (gate marks: green accepted, red rejected; grey: step skipped)",
                       [selection, candidate, rollout], x_label="step", y_label="score", y_range=(0.0, 1.0))
@@ -448,7 +448,8 @@ def render_compare(runs: Sequence[RunData]) -> str:
 
 
 def _cumulative_tokens(run: RunData) -> list[tuple[float, float]]:
-    total, points = 0.0, []
+    total = 0.0
+    points: list[tuple[float, float]] = []
     for index, record in enumerate((r for r in run.usage if not r.get("cache_hit")), start=1):
         total += (record.get("prompt_tokens") or 0) + (record.get("completion_tokens") or 0)
         points.append((index, total))

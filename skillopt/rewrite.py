@@ -63,14 +63,14 @@ import difflib
 import json
 import re
 from collections.abc import Sequence
-from typing import Any, Literal, get_args
+from typing import Any, Literal, TypeGuard, get_args
 
 from pydantic import Field, field_validator
 
 from skillopt.llm.chat import ChatRequest, system, user
 from skillopt.merge import MergeKind, concat_fallback, format_merge_message, inherit_patch, patch_heading
 from skillopt.prompts import ReplyModel, optimizer_prompt
-from skillopt.records import ItemResult, Patch, Suggestion
+from skillopt.records import ItemResult, Patch, Suggestion, SuggestionType
 from skillopt.reflect import (
     DiagnosisReply,
     Kind,
@@ -87,7 +87,7 @@ from skillopt.trajectory import one_line
 
 RewriteMode = Literal["rewrite_from_suggestions", "full_rewrite_minibatch"]
 #: The six revise-suggestion types (``records.Suggestion.type``).
-SUGGESTION_TYPES: tuple[str, ...] = get_args(Suggestion.model_fields["type"].annotation)
+SUGGESTION_TYPES: tuple[SuggestionType, ...] = get_args(SuggestionType)
 
 #: Priority words some models write instead of the integer rank (1 = most important).
 _PRIORITY_WORDS = {"critical": 1, "high": 1, "medium": 2, "normal": 2, "low": 3}
@@ -228,9 +228,13 @@ class FullRewriteAnalystReply(ReplyModel):
     execution_notes: list[str] = Field(default_factory=list)
 
 
+def _is_suggestion_type(value: str) -> TypeGuard[SuggestionType]:
+    return value in SUGGESTION_TYPES
+
+
 def to_suggestion(item: SuggestionItemReply, *, source: Kind, support_count: int = 1) -> Suggestion | None:
     """The ``Suggestion`` record of a reply's suggestion; None for a type outside the six."""
-    if item.type not in SUGGESTION_TYPES:
+    if not _is_suggestion_type(item.type):
         return None
     return Suggestion(type=item.type, title=item.title.strip(), motivation=item.motivation.strip(),
                       instruction=item.instruction.strip(), priority=max(1, item.priority),

@@ -204,7 +204,9 @@ class SkillDocument:
     def with_block(self, name: str, content: str | None) -> SkillDocument:
         """A copy with block ``name`` set to ``content`` (markers removed); None removes the block."""
         _check_block_name(name)
-        return replace(self, **{_FIELD_OF_BLOCK[name]: content})
+        if name == SLOW_UPDATE:
+            return replace(self, slow_update=content)
+        return replace(self, appendix=content)
 
     @property
     def text(self) -> str:

@@ -147,7 +147,7 @@ def _deadline_llama_class(llama_cpp: ModuleType) -> type[Any]:
     all. The criterion only stops generation and sets ``timed_out``; the caller raises.
     """
 
-    class DeadlineLlama(llama_cpp.Llama):  # type: ignore[misc, name-defined]
+    class DeadlineLlama(llama_cpp.Llama):  # type: ignore[name-defined]
         deadline: float | None = None
         timed_out: bool = False
 

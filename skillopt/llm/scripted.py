@@ -245,7 +245,7 @@ def _load_handler(spec: str) -> Callable[[ChatRequest, int], Any]:
     function = getattr(module, attribute, None)
     if not callable(function):
         raise ValueError(f"handler: {module_name!r} has no callable {attribute!r}")
-    return function  # type: ignore[no-any-return]
+    return function
 
 
 def _check_template(template: str, patterns: tuple[re.Pattern[str] | None, re.Pattern[str] | None]) -> None:

@@ -6,7 +6,13 @@ import json
 
 import pytest
 
-from skillopt.registry import RegistryError, SkillRegistry, promotion_markdown, promotion_verdict
+from skillopt.registry import (
+    RegistryError,
+    RegistryEvent,
+    SkillRegistry,
+    promotion_markdown,
+    promotion_verdict,
+)
 from skillopt.skill import skill_hash
 
 
@@ -94,8 +100,8 @@ def test_promotion_markdown_shows_decision_and_scores():
     verdict = promotion_verdict(candidate_score=0.75, incumbent_score=0.5, candidate_sha="b" * 64,
                                 incumbent_sha="a" * 64, incumbent_version=3, metric="hard")
     assert verdict.promote and "promoted version 3" in verdict.reason
-    registry_event = SkillRegistry._event("demo", "promote", version=4, previous=3, reason=verdict.reason,
-                                          source="nightly", skill_sha="b" * 64, candidate_sha="b" * 64,
-                                          metric="hard", incumbent_score=0.5, candidate_score=0.75)
+    registry_event = RegistryEvent(benchmark="demo", action="promote", version=4, previous=3, reason=verdict.reason,
+                                   source="nightly", skill_sha="b" * 64, candidate_sha="b" * 64,
+                                   metric="hard", incumbent_score=0.5, candidate_score=0.75)
     text = promotion_markdown(registry_event)
     assert "promoted as version 4" in text and "| 0.5000 |" in text and "| 0.7500 |" in text

@@ -225,7 +225,7 @@ def _mode(request: ChatRequest, text: str) -> Mode:
     message (tags do not survive a trip over HTTP)."""
     mode = request.tags.get("mode")
     if mode in ("rewrite_from_suggestions", "full_rewrite_minibatch"):
-        return mode  # type: ignore[no-any-return]
+        return mode
     if request.stage == "analyst":
         if section(text, "Suggestion budget") is not None:
             return "rewrite_from_suggestions"

@@ -49,7 +49,7 @@ def check_scheme(url: str) -> None:
 class _HttpOnlyRedirects(urllib.request.HTTPRedirectHandler):
     """Follows redirects only to http(s), so a page cannot bounce the harness to ``ftp:`` or ``file:``."""
 
-    def redirect_request(self, req, fp, code, msg, headers, newurl):  # type: ignore[no-untyped-def]
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
         check_scheme(newurl)
         return super().redirect_request(req, fp, code, msg, headers, newurl)
 
