@@ -21,7 +21,10 @@ from skillopt.tasks.rollout import evaluate
 from skillopt.tasks.run import start_run
 
 
-@flow(name="skill-eval", flow_run_name=eval_run_name, task_runner=ThreadPoolTaskRunner(max_workers=16))
+# Prefect types flow(task_runner=) as TaskRunner[PrefectFuture], which its own thread-pool runner
+# (a TaskRunner[PrefectConcurrentFuture]) does not match under an invariant type parameter.
+@flow(name="skill-eval", flow_run_name=eval_run_name,
+      task_runner=ThreadPoolTaskRunner(max_workers=16))  # type: ignore[arg-type]
 def skill_eval(benchmark: str, skill_file: str, split: str = "test", config_file: str | None = None,
                overrides: list[str] | None = None, run_name: str | None = None,
                cli_roles: dict[str, Any] | None = None) -> dict[str, Any]:

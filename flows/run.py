@@ -19,7 +19,7 @@ import contextvars
 import logging
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Protocol
@@ -111,6 +111,7 @@ def run_flow(kind: str, out: _Printer, guard: InterruptGuard | None = None,
         with temporary_settings(set_defaults=defaults, updates=_api_choice(out)):
             starting = _TemporaryServerStart.if_needed()
             try:
+                run: Callable[..., dict[str, Any]]
                 if kind == "train":
                     from skillopt.flows.train import skill_train as run
                 else:

@@ -171,7 +171,7 @@ def reflect(run: Run, skill: str, rows: list[ItemResult], *, seed: int, budget: 
     failures, successes = split_and_batch(rows, size=cfg.gradient.minibatch_size, seed=seed,
                                           failure_only=cfg.gradient.failure_only)
     task = bound(run, reflect_minibatch)
-    with ThreadPoolTaskRunner(max_workers=cfg.gradient.analyst_workers) as runner:
+    with ThreadPoolTaskRunner[Any](max_workers=cfg.gradient.analyst_workers) as runner:
         common = {"run": run, "skill": skill, "budget": budget, "step_buffer": buffer,
                   "meta_skill": meta_skill}
         futures = [(kind, runner.submit(task, {**common, "kind": kind, "rows": batch}))

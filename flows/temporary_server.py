@@ -102,8 +102,10 @@ def watch_server(server: OwnSessionServer, on_death: Callable[[str], None]) -> t
     def watch() -> None:
         while not stop.wait(WATCH_INTERVAL_S):
             process = server.server_process
-            code = process.poll() if process is not None else None
-            if code is not None and not stop.is_set():
+            if process is None or stop.is_set():
+                continue
+            code = process.poll()
+            if code is not None:
                 on_death(f"the temporary Prefect API server (pid {process.pid}) exited with code {code} "
                          "in the middle of the run; re-run the same command to resume")
                 return

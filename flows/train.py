@@ -81,8 +81,10 @@ progress = logging.getLogger(PROGRESS_LOGGER)
 story = logging.getLogger(STORY_LOGGER)
 
 
-@flow(name="skill-train", flow_run_name=train_run_name, task_runner=ThreadPoolTaskRunner(max_workers=16),
-      log_prints=False)
+# Prefect types flow(task_runner=) as TaskRunner[PrefectFuture], which its own thread-pool runner
+# (a TaskRunner[PrefectConcurrentFuture]) does not match under an invariant type parameter.
+@flow(name="skill-train", flow_run_name=train_run_name,
+      task_runner=ThreadPoolTaskRunner(max_workers=16), log_prints=False)  # type: ignore[arg-type]
 def skill_train(benchmark: str, data: str | None = None, config_file: str | None = None,
                 overrides: list[str] | None = None, run_name: str | None = None,
                 cli_roles: CliRoleOptions | None = None, mode: Literal["train", "nightly"] = "train",
@@ -366,6 +368,7 @@ def epoch_boundary(run: Run, state: TrainState, epoch: int, epoch_start_skill: s
     candidate = replace_block(state.current_skill, SLOW_UPDATE, reply.guidance)
     state.guidance = reply.guidance
     gate = None
+    decision: str
     if cfg.optimizer.slow_update_gate:
         checked = gate_candidate(run, state, candidate)
         if isinstance(checked, GateSkipped):

@@ -196,7 +196,7 @@ def run_rollouts(run: Run, skill: str, split: str, item_ids: list[str], *, train
     rollout = bound(run, rollout_item)
     rows: list[ItemResult] = []
     live.emit("stage", name=f"rollout {split}", total=len(item_ids))
-    with ThreadPoolTaskRunner(max_workers=workers) as runner:
+    with ThreadPoolTaskRunner[Any](max_workers=workers) as runner:
         common = {"run": run, "skill": skill, "training": training, "probe_instruction": probe_instruction,
                   "epoch": epoch, "view_seed": view_seed}
         futures = [runner.submit(rollout, {**common, "item": run.items[i], "sample": sample})

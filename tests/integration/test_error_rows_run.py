@@ -28,7 +28,7 @@ def write_splits(root: Path, splits: dict[str, list[dict]]) -> Path:
 
 
 def train(url: str, data: Path, run_name: str) -> dict:
-    from flows.train import skill_train
+    from skillopt.flows.train import skill_train
 
     overrides = [*role_overrides(url), "model.retry.base=0.01", "model.retry.cap=0.02",
                  "benchmark.split_mode=split_dir", f"benchmark.split_dir={data}",

@@ -23,7 +23,7 @@ PADDING = 11_000
 
 
 def train(url: str, run_name: str) -> dict:
-    from flows.train import skill_train
+    from skillopt.flows.train import skill_train
 
     overrides = [*role_overrides(url), "model.retry.base=0.01", "train.batch_size=12"]
     return skill_train(benchmark="demo", overrides=overrides, run_name=run_name)
