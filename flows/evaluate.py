@@ -18,7 +18,7 @@ from skillopt.flows.naming import eval_run_name
 from skillopt.runs import per_task_type
 from skillopt.skill import skill_hash
 from skillopt.tasks.rollout import evaluate
-from skillopt.tasks.run import start_run
+from skillopt.tasks.run import started_run
 
 
 # Prefect types flow(task_runner=) as TaskRunner[PrefectFuture], which its own thread-pool runner
@@ -37,8 +37,8 @@ def skill_eval(benchmark: str, skill_file: str, split: str = "test", config_file
     split = resolve_split(split)
     loaded = load_config(benchmark, config_file=config_file, overrides=overrides or [], env=os.environ)
     spec = RunSpec.create(loaded, cli_roles=cli_roles, run_name=run_name or flow_run.name, prefix="eval")
-    run = start_run(spec, loaded=loaded)
-    evaluation = evaluate(run, skill, split, run.split_ids[split])
+    with started_run(spec, loaded=loaded) as run:
+        evaluation = evaluate(run, skill, split, run.split_ids[split])
     run.dir.write_evaluation(split, evaluation.rows, split=split, skill_sha=evaluation.skill_sha,
                              scores=evaluation.scores)
     return {"run_dir": str(run.dir.path), "split": split, "skill_sha": skill_hash(skill),

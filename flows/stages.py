@@ -14,7 +14,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from prefect.task_runners import ThreadPoolTaskRunner
 from pydantic import BaseModel, Field
 
 from skillopt.appendix import with_execution_notes
@@ -40,6 +39,7 @@ from skillopt.tasks.optimize import (
     rewrite_skill,
 )
 from skillopt.tasks.rollout import evaluate, evaluate_many, evaluate_skill
+from skillopt.tasks.runners import pool_for
 from skillopt.update_modes import Picked, Update
 
 progress = logging.getLogger("skillopt.progress")
@@ -171,7 +171,7 @@ def reflect(run: Run, skill: str, rows: list[ItemResult], *, seed: int, budget: 
     failures, successes = split_and_batch(rows, size=cfg.gradient.minibatch_size, seed=seed,
                                           failure_only=cfg.gradient.failure_only)
     task = bound(run, reflect_minibatch)
-    with ThreadPoolTaskRunner[Any](max_workers=cfg.gradient.analyst_workers) as runner:
+    with pool_for(run, "analysts", cfg.gradient.analyst_workers) as runner:
         common = {"run": run, "skill": skill, "budget": budget, "step_buffer": buffer,
                   "meta_skill": meta_skill}
         futures = [(kind, runner.submit(task, {**common, "kind": kind, "rows": batch}))

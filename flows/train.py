@@ -74,7 +74,7 @@ from skillopt.tasks.cache import bound
 from skillopt.tasks.epoch import meta_skill, plan_epoch_task, slow_update
 from skillopt.tasks.optimize import deep_probe
 from skillopt.tasks.rollout import Evaluation, evaluate, evaluate_many
-from skillopt.tasks.run import start_run
+from skillopt.tasks.run import started_run
 from skillopt.update_modes import Picked
 
 progress = logging.getLogger(PROGRESS_LOGGER)
@@ -124,18 +124,18 @@ def train(benchmark: str, *, data: str | None, config_file: str | None, override
     incumbent = registry.current(benchmark) if mode == "nightly" else None
     spec = RunSpec.create(loaded, cli_roles=asdict(cli_roles) if cli_roles else None, run_name=run_name,
                           initial_skill=incumbent.text if incumbent else None)
-    run = start_run(spec, loaded=loaded)
-    started = time.monotonic()
-    progress.info("run directory: %s", run.dir.path)
-    if incumbent:
-        progress.info("warm start from promoted version %d of %s", incumbent.version, benchmark)
+    with started_run(spec, loaded=loaded) as run:
+        started = time.monotonic()
+        progress.info("run directory: %s", run.dir.path)
+        if incumbent:
+            progress.info("warm start from promoted version %d of %s", incumbent.version, benchmark)
 
-    state = baseline(run)
-    for epoch in range(1, run.config.train.epochs + 1):
-        state = run_epoch(run, state, epoch)
-        if state.stopped_by:
-            break
-    summary = finish(run, state, wall_s=time.monotonic() - started)
+        state = baseline(run)
+        for epoch in range(1, run.config.train.epochs + 1):
+            state = run_epoch(run, state, epoch)
+            if state.stopped_by:
+                break
+        summary = finish(run, state, wall_s=time.monotonic() - started)
     if mode == "nightly":
         summary["promotion"] = promote_if_better(run, state, registry, incumbent)
     return summary

@@ -118,6 +118,14 @@ class Run:
         self.update_mode: UpdateMode = update_mode_for(loaded.config.optimizer)
         #: Error rows in a row across the run's rollouts; ``model.failfast_n`` of them stop the run.
         self.error_streak = ErrorStreak(loaded.config.model.failfast_n)
+        #: How another process picks the clients' provider limiter when it rebuilds this run (a module-level
+        #: function of the task layer, pickled by reference); None: the clients' own.
+        self.limiter_for: Callable[[SkillOptConfig], RateLimiter | None] | None = None
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """A run travels as its spec: a task sent to another process (a Dask worker) carries the small spec,
+        and that process rebuilds the run once (``join_run``) instead of receiving clients, locks and items."""
+        return (join_run, (self.spec, self.limiter_for))
 
     def __repr__(self) -> str:
         return f"Run(run_name={self.run_name!r}, benchmark={self.benchmark.id!r})"
@@ -154,11 +162,13 @@ class Run:
     @classmethod
     def build(cls, spec: RunSpec, *, env: Mapping[str, str] | None = None,
               registry: BackendRegistry | None = None, limiter: RateLimiter | None = None,
-              loaded: LoadedConfig | None = None) -> Run:
+              loaded: LoadedConfig | None = None, joining: bool = False) -> Run:
         """Resolve roles, load the benchmark and its splits, open the run directory, build the clients.
 
         ``limiter`` is the provider limiter shared by the clients (``model.rate_limit_mode: prefect`` needs
         one from the task layer); ``loaded`` saves re-validating the config when the caller has it already.
+        ``joining``: this process is a worker of a run its flow holds, so it joins the run directory
+        (``RunDir.join``: no lock, no config written) instead of opening it.
         """
         env = os.environ if env is None else env
         loaded = loaded or spec.loaded()
@@ -173,8 +183,11 @@ class Run:
 
         cache_dir = spec.path(config.run.cache_dir)
         check_writable(cache_dir, "run.cache_dir")  # before any call is paid for
-        run_dir = RunDir.open(spec.path(config.run.runs_dir), spec.run_name, config,
-                              config_hash=config_hash(config), provenance=loaded.sources)
+        if joining:
+            run_dir = RunDir.join(spec.path(config.run.runs_dir), spec.run_name)
+        else:
+            run_dir = RunDir.open(spec.path(config.run.runs_dir), spec.run_name, config,
+                                  config_hash=config_hash(config), provenance=loaded.sources)
         items: dict[str, Item] = {}
         split_ids: dict[str, list[str]] = {}
         for split in SPLITS:
@@ -187,7 +200,7 @@ class Run:
                                     split_ratio=config.benchmark.split_ratio,
                                     split_mode=getattr(bench_cfg, "split_mode", None)
                                     or benchmark.default_split_mode)
-        if small:
+        if small and not joining:  # the flow said it; its workers would only repeat it
             progress.warning("%s", small)
 
         context = BackendContext(
@@ -244,12 +257,22 @@ def open_run(spec: RunSpec, *, limiter_for: LimiterFor | None = None) -> Run:
 
     ``limiter_for(config)`` supplies the clients' provider limiter when the run is built (the task layer's
     Prefect limiter); None: the clients' own."""
+    return _open_runs.get(spec, lambda spec: _build(spec, limiter_for, joining=False))
 
-    def build(spec: RunSpec) -> Run:
-        loaded = spec.loaded()
-        return Run.build(spec, loaded=loaded, limiter=limiter_for(loaded.config) if limiter_for else None)
 
-    return _open_runs.get(spec, build)
+def join_run(spec: RunSpec, limiter_for: Callable[[SkillOptConfig], RateLimiter | None] | None = None) -> Run:
+    """The run ``spec`` describes, in a process that received it from the run's flow (how a ``Run`` unpickles):
+    the flow's own run in the flow's process, else built once per process as a worker that joins the run."""
+    return _open_runs.get(spec, lambda spec: _build(spec, limiter_for, joining=True))
+
+
+def _build(spec: RunSpec, limiter_for: Callable[[SkillOptConfig], RateLimiter | None] | None, *,
+           joining: bool) -> Run:
+    loaded = spec.loaded()
+    run = Run.build(spec, loaded=loaded, limiter=limiter_for(loaded.config) if limiter_for else None,
+                    joining=joining)
+    run.limiter_for = limiter_for
+    return run
 
 
 def remember_run(run: Run) -> Run:

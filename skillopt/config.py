@@ -37,6 +37,7 @@ from pydantic import (
     ValidationError,
     ValidationInfo,
     field_validator,
+    model_validator,
 )
 
 from skillopt.errors import ConfigError
@@ -279,6 +280,33 @@ class RunSection(_Section):
     reports_url: str | None = None
     #: The skill registry (skillopt.registry): promoted skills that nightly runs warm-start from.
     skills_dir: str = "skills"
+    #: Where the rollouts run: ``threads`` (a bounded pool in the flow's process, ``benchmark.workers`` wide) or
+    #: ``dask`` (prefect-dask's DaskTaskRunner on a Dask cluster; the ``dask`` extra).
+    task_runner: Literal["threads", "dask"] = "threads"
+    #: With ``dask``: the scheduler of a running cluster (``tcp://host:8786``). Unset: a local cluster of worker
+    #: processes on this machine, started for the run and stopped after it.
+    dask_address: str | None = None
+    #: The local cluster's worker processes and threads per worker (unset: Dask's defaults from the CPU count).
+    dask_n_workers: int | None = Field(default=None, ge=1)
+    dask_threads_per_worker: int | None = Field(default=None, ge=1)
+    #: What goes to the cluster: ``rollouts`` (rollouts and their judge calls; the optimizer's few calls stay in
+    #: the flow's process) or ``rollouts_and_analysts`` (the analysts' reflections too).
+    dask_scope: Literal["rollouts", "rollouts_and_analysts"] = "rollouts"
+
+    @model_validator(mode="after")
+    def _dask_keys_fit_the_runner(self) -> RunSection:
+        local_cluster = {"dask_n_workers": self.dask_n_workers, "dask_threads_per_worker": self.dask_threads_per_worker}
+        if self.task_runner != "dask":
+            given = [key for key, value in {"dask_address": self.dask_address, **local_cluster}.items()
+                     if value is not None]
+            if given:
+                raise ValueError(f"{', '.join('run.' + k for k in given)} needs run.task_runner: dask")
+        elif self.dask_address is not None:
+            given = [key for key, value in local_cluster.items() if value is not None]
+            if given:
+                raise ValueError(f"{', '.join('run.' + k for k in given)} sizes a local cluster; with "
+                                 "run.dask_address the cluster is the one at that address")
+        return self
 
 
 class SkillOptConfig(_Section):

@@ -43,6 +43,9 @@ class ItemResult(BaseModel):
     #: The target's prompts without the skill, for people reading ``predictions/`` (not for the analyst).
     target_system_prompt: str = ""
     target_user_prompt: str = ""
+    #: The process that ran the rollout (the flow's, or a Dask worker's with ``run.task_runner: dask``); a
+    #: cached row keeps the pid of the process that first produced it. Never shown to the analyst.
+    worker_pid: int | None = None
 
     @property
     def failed(self) -> bool:

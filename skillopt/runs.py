@@ -466,6 +466,19 @@ class RunDir:
         run.write_text(CONFIG_FILE, _config_yaml(config, config_hash, provenance))
         return run
 
+    @classmethod
+    def join(cls, runs_dir: Path | str, name: str) -> RunDir:
+        """The directory of a run that another process holds — its flow — for a worker of that run (a Dask
+        worker rebuilding the run): no lock taken, nothing rewritten; the worker's calls only append their
+        usage lines. The flow must have opened it already, on storage this process reaches."""
+        run = cls(Path(runs_dir) / name)
+        if not run.config_path.is_file():
+            raise StorageError(
+                f"run directory {run.path} has no {CONFIG_FILE} here: a worker joins a run its flow has opened, "
+                "so the run's folders must be on storage every worker reaches, at the same path"
+            )
+        return run
+
     def started(self) -> bool:
         """Whether the run recorded a step (or finished): from then on it holds results to keep."""
         return self.history_path.exists() or self.summary_path.exists()

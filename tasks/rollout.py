@@ -15,10 +15,10 @@ the rows), so a re-run retries exactly the failed items.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from prefect import task
-from prefect.task_runners import ThreadPoolTaskRunner
 from pydantic import BaseModel
 
 from skillopt import live
@@ -32,6 +32,7 @@ from skillopt.llm.chat import ChatRequest
 from skillopt.records import ItemResult
 from skillopt.skill import skill_hash
 from skillopt.tasks.cache import bound, call_key, digest, keyed, retry_only_retryable
+from skillopt.tasks.runners import pool_for
 
 
 class Evaluation(BaseModel):
@@ -103,9 +104,10 @@ def rollout_item(run: Run, item: Item, skill: str, *, training: bool, probe_inst
     if epoch is not None:
         draw = {"epoch": epoch}
         target = DrawTarget(target, draw_seed(run, epoch, sample))
-    return run_item(run.benchmark, item, skill, run.bench_cfg, target=target, judge=judge,
-                    probe_instruction=probe_instruction, sample=sample,
-                    tags={"training": training, "skill_sha": skill_hash(skill)[:16], **draw})
+    row = run_item(run.benchmark, item, skill, run.bench_cfg, target=target, judge=judge,
+                   probe_instruction=probe_instruction, sample=sample,
+                   tags={"training": training, "skill_sha": skill_hash(skill)[:16], **draw})
+    return row.model_copy(update={"worker_pid": os.getpid()})
 
 
 def _viewed(run: Run, item: Item, view_seed: int | None, training: bool) -> Item:
@@ -196,7 +198,7 @@ def run_rollouts(run: Run, skill: str, split: str, item_ids: list[str], *, train
     rollout = bound(run, rollout_item)
     rows: list[ItemResult] = []
     live.emit("stage", name=f"rollout {split}", total=len(item_ids))
-    with ThreadPoolTaskRunner[Any](max_workers=workers) as runner:
+    with pool_for(run, "rollouts", workers) as runner:
         common = {"run": run, "skill": skill, "training": training, "probe_instruction": probe_instruction,
                   "epoch": epoch, "view_seed": view_seed}
         futures = [runner.submit(rollout, {**common, "item": run.items[i], "sample": sample})

@@ -1,32 +1,58 @@
-"""The run a flow works on, with the task layer's one addition: Prefect's rate limiter when configured.
+"""The run a flow works on, with the task layer's one addition: the provider limiter the config asks for.
 
 ``start_run`` builds the flow's run in its own process; ``run_of`` gives any process (a worker that received
-only the ``RunSpec``) the same run, built once per process.
+only the ``RunSpec``) the same run, built once per process. A ``Run`` sent to a Dask worker unpickles through
+``skillopt.assembly.join_run`` with ``limiter_for`` below, so the worker's clients take the same limits.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
 
 from skillopt.assembly import Run, RunSpec, open_run, remember_run
 from skillopt.config import LoadedConfig, SkillOptConfig
 from skillopt.llm.limiter import RateLimiter
 
 
-def limiter_for(config: SkillOptConfig) -> RateLimiter | None:
-    """Prefect's global concurrency limits with ``model.rate_limit_mode: prefect``; else the clients' own."""
-    if config.model.rate_limit_mode != "prefect":
-        return None
-    from skillopt.tasks.limits import PrefectRateLimiter
+def limiter_for(config: SkillOptConfig, *, dask_client: Any = None) -> RateLimiter | None:
+    """The clients' provider limiter: Prefect's global concurrency limits with ``model.rate_limit_mode:
+    prefect``; with ``run.task_runner: dask`` and ``local`` limits, one limiter for the whole cluster (kept by
+    its scheduler; ``dask_client`` is the flow's client, a worker uses its own); else None, the clients' own."""
+    if config.model.rate_limit_mode == "prefect":
+        from skillopt.tasks.limits import PrefectRateLimiter
 
-    return PrefectRateLimiter(config.model.providers)
+        return PrefectRateLimiter(config.model.providers)
+    if config.model.rate_limit_mode == "local" and config.run.task_runner == "dask":
+        from skillopt.tasks.dask_limits import DaskRateLimiter
+
+        return DaskRateLimiter(config.model.providers, client=dask_client)
+    return None
 
 
-def start_run(spec: RunSpec, *, loaded: LoadedConfig | None = None) -> Run:
+def start_run(spec: RunSpec, *, loaded: LoadedConfig | None = None, dask_client: Any = None) -> Run:
     """Build the run ``spec`` describes for a flow in this process (``loaded``: the config, already
-    validated)."""
+    validated; ``dask_client``: the flow's Dask client with ``run.task_runner: dask``)."""
     loaded = loaded or spec.loaded()
-    return remember_run(Run.build(spec, loaded=loaded, limiter=limiter_for(loaded.config)))
+    run = Run.build(spec, loaded=loaded, limiter=limiter_for(loaded.config, dask_client=dask_client))
+    run.limiter_for = limiter_for
+    return remember_run(run)
 
 
 def run_of(spec: RunSpec) -> Run:
     """The run ``spec`` describes, built on first use in this process."""
     return open_run(spec, limiter_for=limiter_for)
+
+
+@contextmanager
+def started_run(spec: RunSpec, *, loaded: LoadedConfig | None = None) -> Iterator[Run]:
+    """The flow's run with its task pools (``run.task_runner``) started around the flow's work, and stopped
+    after it (a local Dask cluster with them)."""
+    from skillopt.tasks.runners import TaskPools, use_pools
+
+    loaded = loaded or spec.loaded()
+    with TaskPools(loaded.config.run) as pools:
+        run = start_run(spec, loaded=loaded, dask_client=pools.client())
+        use_pools(run, pools)
+        yield run

@@ -1,0 +1,142 @@
+"""Training spreadsheetbench (sandboxed code) with ``run.task_runner: dask``: the rollouts run in Dask worker
+processes, the run ends with the same best skill and scores as on the thread pool, and a worker killed mid-run
+costs only its in-flight calls.
+
+Every run is the real command (``python -m skillopt.cli train spreadsheetbench --data ... --backend scripted``)
+in a subprocess against the session's Prefect server. The data is the fixture's three tasks copied into
+several items per split, so that each evaluation has rollouts for both workers and training sees failures.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "spreadsheetbench"
+#: Copies per split of the fixture's tasks: 59001 and 59002 are solved by the scripted target, 59003-1 is not.
+SPLITS = {"train": {"59001": 2, "59003-1": 2}, "val": {"59002": 2, "59003-1": 2}, "test": {"59001": 1, "59003-1": 1}}
+TRAIN = ["-o", "train.epochs=2", "-o", "train.batch_size=4"]
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("spreadsheetbench")
+    originals = {item["id"]: item for split in ("train", "val", "test")
+                 for item in json.loads((FIXTURES / split / "items.json").read_text())}
+    for split, copies in SPLITS.items():
+        items = []
+        for source, count in copies.items():
+            for n in range(count):
+                item_id = f"{split}{n}-{source}"
+                shutil.copytree(FIXTURES / "spreadsheet" / source, root / "spreadsheet" / item_id)
+                items.append({**originals[source], "id": item_id, "spreadsheet_path": f"spreadsheet/{item_id}"})
+        (root / split).mkdir()
+        (root / split / "items.json").write_text(json.dumps(items, indent=1))
+    return root
+
+
+def start(cwd: Path, api: str, data: Path, *overrides: str) -> subprocess.Popen:
+    cwd.mkdir(parents=True, exist_ok=True)
+    command = [sys.executable, "-m", "skillopt.cli", "train", "spreadsheetbench", "--data", str(data),
+               "--backend", "scripted", "--run-name", "sb", *TRAIN, *overrides]
+    env = {**os.environ, "PREFECT_API_URL": api, "PREFECT_LOGGING_LEVEL": "WARNING"}
+    return subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+
+
+def finish(process: subprocess.Popen) -> str:
+    output, _ = process.communicate(timeout=1500)
+    assert process.returncode == 0, output[-4000:]
+    return output
+
+
+def run_dir(cwd: Path) -> Path:
+    return cwd / "runs" / "sb"
+
+
+def outcome(folder: Path) -> dict:
+    """What must not depend on where the rollouts ran: the best skill, the scores, the gate's decisions and every
+    evaluation's rows (hard and soft per item)."""
+    summary = json.loads((folder / "summary.json").read_text())
+    history = [json.loads(line) for line in (folder / "history.jsonl").read_text().splitlines()]
+    evaluations = {}
+    for results in sorted((folder / "eval").glob("*/results.jsonl")):
+        rows = [json.loads(line) for line in results.read_text().splitlines()]
+        evaluations[results.parent.name] = {r["id"]: (r["hard"], r["soft"]) for r in rows}
+    return {"best_skill": (folder / "best_skill.md").read_text(), "scores": summary["scores"],
+            "decisions": [(r["kind"], r.get("step"), r.get("decision")) for r in history],
+            "evaluations": evaluations}
+
+
+def rollout_pids(folder: Path) -> list[int]:
+    """The process of every rollout row the run recorded (evaluations and the steps' trajectories)."""
+    pids = []
+    for path in [*folder.glob("eval/*/results.jsonl"), *folder.glob("steps/*/trajectories.jsonl")]:
+        pids += [json.loads(line).get("worker_pid") for line in path.read_text().splitlines()]
+    return pids
+
+
+def paid_calls(folder: Path) -> list[tuple]:
+    """Every model call the run paid for (not served from a cache), by what it asked."""
+    records = [json.loads(line) for line in (folder / "usage.jsonl").read_text().splitlines() if line.strip()]
+    return [(r["role"], r["stage"], json.dumps(r["tags"], sort_keys=True)) for r in records
+            if r["status"] == "ok" and not r["cache_hit"]]
+
+
+@pytest.fixture(scope="module")
+def reference(prefect_api: str, data: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The same training on the thread pool."""
+    cwd = tmp_path_factory.mktemp("threads")
+    process = start(cwd, prefect_api, data)
+    finish(process)
+    assert set(rollout_pids(run_dir(cwd))) == {process.pid}
+    return run_dir(cwd)
+
+
+def test_a_local_dask_cluster_trains_to_the_same_skill_with_rollouts_in_its_worker_processes(
+        prefect_api, data, reference, tmp_path):
+    process = start(tmp_path, prefect_api, data, "-o", "run.task_runner=dask", "-o", "run.dask_n_workers=2",
+                    "-o", "run.dask_threads_per_worker=1")
+    finish(process)
+    folder = run_dir(tmp_path)
+    assert outcome(folder) == outcome(reference)
+    pids = Counter(rollout_pids(folder))
+    assert None not in pids and process.pid not in pids, pids
+    assert len(pids) >= 2, f"the rollouts ran in {len(pids)} worker process(es): {pids}"
+    assert Counter(paid_calls(folder)) == Counter(paid_calls(reference))
+
+
+def test_a_worker_killed_mid_run_costs_only_its_in_flight_calls(prefect_api, data, reference, tmp_path):
+    distributed = pytest.importorskip("distributed")
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster, \
+            distributed.Client(cluster) as client:
+        process = start(tmp_path, prefect_api, data, "-o", "run.task_runner=dask",
+                        "-o", f"run.dask_address={cluster.scheduler_address}")
+        victim = None
+        deadline = time.monotonic() + 900
+        while victim is None and process.poll() is None and time.monotonic() < deadline:
+            # A worker in the middle of a rollout (the baseline's first tasks are on both workers).
+            busy = [address for address, keys in client.processing().items() if keys]
+            if busy:
+                victim = client.run(os.getpid, workers=[busy[0]])[busy[0]]
+                os.kill(victim, signal.SIGKILL)
+            time.sleep(0.05)
+        assert victim is not None, "the run never had a rollout in flight on a worker"
+        finish(process)
+    folder = run_dir(tmp_path)
+    assert outcome(folder) == outcome(reference)
+    paid = Counter(paid_calls(folder))
+    assert [call for call, n in paid.items() if n > 1] == [], "a completed call was paid twice"
+    assert set(paid) == set(paid_calls(reference))
+    assert process.pid not in set(rollout_pids(folder))

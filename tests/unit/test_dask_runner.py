@@ -1,0 +1,163 @@
+"""``run.task_runner``: config checks, the missing-extra error, and the cluster-wide provider limiter."""
+
+from __future__ import annotations
+
+import builtins
+import os
+import time
+
+import pytest
+
+from skillopt.config import ProviderLimits, load_config
+from skillopt.errors import ConfigError
+
+
+def config(*overrides: str):
+    return load_config("demo", overrides=list(overrides), env={}).config
+
+
+def test_threads_is_the_default_and_dask_keys_need_the_dask_runner():
+    assert config().run.task_runner == "threads"
+    with pytest.raises(ConfigError, match=r"run.dask_address needs run.task_runner: dask"):
+        config("run.dask_address=tcp://scheduler:8786")
+    with pytest.raises(ConfigError, match=r"run.dask_n_workers needs run.task_runner: dask"):
+        config("run.dask_n_workers=2")
+
+
+def test_a_scheduler_address_and_a_local_cluster_size_exclude_each_other():
+    assert config("run.task_runner=dask", "run.dask_n_workers=2", "run.dask_threads_per_worker=1").run.dask_n_workers == 2
+    with pytest.raises(ConfigError, match=r"run.dask_threads_per_worker sizes a local cluster"):
+        config("run.task_runner=dask", "run.dask_address=tcp://scheduler:8786", "run.dask_threads_per_worker=4")
+    with pytest.raises(ConfigError, match=r"task_runner"):
+        config("run.task_runner=ray")
+
+
+def test_a_missing_extra_names_the_pip_command(monkeypatch):
+    from skillopt.tasks.runners import TaskPools
+
+    real_import = builtins.__import__
+
+    def without_prefect_dask(name, *args, **kwargs):
+        if name == "prefect_dask":
+            raise ImportError("No module named 'prefect_dask'", name="prefect_dask")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", without_prefect_dask)
+    with pytest.raises(ConfigError, match=r"pip install 'skillopt\[dask\]'") as raised:
+        TaskPools(config("run.task_runner=dask").run).__enter__()
+    assert "prefect_dask is not installed" in str(raised.value)
+
+
+def test_threads_runs_get_a_fresh_bounded_thread_pool_per_stage():
+    from prefect.task_runners import ThreadPoolTaskRunner
+
+    from skillopt.tasks.runners import TaskPools
+
+    with TaskPools(config().run) as pools:
+        pool = pools.pool("rollouts", 3)
+        assert isinstance(pool, ThreadPoolTaskRunner) and pool._max_workers == 3
+        assert not pools.on_dask
+
+
+# --------------------------------------------------------------------------------------------
+# The limiter, on a real local cluster of two worker processes
+
+
+def _hold(limits: ProviderLimits, seconds: float) -> tuple[float, float, int]:
+    """One call under the limits, on a worker: the limiter is built there, as a worker's run builds it."""
+    import os
+
+    from skillopt.tasks.dask_limits import DaskRateLimiter
+
+    with DaskRateLimiter({"api.example": limits}).acquire("api.example", tokens=1):
+        start = time.time()
+        time.sleep(seconds)
+        end = time.time()
+    return start, end, os.getpid()
+
+
+@pytest.fixture(scope="module")
+def cluster_client():
+    """Two worker processes (starting them takes ~10-20 s here, hence the slow mark on their tests)."""
+    distributed = pytest.importorskip("distributed")
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=3, processes=True, dashboard_address=None) as cl, \
+            distributed.Client(cl) as client:
+        yield client
+
+
+@pytest.mark.slow
+def test_max_concurrency_holds_across_worker_processes(cluster_client):
+    futures = [cluster_client.submit(_hold, ProviderLimits(max_concurrency=2), 0.3, pure=False) for _ in range(6)]
+    spans = cluster_client.gather(futures)
+    assert len({pid for _, _, pid in spans}) == 2, "the calls did not run in both worker processes"
+    events = sorted([(start, 1) for start, _, _ in spans] + [(end, -1) for _, end, _ in spans],
+                    key=lambda e: (e[0], e[1]))
+    in_flight = peak = 0
+    for _, change in events:
+        in_flight += change
+        peak = max(peak, in_flight)
+    assert peak == 2
+
+
+@pytest.mark.slow
+def test_the_request_rate_holds_across_worker_processes(cluster_client):
+    # One request per 0.2 s, for the whole cluster.
+    futures = [cluster_client.submit(_hold, ProviderLimits(rpm=300), 0.0, pure=False) for _ in range(6)]
+    spans = cluster_client.gather(futures)
+    assert len({pid for _, _, pid in spans}) == 2
+    starts = sorted(start for start, _, _ in spans)
+    gaps = [b - a for a, b in zip(starts, starts[1:], strict=False)]
+    # Unlimited, six threads would start within milliseconds; a start is measured after the lock's round trip.
+    assert min(gaps) >= 0.15, gaps
+    assert starts[-1] - starts[0] >= 5 * 0.2 - 0.05, gaps
+
+
+@pytest.mark.slow
+def test_a_429_pauses_every_process(cluster_client):
+    from skillopt.tasks.dask_limits import DaskRateLimiter
+
+    limits = {"api.example.paused": ProviderLimits(rpm=6000)}
+    DaskRateLimiter(limits, client=cluster_client).pause("api.example.paused", 1.0)  # the flow's process got a 429
+    paused_at = time.time()
+
+    def start_after_pause(limits):
+        from skillopt.tasks.dask_limits import DaskRateLimiter
+
+        with DaskRateLimiter(limits).acquire("api.example.paused", tokens=1):
+            return time.time()
+
+    starts = cluster_client.gather([cluster_client.submit(start_after_pause, limits, pure=False)
+                                    for _ in range(4)])
+    assert min(starts) >= paused_at + 1.0 - 0.05
+
+
+# --------------------------------------------------------------------------------------------
+# Runs travel as their spec
+
+
+def test_a_run_pickles_as_its_spec_and_a_worker_joins_it_without_the_flow_s_lock(tmp_path):
+    import pickle
+    import subprocess
+    import sys
+
+    from skillopt.assembly import RunSpec
+    from skillopt.tasks.run import limiter_for, start_run
+
+    loaded = load_config("demo", overrides=[f"run.runs_dir={tmp_path / 'runs'}", f"run.cache_dir={tmp_path / 'c'}"],
+                         env={})
+    run = start_run(RunSpec.create(loaded, run_name="travels"), loaded=loaded)
+    payload = pickle.dumps(run)
+    # The spec (a few KB of config), not the items, the clients and their locks.
+    assert len(payload) < 8000 and all(item["question"].encode() not in payload for item in run.items.values())
+    assert pickle.loads(payload) is run  # in the flow's own process: the flow's run
+    assert run.limiter_for is limiter_for
+
+    # Another process (a worker) rebuilds it, while this process holds the run directory's lock.
+    (tmp_path / "run.pickle").write_bytes(payload)
+    worker = ("import os, pickle, sys; run = pickle.loads(open(sys.argv[1], 'rb').read()); "
+              "print(len(run.split_ids['train']), run.dir.path, os.getpid())")
+    done = subprocess.run([sys.executable, "-c", worker, str(tmp_path / "run.pickle")], capture_output=True,
+                          text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    train, path, pid = done.stdout.split()
+    assert int(train) == len(run.split_ids["train"]) and path == str(run.dir.path) and int(pid) != os.getpid()
