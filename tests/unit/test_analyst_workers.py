@@ -43,9 +43,17 @@ def rows(n: int) -> list[ItemResult]:
     return [ItemResult(id=f"i{i}", task_type="t", hard=float(i % 2), soft=float(i % 2)) for i in range(n)]
 
 
-def context(workers: int) -> SimpleNamespace:
+class StandInRun:
+    """What ``reflect`` reads of a run; hashed by identity and weakly referenceable, as a ``Run`` is (the task
+    pools are kept by run)."""
+
+    def __init__(self, **fields: object) -> None:
+        self.__dict__.update(fields)
+
+
+def context(workers: int) -> StandInRun:
     gradient = SimpleNamespace(minibatch_size=1, failure_only=False, analyst_workers=workers)
-    return SimpleNamespace(config=SimpleNamespace(gradient=gradient))
+    return StandInRun(config=SimpleNamespace(gradient=gradient))
 
 
 @flow(validate_parameters=False)
