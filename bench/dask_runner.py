@@ -130,8 +130,8 @@ from prefect import flow
 
 from skillopt.assembly import RunSpec
 from skillopt.config import load_config
-from tasks.rollout import run_rollouts
-from tasks.run import started_run
+from skillopt.tasks.rollout import run_rollouts
+from skillopt.tasks.run import started_run
 
 
 @flow
