@@ -226,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="skillopt-bench-dask-") as tmp:
         results = measure(args, Path(tmp))
-    results["args"] = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
+    results["args"] = {**vars(args), "out": os.path.relpath(args.out, ROOT)}  # no machine paths in results
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2) + "\n")
     print(table(results))
