@@ -1,5 +1,6 @@
 """Training spreadsheetbench (sandboxed code) with ``run.task_runner: dask``: the rollouts run in Dask worker
-processes and the run ends with the same best skill and scores as on the thread pool.
+processes, the run ends with the same best skill and scores as on the thread pool, and a worker killed mid-run
+costs only its in-flight calls.
 
 Every run is the real command (``python -m skillopt.cli train spreadsheetbench --data ... --backend scripted``)
 in a subprocess against the session's Prefect server. The data is the fixture's three tasks copied into
@@ -11,8 +12,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -113,3 +116,57 @@ def test_a_local_dask_cluster_trains_to_the_same_skill_with_rollouts_in_its_work
     assert None not in pids and process.pid not in pids, pids
     assert len(pids) >= 2, f"the rollouts ran in {len(pids)} worker process(es): {pids}"
     assert Counter(paid_calls(folder)) == Counter(paid_calls(reference))
+
+
+def fixture_target_server(server) -> None:
+    """The fake answers each chat completion as the fixture's scripted target would, behind real HTTP: unlike the
+    scripted backend (free and deterministic, so never stored), an HTTP target's replies go to the reply store."""
+    from skillopt.benchmarks.base import load_benchmark
+    from skillopt.llm.base import BackendContext
+    from skillopt.llm.chat import ChatRequest, assistant, system, user
+    from skillopt.llm.scripted import ScriptedBackend, resolve_rule_set
+    from tests.fakes.benchmark_target import fixture_rules
+    from tests.fakes.http_fakes import ok
+
+    rules = fixture_rules(load_benchmark("spreadsheetbench"))
+    backend = ScriptedBackend(resolve_rule_set(None, BackendContext(scripted_target_rules=rules), where="test"),
+                              role="target")
+    builders = {"system": system, "user": user, "assistant": assistant}
+
+    def reply(request):
+        messages = [builders[m["role"]](m["content"]) for m in request.body["messages"]]
+        return ok(text=backend.attempt(ChatRequest(messages=messages, stage="rollout"), timeout_s=30).text)
+
+    server.handler = reply
+
+
+def test_a_worker_killed_mid_run_costs_only_its_in_flight_calls(prefect_api, data, reference, tmp_path):
+    distributed = pytest.importorskip("distributed")
+    from tests.fakes.http_fakes import FakeOpenAIServer
+
+    with FakeOpenAIServer() as server, \
+            distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                     dashboard_address=None) as cluster, \
+            distributed.Client(cluster) as client:
+        fixture_target_server(server)
+        process = start(tmp_path, prefect_api, data, "-o", "run.task_runner=dask",
+                        "-o", f"run.dask_address={cluster.scheduler_address}",
+                        "-o", "model.target.backend=openai_compatible",
+                        "-o", f"model.target.base_url={server.openai_base_url}",
+                        "-o", "model.target.model=fixture-model")
+        victim = None
+        deadline = time.monotonic() + 900
+        while victim is None and process.poll() is None and time.monotonic() < deadline:
+            busy = [address for address, keys in client.processing().items() if keys]
+            if busy and server.calls("/v1/chat/completions"):  # a worker is rolling out, after some replies
+                victim = client.run(os.getpid, workers=[busy[0]])[busy[0]]
+                os.kill(victim, signal.SIGKILL)
+            time.sleep(0.05)
+        assert victim is not None, "the run never had a rollout in flight on a worker"
+        finish(process)
+    folder = run_dir(tmp_path)
+    assert outcome(folder) == outcome(reference)
+    paid = Counter(paid_calls(folder))
+    assert [call for call, n in paid.items() if n > 1] == [], "a completed call was paid twice"
+    assert set(paid) == set(paid_calls(reference))
+    assert process.pid not in set(rollout_pids(folder))
