@@ -44,8 +44,9 @@ def check_dask_installed() -> None:
         ) from error
 
 
-def dask_task_runner(run: RunSection) -> TaskRunner:
-    """A (not yet started) ``DaskTaskRunner`` for ``run.dask_address`` or a local cluster sized by ``run``."""
+def dask_task_runner(run: RunSection) -> Any:
+    """A (not yet started) ``DaskTaskRunner`` for ``run.dask_address`` or a local cluster sized by ``run`` (typed
+    ``Any``: prefect-dask is an optional extra, absent where the types are checked)."""
     check_dask_installed()
     from prefect_dask import DaskTaskRunner
 
@@ -66,7 +67,7 @@ class TaskPools:
 
     def __init__(self, run: RunSection) -> None:
         self.settings = run
-        self._dask: TaskRunner | None = None
+        self._dask: Any = None  # the started DaskTaskRunner
         self._stack = contextlib.ExitStack()
 
     def __enter__(self) -> TaskPools:

@@ -107,6 +107,7 @@ def reference(prefect_api: str, data: Path, tmp_path_factory: pytest.TempPathFac
 
 def test_a_local_dask_cluster_trains_to_the_same_skill_with_rollouts_in_its_worker_processes(
         prefect_api, data, reference, tmp_path):
+    pytest.importorskip("prefect_dask")
     process = start(tmp_path, prefect_api, data, "-o", "run.task_runner=dask", "-o", "run.dask_n_workers=2",
                     "-o", "run.dask_threads_per_worker=1")
     finish(process)
@@ -142,6 +143,7 @@ def fixture_target_server(server) -> None:
 
 def test_a_worker_killed_mid_run_costs_only_its_in_flight_calls(prefect_api, data, reference, tmp_path):
     distributed = pytest.importorskip("distributed")
+    pytest.importorskip("prefect_dask")
     from tests.fakes.http_fakes import FakeOpenAIServer
 
     with FakeOpenAIServer() as server, \
