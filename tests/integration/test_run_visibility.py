@@ -173,7 +173,8 @@ def test_prefect_ui_shows_the_skill_diff_and_gate_artifacts(demo_run, prefect_ap
         screenshot(page, "prefect-ui-skill-diff")
 
         page.goto(f"{ui}/artifacts/artifact/{gates['latest_id']}")
-        page.locator("table").first.wait_for(timeout=60_000)
+        # The table's text cells fill in after the table itself appears (seen on a loaded machine).
+        page.locator("table").first.get_by_text("accept_new_best").first.wait_for(timeout=60_000)
         cells = page.locator("table").first.inner_text()
         assert "decision" in cells and "accept_new_best" in cells and "reject" in cells
         screenshot(page, "prefect-ui-gates")
