@@ -47,7 +47,9 @@ class AnthropicOptions(BaseModel):
 
 
 class AnthropicBackend:
-    def __init__(self, role: ResolvedRole, client: Any, options: AnthropicOptions, redactor: Redactor) -> None:
+    def __init__(
+        self, role: ResolvedRole, client: Any, options: AnthropicOptions, redactor: Redactor
+    ) -> None:
         import anthropic
 
         self.anthropic = anthropic
@@ -107,8 +109,8 @@ class AnthropicBackend:
     def _image(self, part: ImagePart) -> dict[str, Any]:
         media_type = part.media_type()
         if media_type not in _IMAGE_TYPES:
-            raise ConfigError(f"[{self.role.role}] {self.role.label()}: image {part.basename()} is {media_type}; "
-                              "Claude takes png, jpeg, gif or webp")
+            raise ConfigError(f"[{self.role.role}] {self.role.label()}: image {part.basename()} is "
+                              f"{media_type}; Claude takes png, jpeg, gif or webp")
         data = base64.b64encode(part.data()).decode("ascii")
         return {"type": "image", "source": {"type": "base64", "media_type": media_type, "data": data}}
 

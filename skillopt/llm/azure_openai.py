@@ -51,8 +51,8 @@ def check_token_host(endpoint: str, trusted_hosts: list[str]) -> None:
     trusted = host in {h.lower() for h in trusted_hosts} or host.endswith(TRUSTED_SUFFIXES)
     if parsed.scheme != "https" or not trusted:
         raise SecurityError(
-            f"refusing to send an Azure bearer token to {parsed.scheme}://{host}: tokens go only to https hosts "
-            f"under {', '.join('*' + s for s in TRUSTED_SUFFIXES)} or options.trusted_hosts"
+            f"refusing to send an Azure bearer token to {parsed.scheme}://{host}: tokens go only to https "
+            f"hosts under {', '.join('*' + s for s in TRUSTED_SUFFIXES)} or options.trusted_hosts"
         )
 
 
@@ -79,7 +79,8 @@ class AzCliToken:
         argv = [self.az, "account", "get-access-token", "--resource", self.resource, "-o", "json"]
         proc = self.run(argv, capture_output=True, text=True, timeout=60)
         if proc.returncode != 0:
-            raise ConfigError("`az account get-access-token` failed; run `az login` (or choose options.auth: api_key)")
+            raise ConfigError("`az account get-access-token` failed; run `az login` (or choose "
+                              "options.auth: api_key)")
         try:
             data = json.loads(proc.stdout)
             token = data["accessToken"]
@@ -88,8 +89,11 @@ class AzCliToken:
         if "expires_on" in data:
             expires = float(data["expires_on"])
         else:
-            expires = datetime.fromisoformat(str(data.get("expiresOn", ""))).timestamp() if data.get("expiresOn") \
+            expires = (
+                datetime.fromisoformat(str(data.get("expiresOn", ""))).timestamp()
+                if data.get("expiresOn")
                 else self.clock() + 3000
+            )
         return token, expires
 
 
@@ -101,9 +105,13 @@ def _identity_available() -> bool:
     return True
 
 
-def token_provider(role: ResolvedRole, options: AzureOptions, secrets: SecretSource) -> tuple[str | None, Any]:
+def token_provider(
+    role: ResolvedRole, options: AzureOptions, secrets: SecretSource
+) -> tuple[str | None, Any]:
     """(api key, bearer-token provider): exactly one is set."""
-    key = secrets.get_block(role.api_key_secret) if role.api_key_secret else secrets.get(role.api_key_env or "")
+    key = (
+        secrets.get_block(role.api_key_secret) if role.api_key_secret else secrets.get(role.api_key_env or "")
+    )
     auth = options.auth
     if auth == "auto":
         if key:
@@ -114,14 +122,14 @@ def token_provider(role: ResolvedRole, options: AzureOptions, secrets: SecretSou
             auth = "az_cli"
         else:
             raise ConfigError(
-                f"[{role.role}] azure_openai/{role.model}: no credential. Fix one of: export AZURE_OPENAI_API_KEY "
-                "(or set model.<role>.api_key_env); pip install 'skillopt[azure]' for Entra ID; or install the az "
-                "CLI and run `az login`"
+                f"[{role.role}] azure_openai/{role.model}: no credential. Fix one of: export "
+                "AZURE_OPENAI_API_KEY (or set model.<role>.api_key_env); pip install 'skillopt[azure]' for "
+                "Entra ID; or install the az CLI and run `az login`"
             )
     if auth == "api_key":
         if not key:
-            raise ConfigError(f"[{role.role}] azure_openai/{role.model}: no key; export {role.api_key_env} or set "
-                              f"model.{role.role}.api_key_env")
+            raise ConfigError(f"[{role.role}] azure_openai/{role.model}: no key; export {role.api_key_env} "
+                              f"or set model.{role.role}.api_key_env")
         return key, None
     assert role.base_url is not None
     check_token_host(role.base_url, options.trusted_hosts)

@@ -163,6 +163,7 @@ class BackendRegistry:
                 loaded = entry.load()
                 info = loaded() if callable(loaded) and not isinstance(loaded, BackendInfo) else loaded
                 if not isinstance(info, BackendInfo):
-                    raise ConfigError(f"entry point {ENTRY_POINT_GROUP}:{entry.name} did not give a BackendInfo")
+                    raise ConfigError(f"entry point {ENTRY_POINT_GROUP}:{entry.name} did not give a "
+                                      "BackendInfo")
                 registry.register(info)
         return registry

@@ -37,10 +37,25 @@ SHIPPED_TABLE: tuple[tuple[str, Mapping[str, Any]], ...] = (
     ("gpt-4o*", {}),
     ("gpt-3.5*", {"vision": False, "api": "chat"}),
     ("claude-*", {"reasoning": True}),
-    ("deepseek-reasoner*", {"reasoning": True, "temperature": False, "vision": False, "structured": "json_object",
-                            "max_tokens_field": "max_tokens", "api": "chat"}),
-    ("deepseek-*", {"vision": False, "structured": "json_object", "max_tokens_field": "max_tokens", "api": "chat"}),
-    ("qwen*", {"reasoning": True, "structured": "json_object", "max_tokens_field": "max_tokens", "api": "chat"}),
+    (
+        "deepseek-reasoner*",
+        {
+            "reasoning": True,
+            "temperature": False,
+            "vision": False,
+            "structured": "json_object",
+            "max_tokens_field": "max_tokens",
+            "api": "chat",
+        },
+    ),
+    (
+        "deepseek-*",
+        {"vision": False, "structured": "json_object", "max_tokens_field": "max_tokens", "api": "chat"},
+    ),
+    (
+        "qwen*",
+        {"reasoning": True, "structured": "json_object", "max_tokens_field": "max_tokens", "api": "chat"},
+    ),
     ("*", {}),
 )
 
@@ -77,5 +92,5 @@ def image_support_problem(backend: str, kind: str, price_model: str | None, opti
         vision = capabilities_for(price_model, overrides).vision
     if vision:
         return None
-    return (f"{price_model or 'this model'} takes no images per the capability table; choose a vision model or, "
-            "if it does take images, set capabilities.vision: true for the role")
+    return (f"{price_model or 'this model'} takes no images per the capability table; choose a vision model "
+            "or, if it does take images, set capabilities.vision: true for the role")

@@ -87,8 +87,13 @@ class ImagePart(BaseModel):
 
     def fingerprint(self) -> dict[str, Any]:
         """The image as cache keys see it: content hash, media type, detail and name (never the path)."""
-        return {"type": "image", "sha256": self.content_sha256(), "mime": self.media_type(), "detail": self.detail,
-                "name": self.basename()}
+        return {
+            "type": "image",
+            "sha256": self.content_sha256(),
+            "mime": self.media_type(),
+            "detail": self.detail,
+            "name": self.basename(),
+        }
 
     def basename(self) -> str:
         """How the image is named in traces and scripted matching: ``[image] <basename>``."""
@@ -112,13 +117,17 @@ class Message(BaseModel):
         """The message as text; each image appears as ``[image] <basename>``."""
         if isinstance(self.content, str):
             return self.content
-        return "\n".join(p.text if isinstance(p, TextPart) else f"[image] {p.basename()}" for p in self.content)
+        return "\n".join(
+            p.text if isinstance(p, TextPart) else f"[image] {p.basename()}" for p in self.content
+        )
 
     def fingerprint(self) -> dict[str, Any]:
         """The message as cache keys see it: text parts verbatim, images by content hash."""
         if isinstance(self.content, str):
             return {"role": self.role, "content": self.content}
-        parts = [p.model_dump(mode="json") if isinstance(p, TextPart) else p.fingerprint() for p in self.content]
+        parts = [
+            p.model_dump(mode="json") if isinstance(p, TextPart) else p.fingerprint() for p in self.content
+        ]
         return {"role": self.role, "content": parts}
 
     def images(self) -> list[ImagePart]:

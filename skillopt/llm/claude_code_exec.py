@@ -170,8 +170,12 @@ def _usage(reported: dict[str, Any]) -> Usage:
     fresh = count(reported, "input_tokens")
     read, written = count(reported, "cache_read_input_tokens"), count(reported, "cache_creation_input_tokens")
     prompt = None if fresh is None else fresh + (read or 0) + (written or 0)
-    return Usage(prompt_tokens=prompt, completion_tokens=count(reported, "output_tokens"), cached_prompt_tokens=read,
-                 cache_write_tokens=written)
+    return Usage(
+        prompt_tokens=prompt,
+        completion_tokens=count(reported, "output_tokens"),
+        cached_prompt_tokens=read,
+        cache_write_tokens=written,
+    )
 
 
 INFO = BackendInfo(

@@ -53,7 +53,8 @@ RequestBuilder = Callable[[int], ChatRequest]
 
 
 def _schema_chars(schema: type[BaseModel]) -> int:
-    """What the schema adds to a prompt on servers that take it in the text (its instruction and a blank line)."""
+    """What the schema adds to a prompt on servers that take it in the text (its instruction and a blank
+    line)."""
     return len(schema_instruction(schema)) + 2
 
 
@@ -135,9 +136,18 @@ class RoleClient:
             stored = self.replies.get(store_key)
             if stored is not None:
                 self.ledger.record(
-                    role=self.role.role, backend=self.role.backend, model_requested=self.role.model,
-                    model_served=stored.model, stage=request.stage, usage=stored.usage, latency_s=0.0, attempts=0,
-                    status="ok", tags=request.tags, price_model=self.role.price_model, cache_hit=True,
+                    role=self.role.role,
+                    backend=self.role.backend,
+                    model_requested=self.role.model,
+                    model_served=stored.model,
+                    stage=request.stage,
+                    usage=stored.usage,
+                    latency_s=0.0,
+                    attempts=0,
+                    status="ok",
+                    tags=request.tags,
+                    price_model=self.role.price_model,
+                    cache_hit=True,
                 )
                 return stored.model_copy(update={"cost_usd": 0.0, "attempts": 0})
         try:
@@ -151,8 +161,14 @@ class RoleClient:
 
         def on_retry(error: BackendError, wait: float) -> None:
             self._with_context(error, request)
-            log.warning("[%s] retrying stage %s after %s (status %s) in %.1f s", self.role.role, request.stage,
-                        type(error).__name__, error.status, wait)
+            log.warning(
+                "[%s] retrying stage %s after %s (status %s) in %.1f s",
+                self.role.role,
+                request.stage,
+                type(error).__name__,
+                error.status,
+                wait,
+            )
             if isinstance(error, RateLimited):
                 self.limiter.pause(self.role.rate_limit_key, max(wait, error.retry_after or 0.0))
 
@@ -172,9 +188,17 @@ class RoleClient:
             # Kept before its usage line is written: a kill between the two must not pay for the call again.
             self.replies.put(store_key, response)
         record = self.ledger.record(
-            role=self.role.role, backend=self.role.backend, model_requested=self.role.model,
-            model_served=response.model, stage=request.stage, usage=response.usage, latency_s=response.latency_s,
-            attempts=attempts, status="ok", tags=request.tags, price_model=self.role.price_model,
+            role=self.role.role,
+            backend=self.role.backend,
+            model_requested=self.role.model,
+            model_served=response.model,
+            stage=request.stage,
+            usage=response.usage,
+            latency_s=response.latency_s,
+            attempts=attempts,
+            status="ok",
+            tags=request.tags,
+            price_model=self.role.price_model,
         )
         return response.model_copy(update={"cost_usd": record.cost_usd})
 
@@ -268,12 +292,20 @@ class RoleClient:
             return request, self.chat(request)
         except ContextLengthExceeded as error:
             self._learn_window(error)
-            smaller_limit = min(self.prompt_chars(schema), int(request.prompt_chars() * SHRINK_AFTER_OVERFLOW))
+            smaller_limit = min(
+                self.prompt_chars(schema), int(request.prompt_chars() * SHRINK_AFTER_OVERFLOW)
+            )
             smaller = self._capped(build(smaller_limit), schema)
             if smaller.prompt_chars() >= request.prompt_chars() and smaller.max_tokens == request.max_tokens:
                 raise  # nothing left to shrink: the stage falls back
-            log.warning("[%s] stage %s overflowed the context window (%d prompt characters); sending it once "
-                        "more at %d", self.role.role, request.stage, request.prompt_chars(), smaller.prompt_chars())
+            log.warning(
+                "[%s] stage %s overflowed the context window (%d prompt characters); sending it once "
+                "more at %d",
+                self.role.role,
+                request.stage,
+                request.prompt_chars(),
+                smaller.prompt_chars(),
+            )
             return smaller, self.chat(smaller)
 
     def _capped(self, request: ChatRequest, schema: type[BaseModel]) -> ChatRequest:
@@ -284,8 +316,12 @@ class RoleClient:
                                           "max_tokens": request.max_tokens if cap == wanted else cap})
 
     def _parse(self, response: ChatResponse, schema: type[M], request: ChatRequest, repair: bool) -> M:
-        context: ErrorContext = {"role": self.role.role, "backend": self.role.backend, "model": self.role.model,
-                                 "stage": request.stage}
+        context: ErrorContext = {
+            "role": self.role.role,
+            "backend": self.role.backend,
+            "model": self.role.model,
+            "stage": request.stage,
+        }
         if response.truncated:
             raise ParseError("the reply was cut off at max_tokens", excerpt=response.text[-300:], **context)
         if response.parsed is not None:
@@ -318,9 +354,17 @@ class RoleClient:
                 error.role, error.backend, error.model = self.role.role, self.role.backend, self.role.model
                 error.stage = error.stage or "rollout"
                 self.ledger.record(
-                    role=self.role.role, backend=self.role.backend, model_requested=self.role.model,
-                    model_served=None, stage="rollout", usage=None, latency_s=0.0, attempts=error.attempts or 1,
-                    status="error", error_class=type(error).__name__, tags=task.tags,
+                    role=self.role.role,
+                    backend=self.role.backend,
+                    model_requested=self.role.model,
+                    model_served=None,
+                    stage="rollout",
+                    usage=None,
+                    latency_s=0.0,
+                    attempts=error.attempts or 1,
+                    status="error",
+                    error_class=type(error).__name__,
+                    tags=task.tags,
                     price_model=self.role.price_model,
                 )
                 raise
@@ -376,8 +420,8 @@ class ModelClients:
                 limiter = NoLimits()
             elif model.rate_limit_mode == "prefect":
                 raise ConfigError(
-                    "model.rate_limit_mode: prefect needs the Prefect limiter (skillopt.tasks.limits.PrefectRateLimiter); "
-                    "pass it as limiter=..."
+                    "model.rate_limit_mode: prefect needs the Prefect limiter "
+                    "(skillopt.tasks.limits.PrefectRateLimiter); pass it as limiter=..."
                 )
             else:
                 limiter = LocalRateLimiter(model.providers, clock=clock, sleep=sleep,
@@ -387,9 +431,17 @@ class ModelClients:
         def client(role: ResolvedRole | None) -> RoleClient | None:
             if role is None:
                 return None
-            return RoleClient(role, registry.get(role.backend), secrets=secrets, context=context, limiter=limiter,
-                              ledger=ledger, retrier=Retrier(model.retry, sleep=sleep, clock=clock),
-                              redactor=redactor, replies=replies)
+            return RoleClient(
+                role,
+                registry.get(role.backend),
+                secrets=secrets,
+                context=context,
+                limiter=limiter,
+                ledger=ledger,
+                retrier=Retrier(model.retry, sleep=sleep, clock=clock),
+                redactor=redactor,
+                replies=replies,
+            )
 
         target, optimizer = client(roles.target), client(roles.optimizer)
         assert target is not None and optimizer is not None
@@ -422,7 +474,13 @@ def _exec_defaults(roles: ResolvedRoles) -> dict[str, Any]:
     defaults = {}
     for role in (roles.target, roles.optimizer, roles.judge):
         if role is not None and role.options.get("max_parallel"):
-            defaults[f"exec:{role.backend}"] = ProviderLimits(max_concurrency=int(role.options["max_parallel"]))
-        if role is not None and role.backend == "openai_compatible" and role.options.get("preset") == "ollama":
+            defaults[f"exec:{role.backend}"] = ProviderLimits(
+                max_concurrency=int(role.options["max_parallel"])
+            )
+        if (
+            role is not None
+            and role.backend == "openai_compatible"
+            and role.options.get("preset") == "ollama"
+        ):
             defaults.setdefault(role.rate_limit_key, ProviderLimits(max_concurrency=1))
     return defaults

@@ -39,7 +39,14 @@ from skillopt.llm.exec_harness import (
     parse_jsonl,
 )
 
-_EFFORT = {"none": "minimal", "minimal": "minimal", "low": "low", "medium": "medium", "high": "high", "max": "xhigh"}
+_EFFORT = {
+    "none": "minimal",
+    "minimal": "minimal",
+    "low": "low",
+    "medium": "medium",
+    "high": "high",
+    "max": "xhigh",
+}
 
 
 class CodexExecOptions(ExecOptions):
@@ -108,7 +115,9 @@ class CodexExec(ExecHarness):
                 output.usage = add_usage(output.usage, _usage(event["usage"]))
             elif kind == "turn.failed":
                 error = event.get("error")
-                output.error = str(error.get("message") if isinstance(error, dict) else error or "turn failed")
+                output.error = str(
+                    error.get("message") if isinstance(error, dict) else error or "turn failed"
+                )
             elif kind == "error":
                 output.error = str(event.get("message") or "error event")
         if ws.last_message.is_file():

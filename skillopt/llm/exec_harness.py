@@ -115,17 +115,21 @@ def exec_task_from_messages(item_id: str, skill: str, messages: Sequence[Any], *
     for message in messages:
         for image in message.images():
             if not isinstance(image.source, str) or image.source.startswith("data:"):
-                raise ConfigError(f"item {item_id}: exec targets take images as files; {image.basename()} has no "
-                                  "file path")
+                raise ConfigError(f"item {item_id}: exec targets take images as files; {image.basename()} "
+                                  "has no file path")
             files.append(Path(image.source))
     attached = list(dict.fromkeys(files))
-    names = {path: f"attachments/{_attachment_name(index, path)}" for index, path in enumerate(attached, start=1)}
+    names = {
+        path: f"attachments/{_attachment_name(index, path)}" for index, path in enumerate(attached, start=1)
+    }
 
     def text_of(message: Any) -> str:
         if isinstance(message.content, str):
             return message.content
-        return "\n".join(f"[image] {names[Path(str(part.source))]}" if isinstance(part, ImagePart) else part.text
-                         for part in message.content)
+        return "\n".join(
+            f"[image] {names[Path(str(part.source))]}" if isinstance(part, ImagePart) else part.text
+            for part in message.content
+        )
 
     task = "\n\n".join(text_of(m) for m in messages if text_of(m).strip())
     return ExecTask(item_id=item_id, skill=skill, task=task, attachments=attached, images=attached,
@@ -407,8 +411,9 @@ class ExecHarness(ABC):
         found = shutil.which(wanted)
         if found is None:
             raise ConfigError(
-                f"[{self.role.role}] {self.backend}: the {self.cli} CLI was not found (looked for {wanted!r} on "
-                f"PATH); install it ({self.install_hint}) or set model.{self.role.role}.options.path or {self.path_env}"
+                f"[{self.role.role}] {self.backend}: the {self.cli} CLI was not found (looked for {wanted!r} "
+                f"on PATH); install it ({self.install_hint}) or set model.{self.role.role}.options.path or "
+                f"{self.path_env}"
             )
         self._executable = found
         self._jail_paths = self._check_sandbox(found)
@@ -442,8 +447,8 @@ class ExecHarness(ABC):
         status = sandbox_status()
         if not status.available:
             raise ConfigError(
-                f"[{self.role.role}] {self.backend}: the CLI's workspace runs under an OS sandbox and none can "
-                f"be made: {status.detail}. Fix: {SANDBOX_FIX.replace('benchmark.sandbox', where)}"
+                f"[{self.role.role}] {self.backend}: the CLI's workspace runs under an OS sandbox and none "
+                f"can be made: {status.detail}. Fix: {SANDBOX_FIX.replace('benchmark.sandbox', where)}"
             )
         return installation_paths(executable) + [str(Path(p).resolve()) for p in self.options.sandbox_paths]
 
@@ -454,7 +459,9 @@ class ExecHarness(ABC):
         """Every flag this backend may pass, read off the command line of a task that uses them all."""
         probe = ExecTask(item_id="preflight", skill="", task="", attachments=[Path("probe.png")],
                          images=[Path("probe.png")], declares_outputs=True)
-        ws = Workspace(root=Path("WORKSPACE"), home=Path("HOME"), images=(Path("WORKSPACE/attachments/01_probe.png"),))
+        ws = Workspace(
+            root=Path("WORKSPACE"), home=Path("HOME"), images=(Path("WORKSPACE/attachments/01_probe.png"),)
+        )
         flags = [a for a in self.command_args(ws, probe) if a.startswith("-") and a not in ("-", "--")]
         return list(dict.fromkeys(flags))
 
@@ -468,7 +475,8 @@ class ExecHarness(ABC):
                     stdin=subprocess.DEVNULL, capture_output=True, timeout=_PROBE_TIMEOUT_S, check=False,
                 )
             except (OSError, subprocess.TimeoutExpired) as exc:
-                raise ConfigError(f"[{self.role.role}] {self.backend}: `{self.cli} {' '.join(args)}` failed: {exc}") from None
+                raise ConfigError(f"[{self.role.role}] {self.backend}: `{self.cli} {' '.join(args)}` failed: "
+                                  f"{exc}") from None
         if proc.returncode != 0:
             stderr = self.redactor(proc.stderr.decode("utf-8", errors="replace"))[-500:]
             raise ConfigError(
@@ -498,7 +506,9 @@ class ExecHarness(ABC):
                 return self._result(done, time.monotonic() - started)
             error.attempts = len(done)
             vars(error).update(trace=attempt.trace, trace_digest=attempt.digest)
-            allowed = {ExecTimeout: self.options.retries, EmptyAnswer: self.options.empty_retries}.get(type(error), 0)
+            allowed = {ExecTimeout: self.options.retries, EmptyAnswer: self.options.empty_retries}.get(
+                type(error), 0
+            )
             if sum(type(a.error) is type(error) for a in done) > allowed:
                 raise error
             log.warning("[%s] %s: item %s: %s; retrying (attempt %d)", self.role.role, self.backend,
@@ -515,10 +525,17 @@ class ExecHarness(ABC):
         retried = [{"type": "skillopt.retry", "attempt": i, "error": type(a.error).__name__}
                    for i, a in enumerate(done[:-1], start=1)]
         return ExecResult(
-            answer=last.output.answer.strip(), trace=retried + last.trace, trace_digest=last.digest, usage=usage,
-            cost_usd=sum(costs) if costs else None, latency_s=latency_s, attempts=len(done),
-            model=last.output.model or self.role.model, exit_code=last.outcome.exit_code,
-            num_turns=last.output.num_turns, workspace_kept=last.workspace_kept,
+            answer=last.output.answer.strip(),
+            trace=retried + last.trace,
+            trace_digest=last.digest,
+            usage=usage,
+            cost_usd=sum(costs) if costs else None,
+            latency_s=latency_s,
+            attempts=len(done),
+            model=last.output.model or self.role.model,
+            exit_code=last.outcome.exit_code,
+            num_turns=last.output.num_turns,
+            workspace_kept=last.workspace_kept,
         )
 
     def _attempt(self, task: ExecTask) -> _Attempt:
@@ -527,7 +544,9 @@ class ExecHarness(ABC):
             assert self._executable is not None
             argv = [self._executable, *self.command_args(ws, task)]
             handed = [Path(a) for a in argv[1:] if os.path.isabs(a)]
-            ensure_outside([ws.root, ws.home, *handed], self.context.protected_paths, what=f"item {task.item_id}")
+            ensure_outside(
+                [ws.root, ws.home, *handed], self.context.protected_paths, what=f"item {task.item_id}"
+            )
             outputs = "Write the output files the task asks for into `out/`." if task.declares_outputs else ""
             jailed = self.options.workspace_sandbox == "bwrap"
             try:
@@ -541,10 +560,17 @@ class ExecHarness(ABC):
                     mode=self.options.workspace_sandbox,
                 )
             except OSError as exc:
-                raise ExecError(f"item {task.item_id}: could not start {self.cli}: {exc}", role=self.role.role,
-                                backend=self.backend, model=self.role.model, stage="rollout") from None
+                raise ExecError(
+                    f"item {task.item_id}: could not start {self.cli}: {exc}",
+                    role=self.role.role,
+                    backend=self.backend,
+                    model=self.role.model,
+                    stage="rollout",
+                ) from None
             output = self.read_output(outcome.stdout, ws)
-            output.files_read += [f for f in _files_in(output.commands, ws.root) if f not in output.files_read]
+            output.files_read += [
+                f for f in _files_in(output.commands, ws.root) if f not in output.files_read
+            ]
             trace = self._redact_events(output.events)
             if outcome.stderr.strip():
                 trace.append({"type": "skillopt.stderr", "text": self._stderr_tail(outcome.stderr)})
@@ -560,15 +586,20 @@ class ExecHarness(ABC):
                                  "stage": "rollout"}
         if outcome.timed_out:
             return ExecTimeout(
-                f"item {task.item_id}: {self.cli} gave no answer within {self.role.timeout_s:g} s; its process "
-                "group was killed", hint=f"raise model.{self.role.role}.timeout_s", **context,
+                f"item {task.item_id}: {self.cli} gave no answer within {self.role.timeout_s:g} s; its "
+                "process group was killed", hint=f"raise model.{self.role.role}.timeout_s", **context,
             )
         stderr = self._stderr_tail(outcome.stderr)
         reported = self.redactor(output.error)[:500] if output.error else None
         auth = bool(_AUTH_TEXT.search(outcome.stderr) or (output.error and _AUTH_TEXT.search(output.error)))
         if outcome.exit_code != 0 or reported or auth:
-            cause = (f"exited with status {outcome.exit_code}" if outcome.exit_code != 0
-                     else "reported an authentication problem" if auth and not reported else "reported an error")
+            cause = (
+                f"exited with status {outcome.exit_code}"
+                if outcome.exit_code != 0
+                else "reported an authentication problem"
+                if auth and not reported
+                else "reported an error"
+            )
             message = f"item {task.item_id}: {self.cli} {cause}"
             if reported:
                 message += f": {reported}"
@@ -583,16 +614,20 @@ class ExecHarness(ABC):
         if self.options.auth == "api_key":
             return f"the CLI rejected the key; check {self.role.api_key_env or self.credential_env}"
         return (
-            f"the CLI could not authenticate: with options.auth: login it sees your login ({self.login_command}) "
-            f"only with options.use_real_home: true; or set options.auth: api_key and export "
-            f"{self.role.api_key_env or self.credential_env}"
+            "the CLI could not authenticate: with options.auth: login it sees your login "
+            f"({self.login_command}) only with options.use_real_home: true; or set options.auth: api_key and "
+            f"export {self.role.api_key_env or self.credential_env}"
         )
 
     # ---- pieces of an attempt
 
     def _make_workspace(self, task: ExecTask) -> Workspace:
-        root = Path(self.options.workspace_root) if self.options.workspace_root else Path(tempfile.gettempdir())
-        ensure_outside([root], self.context.protected_paths, what=f"model.{self.role.role}.options.workspace_root")
+        root = (
+            Path(self.options.workspace_root) if self.options.workspace_root else Path(tempfile.gettempdir())
+        )
+        ensure_outside(
+            [root], self.context.protected_paths, what=f"model.{self.role.role}.options.workspace_root"
+        )
         root.mkdir(parents=True, exist_ok=True)
         prefix = f"skillopt-{_slug(self.context.run_id, 8)}-{_slug(task.item_id, 40)}-"
         folder = Path(tempfile.mkdtemp(prefix=prefix, dir=root))
@@ -613,7 +648,9 @@ class ExecHarness(ABC):
         env = {
             "PATH": os.environ.get("PATH", os.defpath),
             "HOME": str(ws.home),
-            "TMPDIR": str(ws.tmp) if ws.private_home and ws.tmp.is_dir() else os.environ.get("TMPDIR", tempfile.gettempdir()),
+            "TMPDIR": str(ws.tmp)
+            if ws.private_home and ws.tmp.is_dir()
+            else os.environ.get("TMPDIR", tempfile.gettempdir()),
             "LC_ALL": "C.UTF-8",
         }
         if os.name == "nt":  # pragma: no cover - what Windows programs cannot start without
@@ -656,7 +693,11 @@ class ExecHarness(ABC):
         answer = (output.answer.strip() if answered else "") or "(none)"
         tail = f"final answer:\n{answer[: limit // 2]}\n{', '.join(spend)}"
         errors = output.errors + ([output.error] if output.error else [])
-        sections = [("commands run", output.commands), ("files read", output.files_read), ("first errors", errors[:5])]
+        sections = [
+            ("commands run", output.commands),
+            ("files read", output.files_read),
+            ("first errors", errors[:5]),
+        ]
         head: list[str] = []
         budget = limit - len(tail) - 1
         for title, items in sections:
@@ -689,7 +730,11 @@ def installation_paths(executable: str) -> list[str]:
             found += [Path(interpreter).parent.parent, Path(interpreter).resolve().parent.parent]
     kept: list[str] = []
     for folder in sorted({str(p) for p in found}):
-        if folder in ("/", "/usr") or folder.startswith("/usr/") or any(folder.startswith(k + "/") for k in kept):
+        if (
+            folder in ("/", "/usr")
+            or folder.startswith("/usr/")
+            or any(folder.startswith(k + "/") for k in kept)
+        ):
             continue
         kept.append(folder)
     return kept

@@ -34,8 +34,16 @@ from skillopt.redact import Redactor
 
 log = logging.getLogger("skillopt.llm")
 
-_CONTEXT_WORDS = ("context_length", "context length", "maximum context", "prompt is too long", "too many tokens",
-                  "context window", "context size", "exceed_context_size")
+_CONTEXT_WORDS = (
+    "context_length",
+    "context length",
+    "maximum context",
+    "prompt is too long",
+    "too many tokens",
+    "context window",
+    "context size",
+    "exceed_context_size",
+)
 
 
 def host_of(url: str | None) -> str:
@@ -61,7 +69,9 @@ def classify_status(
     if status == 401:
         return AuthError(reason, hint=_key_hint(role), **context)
     if status == 403:
-        return PermissionDenied(reason, hint="the credential has no access to this model or endpoint", **context)
+        return PermissionDenied(
+            reason, hint="the credential has no access to this model or endpoint", **context
+        )
     if status == 429:
         return RateLimited(reason, retry_after=parse_retry_after(headers), **context)
     if status in (408,):
@@ -138,8 +148,13 @@ def sdk_errors(sdk: Any, *, role: ResolvedRole, redactor: Redactor, timeout_s: f
     try:
         yield
     except sdk.APIStatusError as exc:
-        raise classify_status(exc.status_code, headers=exc.response.headers, body=exc.response.text, role=role,
-                              redactor=redactor) from None
+        raise classify_status(
+            exc.status_code,
+            headers=exc.response.headers,
+            body=exc.response.text,
+            role=role,
+            redactor=redactor,
+        ) from None
     except sdk.APITimeoutError:
         raise CallTimeout(f"no response within {timeout_s:g} s") from None
     except sdk.APIConnectionError as exc:
@@ -166,8 +181,9 @@ def parse_body(model: Any, raw: bytes) -> Any:
         raise ServerError(f"malformed response body (starts with {json.dumps(snippet)})") from None
 
 
-def read_with_deadline(chunks: Iterable[bytes], *, deadline: float, clock: Callable[[], float] = time.monotonic,
-                       timeout_s: float) -> bytes:
+def read_with_deadline(
+    chunks: Iterable[bytes], *, deadline: float, clock: Callable[[], float] = time.monotonic, timeout_s: float
+) -> bytes:
     """Join a response body, raising ``CallTimeout`` once ``deadline`` passes between chunks."""
     parts = []
     for chunk in chunks:
@@ -208,10 +224,12 @@ def require_key(role: ResolvedRole, key: str | None) -> str:
         return key
     if role.api_key_secret:
         raise ConfigError(
-            f"[{role.role}] {role.label()}: the Prefect Secret block {role.api_key_secret!r} could not be read"
+            f"[{role.role}] {role.label()}: the Prefect Secret block {role.api_key_secret!r} could not be "
+            "read"
         )
     raise ConfigError(
-        f"[{role.role}] {role.label()}: no credential; export {role.api_key_env} or set model.{role.role}.api_key_env"
+        f"[{role.role}] {role.label()}: no credential; export {role.api_key_env} or set "
+        f"model.{role.role}.api_key_env"
     )
 
 

@@ -238,7 +238,8 @@ class LocalBackend:
                 self._llama = _deadline_llama_class(self._llama_cpp)(**kwargs)
             except ValueError as exc:
                 raise ConfigError(
-                    f"model.{self.role.role}.options.model_path: llama.cpp cannot load {self.model_path}: {exc}"
+                    f"model.{self.role.role}.options.model_path: llama.cpp cannot load {self.model_path}: "
+                    f"{exc}"
                 ) from None
         return self._llama
 
@@ -319,7 +320,9 @@ class LocalBackend:
         return ChatResponse(
             text=text,
             parsed=parsed,
-            usage=Usage(prompt_tokens=counts.get("prompt_tokens"), completion_tokens=counts.get("completion_tokens")),
+            usage=Usage(
+                prompt_tokens=counts.get("prompt_tokens"), completion_tokens=counts.get("completion_tokens")
+            ),
             latency_s=latency,
             model=self.model_name,
             backend="local",
@@ -333,7 +336,8 @@ class LocalBackend:
         if "context window" in message:
             return self._error(
                 ContextLengthExceeded, message, request,
-                hint=f"shorten the prompt or raise model.{self.role.role}.options.n_ctx (now {self.options.n_ctx})",
+                hint=f"shorten the prompt or raise model.{self.role.role}.options.n_ctx (now "
+                     f"{self.options.n_ctx})",
             )
         return self._error(BadRequest, f"llama.cpp rejected the request: {message}", request)
 

@@ -35,7 +35,14 @@ from skillopt.llm.json_extract import schema_instruction, strict_json_schema
 from skillopt.llm.roles import ResolvedRole
 from skillopt.redact import Redactor
 
-_EFFORT = {"none": "minimal", "minimal": "minimal", "low": "low", "medium": "medium", "high": "high", "max": "high"}
+_EFFORT = {
+    "none": "minimal",
+    "minimal": "minimal",
+    "low": "low",
+    "medium": "medium",
+    "high": "high",
+    "max": "high",
+}
 _THINK = re.compile(r"<think>(.*?)</think>", re.DOTALL | re.IGNORECASE)
 
 
@@ -85,15 +92,18 @@ class OpenAIWire:
     def temperature(self, request: ChatRequest) -> float | None:
         value = request.temperature if request.temperature is not None else self.role.temperature
         if value is not None and not self.capabilities.temperature:
-            drop_unsupported(self.role, "temperature", f"{self.role.price_model} does not accept it", self.warn)
+            drop_unsupported(
+                self.role, "temperature", f"{self.role.price_model} does not accept it", self.warn
+            )
             return None
         return value
 
     def effort(self, request: ChatRequest) -> str | None:
         value = request.reasoning_effort or self.role.reasoning_effort
         if value is not None and not self.capabilities.reasoning:
-            drop_unsupported(self.role, "reasoning_effort", f"{self.role.price_model} is not a reasoning model",
-                             self.warn)
+            drop_unsupported(
+                self.role, "reasoning_effort", f"{self.role.price_model} is not a reasoning model", self.warn
+            )
             return None
         return _EFFORT.get(value) if value else None
 
@@ -101,7 +111,8 @@ class OpenAIWire:
         return request.seed if request.seed is not None else self.role.seed
 
     def structured_mode(self, request: ChatRequest) -> str:
-        """How the response schema travels: ``json_schema``, ``json_object`` (schema in prompt) or ``none``."""
+        """How the response schema travels: ``json_schema``, ``json_object`` (schema in prompt) or
+        ``none``."""
         return self.capabilities.structured if request.response_schema is not None else "none"
 
     def chat_messages(self, request: ChatRequest, *, schema_in_prompt: bool) -> list[dict[str, Any]]:
@@ -185,7 +196,9 @@ class OpenAIWire:
         response.request_id = headers.get("x-request-id")
         return response
 
-    def post(self, endpoint: Any, body: dict[str, Any], *, timeout_s: float, started: float) -> tuple[bytes, Mapping]:
+    def post(
+        self, endpoint: Any, body: dict[str, Any], *, timeout_s: float, started: float
+    ) -> tuple[bytes, Mapping]:
         """Send ``body`` and read the whole reply within the deadline; errors are classified."""
         kwargs = split_sdk_kwargs(endpoint, body)
         with sdk_errors(self.openai, role=self.role, redactor=self.redactor, timeout_s=timeout_s), \
@@ -202,7 +215,9 @@ class OpenAIWire:
         choice = completion.choices[0]
         message = choice.message
         text = message.content or ""
-        reasoning = getattr(message, "reasoning_content", None) or (message.model_extra or {}).get("reasoning_content")
+        reasoning = getattr(message, "reasoning_content", None) or (message.model_extra or {}).get(
+            "reasoning_content"
+        )
         usage = completion.usage
         details = getattr(usage, "completion_tokens_details", None) if usage else None
         prompt_details = getattr(usage, "prompt_tokens_details", None) if usage else None
@@ -233,15 +248,21 @@ class OpenAIWire:
             if getattr(item, "type", None) == "reasoning":
                 reasoning_parts.extend(getattr(s, "text", "") for s in (getattr(item, "summary", None) or []))
         incomplete = getattr(result, "incomplete_details", None)
-        truncated = result.status == "incomplete" and getattr(incomplete, "reason", None) == "max_output_tokens"
+        truncated = (
+            result.status == "incomplete" and getattr(incomplete, "reason", None) == "max_output_tokens"
+        )
         return ChatResponse(
             text=result.output_text or "",
             reasoning_text="\n".join(reasoning_parts) or None,
             usage=Usage(
                 prompt_tokens=usage.input_tokens if usage else None,
                 completion_tokens=usage.output_tokens if usage else None,
-                reasoning_tokens=getattr(getattr(usage, "output_tokens_details", None), "reasoning_tokens", None),
-                cached_prompt_tokens=getattr(getattr(usage, "input_tokens_details", None), "cached_tokens", None),
+                reasoning_tokens=getattr(
+                    getattr(usage, "output_tokens_details", None), "reasoning_tokens", None
+                ),
+                cached_prompt_tokens=getattr(
+                    getattr(usage, "input_tokens_details", None), "cached_tokens", None
+                ),
             ),
             model=result.model,
             backend=self.role.backend,
@@ -284,7 +305,9 @@ def _responses_item(message: Message, wire: OpenAIWire) -> dict[str, Any]:
             content.append({"type": text_type, "text": part.text})
         else:
             _check_vision(part, wire)
-            content.append({"type": "input_image", "image_url": part.data_uri(), "detail": part.detail or "auto"})
+            content.append(
+                {"type": "input_image", "image_url": part.data_uri(), "detail": part.detail or "auto"}
+            )
     return {"role": message.role, "content": content}
 
 
@@ -293,8 +316,8 @@ def _check_vision(part: ImagePart, wire: OpenAIWire) -> None:
         from skillopt.errors import ConfigError
 
         raise ConfigError(
-            f"[{wire.role.role}] {wire.role.label()} cannot take images ({part.basename()}); choose a vision model "
-            f"or set model.{wire.role.role}.capabilities.vision: true"
+            f"[{wire.role.role}] {wire.role.label()} cannot take images ({part.basename()}); choose a vision "
+            f"model or set model.{wire.role.role}.capabilities.vision: true"
         )
 
 

@@ -80,7 +80,9 @@ def resolve_thinking(options: CompatibleOptions, effort: str | None) -> str:
 
 
 class CompatibleWire(OpenAIWire):
-    def __init__(self, role: ResolvedRole, client: Any, options: CompatibleOptions, redactor: Redactor) -> None:
+    def __init__(
+        self, role: ResolvedRole, client: Any, options: CompatibleOptions, redactor: Redactor
+    ) -> None:
         super().__init__(role, client, api="chat", redactor=redactor)
         self.options = options
         self.preset = PRESETS[options.preset]
@@ -95,8 +97,8 @@ class CompatibleWire(OpenAIWire):
                 f"send the server's own field with model.{role.role}.extra_body"
             )
         if self.thinking == "server_default":
-            self.warn(f"[{role.role}] {role.label()}: thinking is the server's default; results depend on how the "
-                      "server was launched (set options.thinking: on|off to pin it)")
+            self.warn(f"[{role.role}] {role.label()}: thinking is the server's default; results depend on "
+                      "how the server was launched (set options.thinking: on|off to pin it)")
 
     def effort(self, request: ChatRequest) -> str | None:
         # Compatible servers take thinking through the preset's switch, not reasoning_effort.
@@ -158,8 +160,12 @@ class CompatibleWire(OpenAIWire):
         ours = [e for e in entries if isinstance(e, dict) and e.get("id") == self.role.model]
         for entry in ours or (entries if len(entries) == 1 else []):
             meta = raw if isinstance(raw := entry.get("meta"), dict) else {}
-            for value in (entry.get("max_model_len"), entry.get("context_length"), entry.get("context_window"),
-                          meta.get("n_ctx")):
+            for value in (
+                entry.get("max_model_len"),
+                entry.get("context_length"),
+                entry.get("context_window"),
+                meta.get("n_ctx"),
+            ):
                 if isinstance(value, int) and value > 0:
                     return value
         return None
@@ -242,8 +248,9 @@ def _factory(role: ResolvedRole, secrets: SecretSource, context: BackendContext)
     options = CompatibleOptions.model_validate(role.options)
     if not role.base_url:
         raise ConfigError(
-            f"[{role.role}] openai_compatible/{role.model or '?'}: no endpoint; set model.{role.role}.base_url "
-            "or OPENAI_COMPATIBLE_BASE_URL, or choose a preset (vllm, ollama, llamacpp, qwen, deepseek)"
+            f"[{role.role}] openai_compatible/{role.model or '?'}: no endpoint; set "
+            f"model.{role.role}.base_url or OPENAI_COMPATIBLE_BASE_URL, or choose a preset (vllm, ollama, "
+            "llamacpp, qwen, deepseek)"
         )
     key = None
     if role.api_key_secret:

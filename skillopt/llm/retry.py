@@ -5,8 +5,9 @@ are repeated, with exponential backoff and equal jitter: ``d = min(cap, base * 2
 ``d/2 + U(0, d/2)``. A server's ``Retry-After`` sets a minimum delay; a requested wait longer than
 ``max_server_wait_s`` fails at once. A provider refusing with 429 is waited out for up to
 ``rate_limit_patience_s`` from the call's first 429 (however many attempts that takes, within the
-per-call deadline); past it the call fails with a message naming the setting. SDK retries are always off, so a fake server sees exactly the
-attempts made here. ``sleep``, ``clock`` and the random source are injectable for tests.
+per-call deadline); past it the call fails with a message naming the setting. SDK retries are always off, so a
+fake server sees exactly the attempts made here. ``sleep``, ``clock`` and the random source are injectable for
+tests.
 """
 
 from __future__ import annotations
@@ -104,15 +105,17 @@ class Retrier:
                 if refused_since is not None and limited and \
                         self.clock() - refused_since + wait > self.policy.rate_limit_patience_s:
                     error.hint = (
-                        f"giving up: the provider kept answering 429 (rate limited) for "
-                        f"{self.clock() - refused_since:.0f} s over {attempt} attempts, and the next retry would "
-                        f"pass model.retry.rate_limit_patience_s ({self.policy.rate_limit_patience_s:.0f} s); "
-                        "lower the request rate (model.providers.<key>.rpm or max_concurrency, or fewer "
-                        "benchmark.workers) or raise model.retry.rate_limit_patience_s"
+                        "giving up: the provider kept answering 429 (rate limited) for "
+                        f"{self.clock() - refused_since:.0f} s over {attempt} attempts, and the next retry "
+                        "would pass model.retry.rate_limit_patience_s "
+                        f"({self.policy.rate_limit_patience_s:.0f} s); lower the request rate "
+                        "(model.providers.<key>.rpm or max_concurrency, or fewer benchmark.workers) or "
+                        "raise model.retry.rate_limit_patience_s"
                     )
                     raise
                 if self.clock() - started + wait > self.policy.deadline_s:
-                    error.hint = f"giving up: the next retry would pass model.retry.deadline_s ({self.policy.deadline_s:.0f} s)"
+                    error.hint = ("giving up: the next retry would pass model.retry.deadline_s "
+                                  f"({self.policy.deadline_s:.0f} s)")
                     raise
                 if on_retry is not None:
                     on_retry(error, wait)

@@ -98,9 +98,16 @@ class ResolvedRole(BaseModel):
         """A hash of what changes a reply (never secrets): part of every task's cache key."""
         host = urlparse(self.base_url).netloc if self.base_url else None
         payload = {
-            "backend": self.backend, "model": self.model, "price_model": self.price_model,
-            "effort": self.reasoning_effort, "max_tokens": self.max_tokens, "temperature": self.temperature,
-            "seed": self.seed, "host": host, "preset": self.options.get("preset"), "extra_body": self.extra_body,
+            "backend": self.backend,
+            "model": self.model,
+            "price_model": self.price_model,
+            "effort": self.reasoning_effort,
+            "max_tokens": self.max_tokens,
+            "temperature": self.temperature,
+            "seed": self.seed,
+            "host": host,
+            "preset": self.options.get("preset"),
+            "extra_body": self.extra_body,
             "options": {k: v for k, v in sorted(self.options.items()) if k not in ("workspace_root",)},
         }
         if self.context_tokens:  # it decides how much of a long trajectory the prompt shows
@@ -299,8 +306,18 @@ def provenance_table(roles: ResolvedRoles, env: Mapping[str, str]) -> list[tuple
         if role is None:
             rows.append((role_name, "-", "unresolved", roles.judge_problem or ""))
             continue
-        for name in ("backend", "model", "price_model", "reasoning_effort", "max_tokens", "temperature", "seed",
-                     "timeout_s", "base_url", "rate_limit_key"):
+        for name in (
+            "backend",
+            "model",
+            "price_model",
+            "reasoning_effort",
+            "max_tokens",
+            "temperature",
+            "seed",
+            "timeout_s",
+            "base_url",
+            "rate_limit_key",
+        ):
             rows.append((role_name, name, str(getattr(role, name)), role.provenance.get(name, "default")))
         rows.append((role_name, "credential", credential_state(role, env), ""))
     return rows

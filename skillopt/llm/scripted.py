@@ -135,7 +135,9 @@ class ScriptedReply(BaseModel):
 
     @model_validator(mode="after")
     def _check_reply(self) -> ScriptedReply:
-        given = [key for key in _REPLY_KEYS if getattr(self, "json_value" if key == "json" else key) is not None]
+        given = [
+            key for key in _REPLY_KEYS if getattr(self, "json_value" if key == "json" else key) is not None
+        ]
         if len(given) != 1:
             found = ", ".join(given) if given else "none"
             raise ValueError(f"a rule needs exactly one of {', '.join(_REPLY_KEYS)} (found: {found})")
@@ -259,14 +261,18 @@ def _check_template(template: str, patterns: tuple[re.Pattern[str] | None, re.Pa
         if field.isdigit():
             if primary is None or int(field) > primary.groups:
                 groups = primary.groups if primary else 0
-                raise ValueError(f"template: {{{field}}} refers to a group the match does not have ({groups} groups)")
+                raise ValueError(f"template: {{{field}}} refers to a group the match does not have ({groups} "
+                                 "groups)")
         elif field not in names:
             raise ValueError(f"template: {{{field}}} is not a named group of the system or user pattern")
 
 
 def _render_template(template: str, match: _Match) -> str:
     primary = match.user or match.system
-    named = {**(match.system.groupdict() if match.system else {}), **(match.user.groupdict() if match.user else {})}
+    named = {
+        **(match.system.groupdict() if match.system else {}),
+        **(match.user.groupdict() if match.user else {}),
+    }
 
     def substitute(m: re.Match[str]) -> str:
         token, field = m.group(), m.group(1)
@@ -358,7 +364,9 @@ def _object_reply(value: Any, request: ChatRequest, origin: str) -> tuple[str, A
         return text, request.response_schema.model_validate(value)
     except ValidationError as exc:
         errors = exc.errors(include_input=False, include_url=False, include_context=False)
-        summary = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or '(root)'}: {e['msg']}" for e in errors[:3])
+        summary = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or '(root)'}: {e['msg']}" for e in errors[:3]
+        )
         raise ParseError(
             f"{origin} replied with an object that does not validate against "
             f"{request.response_schema.__name__}: {summary}",
@@ -514,7 +522,8 @@ class _Example:
             properties: Mapping[str, Any] = node.get("properties", {})
             names = list(properties) if padded else list(node.get("required", []))
             return {
-                name: self.build(properties[name], depth=depth + 1, variant=variant, stack=stack) for name in names
+                name: self.build(properties[name], depth=depth + 1, variant=variant, stack=stack)
+                for name in names
             }
         if kind == "array":
             if "prefixItems" in node:
@@ -557,7 +566,9 @@ def _number(node: Mapping[str, Any], *, integer: bool, offset: int) -> int | flo
     return math.ceil(value) if integer else float(value)
 
 
-def _schema_reply(schema: type[BaseModel], request: ChatRequest, *, padded: bool, origin: str) -> Answer | NoAnswer:
+def _schema_reply(
+    schema: type[BaseModel], request: ChatRequest, *, padded: bool, origin: str
+) -> Answer | NoAnswer:
     value = example_object(schema, padded=padded)
     try:
         parsed = schema.model_validate(value)
@@ -707,7 +718,9 @@ BUILTIN_SETS: Mapping[str, Callable[[BackendContext], RuleSet]] = MappingProxyTy
 })
 
 
-def resolve_rule_set(rules: list[dict[str, Any]] | str | None, context: BackendContext, *, where: str) -> RuleSet:
+def resolve_rule_set(
+    rules: list[dict[str, Any]] | str | None, context: BackendContext, *, where: str
+) -> RuleSet:
     """The rule set named by ``options.rules`` (None → ``auto``)."""
     if rules is None:
         return BUILTIN_SETS["auto"](context)
@@ -754,7 +767,9 @@ class ScriptedBackend:
         options = ScriptedOptions.model_validate(role.options)
         where = f"model.{role.role}.options"
         rule_set = resolve_rule_set(options.rules, context, where=f"{where}.rules")
-        default = None if options.default is None else _validate(ScriptedReply, options.default, f"{where}.default")
+        default = (
+            None if options.default is None else _validate(ScriptedReply, options.default, f"{where}.default")
+        )
         seed = options.seed if options.seed is not None else (role.seed if role.seed is not None else 0)
         return cls(rule_set, role=role.role, default=default, seed=seed)
 
@@ -776,12 +791,19 @@ class ScriptedBackend:
                 f"the scripted reply takes {outcome.latency_s:g} s, over the {timeout_s:g} s deadline",
                 role=self.role, backend="scripted", model=MODEL_ID, stage=request.stage,
             )
-        usage = Usage(prompt_tokens=_tokens(request.prompt_chars()), completion_tokens=_tokens(len(outcome.text)))
+        usage = Usage(
+            prompt_tokens=_tokens(request.prompt_chars()), completion_tokens=_tokens(len(outcome.text))
+        )
         if outcome.usage is not None:
             usage = usage.model_copy(update=outcome.usage.model_dump(exclude_none=True))
         return ChatResponse(
-            text=outcome.text, parsed=outcome.parsed, usage=usage, latency_s=outcome.latency_s, model=MODEL_ID,
-            backend="scripted", finish_reason="stop",
+            text=outcome.text,
+            parsed=outcome.parsed,
+            usage=usage,
+            latency_s=outcome.latency_s,
+            model=MODEL_ID,
+            backend="scripted",
+            finish_reason="stop",
         )
 
 
