@@ -165,7 +165,10 @@ def step_prompt(*, task: str, step: int, observation: str, history: Sequence[tup
     else:
         recent = history[-HISTORY_STEPS:]
         first = step - len(recent) + 1  # steps are numbered from 1, as in the env_step events
-        lines = [f"[Observation {first + k}] {obs}\n[Action {first + k}] {act}" for k, (obs, act) in enumerate(recent)]
+        lines = [
+            f"[Observation {first + k}] {obs}\n[Action {first + k}] {act}"
+            for k, (obs, act) in enumerate(recent)
+        ]
         parts = [f"## Task\n{task}", f"## Progress\nYou have taken {step} step(s). Your most recent steps:\n"
                  + "\n".join(lines), f"## Current step {step + 1}\n{observation}"]
     parts += [commands_block(commands), _FORMAT]
@@ -198,7 +201,8 @@ class AlfworldBenchmark(Benchmark[AlfworldConfig]):
         self._slots: dict[int, threading.BoundedSemaphore] = {}
 
     def data_roots(self, cfg: AlfworldConfig) -> list[Path]:
-        """Where gamefiles and game data are looked for: ``alfworld_data``, else ``--data`` then ``$ALFWORLD_DATA``."""
+        """Where gamefiles and game data are looked for: ``alfworld_data``, else ``--data`` then
+        ``$ALFWORLD_DATA``."""
         config = self.config(cfg)
         return alfworld_data_roots(config.alfworld_data, config.data_root, self.env)
 
@@ -213,14 +217,17 @@ class AlfworldBenchmark(Benchmark[AlfworldConfig]):
                       GOAL_KEY: goal_of(item["gamefile"]), INDEX_KEY: index})
                 for index, item in enumerate(items)]
 
-    def bind_target(self, cfg: AlfworldConfig, *, backend: str, kind: str) -> tuple[AlfworldConfig, list[str]]:
+    def bind_target(
+        self, cfg: AlfworldConfig, *, backend: str, kind: str
+    ) -> tuple[AlfworldConfig, list[str]]:
         """Settle ``env_manager: auto`` (``fake`` under the ``scripted`` backend, else ``alfworld``);
         an exec-backend target is a setup error (the loop needs a chat target)."""
         config = self.config(cfg)
         if kind == "exec":
             raise BenchmarkSetupError(
-                f"alfworld plays a step-by-step chat loop; the target backend {backend} is an exec backend and "
-                "cannot play it: use a chat backend (openai, anthropic, openai_compatible, local, scripted)")
+                f"alfworld plays a step-by-step chat loop; the target backend {backend} is an exec backend "
+                "and cannot play it: use a chat backend (openai, anthropic, openai_compatible, local, "
+                "scripted)")
         manager = config.env_manager
         if manager == "auto":
             manager = "fake" if backend == "scripted" else "alfworld"
@@ -239,8 +246,12 @@ class AlfworldBenchmark(Benchmark[AlfworldConfig]):
         if config.env_manager == "fake":
             return FakeEnvManager(str(item[GAME_PATH_KEY]))
         check_alfworld_installed()
-        return AlfworldEnvManager(str(item[GAME_PATH_KEY]), data_root=game_data_root(self.data_roots(config)),
-                                  seed=config.split_seed + int(item.get(INDEX_KEY, 0)), max_steps=config.max_steps)
+        return AlfworldEnvManager(
+            str(item[GAME_PATH_KEY]),
+            data_root=game_data_root(self.data_roots(config)),
+            seed=config.split_seed + int(item.get(INDEX_KEY, 0)),
+            max_steps=config.max_steps,
+        )
 
     def _api_slots(self, workers: int) -> threading.BoundedSemaphore:
         with self._slots_lock:
@@ -310,8 +321,9 @@ class AlfworldBenchmark(Benchmark[AlfworldConfig]):
         else:
             fail = f"wrong: step limit reached ({outcome.get('max_steps', steps)})"
         extras = {"gamefile": item["gamefile"], "invalid_actions": int(outcome.get("invalid_actions", 0))}
-        detail = (f"task: {outcome.get('task', '')}; steps {steps}; invalid actions {extras['invalid_actions']}; "
-                  f"last action '{quote_answer(str(outcome.get('last_action', '')))}'")
+        detail = (f"task: {outcome.get('task', '')}; steps {steps}; invalid actions "
+                  f"{extras['invalid_actions']}; last action "
+                  f"'{quote_answer(str(outcome.get('last_action', '')))}'")
         reference = hidden_reference(Path(str(item.get(GAME_PATH_KEY) or item["gamefile"])))
         return Score(hard=float(won), soft=float(won), predicted_answer=str(outcome.get("last_action", "")),
                      fail_reason=fail, extras=extras, expected="won",
@@ -339,7 +351,8 @@ class AlfworldBenchmark(Benchmark[AlfworldConfig]):
             more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
             raise BenchmarkSetupError(
                 f"alfworld: {len(missing)} gamefile(s) not found: {shown}{more}; set benchmark.alfworld_data "
-                f"(or ${DATA_VARIABLE}) to the folder holding json_2.1.1/, or pass --data with the game files")
+                f"(or ${DATA_VARIABLE}) to the folder holding json_2.1.1/, or pass --data with the game files"
+            )
 
 
 def hidden_reference(gamefile: Path) -> str:
@@ -359,7 +372,8 @@ def hidden_reference(gamefile: Path) -> str:
     desc = anns[0].get("task_desc", "") if anns and isinstance(anns[0], dict) else ""
     lines = []
     if params:
-        lines.append(f"Target: {params.get('object_target', '')}; receptacle: {params.get('parent_target', '')}")
+        lines.append(f"Target: {params.get('object_target', '')}; receptacle: "
+                     f"{params.get('parent_target', '')}")
     if steps:
         lines.append("Expert plan: " + " → ".join(steps))
     if desc:

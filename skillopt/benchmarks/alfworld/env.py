@@ -56,7 +56,9 @@ class EnvManager(Protocol):
 
     def reset(self) -> tuple[dict[str, Any], list[dict[str, Any]]]: ...
 
-    def step(self, actions: Sequence[str]) -> tuple[dict[str, Any], list[float], list[bool], list[dict[str, Any]]]: ...
+    def step(
+        self, actions: Sequence[str]
+    ) -> tuple[dict[str, Any], list[float], list[bool], list[dict[str, Any]]]: ...
 
     def close(self) -> None: ...
 
@@ -135,17 +137,25 @@ class FakeEnvManager:
         return f"You are in the middle of a room. Looking quickly around you, you see {seen}."
 
     def _obs(self, text: str) -> dict[str, Any]:
-        return {"text": [text], "image": None, "anchor": [f"{WELCOME}\n\n{self._room()}\n\n{TASK_MARKER}{self.goal}"]}
+        return {
+            "text": [text],
+            "image": None,
+            "anchor": [f"{WELCOME}\n\n{self._room()}\n\n{TASK_MARKER}{self.goal}"],
+        }
 
     def _infos(self) -> list[dict[str, Any]]:
-        return [{"extra.gamefile": self.gamefile, "admissible_commands": list(self.commands), "won": self.won}]
+        return [
+            {"extra.gamefile": self.gamefile, "admissible_commands": list(self.commands), "won": self.won}
+        ]
 
     def reset(self) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         self.won = False
         welcome = f"{WELCOME}\n\n{self._room()}\n\n{TASK_MARKER}{self.goal}"
         return self._obs(welcome), self._infos()
 
-    def step(self, actions: Sequence[str]) -> tuple[dict[str, Any], list[float], list[bool], list[dict[str, Any]]]:
+    def step(
+        self, actions: Sequence[str]
+    ) -> tuple[dict[str, Any], list[float], list[bool], list[dict[str, Any]]]:
         action = (actions[0] if actions else "").strip().lower()
         if action == FAKE_WINNING_COMMAND:
             self.won = True
@@ -184,7 +194,10 @@ def game_data_root(roots: Sequence[Path]) -> Path:
     for root in roots:
         if all(path.is_file() for path in logic_files(root)):
             return root
-    where = ", ".join(str(root) for root in roots) or f"nothing (benchmark.alfworld_data and ${DATA_VARIABLE} are unset)"
+    where = (
+        ", ".join(str(root) for root in roots)
+        or f"nothing (benchmark.alfworld_data and ${DATA_VARIABLE} are unset)"
+    )
     raise BenchmarkSetupError(
         f"alfworld: no ALFWorld game data at {where}: expected logic/alfred.pddl and logic/alfred.twl2; "
         f"run alfworld-download and set ${DATA_VARIABLE} (or benchmark.alfworld_data) to its folder")
@@ -199,8 +212,8 @@ def check_alfworld_installed() -> None:
     except ImportError as exc:
         raise BenchmarkSetupError(
             f"alfworld: the real environment needs the alfworld package ({exc}); install it with "
-            f"{INSTALL_HINT}, then run alfworld-download and set ${DATA_VARIABLE} (or benchmark.alfworld_data), "
-            "or set benchmark.env_manager: fake for the simulated world") from None
+            f"{INSTALL_HINT}, then run alfworld-download and set ${DATA_VARIABLE} (or "
+            "benchmark.alfworld_data), or set benchmark.env_manager: fake for the simulated world") from None
 
 
 def alfworld_config(data_root: Path, trial_dir: Path, max_steps: int) -> dict[str, Any]:
@@ -249,14 +262,18 @@ class AlfworldEnvManager:
         won = infos.get("won") or [False]
         commands = infos.get("admissible_commands") or [[]]
         gamefile = infos.get("extra.gamefile") or [self.gamefile]
-        return [{"extra.gamefile": gamefile[0], "admissible_commands": list(commands[0]), "won": bool(won[0])}]
+        return [
+            {"extra.gamefile": gamefile[0], "admissible_commands": list(commands[0]), "won": bool(won[0])}
+        ]
 
     def reset(self) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         texts, infos = self._env.reset()
         self._anchor = list(texts)
         return self._obs(texts, self._anchor), self._infos(infos)
 
-    def step(self, actions: Sequence[str]) -> tuple[dict[str, Any], list[float], list[bool], list[dict[str, Any]]]:
+    def step(
+        self, actions: Sequence[str]
+    ) -> tuple[dict[str, Any], list[float], list[bool], list[dict[str, Any]]]:
         texts, scores, dones, infos = self._env.step(list(actions))
         won = self._infos(infos)
         rewards = [WIN_REWARD * float(entry["won"]) for entry in won]

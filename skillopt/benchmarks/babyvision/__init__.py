@@ -123,15 +123,19 @@ def normalise_row(row: Mapping[str, Any], *, roots: Sequence[Path] = ()) -> dict
     image = resolve_image(image_value, image_roots)
     if image is None:
         raise DropRow("missing image")
-    options = parse_options(row.get("choices") if row.get("choices") is not None else
-                            next((row[k] for k in ("options", "choiceOptions") if row.get(k) is not None), None),
-                            "options")
+    options = parse_options(
+        row.get("choices")
+        if row.get("choices") is not None
+        else next((row[k] for k in ("options", "choiceOptions") if row.get(k) is not None), None),
+        "options",
+    )
     ans_type = _ans_type(row, options)
     correct = None
     blank: list[str] = []
     if ans_type == "choice":
-        correct = resolve_correct(row["correct_choice"] if row.get("correct_choice") else row.get("choiceAns"),
-                                  options)
+        correct = resolve_correct(
+            row["correct_choice"] if row.get("correct_choice") else row.get("choiceAns"), options
+        )
         if correct is None:
             raise DropRow("choice row without a resolvable answer")
     else:
@@ -226,7 +230,12 @@ class BabyVisionBenchmark(Benchmark[BabyVisionConfig]):
         sections.append(reminder)
         return [
             self.system_message(_SYSTEM_INTRO, skill, _ANSWER_FORMAT),
-            user([TextPart(text="\n\n".join(sections)), image_part(item["image_path"], self.config(cfg).image_detail)]),
+            user(
+                [
+                    TextPart(text="\n\n".join(sections)),
+                    image_part(item["image_path"], self.config(cfg).image_detail),
+                ]
+            ),
         ]
 
     def extract_answer(self, response_text: str) -> str | None:
@@ -254,10 +263,13 @@ class BabyVisionBenchmark(Benchmark[BabyVisionConfig]):
             return Score(hard=1.0, soft=1.0, predicted_answer=answer, extras=extras, expected=expected,
                          detail="exact match; no judge call")
         if judge is None:
-            raise BenchmarkSetupError("babyvision: an inexact answer needs the judge role, but the runner gave no judge")
+            raise BenchmarkSetupError("babyvision: an inexact answer needs the judge role, but the runner "
+                                      "gave no judge")
         correct, reason = judge(item, answer)
         extras.update(evaluation_mode="judge", judge_reason=reason)
-        fail = "" if correct else f"wrong: judged incorrect: boxed '{quote_answer(answer)}', expected {expected}"
+        fail = (
+            "" if correct else f"wrong: judged incorrect: boxed '{quote_answer(answer)}', expected {expected}"
+        )
         return Score(hard=float(correct), soft=float(correct), predicted_answer=answer, fail_reason=fail,
                      extras=extras, expected=expected, detail=f"Judge: {reason}")
 
@@ -267,7 +279,9 @@ class BabyVisionBenchmark(Benchmark[BabyVisionConfig]):
         if item["ans_type"] == "choice":
             body += f"\n\n## Choices\n{options_block(item['choices'])}"
         body += f"\n\n## Ground truth\n{ground_truth(item)}\n\n## Extracted answer\n{prediction}"
-        return verdict_request(_JUDGE_RUBRIC, body, item_id=item.id, prediction=prediction, golds=_gold_list(item))
+        return verdict_request(
+            _JUDGE_RUBRIC, body, item_id=item.id, prediction=prediction, golds=_gold_list(item)
+        )
 
     def needs_judge(self, cfg: BabyVisionConfig) -> bool:
         """Inexact answers are graded by the judge role, so a run needs it."""

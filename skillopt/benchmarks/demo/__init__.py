@@ -86,7 +86,8 @@ class DemoBenchmark(Benchmark[DemoConfig]):
         return score_response(item.task_type, str(item["answer"]), response_text)
 
     def extract_answer(self, response_text: str) -> str | None:
-        """The answer the scorer reads (the last ``<answer>`` tag); the runner's self-check turns compare it."""
+        """The answer the scorer reads (the last ``<answer>`` tag); the runner's self-check turns compare
+        it."""
         return last_answer(response_text)
 
     def task_types(self, items: Sequence[Item]) -> list[str]:

@@ -101,7 +101,9 @@ def target(request: ChatRequest, seed: int) -> str:
     """Answer the demo question, formatted with exactly the rules the system message states; with a
     training readout requested, name those rules on a ``Readout:`` line first."""
     style = read_style(request.system_text())
-    readout = any(message.role == "user" and READOUT_HEADING in message.text() for message in request.messages)
+    readout = any(
+        message.role == "user" and READOUT_HEADING in message.text() for message in request.messages
+    )
     # The question is in the first user message; later turns (self-check feedback) only restate it.
     for message in reversed(request.messages):
         if message.role != "user":
@@ -205,7 +207,9 @@ def _document(skill: str) -> SkillDocument:
         return SkillDocument.parse(restore_protected("", skill)[0])
 
 
-def _with_lines(document: SkillDocument, *, add: Iterable[str] = (), remove: Iterable[str] = ()) -> SkillDocument:
+def _with_lines(
+    document: SkillDocument, *, add: Iterable[str] = (), remove: Iterable[str] = ()
+) -> SkillDocument:
     """``document`` with the body lines equal to one of ``remove`` gone and ``add`` appended (each
     line only if the body does not hold it yet)."""
     removed = {line.strip() for line in remove}
@@ -299,8 +303,13 @@ def read_failures(text: str) -> Findings:
         readout = _readout_note(findings.blocks, support)
         if not style.states(name):
             phrasing = _new_phrasing(name, skill, buffer)
-            findings.diagnosis.append({"ids": support, "kind": "rule_missing",
-                                       "description": f"The skill never says that {rule.description}.{readout}"})
+            findings.diagnosis.append(
+                {
+                    "ids": support,
+                    "kind": "rule_missing",
+                    "description": f"The skill never says that {rule.description}.{readout}",
+                }
+            )
             if phrasing is not None:
                 changes.append((len(support), _ORDER[name], Change("add", phrasing, name, len(support))))
         elif overriding := style.overriding(name):
@@ -369,8 +378,11 @@ def analyst(request: ChatRequest, seed: int) -> dict[str, Any]:
         proposed_text = f"Proposing {len(patch['edits'])} of at most {budget} edits."
     if kind == "success":
         return _success_reply(findings, patch)
-    return {"diagnosis": findings.diagnosis, "patch": {"reasoning": findings.reasoning(proposed_text), **patch},
-            "execution_notes": findings.notes}
+    return {
+        "diagnosis": findings.diagnosis,
+        "patch": {"reasoning": findings.reasoning(proposed_text), **patch},
+        "execution_notes": findings.notes,
+    }
 
 
 def _append(content: str) -> dict[str, str]:
@@ -378,7 +390,11 @@ def _append(content: str) -> dict[str, str]:
 
 
 def _edit(change: Change) -> dict[str, str]:
-    return _append(change.line) if change.action == "add" else {"op": "delete", "target": change.line, "content": ""}
+    return (
+        _append(change.line)
+        if change.action == "add"
+        else {"op": "delete", "target": change.line, "content": ""}
+    )
 
 
 def _suggestion(change: Change) -> dict[str, Any]:
@@ -388,7 +404,8 @@ def _suggestion(change: Change) -> dict[str, Any]:
                 "motivation": f"{change.support} failed answers break it: {rule.description}.",
                 "instruction": f'Add the rule line "{change.line}"', "priority": 1}
     return {"type": "remove_rule", "title": f"Remove the rule that overrides {change.convention}",
-            "motivation": f"{change.support} failed answers: a later rule switches off that {rule.description}.",
+            "motivation": f"{change.support} failed answers: a later rule switches off that "
+                          f"{rule.description}.",
             "instruction": f'Remove the line "{change.line}"', "priority": 1}
 
 
@@ -400,8 +417,13 @@ def _noise_suggestion(line: str) -> dict[str, Any]:
 def _success_reply(findings: Findings, patch: dict[str, Any], *, reasoning: str = "") -> dict[str, Any]:
     blocks = findings.blocks
     followed = sorted({name for block in blocks for name, ok in block.marks.items() if ok})
-    diagnosis = [{"ids": [block.item_id for block in blocks], "kind": "success_pattern",
-                  "description": "Answers that follow the stated conventions: " + (", ".join(followed) or "none")}]
+    diagnosis = [
+        {
+            "ids": [block.item_id for block in blocks],
+            "kind": "success_pattern",
+            "description": "Answers that follow the stated conventions: " + (", ".join(followed) or "none"),
+        }
+    ]
     reasoning = f"{len(blocks)} solved trajectories; {reasoning or 'nothing needs to change.'}"
     return {"diagnosis": diagnosis if blocks else [], "patch": {"reasoning": reasoning, **patch},
             "execution_notes": []}
@@ -418,7 +440,9 @@ def _full_rewrite_reply(seed: int, findings: Findings, *, kind: str) -> dict[str
     removes = [change.line for change in findings.changes if change.action == "remove"]
     noise = _noise_line(seed, findings.ids, kind=kind, skill=findings.skill, buffer=findings.buffer,
                         proposed={name for line in adds for name in _asserted(line)})
-    document = _with_lines(_document(findings.skill), add=[*adds, *([noise] if noise else [])], remove=removes)
+    document = _with_lines(
+        _document(findings.skill), add=[*adds, *([noise] if noise else [])], remove=removes
+    )
     # The first steps of a run (no convention stated yet) always lose the blocks; later ones now and then.
     dropped = not read_style(findings.skill).positions or _drops_blocks(seed, kind, sorted(findings.ids))
     if dropped:
@@ -473,7 +497,9 @@ def merge(request: ChatRequest, seed: int) -> dict[str, Any]:
         items = _patch_json(body).get(key)
         for item in items if isinstance(items, list) else []:
             if isinstance(item, dict) and ("type" if key == "suggestions" else "op") in item:
-                source = str(item["source"]) if item.get("source") in ("failure", "success") else header_source
+                source = (
+                    str(item["source"]) if item.get("source") in ("failure", "success") else header_source
+                )
                 incoming.append((source, item))
     merged: dict[tuple[str, str, str], dict[str, Any]] = {}
     # Failure-driven items first (stable), so an item both trees propose sits where failures put it.
@@ -484,10 +510,15 @@ def merge(request: ChatRequest, seed: int) -> dict[str, Any]:
             if key == "suggestions":
                 merged[identity]["priority"] = min(merged[identity]["priority"], _priority(item))
         elif key == "suggestions":
-            merged[identity] = {"type": identity[0], "title": str(item.get("title") or ""),
-                                "motivation": str(item.get("motivation") or ""), "instruction": identity[1],
-                                "priority": _priority(item), "support_count": _support(item.get("support_count")),
-                                "source": source}
+            merged[identity] = {
+                "type": identity[0],
+                "title": str(item.get("title") or ""),
+                "motivation": str(item.get("motivation") or ""),
+                "instruction": identity[1],
+                "priority": _priority(item),
+                "support_count": _support(item.get("support_count")),
+                "source": source,
+            }
         else:
             merged[identity] = {"op": identity[0], "target": identity[1], "content": identity[2],
                                 "support_count": _support(item.get("support_count")), "source": source}
@@ -505,7 +536,11 @@ def _edit_key(edit: dict[str, Any]) -> tuple[str, str, str]:
 
 
 def _suggestion_key(suggestion: dict[str, Any]) -> tuple[str, str, str]:
-    return (str(suggestion.get("type", "")).strip().lower(), str(suggestion.get("instruction") or "").strip(), "")
+    return (
+        str(suggestion.get("type", "")).strip().lower(),
+        str(suggestion.get("instruction") or "").strip(),
+        "",
+    )
 
 
 def _priority(suggestion: dict[str, Any]) -> int:
@@ -634,7 +669,8 @@ def rewrite(request: ChatRequest, seed: int) -> dict[str, Any]:
             removes.append(quoted)
             summary.append(f"Removed the rule: {quoted.lstrip('- ')}")
         else:
-            summary.append(f"No change for {kind} suggestion {suggestion.get('title', '')!r}: nothing to apply.")
+            summary.append(f"No change for {kind} suggestion {suggestion.get('title', '')!r}: nothing to "
+                           "apply.")
     document = _with_lines(_document(skill), add=adds, remove=removes)
     dropped = _drops_blocks(seed, "rewrite", skill, adds, removes)
     if dropped:
@@ -681,8 +717,8 @@ def learning_rate(request: ChatRequest, seed: int) -> dict[str, Any]:
     confidence = "low" if not chosen else ("high" if mostly_failing else "medium")
     return {
         "learning_rate": chosen,
-        "reasoning": f"{len(addressed)} of {len(lines)} proposals address distinct conventions the skill does not "
-                     f"get right yet ({', '.join(sorted(addressed)) or 'none'}); applying {chosen}.",
+        "reasoning": f"{len(addressed)} of {len(lines)} proposals address distinct conventions the skill "
+                     f"does not get right yet ({', '.join(sorted(addressed)) or 'none'}); applying {chosen}.",
         "confidence": confidence,
         "risk_notes": [f"Proposal [{index}] changes no convention or works against one." for index in risky],
     }
@@ -695,7 +731,8 @@ def deep_probe(request: ChatRequest, seed: int) -> dict[str, Any]:
     """Ask the target to name the conventions it applied before answering."""
     blocks = trajectories(section(request.last_user_text(), "Trajectories") or "")
     return {"reasoning": f"{len(blocks)} trajectories show which conventions were missed, not whether the "
-                         "target meant to apply them; a readout of the conventions it applied tells them apart.",
+                         "target meant to apply them; a readout of the conventions it applied tells them "
+                         "apart.",
             "probe_instruction": PROBE_INSTRUCTION}
 
 
@@ -740,9 +777,9 @@ def meta_skill(request: ChatRequest, seed: int) -> dict[str, Any]:
     missed = _missed_conventions(text)
     memory = [
         f"Between the last two epochs' skills {improved} items improved and {regressed} regressed.",
-        "State each answer convention (a unit, a number of decimals, letter case, a date format, digits) as one "
-        "general rule line; generic reminders change no answer, and a blanket rule for every answer overrides "
-        "the conventions stated before it.",
+        "State each answer convention (a unit, a number of decimals, letter case, a date format, digits) as "
+        "one general rule line; generic reminders change no answer, and a blanket rule for every answer "
+        "overrides the conventions stated before it.",
     ]
     if missed:
         memory.append("Still missed at the end of the epoch: " + ", ".join(missed) + ".")
@@ -773,7 +810,9 @@ class DemoRules:
 
     def __init__(self) -> None:
         self._table = RuleTable(parse_rules(DEMO_RULES, where="the demo rule set"), where="the demo rule set")
-        target_rules = RuleTable(parse_rules(DEMO_RULES[:1], where="the demo rule set"), where="the demo rule set")
+        target_rules = RuleTable(
+            parse_rules(DEMO_RULES[:1], where="the demo rule set"), where="the demo rule set"
+        )
         self._fallback = AutoRules(target_rules)
 
     def reply(self, request: ChatRequest, *, role: str, seed: int) -> Answer | NoAnswer:

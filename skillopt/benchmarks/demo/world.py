@@ -182,7 +182,9 @@ class Style:
             if task_type not in rule.task_types or rule.name not in self.positions:
                 continue
             position = self.positions[rule.name]
-            if not any(self.positions.get(other, -1) > position for other in conflicts_of(rule.name, task_type)):
+            if not any(
+                self.positions.get(other, -1) > position for other in conflicts_of(rule.name, task_type)
+            ):
                 names.add(rule.name)
         return frozenset(names)
 
@@ -326,7 +328,11 @@ def format_answer(problem: Problem, active: frozenset[str]) -> str:
         return value.upper() if "uppercase_city" in active else value
     if problem.task_type == "date":
         assert isinstance(value, date)
-        return value.isoformat() if "iso_date" in active else f"{MONTHS[value.month - 1]} {value.day}, {value.year}"
+        return (
+            value.isoformat()
+            if "iso_date" in active
+            else f"{MONTHS[value.month - 1]} {value.day}, {value.year}"
+        )
     assert isinstance(value, int)
     in_words = "spell_out" in active or ("digits" not in active and problem.words)
     return NUMBER_WORDS[value] if in_words and value < len(NUMBER_WORDS) else str(value)
@@ -359,7 +365,9 @@ def _price_question(rng: random.Random, index: int) -> str:
         buyer, goods = rng.choice(_BUYERS), rng.choice(_SMALL_GOODS)
         quantity = rng.randint(2, 9)
         cents = rng.randint(3, 99) * 10 if index % 3 == 1 else rng.randint(25, 999)
-    return f"{buyer} buys {quantity} {goods} at ${cents // 100}.{cents % 100:02d} each. What is the total cost?"
+    return (
+        f"{buyer} buys {quantity} {goods} at ${cents // 100}.{cents % 100:02d} each. What is the total cost?"
+    )
 
 
 def _city_question(rng: random.Random, index: int) -> str:
@@ -544,8 +552,15 @@ def score_response(task_type: str, gold: str, response_text: str) -> Score:
     predicted = last_answer(response_text)
     if not predicted:
         reason = "no <answer> tag" if predicted is None else "empty <answer> tag"
-        return Score(hard=0.0, soft=0.0, predicted_answer="", fail_reason=f"no-answer: {reason}", expected=gold,
-                     detail=conventions_line(None, names, answered=False), extras={"conventions": {}})
+        return Score(
+            hard=0.0,
+            soft=0.0,
+            predicted_answer="",
+            fail_reason=f"no-answer: {reason}",
+            expected=gold,
+            detail=conventions_line(None, names, answered=False),
+            extras={"conventions": {}},
+        )
     check = check_answer(task_type, predicted, gold)
     hard = 1.0 if predicted == gold else 0.0
     return Score(

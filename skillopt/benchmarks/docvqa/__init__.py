@@ -41,7 +41,9 @@ _SYSTEM_INTRO = (
     "about it. Ground the answer in what is visible on the page: prefer exact spans, numbers, dates and "
     "names as printed; never invent content; when several candidates fit, pick the best-supported one."
 )
-_ANSWER_FORMAT = "Give only the answer, copied as printed on the page, inside <answer>…</answer> at the end of your reply."
+_ANSWER_FORMAT = (
+    "Give only the answer, copied as printed on the page, inside <answer>…</answer> at the end of your reply."
+)
 _REMINDER = "Answer with the shortest exact span from the page inside <answer>…</answer>."
 
 
@@ -75,7 +77,9 @@ def normalise_row(row: Mapping[str, Any], *, roots: Sequence[Path] = ()) -> dict
         image = image or found.group(1)
     if not question:
         raise KeyError("question")
-    golds = parse_list(row["answers"] if row.get("answers") else row.get("answer", row.get("ground_truth")), "answer")
+    golds = parse_list(
+        row["answers"] if row.get("answers") else row.get("answer", row.get("ground_truth")), "answer"
+    )
     if not golds:
         raise KeyError("answer")
     raw_id = first_text(row, "questionId", "id")
@@ -169,13 +173,14 @@ class DocVQABenchmark(Benchmark[DocVQAConfig]):
         if missing:
             raise BenchmarkSetupError(
                 f"docvqa: {len(missing)} of {len(items)} {split} items have no image file (first: item "
-                f"{missing[0].id}, {missing[0]['image_path']}); relative paths resolve against benchmark.data_root "
-                f"({config.data_root or 'the working directory'}), then the CSV's folder"
+                f"{missing[0].id}, {missing[0]['image_path']}); relative paths resolve against "
+                f"benchmark.data_root ({config.data_root or 'the working directory'}), then the CSV's folder"
             )
         return items
 
     def build_messages(self, item: Item, skill: str, cfg: DocVQAConfig) -> list[Message]:
-        """System: the reading rules, the skill, the answer format. User: the question, then the page image."""
+        """System: the reading rules, the skill, the answer format. User: the question, then the page
+        image."""
         config = self.config(cfg)
         return [
             self.system_message(_SYSTEM_INTRO, skill, _ANSWER_FORMAT),
@@ -202,8 +207,18 @@ class DocVQABenchmark(Benchmark[DocVQAConfig]):
         hard = float(value >= HARD_THRESHOLD)
         fail = "" if hard else f"wrong: ANLS={value:.2f}, predicted '{quote_answer(answer)}', gold {golds}"
         detail = f"ANLS {value:.3f} (hard needs >= {HARD_THRESHOLD})"
-        return with_reading(Score(hard=hard, soft=value, predicted_answer=answer, fail_reason=fail, extras=extras,
-                                  expected=" | ".join(golds), detail=detail), reading)
+        return with_reading(
+            Score(
+                hard=hard,
+                soft=value,
+                predicted_answer=answer,
+                fail_reason=fail,
+                extras=extras,
+                expected=" | ".join(golds),
+                detail=detail,
+            ),
+            reading,
+        )
 
     def preflight(self, cfg: DocVQAConfig) -> None:
         """A missing split folder or data root gets a fix-it message (missing images are counted at load)."""

@@ -90,7 +90,9 @@ def split_choices(question: str) -> tuple[str, list[dict[str, str]]]:
     return question[: found.start()].strip(), choices
 
 
-def normalise_row(row: Mapping[str, Any], *, roots: Sequence[Path] = (), version: str = "Text Lite") -> dict[str, Any]:
+def normalise_row(
+    row: Mapping[str, Any], *, roots: Sequence[Path] = (), version: str = "Text Lite"
+) -> dict[str, Any]:
     """A MathVerse item (idempotent); rows of another version, without an answer or an image are dropped."""
     if str(row.get("problem_version") or "").strip() != version:
         raise DropRow("problem_version")
@@ -111,7 +113,9 @@ def normalise_row(row: Mapping[str, Any], *, roots: Sequence[Path] = (), version
     if is_choice:
         label = answer.upper().strip("()[] .")
         correct = next((dict(c) for c in choices if c["label"] == label), {"label": label, "text": ""})
-    raw_id = next((row[k] for k in ("id", "problem_index", "sample_index") if row.get(k) not in (None, "")), None)
+    raw_id = next(
+        (row[k] for k in ("id", "problem_index", "sample_index") if row.get(k) not in (None, "")), None
+    )
     if raw_id is None:
         raise KeyError("problem_index")
     metadata = dict(row.get("metadata") or {})
@@ -148,7 +152,9 @@ def text_dominant_questions(files: Sequence[Path]) -> dict[str, str]:
             continue
         for row in read_records(path):
             if str(row.get("problem_version") or "").strip() == TEXT_DOMINANT and row.get("question"):
-                found.setdefault(str(row.get("problem_index") or row.get("sample_index")), str(row["question"]))
+                found.setdefault(
+                    str(row.get("problem_index") or row.get("sample_index")), str(row["question"])
+                )
     return found
 
 
@@ -180,7 +186,8 @@ def normalise_free_form(text: str) -> str:
 def hidden_reference(item: Mapping[str, Any]) -> str:
     question = str(item.get("text_dominant_question") or "").strip()
     return hidden_reference_block([f"Text Dominant question: {question}"] if question else [],
-                                  use="use it to infer what the Text Lite wording withheld, never teach its content")
+                                  use="use it to infer what the Text Lite wording withheld, never teach its "
+                                      "content")
 
 
 # ------------------------------------------------------------------------------------------ plugin
@@ -208,7 +215,9 @@ class MathVerseBenchmark(Benchmark[MathVerseConfig]):
     def load_split(self, cfg: MathVerseConfig, split: str, *, run_dir: Path) -> list[Item]:
         config = self.config(cfg)
         if (config.split_mode or self.default_split_mode) == "ratio" and not config.data_path:
-            config = config.model_copy(update={"data_path": str(Path(config.data_root or ".") / "testmini.json")})
+            config = config.model_copy(
+                update={"data_path": str(Path(config.data_root or ".") / "testmini.json")}
+            )
         items = super().load_split(config, split, run_dir=run_dir)
         if not config.use_text_dominant_reference:
             return items
@@ -229,7 +238,8 @@ class MathVerseBenchmark(Benchmark[MathVerseConfig]):
         return [Path(config.data_path)] if config.data_path else []
 
     def build_messages(self, item: Item, skill: str, cfg: MathVerseConfig) -> list[Message]:
-        """System: the diagram rule, the skill, the format. User: stem, choices, reminder, then the diagram."""
+        """System: the diagram rule, the skill, the format. User: stem, choices, reminder, then the
+        diagram."""
         stem = item["question_stem"] or "(The problem is stated in the image.)"
         sections = [f"## Question\n{stem}"]
         if item["choices"]:
@@ -238,7 +248,12 @@ class MathVerseBenchmark(Benchmark[MathVerseConfig]):
                         else "Answer with the bare final answer inside <answer>…</answer>.")
         return [
             self.system_message(_SYSTEM_INTRO, skill, _ANSWER_FORMAT),
-            user([TextPart(text="\n\n".join(sections)), image_part(item["image_path"], self.config(cfg).image_detail)]),
+            user(
+                [
+                    TextPart(text="\n\n".join(sections)),
+                    image_part(item["image_path"], self.config(cfg).image_detail),
+                ]
+            ),
         ]
 
     def extract_answer(self, response_text: str) -> str | None:
@@ -251,7 +266,9 @@ class MathVerseBenchmark(Benchmark[MathVerseConfig]):
         answer = reading.text or ""
         golds = [str(g) for g in item["gold_answers"]]
         reference = hidden_reference(item)
-        extras: dict[str, Any] = {"string_f1": round(max(token_f1(answer, g) for g in golds), 4) if answer else 0.0}
+        extras: dict[str, Any] = {
+            "string_f1": round(max(token_f1(answer, g) for g in golds), 4) if answer else 0.0
+        }
         if item["is_choice"]:
             extras["correct_label"] = item["correct_choice"]["label"]
         else:
@@ -275,11 +292,13 @@ class MathVerseBenchmark(Benchmark[MathVerseConfig]):
         if normalise_free_form(answer) in {normalise_free_form(g) for g in golds}:
             return result(True, "exact", "", "normalised exact match; no judge call")
         if judge is None:
-            raise BenchmarkSetupError("mathverse: an inexact free-form answer needs the judge role, but the runner "
-                                      "gave no judge")
+            raise BenchmarkSetupError("mathverse: an inexact free-form answer needs the judge role, but the "
+                                      "runner gave no judge")
         correct, reason = judge(item, answer)
         extras["judge_reason"] = reason
-        return result(correct, "judge", f"wrong: judged not equivalent: '{quote_answer(answer)}'", f"Judge: {reason}")
+        return result(
+            correct, "judge", f"wrong: judged not equivalent: '{quote_answer(answer)}'", f"Judge: {reason}"
+        )
 
     def judge_request(self, item: Item, prediction: str) -> ChatRequest:
         """The equivalence judge: the question, the reference answer and the extracted answer."""

@@ -79,7 +79,11 @@ def normalise_row(row: Mapping[str, Any], *, roots: Sequence[Path] = ()) -> dict
     if isinstance(raw_paths, str):
         raw_paths = [raw_paths]
     search = [*roots_of(row.get(ROW_DIR)), *roots]
-    images = [str(found) for found in (resolve_image(p, search, field="image_paths") for p in raw_paths) if found is not None]
+    images = [
+        str(found)
+        for found in (resolve_image(p, search, field="image_paths") for p in raw_paths)
+        if found is not None
+    ]
     if not images:
         raise DropRow("no image")
     answer = _clean(row.get("answer"))
@@ -182,8 +186,8 @@ class MMRBBenchmark(Benchmark[MMRBConfig]):
     default_task_type = DEFAULT_TASK_TYPE
     native_extensions = NATIVE_EXTENSIONS
     uses_images = True
-    data_hint = ("pass --data DIR (an MMRB release folder: subtask folders with *_human.json and images, or a "
-                 "folder holding train/, val/ and test/) or set benchmark.data_path")
+    data_hint = ("pass --data DIR (an MMRB release folder: subtask folders with *_human.json and images, or "
+                 "a folder holding train/, val/ and test/) or set benchmark.data_path")
 
     def read_rows(self, path: Path, cfg: MMRBConfig) -> list[dict[str, Any]]:
         return read_human_files(path)
@@ -252,10 +256,18 @@ class MMRBBenchmark(Benchmark[MMRBConfig]):
             fail = "no-answer: empty reply"
         else:
             fail = "" if correct else f"wrong: predicted '{quote_answer(answer)}', gold {expected}"
-        return with_reading(Score(hard=float(correct), soft=float(correct), predicted_answer=answer,
-                                  fail_reason=fail, expected=expected, detail=detail,
-                                  extras={"is_choice": item["is_choice"], "n_images": len(item["image_paths"])}),
-                            reading)
+        return with_reading(
+            Score(
+                hard=float(correct),
+                soft=float(correct),
+                predicted_answer=answer,
+                fail_reason=fail,
+                expected=expected,
+                detail=detail,
+                extras={"is_choice": item["is_choice"], "n_images": len(item["image_paths"])},
+            ),
+            reading,
+        )
 
 
 plugin = MMRBBenchmark()

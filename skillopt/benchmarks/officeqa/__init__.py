@@ -273,7 +273,9 @@ class OfficeQABenchmark(Benchmark[OfficeQAConfig]):
         docs = item.get(DOCUMENTS_KEY) or {}
         golds = [str(gold) for gold in item["answers"]]
         extras: dict[str, Any] = {
-            "resolved_source_paths": list(docs.get("candidate_files", [])) if item.get("source_files") else [],
+            "resolved_source_paths": list(docs.get("candidate_files", []))
+            if item.get("source_files")
+            else [],
             "oracle_pages_included": int(docs.get("oracle_pages_included", 0)),
             "oracle_pages_chars": len(docs.get("oracle_pages", "")),
             "use_local_tools": bool(docs.get("use_local_tools", True)),
@@ -324,16 +326,24 @@ class OfficeQABenchmark(Benchmark[OfficeQAConfig]):
         if not roots:
             looked = [*(config.docs_dirs or []), *([config.data_root] if config.data_root else [])]
             raise BenchmarkSetupError(
-                f"officeqa: no document root exists (looked at {looked or 'nothing'} and $OFFICEQA_DOCS_DIR); "
-                "set benchmark.docs_dirs to the folder holding treasury_bulletin_*.txt, or set $OFFICEQA_DOCS_DIR"
+                f"officeqa: no document root exists (looked at {looked or 'nothing'} and "
+                "$OFFICEQA_DOCS_DIR); set benchmark.docs_dirs to the folder holding "
+                "treasury_bulletin_*.txt, or set $OFFICEQA_DOCS_DIR"
             )
         corpus = Corpus.index(roots)
-        missing = sorted({name for row in _source_rows(config, config.split_mode or self.default_split_mode) for name in corpus.missing(row)})
+        missing = sorted(
+            {
+                name
+                for row in _source_rows(config, config.split_mode or self.default_split_mode)
+                for name in corpus.missing(row)
+            }
+        )
         if missing:
             shown = ", ".join(missing[:10]) + (f" and {len(missing) - 10} more" if len(missing) > 10 else "")
             raise BenchmarkSetupError(
                 f"officeqa: {len(missing)} document(s) named in source_files are under no root "
-                f"({', '.join(str(root) for root in roots)}): {shown}; download the corpus into a docs_dirs folder"
+                f"({', '.join(str(root) for root in roots)}): {shown}; download the corpus into a docs_dirs "
+                "folder"
             )
 
 

@@ -83,8 +83,11 @@ class Corpus:
         for root in corpus.roots:
             for dirpath, dirnames, filenames in os.walk(root):
                 dirnames[:] = sorted(
-                    d for d in dirnames
-                    if not d.startswith(".") and d != JSONS and not (Path(dirpath) == root and d in _SPLIT_FOLDERS)
+                    d
+                    for d in dirnames
+                    if not d.startswith(".")
+                    and d != JSONS
+                    and not (Path(dirpath) == root and d in _SPLIT_FOLDERS)
                 )
                 for name in sorted(filenames):
                     path = Path(dirpath) / name
@@ -206,11 +209,14 @@ def _element_pages(element: Mapping[str, object]) -> set[int]:
         boxes = [boxes]
     if not isinstance(boxes, list):
         return set()
-    return {box["page_id"] for box in boxes if isinstance(box, Mapping) and isinstance(box.get("page_id"), int)}
+    return {
+        box["page_id"] for box in boxes if isinstance(box, Mapping) and isinstance(box.get("page_id"), int)
+    }
 
 
 def render_page(doc_json: Path, page: int) -> str:
-    """The elements of ``page`` in ``doc_json``, in order; "" when the file is unreadable or the page empty."""
+    """The elements of ``page`` in ``doc_json``, in order; "" when the file is unreadable or the page
+    empty."""
     try:
         data = json.loads(doc_json.read_text(encoding="utf-8"))
         elements = data["document"]["elements"]

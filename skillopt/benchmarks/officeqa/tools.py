@@ -65,9 +65,13 @@ def parse_tool_call(text: str) -> ToolCall | None:
     try:
         payload = json.loads(command)
     except json.JSONDecodeError as exc:
-        return ToolCall("invalid", {}, command, f"error: malformed tool call JSON ({exc.msg} at char {exc.pos})")
+        return ToolCall(
+            "invalid", {}, command, f"error: malformed tool call JSON ({exc.msg} at char {exc.pos})"
+        )
     if not isinstance(payload, dict) or not isinstance(payload.get("name"), str):
-        return ToolCall("invalid", {}, command, 'error: a tool call must be {"name": str, "arguments": {...}}')
+        return ToolCall(
+            "invalid", {}, command, 'error: a tool call must be {"name": str, "arguments": {...}}'
+        )
     arguments = payload.get("arguments", {})
     if not isinstance(arguments, dict):
         return ToolCall(payload["name"], {}, command, "error: tool call arguments must be a JSON object")
@@ -143,7 +147,9 @@ class DocumentTools:
             return "error: read: the file cannot be read"
         if start > len(lines):
             return f"error: read: start {start} is past the end of the file ({len(lines)} lines)"
-        text = "\n".join(f"{number}: {line}" for number, line in enumerate(lines[start - 1 : start - 1 + limit], start))
+        text = "\n".join(
+            f"{number}: {line}" for number, line in enumerate(lines[start - 1 : start - 1 + limit], start)
+        )
         if len(text) > READ_MAX_CHARS:
             text = text[: READ_MAX_CHARS - len(TRUNCATED)] + TRUNCATED
         return text
@@ -180,7 +186,11 @@ def _text_arg(arguments: Mapping[str, Any], name: str) -> str:
 
 def _int_arg(arguments: Mapping[str, Any], name: str, default: int) -> int:
     value = arguments.get(name, default)
-    if isinstance(value, bool) or not isinstance(value, int | str) or not str(value).strip().lstrip("-").isdigit():
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | str)
+        or not str(value).strip().lstrip("-").isdigit()
+    ):
         raise _BadArgument(f"argument {name!r} must be an integer")
     return int(value)
 

@@ -258,8 +258,14 @@ def _score_exact(item: Mapping[str, Any], answer: str, parts: _ScoreParts) -> Sc
     normalisation strips a label to let its text match."""
     choices = item.get("choices") or []
     if choices and label_contradicts(answer, _options(choices)):
-        return parts.score(0.0, 0.0, answer, f"wrong: the label contradicts its text in '{quote_answer(answer)}', "
-                           f"expected {parts.expected}", detail="label and option text disagree", f1=0.0)
+        return parts.score(
+            0.0,
+            0.0,
+            answer,
+            f"wrong: the label contradicts its text in '{quote_answer(answer)}', expected {parts.expected}",
+            detail="label and option text disagree",
+            f1=0.0,
+        )
     prediction = option_text(answer, choices)
     golds = gold_texts(item)
     em = exact_match(prediction, golds)
@@ -274,7 +280,11 @@ def _score_choice(item: Mapping[str, Any], answer: str, parts: _ScoreParts) -> S
     label = resolve_label(answer, choices)
     gold_labels = sorted({g for g in (resolve_label(gold, choices) for gold in item["answers"]) if g})
     if label is None:
-        why = "its label contradicts its text" if label_contradicts(answer, _options(choices)) else "not a valid option"
+        why = (
+            "its label contradicts its text"
+            if label_contradicts(answer, _options(choices))
+            else "not a valid option"
+        )
         return parts.score(0.0, 0.0, answer, f"no-answer: {why}",
                            detail=f"options {', '.join(choice_label(i) for i in range(len(choices)))}")
     correct = label in gold_labels

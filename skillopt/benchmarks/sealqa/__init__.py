@@ -62,7 +62,9 @@ _ANSWER_FORMAT = (
 )
 _CLOSING = "Rely on the evidence given above; put your final answer inside <answer>…</answer>."
 _FETCHED_HEADING = "## Fetched URL Content"
-_AFTER_FETCH = "Using this content and the evidence given before, put your final answer inside <answer>…</answer>."
+_AFTER_FETCH = (
+    "Using this content and the evidence given before, put your final answer inside <answer>…</answer>."
+)
 _JUDGE_INSTRUCTIONS = (
     "You grade an answer to a fact-seeking question against its gold answer, in the style of SimpleQA. "
     "Classify the answer as one of: CORRECT (it states the gold answer's content fully, without "
@@ -239,9 +241,14 @@ class SealQABenchmark(Benchmark[SealQAConfig]):
             if remaining <= 0:
                 return EpisodeResult(text, n_turns=1, answered=True, fetched_urls=tuple(urls[: len(blocks)]))
             block = fetch_block(
-                url, self.fetcher, timeout_s=min(config.fetch_timeout, remaining), max_chars=config.fetch_max_chars
+                url,
+                self.fetcher,
+                timeout_s=min(config.fetch_timeout, remaining),
+                max_chars=config.fetch_max_chars,
             )
-            ctx.record({"type": "tool_call", "turn": 1, "name": FETCH_TOOL, "command": url, "observation": block})
+            ctx.record(
+                {"type": "tool_call", "turn": 1, "name": FETCH_TOOL, "command": url, "observation": block}
+            )
             blocks.append(block)
         follow_up = f"{_FETCHED_HEADING}\n\n" + "\n\n".join(blocks) + f"\n\n{_AFTER_FETCH}"
         ctx.record({"type": "feedback", "role": "user", "turn": 1, "content": follow_up})
@@ -272,7 +279,9 @@ class SealQABenchmark(Benchmark[SealQAConfig]):
             detail = f"grader: string ({'match' if correct else 'no match'} after normalising)"
         else:
             if judge is None:
-                raise BenchmarkSetupError("sealqa: grader 'llm' needs the judge role, but the runner gave no judge")
+                raise BenchmarkSetupError(
+                    "sealqa: grader 'llm' needs the judge role, but the runner gave no judge"
+                )
             correct, reason = judge(item, answer)
             fail = "" if correct else f"wrong: judged incorrect: {quote_answer(reason) or 'incorrect'}"
             detail = f"grader: llm. Judge: {reason}"
@@ -292,7 +301,8 @@ class SealQABenchmark(Benchmark[SealQAConfig]):
         return ChatRequest(
             messages=[
                 system(_JUDGE_INSTRUCTIONS),
-                user(f"## Question\n{item['question']}\n\n## Gold answer\n{gold}\n\n## Answer to grade\n{prediction}"),
+                user(f"## Question\n{item['question']}\n\n## Gold answer\n{gold}\n\n## Answer to "
+                     f"grade\n{prediction}"),
             ],
             stage="judge",
             tags={"item_id": item.id, "prediction": prediction, "gold_answers": [gold]},

@@ -58,7 +58,9 @@ _SYSTEM_INTRO = (
     "are already defined when your script runs: use them, never hard-code paths. Use only the standard "
     "library, openpyxl and pandas. Never call input(). The script runs offline with a time and memory limit."
 )
-_REPLY_FORMAT = "Reply with exactly one fenced ```python code block holding the complete script, and nothing else."
+_REPLY_FORMAT = (
+    "Reply with exactly one fenced ```python code block holding the complete script, and nothing else."
+)
 _TASK = (
     "# Task\nWrite the complete Python script that applies the instruction to the workbook at INPUT_PATH and "
     "saves it to OUTPUT_PATH. Leave every other cell untouched. Loop over the real rows and columns of the "
@@ -66,10 +68,14 @@ _TASK = (
     "the ```python block."
 )
 _ASK_AGAIN = "Your reply had no Python code. Reply with the complete script in one ```python block."
-_FIX_ERROR = "Your script failed when run on the input workbook. The end of its error output:\n```\n{tail}\n```\n" \
-             "Fix it and reply with the complete corrected script in one ```python block."
-_NO_OUTPUT = "Your script ran but wrote no workbook at OUTPUT_PATH. Save the result with " \
-             "`workbook.save(OUTPUT_PATH)` and reply with the complete corrected script in one ```python block."
+_FIX_ERROR = (
+    "Your script failed when run on the input workbook. The end of its error output:\n```\n{tail}\n```\n"
+    "Fix it and reply with the complete corrected script in one ```python block."
+)
+_NO_OUTPUT = (
+    "Your script ran but wrote no workbook at OUTPUT_PATH. Save the result with "
+    "`workbook.save(OUTPUT_PATH)` and reply with the complete corrected script in one ```python block."
+)
 _WRONG_CELLS = "Your script ran, but these graded cells are wrong (shown with YOUR values):\n{cells}\n" \
                "Re-read the instruction and the data, then reply with the complete corrected script in one " \
                "```python block."
@@ -78,7 +84,8 @@ _WRONG_CELLS = "Your script ran, but these graded cells are wrong (shown with YO
 class SpreadsheetBenchConfig(BenchmarkConfig):
     """The ``benchmark:`` section for ``spreadsheetbench``."""
 
-    #: ``single``: one call; ``multi``: up to ``max_turns`` repair rounds (exec errors, train-only cell feedback).
+    #: ``single``: one call; ``multi``: up to ``max_turns`` repair rounds (exec errors, train-only cell
+    # feedback).
     mode: Literal["single", "multi"] = "multi"
     #: Seconds one sandboxed run of the script may take (also bounded by the item's deadline).
     code_timeout: float = Field(default=120, gt=0)
@@ -204,14 +211,24 @@ class SpreadsheetBenchBenchmark(Benchmark[SpreadsheetBenchConfig]):
         """The items of ``split`` (``train``, ``val``, ``test`` or an alias); bad rows raise ``DataError``."""
         config = self.config(cfg)
         deny = tuple(str(Path(root).resolve()) for root in (config.data_root, config.split_dir) if root)
-        return [Item({**item, "task_dir": str(resolve_task_dir(item["spreadsheet_path"], self.data_roots(config))),
-                      "deny_read": deny, "code_timeout": config.code_timeout, "sandbox_mem_mb": config.sandbox_mem_mb,
-                      "sandbox": config.sandbox})
-                for item in super().load_split(config, split, run_dir=run_dir)]
+        return [
+            Item(
+                {
+                    **item,
+                    "task_dir": str(resolve_task_dir(item["spreadsheet_path"], self.data_roots(config))),
+                    "deny_read": deny,
+                    "code_timeout": config.code_timeout,
+                    "sandbox_mem_mb": config.sandbox_mem_mb,
+                    "sandbox": config.sandbox,
+                }
+            )
+            for item in super().load_split(config, split, run_dir=run_dir)
+        ]
 
     def build_messages(self, item: Item, skill: str, cfg: SpreadsheetBenchConfig) -> list[Message]:
         """System: role, paths, libraries, reply format, then ``## Skill`` at the end. User: instruction,
-        type, answer position and the preview of case 1's input; then ``# Task``. Never opens a golden file."""
+        type, answer position and the preview of case 1's input; then ``# Task``. Never opens a golden
+        file."""
         sheet = f" (sheet {item['answer_sheet']})" if item.get("answer_sheet") else ""
         sections = [
             f"# Instruction\n{item['instruction']}",
@@ -261,8 +278,14 @@ class SpreadsheetBenchBenchmark(Benchmark[SpreadsheetBenchConfig]):
         """The next round's feedback, or None to stop (case 1 passed, or no cell feedback off train)."""
         if not code:
             return _ASK_AGAIN
-        run = execute(code, cases[0].input_path, timeout_s=min(config.code_timeout, timeout_s),
-                      mem_mb=config.sandbox_mem_mb, deny_read=item.get("deny_read", ()), sandbox=config.sandbox)
+        run = execute(
+            code,
+            cases[0].input_path,
+            timeout_s=min(config.code_timeout, timeout_s),
+            mem_mb=config.sandbox_mem_mb,
+            deny_read=item.get("deny_read", ()),
+            sandbox=config.sandbox,
+        )
         if not run.ok:
             tail = (run.stderr.strip() or run.reason)[-TRACEBACK_CHARS:]
             return _FIX_ERROR.format(tail=tail if run.stderr.strip() else f"{run.reason}")
@@ -298,15 +321,23 @@ class SpreadsheetBenchBenchmark(Benchmark[SpreadsheetBenchConfig]):
                           mem_mb=int(item.get("sandbox_mem_mb", 2048)), deny_read=item.get("deny_read", ()),
                           sandbox=item.get("sandbox", "bwrap"))
             failure = exec_failure(run)
-            outcomes.append(CaseOutcome(case.number, failure) if failure else
-                            compare_workbooks(case.number, run.outputs[OUTPUT_NAME], case.golden_path, ranges))
+            outcomes.append(
+                CaseOutcome(case.number, failure)
+                if failure
+                else compare_workbooks(case.number, run.outputs[OUTPUT_NAME], case.golden_path, ranges)
+            )
         passed = sum(outcome.passed for outcome in outcomes)
         extras.update(passed=passed, case_results=[o.fail_reason or "passed" for o in outcomes])
         expected = "; ".join(f"{c.where}={c.expected!r}" for c in outcomes[0].cells[:20])
         first_failure = next((o.fail_reason for o in outcomes if not o.passed), "")
         return Score(
-            hard=float(passed == len(outcomes)), soft=passed / len(outcomes), predicted_answer=code[:PREDICTION_CHARS],
-            fail_reason=first_failure, extras=extras, expected=expected, detail=verification_table(outcomes),
+            hard=float(passed == len(outcomes)),
+            soft=passed / len(outcomes),
+            predicted_answer=code[:PREDICTION_CHARS],
+            fail_reason=first_failure,
+            extras=extras,
+            expected=expected,
+            detail=verification_table(outcomes),
         )
 
     def extract_answer(self, response_text: str) -> str | None:
@@ -349,7 +380,11 @@ def _own_values(outcome: CaseOutcome) -> str:
         lines.append(f"- {outcome.fail_reason.removeprefix('wrong: ')}")
     for check in outcome.cells:
         if not check.ok:
-            note = " (a formula: openpyxl reads it back as empty; write the literal value)" if check.formula else ""
+            note = (
+                " (a formula: openpyxl reads it back as empty; write the literal value)"
+                if check.formula
+                else ""
+            )
             lines.append(f"- {check.where}: your value {check.got!r}{note}")
     return "\n".join(lines[:40]) + (f"\n- ... ({len(lines) - 40} more)" if len(lines) > 40 else "")
 

@@ -148,7 +148,9 @@ def compare_workbooks(number: int, output: bytes, golden_path: Path,
     for sheet, cell_range in ranges:
         name = sheet or gold_book.sheetnames[0]
         if name not in gold_book.sheetnames:
-            outcome.fail_reason = outcome.fail_reason or f"error: answer sheet {name!r} not in the golden workbook"
+            outcome.fail_reason = (
+                outcome.fail_reason or f"error: answer sheet {name!r} not in the golden workbook"
+            )
             continue
         if name not in got_book.sheetnames:
             outcome.fail_reason = outcome.fail_reason or f"wrong: sheet {name!r} missing from the output"
@@ -203,7 +205,9 @@ def verification_table(outcomes: Sequence[CaseOutcome]) -> str:
             mark = "✓" if check.ok else "✗"
             line = f"  {mark} {check.where}: got={_show(check.got)} expected={_show(check.expected)}"
             if check.formula:
-                line += f"  ⚠ formula {check.formula[:60]} has no cached value (openpyxl never computes formulas)"
+                line += (
+                    f"  ⚠ formula {check.formula[:60]} has no cached value (openpyxl never computes formulas)"
+                )
             lines.append(line)
         if len(outcome.cells) > 60:
             lines.append(f"  ... ({len(outcome.cells) - 60} more cells)")

@@ -72,8 +72,8 @@ _SYSTEM_INTRO = (
     "smallest change to the source code that fixes it."
 )
 _FORMAT = (
-    "Reply with the fix as one unified diff in git format (paths a/… and b/… from the repository root) inside "
-    "a ```diff block. Change only source files: never tests, fixtures or configuration."
+    "Reply with the fix as one unified diff in git format (paths a/… and b/… from the repository root) "
+    "inside a ```diff block. Change only source files: never tests, fixtures or configuration."
 )
 
 
@@ -117,7 +117,8 @@ def normalise_row(row: Mapping[str, Any]) -> dict[str, Any]:
             raise KeyError(name)
     if not _REPO_NAME.fullmatch(row["repo"].strip()):
         # The fake harness finds a repository snapshot by this name under the data root.
-        raise ValueError(f"field 'repo' must be 'owner/name' (letters, digits, '.', '_', '-'), got {row['repo']!r}")
+        raise ValueError("field 'repo' must be 'owner/name' (letters, digits, '.', '_', '-'), got "
+                         f"{row['repo']!r}")
     item = {key: value for key, value in row.items() if key != EVAL_KEY}
     for name in ("FAIL_TO_PASS", "PASS_TO_PASS"):
         try:
@@ -184,7 +185,9 @@ class SwebenchBenchmark(Benchmark[SwebenchConfig]):
     Config = SwebenchConfig
     default_split_mode = "ratio"
     default_task_type = DEFAULT_TASK_TYPE
-    data_hint = "pass --data DIR (a folder holding train/, val/ and test/ items.json) or set benchmark.split_dir"
+    data_hint = (
+        "pass --data DIR (a folder holding train/, val/ and test/ items.json) or set benchmark.split_dir"
+    )
 
     def __init__(self, agent_factory: Any = None, harness_factory: Any = None) -> None:
         self.agent_factory = agent_factory
@@ -198,11 +201,20 @@ class SwebenchBenchmark(Benchmark[SwebenchConfig]):
         settings its scoring uses."""
         config = self.config(cfg)
         items = split_items(
-            config, split, run_dir=run_dir, benchmark=BENCHMARK_ID, default_split_mode=self.default_split_mode,
-            reader=read_records, normalise=normalise_row, default_task_type=DEFAULT_TASK_TYPE,
+            config,
+            split,
+            run_dir=run_dir,
+            benchmark=BENCHMARK_ID,
+            default_split_mode=self.default_split_mode,
+            reader=read_records,
+            normalise=normalise_row,
+            default_task_type=DEFAULT_TASK_TYPE,
             partition=stratified_partition,
-            manifest_extra={"dataset_name": HF_DATASETS[config.dataset], "hf_split": config.hf_split,
-                            "strategy": "stratified_by_repo"},
+            manifest_extra={
+                "dataset_name": HF_DATASETS[config.dataset],
+                "hf_split": config.hf_split,
+                "strategy": "stratified_by_repo",
+            },
         )
         settings = {
             "harness": config.harness, "dataset": config.dataset, "hf_split": config.hf_split,
@@ -212,11 +224,16 @@ class SwebenchBenchmark(Benchmark[SwebenchConfig]):
         }
         return [Item({**item, EVAL_KEY: settings}) for item in items]
 
-    def bind_target(self, cfg: SwebenchConfig, *, backend: str, kind: str) -> tuple[SwebenchConfig, list[str]]:
-        """Settle ``auto`` runners: the fakes under the ``scripted`` backend, else mini-swe-agent and Docker."""
+    def bind_target(
+        self, cfg: SwebenchConfig, *, backend: str, kind: str
+    ) -> tuple[SwebenchConfig, list[str]]:
+        """Settle ``auto`` runners: the fakes under the ``scripted`` backend, else mini-swe-agent and
+        Docker."""
         config = self.config(cfg)
         scripted = backend == "scripted"
-        runner = config.agent_runner if config.agent_runner != "auto" else ("fake" if scripted else "minisweagent")
+        runner = (
+            config.agent_runner if config.agent_runner != "auto" else ("fake" if scripted else "minisweagent")
+        )
         harness = config.harness if config.harness != "auto" else ("fake" if scripted else "docker")
         bound = config.model_copy(update={"agent_runner": runner, "harness": harness})
         simulated = "fake" in (runner, harness)
@@ -226,8 +243,9 @@ class SwebenchBenchmark(Benchmark[SwebenchConfig]):
         """System: the engineer role, the skill, the diff format. User: the repository and the issue
         (``problem_statement`` only; ``hints_text`` only with ``use_hints``). Never reads gold."""
         return [self.system_message(_SYSTEM_INTRO, skill, _FORMAT),
-                user(f"## Repository\n{item['repo']} at commit {str(item.get('base_commit', ''))[:12] or 'HEAD'}"
-                     f"\n\n## Issue\n{task_text(item, self.config(cfg))}\n\nFix the issue; reply with the diff.")]
+                user(f"## Repository\n{item['repo']} at commit "
+                     f"{str(item.get('base_commit', ''))[:12] or 'HEAD'}\n\n## "
+                     f"Issue\n{task_text(item, self.config(cfg))}\n\nFix the issue; reply with the diff.")]
 
     def agent_runner(self, config: SwebenchConfig, ctx: EpisodeContext) -> AgentRunner:
         if self.agent_factory is not None:
@@ -244,10 +262,15 @@ class SwebenchBenchmark(Benchmark[SwebenchConfig]):
         settings = item.get(EVAL_KEY) or {}
         if settings.get("harness") == "fake":
             root = settings.get("repos_root")
-            return FakeHarness(repos_root=Path(root) if root else None, sandbox=settings.get("sandbox", "bwrap"))
-        return DockerHarness(dataset=str(settings.get("dataset", "lite")), hf_split=str(settings.get("hf_split", "test")),
-                             eval_workers=int(settings.get("eval_workers", 8)),
-                             timeout_s=float(settings.get("harness_timeout", 7200)))
+            return FakeHarness(
+                repos_root=Path(root) if root else None, sandbox=settings.get("sandbox", "bwrap")
+            )
+        return DockerHarness(
+            dataset=str(settings.get("dataset", "lite")),
+            hf_split=str(settings.get("hf_split", "test")),
+            eval_workers=int(settings.get("eval_workers", 8)),
+            timeout_s=float(settings.get("harness_timeout", 7200)),
+        )
 
     def run_episode(self, item: Item, skill: str, ctx: EpisodeContext) -> EpisodeResult:
         """The agent runner turns the instance into a patch within ``timeout_per_instance``; the episode's
@@ -264,7 +287,9 @@ class SwebenchBenchmark(Benchmark[SwebenchConfig]):
         raises ``HarnessError`` (an infrastructure error). Never calls the judge."""
         patch, exit_status = parse_response(response_text)
         extras: dict[str, Any] = {"exit_status": exit_status, "patch_chars": len(patch)}
-        expected = f"the FAIL_TO_PASS tests {item.get('FAIL_TO_PASS', '[]')} pass and PASS_TO_PASS keep passing"
+        expected = (
+            f"the FAIL_TO_PASS tests {item.get('FAIL_TO_PASS', '[]')} pass and PASS_TO_PASS keep passing"
+        )
         if not patch.strip():
             return Score(hard=0.0, soft=0.0, fail_reason=EMPTY_PATCH, extras=extras, expected=expected,
                          detail="the agent submitted no diff; the harness was not run")
@@ -285,10 +310,11 @@ class SwebenchBenchmark(Benchmark[SwebenchConfig]):
         mode = config.split_mode or self.default_split_mode
         if mode == "ratio" and not config.data_path:
             raise BenchmarkSetupError(
-                f"swebench: no instances: pass --data FILE (a JSON/JSONL export of {HF_DATASETS[config.dataset]}, "
-                "split test) or --data DIR with train/, val/ and test/ items.json; runs never download data. "
-                "To export: python -c \"from datasets import load_dataset; "
-                f"load_dataset('{HF_DATASETS[config.dataset]}', split='{config.hf_split}').to_json('swebench.jsonl')\"")
+                "swebench: no instances: pass --data FILE (a JSON/JSONL export of "
+                f"{HF_DATASETS[config.dataset]}, split test) or --data DIR with train/, val/ and test/ "
+                "items.json; runs never download data. To export: python -c \"from datasets import "
+                f"load_dataset; load_dataset('{HF_DATASETS[config.dataset]}', "
+                f"split='{config.hf_split}').to_json('swebench.jsonl')\"")
         super().preflight(config)
         if config.agent_runner != "fake" and self.agent_factory is None:
             _require("minisweagent", "the mini-swe-agent runner (benchmark.agent_runner: minisweagent)")
@@ -297,12 +323,15 @@ class SwebenchBenchmark(Benchmark[SwebenchConfig]):
             problem = docker_problem()
             if problem:
                 raise BenchmarkSetupError(
-                    f"swebench: the Docker harness needs a running Docker engine: {problem}; start Docker (and pull "
-                    "the SWE-bench images), or set benchmark.harness: fake for the simulated harness")
+                    f"swebench: the Docker harness needs a running Docker engine: {problem}; start Docker "
+                    "(and pull the SWE-bench images), or set benchmark.harness: fake for the simulated "
+                    "harness")
         if config.harness == "fake" and self.harness_factory is None and config.data_root and \
                 (Path(config.data_root) / REPOS_FOLDER).is_dir():
             if shutil.which("git") is None:
-                raise BenchmarkSetupError("swebench: the fake harness applies patches with git, which is not installed")
+                raise BenchmarkSetupError(
+                    "swebench: the fake harness applies patches with git, which is not installed"
+                )
             try:  # it runs the repository's tests, patched by the model
                 require_sandbox(config.sandbox, what=f"{BENCHMARK_ID} (fake harness)")
             except SandboxUnavailable as exc:
@@ -334,7 +363,8 @@ def _require(module: str, what: str) -> None:
     except ImportError as exc:
         raise BenchmarkSetupError(
             f"swebench: {what} needs the {module} package ({exc}); install it with {INSTALL_HINT}, "
-            "or set benchmark.agent_runner: fake and benchmark.harness: fake for the simulated environment") from None
+            "or set benchmark.agent_runner: fake and benchmark.harness: fake for the simulated environment"
+        ) from None
 
 
 plugin = SwebenchBenchmark()

@@ -60,8 +60,14 @@ class FakeAgentRunner:
     def run(self, instance: Mapping[str, Any], skill: str, ctx: EpisodeContext, *, task: str,
             timeout_s: float) -> AgentOutcome:
         max_tokens = getattr(ctx.cfg, "max_tokens", None)
-        response = ctx.target.chat(ChatRequest(messages=list(ctx.messages), stage="rollout", max_tokens=max_tokens,
-                                               tags={**ctx.tags, "turn": 1}))
+        response = ctx.target.chat(
+            ChatRequest(
+                messages=list(ctx.messages),
+                stage="rollout",
+                max_tokens=max_tokens,
+                tags={**ctx.tags, "turn": 1},
+            )
+        )
         ctx.record({"type": "message", "role": "assistant", "turn": 1, "content": response.text})
         patch = extract_patch(response.text)
         return AgentOutcome(patch=patch, exit_status="Submitted" if patch else "NoPatch", n_calls=1)
@@ -125,17 +131,26 @@ class MiniSweAgentRunner:
         from minisweagent.config import builtin_config_dir
         from minisweagent.environments.docker import DockerEnvironment
 
-        settings = yaml.safe_load((builtin_config_dir / "extra" / "swebench.yaml").read_text(encoding="utf-8")) or {}
+        settings = (
+            yaml.safe_load((builtin_config_dir / "extra" / "swebench.yaml").read_text(encoding="utf-8")) or {}
+        )
         agent_settings = dict(settings.get("agent") or {})
         skill_text = skill.strip()
         if skill_text:
-            agent_settings["system_template"] = f"{agent_settings.get('system_template', '')}\n\n## Skill\n{skill_text}"
+            agent_settings["system_template"] = (
+                f"{agent_settings.get('system_template', '')}\n\n## Skill\n{skill_text}"
+            )
         agent_settings.update(step_limit=self.step_limit, cost_limit=self.cost_limit)
         agent_settings.pop("output_path", None)
         environment = DockerEnvironment(**{"cwd": DOCKER_WORKDIR, **(settings.get("environment") or {}),
                                            "image": docker_image(instance)})
-        model = RoleModel(ctx, deadline=min(ctx.deadline, time.monotonic() + timeout_s), model_name=self.model_name,
-                          max_tokens=getattr(ctx.cfg, "max_tokens", None), limits_exceeded=LimitsExceeded)
+        model = RoleModel(
+            ctx,
+            deadline=min(ctx.deadline, time.monotonic() + timeout_s),
+            model_name=self.model_name,
+            max_tokens=getattr(ctx.cfg, "max_tokens", None),
+            limits_exceeded=LimitsExceeded,
+        )
         agent = DefaultAgent(model, environment, **agent_settings)
         try:
             exit_status, result = agent.run(task)

@@ -39,7 +39,14 @@ HARNESS_DATASETS = {
 }
 TEST_RUNNER = "_skillopt_run_tests.py"
 INSTALL_HINT = "pip install 'skillopt[swebench]'"
-_GIT_IDENTITY = ("-c", "user.name=skillopt", "-c", "user.email=skillopt@localhost", "-c", "commit.gpgsign=false")
+_GIT_IDENTITY = (
+    "-c",
+    "user.name=skillopt",
+    "-c",
+    "user.email=skillopt@localhost",
+    "-c",
+    "commit.gpgsign=false",
+)
 
 
 class HarnessError(SkillOptError):
@@ -51,7 +58,9 @@ class Harness(Protocol):
     there and returns its path and a short detail for the analyst (test outcomes, harness exit).
     Raises ``HarnessError`` when it cannot run at all."""
 
-    def evaluate(self, instance: Mapping[str, Any], patch: str, work_dir: Path, run_id: str) -> tuple[Path, str]: ...
+    def evaluate(
+        self, instance: Mapping[str, Any], patch: str, work_dir: Path, run_id: str
+    ) -> tuple[Path, str]: ...
 
 
 def report_path(work_dir: Path, run_id: str, model_name: str = MODEL_NAME) -> Path:
@@ -117,11 +126,14 @@ class DockerHarness:
                 "--split", self.hf_split, "--predictions_path", str(predictions), "--max_workers",
                 str(self.eval_workers), "--run_id", run_id, "--instance_ids", instance_id]
 
-    def evaluate(self, instance: Mapping[str, Any], patch: str, work_dir: Path, run_id: str) -> tuple[Path, str]:
+    def evaluate(
+        self, instance: Mapping[str, Any], patch: str, work_dir: Path, run_id: str
+    ) -> tuple[Path, str]:
         instance_id = str(instance["instance_id"])
         predictions = write_predictions(work_dir, instance_id, patch)
         try:
-            # The harness starts Docker clients and workers: a timeout stops all of them, not just the harness.
+            # The harness starts Docker clients and workers: a timeout stops all of them, not just the
+            # harness.
             run = run_in_group(self.command(predictions, run_id, instance_id), cwd=work_dir,
                                timeout_s=self.timeout_s)
         except subprocess.TimeoutExpired:
@@ -138,8 +150,13 @@ def docker_problem() -> str | None:
     if docker is None:
         return "the docker command is not installed"
     try:
-        probe = subprocess.run([docker, "info", "--format", "{{.ServerVersion}}"], capture_output=True, text=True,
-                               timeout=30, check=False)
+        probe = subprocess.run(
+            [docker, "info", "--format", "{{.ServerVersion}}"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"docker info failed: {exc}"
     if probe.returncode != 0:
@@ -188,7 +205,9 @@ class FakeHarness:
         folder = self.repos_root / str(instance.get("repo", "")).replace("/", "__")
         return folder if folder.is_dir() else None
 
-    def evaluate(self, instance: Mapping[str, Any], patch: str, work_dir: Path, run_id: str) -> tuple[Path, str]:
+    def evaluate(
+        self, instance: Mapping[str, Any], patch: str, work_dir: Path, run_id: str
+    ) -> tuple[Path, str]:
         instance_id = str(instance["instance_id"])
         write_predictions(work_dir, instance_id, patch)
         snapshot = self.snapshot(instance)
@@ -198,8 +217,9 @@ class FakeHarness:
             resolved, detail = self._run_tests(instance, patch, snapshot)
         else:
             resolved = patch.strip() == str(instance.get("patch", "")).strip()
-            detail = "fake harness: " + ("the patch equals the gold patch" if resolved else "the patch differs from "
-                                                                                          "the gold patch")
+            detail = "fake harness: " + (
+                "the patch equals the gold patch" if resolved else "the patch differs from the gold patch"
+            )
         return _write_report(work_dir, run_id, instance_id, resolved), detail
 
     def _run_tests(self, instance: Mapping[str, Any], patch: str, snapshot: Path) -> tuple[bool, str]:
@@ -213,16 +233,28 @@ class FakeHarness:
             if applied.returncode != 0:
                 return False, "fake harness: the patch does not apply: " + applied.stderr.strip()[:300]
             if str(instance.get("test_patch", "")).strip():
-                tests = _git(repo, "apply", "--whitespace=nowarn", "-", stdin=str(instance["test_patch"]), check=False)
+                tests = _git(
+                    repo, "apply", "--whitespace=nowarn", "-", stdin=str(instance["test_patch"]), check=False
+                )
                 if tests.returncode != 0:
-                    return False, "fake harness: the test patch no longer applies: " + tests.stderr.strip()[:300]
+                    return False, "fake harness: the test patch no longer applies: " + tests.stderr.strip()[
+                        :300
+                    ]
             shutil.rmtree(repo / ".git")
             (repo / TEST_RUNNER).write_text(_RUNNER_SOURCE, encoding="utf-8")
-            wanted = [*test_ids(instance.get("FAIL_TO_PASS", "[]")), *test_ids(instance.get("PASS_TO_PASS", "[]"))]
-            run = run_sandboxed([TEST_RUNNER, *wanted], cwd=repo, timeout_s=self.test_timeout_s, mode=self.sandbox)
+            wanted = [
+                *test_ids(instance.get("FAIL_TO_PASS", "[]")),
+                *test_ids(instance.get("PASS_TO_PASS", "[]")),
+            ]
+            run = run_sandboxed(
+                [TEST_RUNNER, *wanted], cwd=repo, timeout_s=self.test_timeout_s, mode=self.sandbox
+            )
         if not run.ok:
-            return False, f"fake harness: the tests did not run ({'timed out' if run.timed_out else run.exit_code}): " \
-                          + run.stderr.strip()[-300:]
+            return (
+                False,
+                f"fake harness: the tests did not run ({'timed out' if run.timed_out else run.exit_code}): "
+                + run.stderr.strip()[-300:],
+            )
         try:
             outcomes = json.loads(run.stdout.strip().splitlines()[-1])
         except (ValueError, IndexError):
@@ -232,10 +264,26 @@ class FakeHarness:
         return not failed and len(outcomes) == len(wanted), "fake harness tests:\n" + "\n".join(lines)
 
 
-def _git(repo: Path, *args: str, stdin: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
-    env = {"PATH": os.environ.get("PATH", ""), "HOME": str(repo), "GIT_CONFIG_NOSYSTEM": "1", "LANG": "C.UTF-8"}
-    run = subprocess.run(["git", *args], cwd=repo, input=stdin, capture_output=True, text=True, env=env, timeout=60,
-                         check=False)
+def _git(
+    repo: Path, *args: str, stdin: str | None = None, check: bool = True
+) -> subprocess.CompletedProcess[str]:
+    env = {
+        "PATH": os.environ.get("PATH", ""),
+        "HOME": str(repo),
+        "GIT_CONFIG_NOSYSTEM": "1",
+        "LANG": "C.UTF-8",
+    }
+    run = subprocess.run(
+        ["git", *args],
+        cwd=repo,
+        input=stdin,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=False,
+    )
     if check and run.returncode != 0:
-        raise HarnessError(f"swebench: git {' '.join(args[:1])} failed in the fake harness: {run.stderr.strip()[:300]}")
+        raise HarnessError(f"swebench: git {' '.join(args[:1])} failed in the fake harness: "
+                           f"{run.stderr.strip()[:300]}")
     return run
