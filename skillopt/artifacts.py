@@ -40,7 +40,8 @@ _ACCEPTED = frozenset({"accept", "accept_new_best", "force_accept"})
 
 
 def slug(text: str) -> str:
-    """Lower case, with every character outside ``[a-z0-9-]`` turned into ``-`` (``My_Run.2`` → ``my-run-2``)."""
+    """Lower case, with every character outside ``[a-z0-9-]`` turned into ``-`` (``My_Run.2`` →
+    ``my-run-2``)."""
     return _NOT_SLUG.sub("-", text.lower())
 
 

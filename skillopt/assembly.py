@@ -124,7 +124,8 @@ class Run:
 
     def __reduce__(self) -> tuple[Any, ...]:
         """A run travels as its spec: a task sent to another process (a Dask worker) carries the small spec,
-        and that process rebuilds the run once (``join_run``) instead of receiving clients, locks and items."""
+        and that process rebuilds the run once (``join_run``) instead of receiving clients, locks and
+        items."""
         return (join_run, (self.spec, self.limiter_for))
 
     def __repr__(self) -> str:
@@ -261,8 +262,9 @@ def open_run(spec: RunSpec, *, limiter_for: LimiterFor | None = None) -> Run:
 
 
 def join_run(spec: RunSpec, limiter_for: Callable[[SkillOptConfig], RateLimiter | None] | None = None) -> Run:
-    """The run ``spec`` describes, in a process that received it from the run's flow (how a ``Run`` unpickles):
-    the flow's own run in the flow's process, else built once per process as a worker that joins the run."""
+    """The run ``spec`` describes, in a process that received it from the run's flow (how a ``Run``
+    unpickles): the flow's own run in the flow's process, else built once per process as a worker that joins
+    the run."""
     return _open_runs.get(spec, lambda spec: _build(spec, limiter_for, joining=True))
 
 

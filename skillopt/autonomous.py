@@ -112,7 +112,9 @@ def budget_request(
     """
     if available < 0:
         raise ValueError(f"available must be >= 0, got {available}")
-    scores = StepScores.model_validate(step_scores if isinstance(step_scores, StepScores) else dict(step_scores))
+    scores = StepScores.model_validate(
+        step_scores if isinstance(step_scores, StepScores) else dict(step_scores)
+    )
     message = format_budget_message(skill=skill, step_scores=scores, pool=pool, available=available,
                                     step_buffer=step_buffer, meta_skill=meta_skill)
     return ChatRequest(

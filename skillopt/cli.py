@@ -80,12 +80,14 @@ def _build_parser() -> argparse.ArgumentParser:
 
     train = commands.add_parser(
         "train", help="train a skill on a benchmark",
-        description="Train a skill: baseline, epochs of rollout -> reflect -> update -> gate, final test evaluation.",
+        description="Train a skill: baseline, epochs of rollout -> reflect -> update -> gate, final test "
+                    "evaluation.",
     )
     train.add_argument("benchmark", metavar="BENCHMARK")
     _add_run_options(train)
     train.add_argument("--dry-run", action="store_true",
-                       help="print the model calls, tokens and USD the config implies, per stage; call no model")
+                       help="print the model calls, tokens and USD the config implies, per stage; call no "
+                            "model")
 
     demo = commands.add_parser(
         "demo", help="run the whole pipeline offline on the built-in demo (a simulation, no key needed)",
@@ -106,7 +108,8 @@ def _build_parser() -> argparse.ArgumentParser:
     backends = commands.add_parser(
         "backends",
         help="list the model backends and how each role resolves",
-        description="List the registered backends, then each role's resolved backend, model and credential state.",
+        description="List the registered backends, then each role's resolved backend, model and credential "
+                    "state.",
     )
     _add_role_options(backends)
     backend_commands = backends.add_subparsers(dest="backends_command", metavar="SUBCOMMAND")
@@ -123,10 +126,13 @@ def _build_parser() -> argparse.ArgumentParser:
     schedule = commands.add_parser(
         "schedule",
         help="print the edit budget (learning rate) of every step",
-        description="Print the edit budget of every step, one line 'step <s>: <budget>' each, then a summary.",
+        description="Print the edit budget of every step, one line 'step <s>: <budget>' each, then a "
+                    "summary.",
     )
     schedule.add_argument("--kind", choices=["constant", "linear", "cosine"], default="cosine")
-    schedule.add_argument("--max", dest="max_budget", type=int, default=4, help="L_max (optimizer.learning_rate)")
+    schedule.add_argument(
+        "--max", dest="max_budget", type=int, default=4, help="L_max (optimizer.learning_rate)"
+    )
     schedule.add_argument(
         "--min", dest="min_budget", type=int, default=2, help="L_min (optimizer.min_learning_rate)"
     )
@@ -141,11 +147,14 @@ def _add_server_commands(commands: argparse._SubParsersAction) -> None:
     server = commands.add_parser(
         "server", help="a local Prefect server that stays up, so runs start without waiting for one",
         description="Start, stop or show the local Prefect server (127.0.0.1, database under PREFECT_HOME). "
-        "train, eval and demo use it when PREFECT_API_URL is unset; without it each run starts a temporary one.",
+                    "train, eval and demo use it when PREFECT_API_URL is unset; without it each run starts "
+                    "a temporary one.",
     )
     server_commands = server.add_subparsers(dest="server_command", metavar="SUBCOMMAND")
     start = server_commands.add_parser("start", help="start it in the background (or find the running one)")
-    start.add_argument("--port", type=int, help="port on 127.0.0.1 (default 4200, or a free one if 4200 is taken)")
+    start.add_argument(
+        "--port", type=int, help="port on 127.0.0.1 (default 4200, or a free one if 4200 is taken)"
+    )
     server_commands.add_parser("stop", help="stop it")
     server_commands.add_parser("status", help="say whether it runs and where (exit 1 if it does not)")
 
@@ -153,13 +162,17 @@ def _add_server_commands(commands: argparse._SubParsersAction) -> None:
 def _add_report_commands(commands: argparse._SubParsersAction) -> None:
     report = commands.add_parser(
         "report", help="write the HTML report of a run (plots, skill diffs, summary)",
-        description="Render one self-contained HTML file (inline SVG plots, no network needed) from a run directory.",
+        description="Render one self-contained HTML file (inline SVG plots, no network needed) from a run "
+                    "directory.",
     )
-    report.add_argument("run_dir", metavar="RUN_DIR", help="a run directory, e.g. runs/demo-20261130-041210-3fa9c1")
+    report.add_argument(
+        "run_dir", metavar="RUN_DIR", help="a run directory, e.g. runs/demo-20261130-041210-3fa9c1"
+    )
     report.add_argument("--out", metavar="FILE", help="where to write it (default RUN_DIR/report.html)")
     compare = commands.add_parser(
         "compare", help="put several runs side by side in one HTML file",
-        description="Render score curves, final scores and cost of several runs into one self-contained HTML file.",
+        description="Render score curves, final scores and cost of several runs into one self-contained "
+                    "HTML file.",
     )
     compare.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
     compare.add_argument("--out", metavar="FILE", default="compare.html",
@@ -169,20 +182,28 @@ def _add_report_commands(commands: argparse._SubParsersAction) -> None:
 def _add_serve_and_skills(commands: argparse._SubParsersAction) -> None:
     serve = commands.add_parser(
         "serve", help="serve the skill-train/<benchmark> deployments on a Prefect server (nightly runs)",
-        description="Register one deployment skill-train/<benchmark> per benchmark with a nightly schedule and "
-        "mode: nightly, then run their flow runs until interrupted. --data, --backend, --model, -c and -o become "
-        "the deployments' default parameters. With no names, every installed benchmark whose config and data "
-        "check out is served and the others are listed with the reason. Needs a Prefect server: set "
-        "PREFECT_API_URL.",
+        description="Register one deployment skill-train/<benchmark> per benchmark with a nightly schedule "
+                    "and mode: nightly, then run their flow runs until interrupted. --data, --backend, "
+                    "--model, -c and -o become the deployments' default parameters. With no names, every "
+                    "installed benchmark whose config and data check out is served and the others are "
+                    "listed with the reason. Needs a Prefect server: set PREFECT_API_URL.",
     )
     serve.add_argument("benchmarks", nargs="*", metavar="BENCHMARK",
                        help="benchmarks to serve (default: every one whose data resolves)")
-    serve.add_argument("--data", metavar="PATH", help="the benchmark's data (one name only): a folder with train/ "
-                       "val/ test/ (split_dir mode) or one data file (ratio mode)")
+    serve.add_argument(
+        "--data",
+        metavar="PATH",
+        help="the benchmark's data (one name only): a folder with train/ "
+        "val/ test/ (split_dir mode) or one data file (ratio mode)",
+    )
     serve.add_argument("--cron", default=None, metavar="EXPR",
                        help="schedule of every deployment, a cron expression (default: '0 3 * * *')")
-    serve.add_argument("--timezone", default=None, metavar="TZ", help="time zone of the cron schedule (default: UTC)")
-    serve.add_argument("--no-schedule", action="store_true", help="serve without a schedule (runs on demand only)")
+    serve.add_argument(
+        "--timezone", default=None, metavar="TZ", help="time zone of the cron schedule (default: UTC)"
+    )
+    serve.add_argument(
+        "--no-schedule", action="store_true", help="serve without a schedule (runs on demand only)"
+    )
     serve.add_argument("--mode", choices=["nightly", "train"], default="nightly",
                        help="the deployments' default mode (default: nightly)")
     _add_config_options(serve)
@@ -190,18 +211,29 @@ def _add_serve_and_skills(commands: argparse._SubParsersAction) -> None:
 
     skills = commands.add_parser(
         "skills", help="the registry of promoted skills: list, show, promote, rollback",
-        description="Manage the promoted skills that nightly runs warm-start from (run.skills_dir, default skills/).",
+        description="Manage the promoted skills that nightly runs warm-start from (run.skills_dir, default "
+                    "skills/).",
     )
     skills_commands = skills.add_subparsers(dest="skills_command", metavar="SUBCOMMAND")
-    listing = skills_commands.add_parser("list", help="every benchmark's current version, or one benchmark's history")
+    listing = skills_commands.add_parser(
+        "list", help="every benchmark's current version, or one benchmark's history"
+    )
     listing.add_argument("benchmark", nargs="?", metavar="BENCHMARK")
     show = skills_commands.add_parser("show", help="print the promoted skill (or one version)")
     show.add_argument("benchmark", metavar="BENCHMARK")
-    show.add_argument("--version", dest="skill_version", type=int, metavar="N", help="print version N instead")
-    promote = skills_commands.add_parser("promote", help="promote a skill file or a run's best_skill.md by hand")
+    show.add_argument(
+        "--version", dest="skill_version", type=int, metavar="N", help="print version N instead"
+    )
+    promote = skills_commands.add_parser(
+        "promote", help="promote a skill file or a run's best_skill.md by hand"
+    )
     promote.add_argument("benchmark", metavar="BENCHMARK")
-    promote.add_argument("source", metavar="RUN_DIR_OR_FILE", help="a run directory (its best_skill.md) or a file")
-    rollback = skills_commands.add_parser("rollback", help="make the previously promoted version current again")
+    promote.add_argument(
+        "source", metavar="RUN_DIR_OR_FILE", help="a run directory (its best_skill.md) or a file"
+    )
+    rollback = skills_commands.add_parser(
+        "rollback", help="make the previously promoted version current again"
+    )
     rollback.add_argument("benchmark", metavar="BENCHMARK")
     for sub in (listing, show, promote, rollback):
         sub.add_argument("--skills-dir", metavar="DIR", help="the registry folder (default: run.skills_dir)")
@@ -212,10 +244,13 @@ def _add_run_options(parser: argparse.ArgumentParser, *, data: bool = True, cach
     _add_config_options(parser)
     if data:
         parser.add_argument("--data", metavar="PATH",
-                            help="a folder with train/ val/ test/ (split_dir mode) or one data file (ratio mode)")
+                            help="a folder with train/ val/ test/ (split_dir mode) or one data file (ratio "
+                                 "mode)")
     parser.add_argument("--run-name", metavar="NAME", help="run directory name; re-use one to resume")
     if cache:
-        parser.add_argument("--no-cache", action="store_true", help="recompute every call (refresh the cache)")
+        parser.add_argument(
+            "--no-cache", action="store_true", help="recompute every call (refresh the cache)"
+        )
     _add_role_flags(parser)
 
 
@@ -301,8 +336,14 @@ def _run_flow(kind: str, out: _Output, **parameters: object) -> dict:
         return run_flow(kind, display, out.guard, **parameters)
 
 
-def _check_before_prefect(benchmark: str, args: argparse.Namespace, overrides: list[str], *,
-                          roles_used: tuple[str, ...] = ("target", "optimizer"), split: str | None = None) -> None:
+def _check_before_prefect(
+    benchmark: str,
+    args: argparse.Namespace,
+    overrides: list[str],
+    *,
+    roles_used: tuple[str, ...] = ("target", "optimizer"),
+    split: str | None = None,
+) -> None:
     """Config, benchmark, roles, credentials and data, checked before Prefect is imported: a bad input is
     reported in under a second, once, instead of after Prefect's import and server start."""
     from skillopt.config import load_config
@@ -310,8 +351,14 @@ def _check_before_prefect(benchmark: str, args: argparse.Namespace, overrides: l
     from skillopt.run_checks import check_run
 
     loaded = load_config(benchmark, config_file=args.config, overrides=overrides, env=os.environ)
-    check_run(loaded, cli=CliRoleOptions(**_cli_roles(args)), env=os.environ, roles_used=roles_used, split=split,
-              command=f"skillopt {args.command} BENCHMARK")
+    check_run(
+        loaded,
+        cli=CliRoleOptions(**_cli_roles(args)),
+        env=os.environ,
+        roles_used=roles_used,
+        split=split,
+        command=f"skillopt {args.command} BENCHMARK",
+    )
 
 
 def _dry_run(args: argparse.Namespace, overrides: list[str], out: _Output) -> int:
@@ -330,14 +377,16 @@ def _dry_run(args: argparse.Namespace, overrides: list[str], out: _Output) -> in
 def _cmd_demo(args: argparse.Namespace, out: _Output) -> int:
     overrides = [*args.override, *(["run.refresh_cache=true"] if args.no_cache else [])]
     _check_before_prefect("demo", args, overrides)
-    out.print("skillopt demo: a simulated run on the built-in demo benchmark with the deterministic `scripted`")
+    out.print("skillopt demo: a simulated run on the built-in demo benchmark with the deterministic "
+              "`scripted`")
     out.print("backend (no model, no key, no network). Every number below comes from that simulation.")
     summary = _run_flow("train", out, benchmark="demo", config_file=args.config, overrides=overrides,
                        run_name=args.run_name, cli_roles=_cli_roles(args))
     _print_summary(summary, out)
     out.print()
     out.print("Next: train on your own data with a real model, for example")
-    out.print("  export OPENAI_API_KEY=...            # or ANTHROPIC_API_KEY, or a local server (docs/backends.md)")
+    out.print("  export OPENAI_API_KEY=...            # or ANTHROPIC_API_KEY, or a local server "
+              "(docs/backends.md)")
     out.print("  skillopt backends check              # check the credential and endpoint first")
     out.print("  skillopt train qa --data my_items.jsonl --backend openai --model gpt-4.1-mini")
     out.print("Or run this demo with a local GGUF model as the target: skillopt demo --target-backend local "
@@ -377,8 +426,8 @@ def _print_summary(summary: dict, out: _Output) -> None:
         out.print(f"  {phase:<9} " + "; ".join(parts))
     total = summary.get("counts", {}).get("total", {})
     if total:
-        out.print(f"  steps {total.get('n', 0)}: {total.get('accepts', 0)} accepted, {total.get('rejects', 0)} "
-                  f"rejected, {total.get('skips', 0)} skipped")
+        out.print(f"  steps {total.get('n', 0)}: {total.get('accepts', 0)} accepted, "
+                  f"{total.get('rejects', 0)} rejected, {total.get('skips', 0)} skipped")
     usage = summary.get("usage", {}).get("total", {})
     if usage:
         out.print(f"  {usage_line(usage)}")
@@ -420,9 +469,10 @@ def _cmd_benchmarks(args: argparse.Namespace, out: _Output) -> int:
         needs = "extras: " + ",".join(extras) if extras else "no extras"
         out.print(f"{entry.name:<24} v{benchmark.version:<4} {benchmark.default_split_mode:<10} {judge:<21} "
                   f"{needs:<24} {summary}")
-    out.print(f"\nsandbox for model-written code (spreadsheetbench, swebench's fake harness): {_sandbox_line()}")
-    out.print("an extra installs with: pip install 'skillopt[NAME]'; a judge role is set with --judge-backend or "
-              "-o model.judge.backend=...")
+    out.print("\nsandbox for model-written code (spreadsheetbench, swebench's fake harness): "
+              f"{_sandbox_line()}")
+    out.print("an extra installs with: pip install 'skillopt[NAME]'; a judge role is set with "
+              "--judge-backend or -o model.judge.backend=...")
     return EXIT_OK
 
 
@@ -559,14 +609,19 @@ def _cmd_serve(args: argparse.Namespace, out: _Output) -> int:
 
     if not get_current_settings().api.url:
         raise SkillOptError("skillopt serve needs a Prefect server: set PREFECT_API_URL (e.g. "
-                            "http://127.0.0.1:4200/api after `prefect server start`; see docs/self-hosting.md)")
+                            "http://127.0.0.1:4200/api after `prefect server start`; see "
+                            "docs/self-hosting.md)")
     cron = None if args.no_schedule else (args.cron or DEFAULT_CRON)
-    out.print(f"serving {len(benchmarks)} deployment(s): " + ", ".join(f"skill-train/{b}" for b in benchmarks))
+    out.print(
+        f"serving {len(benchmarks)} deployment(s): " + ", ".join(f"skill-train/{b}" for b in benchmarks)
+    )
     for skip in skipped:
         out.print(f"  skipped {skip.benchmark}: {skip.reason}")
     out.print(f"  schedule: {cron + ' ' + (args.timezone or DEFAULT_TIMEZONE) if cron else 'none'}; "
               f"default mode: {args.mode}; at most 1 run per benchmark at a time")
-    parameters = {k: v for k, v in defaults.parameters(benchmarks[0]).items() if k not in ("benchmark", "mode")}
+    parameters = {
+        k: v for k, v in defaults.parameters(benchmarks[0]).items() if k not in ("benchmark", "mode")
+    }
     if parameters:
         out.print("  default parameters: " + ", ".join(f"{k}={v}" for k, v in parameters.items()))
     out.print(f"  start a run: prefect deployment run skill-train/{benchmarks[0]}   (stop serving: Ctrl-C)")
@@ -602,7 +657,8 @@ def _cmd_server_status(args: argparse.Namespace, out: _Output) -> int:
     home = local_server.prefect_home(os.environ)
     server = local_server.recorded(home)
     if server is None:
-        out.print(f"no local Prefect server running (PREFECT_HOME {home}); start one with `skillopt server start`")
+        out.print(f"no local Prefect server running (PREFECT_HOME {home}); start one with `skillopt server "
+                  "start`")
         return EXIT_FAILURE
     state = "running" if local_server.healthy(server.api_url) else "starting or not answering"
     out.print(f"{state}: UI {server.ui_url}, API {server.api_url} (pid {server.pid}), database under {home}")
@@ -731,7 +787,9 @@ def _interrupted(out: _Output, guard: InterruptGuard | None) -> int:
     return guard.exit_code()
 
 
-def main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = None, stderr: TextIO | None = None) -> int:
+def main(
+    argv: Sequence[str] | None = None, *, stdout: TextIO | None = None, stderr: TextIO | None = None
+) -> int:
     """Run the ``skillopt`` command and return its exit code."""
     out = _Output(Redactor.from_environment(), stdout or sys.stdout, stderr or sys.stderr)
     parser = _build_parser()

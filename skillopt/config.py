@@ -73,7 +73,14 @@ def _parse_bool(value: Any) -> Any:
 Bool = Annotated[bool, BeforeValidator(_parse_bool)]
 
 BackendName = Literal[
-    "openai", "azure_openai", "anthropic", "openai_compatible", "codex_exec", "claude_code_exec", "local", "scripted"
+    "openai",
+    "azure_openai",
+    "anthropic",
+    "openai_compatible",
+    "codex_exec",
+    "claude_code_exec",
+    "local",
+    "scripted",
 ]
 #: Short names users may write for a backend; normalised before validation.
 BACKEND_ALIASES = {"azure": "azure_openai", "claude": "anthropic", "compat": "openai_compatible"}
@@ -231,7 +238,8 @@ class EvaluationSection(_Section):
     eval_test: Bool = True
     #: A split smaller than this gets a warning at the start of a run (0: never).
     min_split_items: int = Field(default=10, ge=0)
-    #: A gate where more than this share of the selection items are error rows skips the step instead of deciding.
+    #: A gate where more than this share of the selection items are error rows skips the step instead of
+    # deciding.
     max_error_share: float = Field(default=0.1, ge=0, le=1)
 
 
@@ -276,26 +284,34 @@ class RunSection(_Section):
     cache_dir: str = ".skillopt/cache"
     refresh_cache: Bool = False
     #: Base URL under which the run directories are served (e.g. the compose `reports` server); the report
-    #: link artifact points at <reports_url>/<run-name>/report.html. Unset: a file:// link to the run directory.
+    #: link artifact points at <reports_url>/<run-name>/report.html. Unset: a file:// link to the run
+    # directory.
     reports_url: str | None = None
     #: The skill registry (skillopt.registry): promoted skills that nightly runs warm-start from.
     skills_dir: str = "skills"
-    #: Where the rollouts run: ``threads`` (a bounded pool in the flow's process, ``benchmark.workers`` wide) or
+    #: Where the rollouts run: ``threads`` (a bounded pool in the flow's process, ``benchmark.workers`` wide)
+    # or
     #: ``dask`` (prefect-dask's DaskTaskRunner on a Dask cluster; the ``dask`` extra).
     task_runner: Literal["threads", "dask"] = "threads"
-    #: With ``dask``: the scheduler of a running cluster (``tcp://host:8786``). Unset: a local cluster of worker
+    #: With ``dask``: the scheduler of a running cluster (``tcp://host:8786``). Unset: a local cluster of
+    # worker
     #: processes on this machine, started for the run and stopped after it.
     dask_address: str | None = None
-    #: The local cluster's worker processes and threads per worker (unset: Dask's defaults from the CPU count).
+    #: The local cluster's worker processes and threads per worker (unset: Dask's defaults from the CPU
+    # count).
     dask_n_workers: int | None = Field(default=None, ge=1)
     dask_threads_per_worker: int | None = Field(default=None, ge=1)
-    #: What goes to the cluster: ``rollouts`` (rollouts and their judge calls; the optimizer's few calls stay in
+    #: What goes to the cluster: ``rollouts`` (rollouts and their judge calls; the optimizer's few calls stay
+    # in
     #: the flow's process) or ``rollouts_and_analysts`` (the analysts' reflections too).
     dask_scope: Literal["rollouts", "rollouts_and_analysts"] = "rollouts"
 
     @model_validator(mode="after")
     def _dask_keys_fit_the_runner(self) -> RunSection:
-        local_cluster = {"dask_n_workers": self.dask_n_workers, "dask_threads_per_worker": self.dask_threads_per_worker}
+        local_cluster = {
+            "dask_n_workers": self.dask_n_workers,
+            "dask_threads_per_worker": self.dask_threads_per_worker,
+        }
         if self.task_runner != "dask":
             given = [key for key, value in {"dask_address": self.dask_address, **local_cluster}.items()
                      if value is not None]
@@ -513,7 +529,11 @@ def _check_no_literal_secrets(
         strings = value if isinstance(value, list) else [value]
         if any(isinstance(v, str) and url_has_credentials(v) for v in strings):
             raise _secret_error(path, source, raw_backends, _URL_CREDENTIALS)
-        if any(is_free_form(part) for part in path[:-1]) and names_credential(path[-1]) and value not in (None, ""):
+        if (
+            any(is_free_form(part) for part in path[:-1])
+            and names_credential(path[-1])
+            and value not in (None, "")
+        ):
             raise _secret_error(path, source, raw_backends, _CREDENTIAL_FIELD)
 
 
@@ -566,7 +586,8 @@ def read_config_file(path: Path, *, _stack: tuple[Path, ...] = ()) -> tuple[dict
     if document is None:
         document = {}
     if not isinstance(document, dict):
-        raise ConfigError(f"{label}: the top level must be a mapping of sections, not {type(document).__name__}")
+        raise ConfigError(f"{label}: the top level must be a mapping of sections, not "
+                          f"{type(document).__name__}")
     for key in document:
         if not isinstance(key, str):
             raise ConfigError(f"{label}: top-level keys must be strings")
@@ -597,7 +618,8 @@ def _resolve_base(including_file: Path, base: str, label: str) -> Path:
     shipped = shipped_dir("configs") / Path(base).name
     if not Path(base).is_absolute() and shipped.is_file():
         return shipped
-    raise ConfigError(f"{label}: _base_ file not found: {base} (looked next to the file and among shipped configs)")
+    raise ConfigError(f"{label}: _base_ file not found: {base} (looked next to the file and among shipped "
+                      "configs)")
 
 
 def find_benchmark_config(name: str, *, cwd: Path | None = None) -> Path:
@@ -613,7 +635,9 @@ def find_benchmark_config(name: str, *, cwd: Path | None = None) -> Path:
     if name in _registered_benchmarks():
         # A third-party plug-in without a config file of its own starts from the shared defaults.
         return shipped_dir("configs") / "_base_.yaml"
-    known = sorted(set(shipped_config_names()) | _local_config_names(cwd or Path.cwd()) | _registered_benchmarks())
+    known = sorted(
+        set(shipped_config_names()) | _local_config_names(cwd or Path.cwd()) | _registered_benchmarks()
+    )
     hint = difflib.get_close_matches(name, known, n=1)
     suggestion = f"; did you mean {hint[0]!r}?" if hint else ""
     raise ConfigError(f"no config for benchmark {name!r}{suggestion} Known: {', '.join(known)}")
@@ -855,9 +879,9 @@ def _normalise_judge_block(layered: _Layered) -> None:
         del model["judge"]
 
 
-def load_config_file(path: str | Path, *, overrides: Sequence[str] = (), env: Mapping[str, str] | None = None) -> (
-    LoadedConfig
-):
+def load_config_file(
+    path: str | Path, *, overrides: Sequence[str] = (), env: Mapping[str, str] | None = None
+) -> LoadedConfig:
     """Validate a standalone config file (``skillopt config validate``)."""
     return load_config(None, config_file=path, overrides=overrides, env=env)
 

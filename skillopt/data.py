@@ -208,7 +208,11 @@ def data_overrides(data: str | Path | None) -> list[str]:
     if not path.exists():
         raise ConfigError(f"--data: nothing at {data}")
     if path.is_dir() and all((path / split).is_dir() for split in SPLIT_NAMES):
-        return ["benchmark.split_mode=split_dir", f"benchmark.split_dir={data}", f"benchmark.data_root={data}"]
+        return [
+            "benchmark.split_mode=split_dir",
+            f"benchmark.split_dir={data}",
+            f"benchmark.data_root={data}",
+        ]
     return ["benchmark.split_mode=ratio", f"benchmark.data_path={data}"]
 
 
@@ -394,7 +398,8 @@ class SplitSpec(BaseModel):
     def from_benchmark_config(
         cls, section: BaseModel | Mapping[str, Any], *, default_split_mode: str
     ) -> SplitSpec:
-        """Build from the ``benchmark:`` config section; an unset ``split_mode`` takes the benchmark's default."""
+        """Build from the ``benchmark:`` config section; an unset ``split_mode`` takes the benchmark's
+        default."""
         values = dict(section.model_dump() if isinstance(section, BaseModel) else section)
         if values.get("split_mode") is None:
             values["split_mode"] = default_split_mode

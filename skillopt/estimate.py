@@ -206,7 +206,9 @@ def _analyst_calls(batch: int, minibatch: int, failure_only: bool) -> Calls:
     if failure_only:
         return Calls(low=0, expected=math.ceil(batch / 2 / minibatch), high=math.ceil(batch / minibatch))
     both = min(math.ceil(batch / minibatch) + 1, batch)
-    return Calls(low=math.ceil(batch / minibatch), expected=(math.ceil(batch / minibatch) + both) / 2, high=both)
+    return Calls(
+        low=math.ceil(batch / minibatch), expected=(math.ceil(batch / minibatch) + both) / 2, high=both
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -231,9 +233,18 @@ def _schemas() -> dict[Stage, type[BaseModel] | None]:
     from skillopt.select import RankingReply
     from skillopt.slow_update import SlowUpdateReply
 
-    return {"rollout": None, "judge": None, "analyst": AnalystReply, "merge": MergeReply, "ranking": RankingReply,
-            "lr": BudgetReply, "rewrite": RewriteReply, "slow_update": SlowUpdateReply,
-            "meta_skill": MetaSkillReply, "deep_probe": ProbeReply}
+    return {
+        "rollout": None,
+        "judge": None,
+        "analyst": AnalystReply,
+        "merge": MergeReply,
+        "ranking": RankingReply,
+        "lr": BudgetReply,
+        "rewrite": RewriteReply,
+        "slow_update": SlowUpdateReply,
+        "meta_skill": MetaSkillReply,
+        "deep_probe": ProbeReply,
+    }
 
 
 def tokens_per_call(config: SkillOptConfig, *, rollout_prompt: int, skill_tokens: int,
@@ -247,7 +258,9 @@ def tokens_per_call(config: SkillOptConfig, *, rollout_prompt: int, skill_tokens
     completion = {stage: _stub_tokens(stage, schema) for stage, schema in _schemas().items()}
     answer = completion["rollout"]
     trajectory = max(rollout_prompt - skill_tokens, 0) + answer
-    template = {stage: math.ceil(len(optimizer_prompt(name)) / 4) for stage, name in _OPTIMIZER_TEMPLATE.items()}
+    template = {
+        stage: math.ceil(len(optimizer_prompt(name)) / 4) for stage, name in _OPTIMIZER_TEMPLATE.items()
+    }
     g = config.gradient
     limit = train_size if train_size else config.train.batch_size
     minibatch = min(g.minibatch_size, config.train.batch_size, limit)  # trajectories one analyst reads
@@ -316,12 +329,21 @@ def estimate_run(
             continue
         prompt, completion = per_call[stage]
         expected = round(calls.expected)
-        stages.append(StageEstimate(
-            stage=stage, role=ROLE_OF_STAGE[stage], calls_low=round(calls.low), calls=expected,
-            calls_high=round(calls.high), prompt_tokens_per_call=prompt, completion_tokens_per_call=completion,
-            tokens=expected * (prompt + completion), usd_low=usd(stage, round(calls.low)), usd=usd(stage, expected),
-            usd_high=usd(stage, round(calls.high)),
-        ))
+        stages.append(
+            StageEstimate(
+                stage=stage,
+                role=ROLE_OF_STAGE[stage],
+                calls_low=round(calls.low),
+                calls=expected,
+                calls_high=round(calls.high),
+                prompt_tokens_per_call=prompt,
+                completion_tokens_per_call=completion,
+                tokens=expected * (prompt + completion),
+                usd_low=usd(stage, round(calls.low)),
+                usd=usd(stage, expected),
+                usd_high=usd(stage, round(calls.high)),
+            )
+        )
 
     per_step = Totals()
     for stage, calls in step_calls.items():
@@ -349,9 +371,12 @@ def estimate_run(
     )
     budget = config.budget
     if budget.max_usd is not None or budget.max_tokens is not None or budget.max_calls is not None:
-        whole = Totals(calls=estimate.calls, prompt_tokens=sum(s.calls * s.prompt_tokens_per_call for s in stages),
-                       completion_tokens=sum(s.calls * s.completion_tokens_per_call for s in stages),
-                       usd=estimate.usd or 0.0)
+        whole = Totals(
+            calls=estimate.calls,
+            prompt_tokens=sum(s.calls * s.prompt_tokens_per_call for s in stages),
+            completion_tokens=sum(s.calls * s.completion_tokens_per_call for s in stages),
+            usd=estimate.usd or 0.0,
+        )
         estimate.budget = check_budget(budget, whole, None, "the end of the run")
     return estimate
 
@@ -372,20 +397,43 @@ def format_estimate(estimate: RunEstimate) -> list[str]:
                    "USD low / expected / high"),
     ]
     for s in estimate.stages:
-        lines.append(row.format(s.stage, s.role, s.calls, s.calls_low, s.calls_high, s.prompt_tokens_per_call,
-                                s.completion_tokens_per_call, f"{s.tokens:,}", _usd_range(s.usd_low, s.usd, s.usd_high)))
-    lines.append(row.format("total", "", estimate.calls, estimate.calls_low, estimate.calls_high, "", "",
-                            f"{estimate.tokens:,}", _usd_range(estimate.usd_low, estimate.usd, estimate.usd_high)))
+        lines.append(
+            row.format(
+                s.stage,
+                s.role,
+                s.calls,
+                s.calls_low,
+                s.calls_high,
+                s.prompt_tokens_per_call,
+                s.completion_tokens_per_call,
+                f"{s.tokens:,}",
+                _usd_range(s.usd_low, s.usd, s.usd_high),
+            )
+        )
+    lines.append(
+        row.format(
+            "total",
+            "",
+            estimate.calls,
+            estimate.calls_low,
+            estimate.calls_high,
+            "",
+            "",
+            f"{estimate.tokens:,}",
+            _usd_range(estimate.usd_low, estimate.usd, estimate.usd_high),
+        )
+    )
     if estimate.unpriced_roles:
-        lines.append(f"no price known for the model of: {', '.join(estimate.unpriced_roles)}; its cost is unknown "
-                     "(add it to a pricing file, model.pricing_file)")
+        lines.append(f"no price known for the model of: {', '.join(estimate.unpriced_roles)}; its cost is "
+                     "unknown (add it to a pricing file, model.pricing_file)")
     verdict = estimate.budget
     if verdict is not None:
         lines.append("budget: the expected run fits within the caps" if not verdict.stop else
                      f"budget: the expected run passes budget.{verdict.cap}; training would stop cleanly "
                      "between steps before the end")
-    lines.append(f"expected = branches that depend on model answers (gate, ranking, final merge) on "
-                 f"{EXPECTED_SHARE:.0%} of steps; low = none of them and every pair cached; high = all, nothing cached")
+    lines.append("expected = branches that depend on model answers (gate, ranking, final merge) on "
+                 f"{EXPECTED_SHARE:.0%} of steps; low = none of them and every pair cached; high = all, "
+                 "nothing cached")
     return lines
 
 
@@ -409,8 +457,13 @@ def dry_run(loaded: LoadedConfig, *, cli: Any = None, env: Mapping[str, str]) ->
     from skillopt.llm.base import BackendRegistry
 
     config = loaded.config
-    benchmark, bench_cfg, roles = resolve_benchmark(loaded, cli=cli, env=env, registry=BackendRegistry.default(),
-                                                    command="skillopt train BENCHMARK --dry-run")
+    benchmark, bench_cfg, roles = resolve_benchmark(
+        loaded,
+        cli=cli,
+        env=env,
+        registry=BackendRegistry.default(),
+        command="skillopt train BENCHMARK --dry-run",
+    )
     with tempfile.TemporaryDirectory(prefix="skillopt-dry-run-") as scratch:
         items = {split: benchmark.load_split(bench_cfg, split, run_dir=Path(scratch))
                  for split in ("train", "val", "test")}

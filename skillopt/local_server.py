@@ -33,7 +33,8 @@ HOST = "127.0.0.1"
 DEFAULT_PORT = 4200
 RECORD = "skillopt-server.json"
 LOG = "skillopt-server.log"
-#: A new database takes ~19 s to become healthy on two cores (an existing one ~9 s); leave room for a busy machine.
+#: A new database takes ~19 s to become healthy on two cores (an existing one ~9 s); leave room for a busy
+# machine.
 START_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 20.0
 
@@ -101,7 +102,8 @@ def start(home: Path, env: Mapping[str, str], *, port: int | None = None,
             if _wait_healthy(found, None, timeout_s):
                 return found, False
             raise SkillOptError(f"the Prefect server of {home / RECORD} (pid {found.pid}) is alive but does "
-                                f"not answer at {found.api_url}; see {found.log_path}, or `skillopt server stop`")
+                                f"not answer at {found.api_url}; see {found.log_path}, or `skillopt server "
+                                "stop`")
         port = port or (DEFAULT_PORT if _port_free(DEFAULT_PORT) else _free_port())
         if not _port_free(port):
             raise SkillOptError(f"port {port} on {HOST} is in use: choose another with --port")
@@ -152,7 +154,8 @@ def _wait_healthy(server: LocalServer, process: subprocess.Popen | None, timeout
 
 
 def _stop_group(pid: int, timeout_s: float = STOP_TIMEOUT_S) -> None:
-    """SIGTERM to the server's process group (the server and its uvicorn workers), SIGKILL after ``timeout_s``."""
+    """SIGTERM to the server's process group (the server and its uvicorn workers), SIGKILL after
+    ``timeout_s``."""
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout_s
@@ -183,7 +186,8 @@ def _zombie(pid: int) -> bool:
 
 
 def _is_prefect_server(pid: int) -> bool:
-    """The pid is alive and (where ``/proc`` tells) still runs ``prefect server start``: a recycled pid is not ours."""
+    """The pid is alive and (where ``/proc`` tells) still runs ``prefect server start``: a recycled pid is not
+    ours."""
     if not _alive(pid):
         return False
     try:

@@ -109,8 +109,10 @@ def merge_request(
     """
     template = optimizer_prompt("merge_final" if kind == "final" else "merge")
     return ChatRequest(
-        messages=[system(template + "\n"),
-                  user(format_merge_message(skill=skill, patches=patches, level=level, meta_skill=meta_skill))],
+        messages=[
+            system(template + "\n"),
+            user(format_merge_message(skill=skill, patches=patches, level=level, meta_skill=meta_skill)),
+        ],
         stage="merge",
         tags={"kind": kind, "level": level, "n_patches": len(patches)},
     )

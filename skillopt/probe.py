@@ -38,8 +38,8 @@ from skillopt.skill import strip_markers
 def pick_probe_items(rows: Sequence[ItemResult], *, failures: int, successes: int) -> list[ItemResult]:
     """Up to ``failures`` failed rows, then up to ``successes`` solved rows, to probe.
 
-    Error rows are never picked. Within each group, rows are taken in id order, one per task type first (task types in the
-    order of their first id), then the rest; a repeated id is probed once. Deterministic: the
+    Error rows are never picked. Within each group, rows are taken in id order, one per task type first (task
+    types in the order of their first id), then the rest; a repeated id is probed once. Deterministic: the
     result depends on the rows, not their order. Raises ``ValueError`` for a negative count.
     """
     if failures < 0 or successes < 0:
@@ -77,9 +77,15 @@ def probe_request(
     instructions = optimizer_prompt("deep_probe") + "\n"
     if benchmark_guidance.strip():
         instructions += f"\n## Benchmark guidance\n{benchmark_guidance.strip()}\n"
-    message = format_analyst_message(skill=skill, budget=None, rows=rows, step_buffer=step_buffer,
-                                     meta_skill=meta_skill, message_chars=room_left(prompt_chars, instructions),
-                                     trajectory_chars=trajectory_chars)
+    message = format_analyst_message(
+        skill=skill,
+        budget=None,
+        rows=rows,
+        step_buffer=step_buffer,
+        meta_skill=meta_skill,
+        message_chars=room_left(prompt_chars, instructions),
+        trajectory_chars=trajectory_chars,
+    )
     return ChatRequest(
         messages=[system(instructions), user(message)],
         stage="deep_probe",

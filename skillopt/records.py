@@ -136,7 +136,8 @@ class StepRecord(BaseModel):
     #: Rewrite modes: the rewrite call's change summary, and whether protected blocks had to be restored.
     change_summary: list[str] = Field(default_factory=list)
     protected_restored: bool = False
-    #: Autonomous budget: the optimizer's decision (learning_rate, reasoning, confidence, risk notes, fallback).
+    #: Autonomous budget: the optimizer's decision (learning_rate, reasoning, confidence, risk notes,
+    # fallback).
     budget_decision: dict[str, Any] | None = None
     #: Deep probe: the diagnostic instruction and the items it re-ran.
     probe: dict[str, Any] | None = None

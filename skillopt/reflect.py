@@ -193,10 +193,18 @@ def analyst_request(
     """
     if budget < 0:
         raise ValueError(f"edit budget must be >= 0, got {budget}")
-    instructions = analyst_system_prompt(kind=kind, benchmark_guidance=benchmark_guidance, use_appendix=use_appendix)
-    message = format_analyst_message(skill=skill, budget=budget, rows=rows, step_buffer=step_buffer,
-                                     meta_skill=meta_skill, message_chars=room_left(prompt_chars, instructions),
-                                     trajectory_chars=trajectory_chars)
+    instructions = analyst_system_prompt(
+        kind=kind, benchmark_guidance=benchmark_guidance, use_appendix=use_appendix
+    )
+    message = format_analyst_message(
+        skill=skill,
+        budget=budget,
+        rows=rows,
+        step_buffer=step_buffer,
+        meta_skill=meta_skill,
+        message_chars=room_left(prompt_chars, instructions),
+        trajectory_chars=trajectory_chars,
+    )
     return ChatRequest(
         messages=[system(instructions), user(message)],
         stage="analyst",

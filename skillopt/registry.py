@@ -96,23 +96,37 @@ class PromotionVerdict(BaseModel):
     reason: str
 
 
-def promotion_verdict(*, candidate_score: float, incumbent_score: float, candidate_sha: str, incumbent_sha: str,
-                      incumbent_version: int | None, metric: str) -> PromotionVerdict:
+def promotion_verdict(
+    *,
+    candidate_score: float,
+    incumbent_score: float,
+    candidate_sha: str,
+    incumbent_sha: str,
+    incumbent_version: int | None,
+    metric: str,
+) -> PromotionVerdict:
     """Promote only a different skill that scores strictly higher than the incumbent on the selection split.
 
     The incumbent is the promoted skill (``incumbent_version``) or, before anything was promoted, the
     initial skill the run started from: the first nightly run promotes only if training beat it.
     """
-    incumbent = f"promoted version {incumbent_version}" if incumbent_version else "initial skill (nothing promoted yet)"
+    incumbent = (
+        f"promoted version {incumbent_version}"
+        if incumbent_version
+        else "initial skill (nothing promoted yet)"
+    )
     figures = f"{metric} {candidate_score:.4f} vs {incumbent_score:.4f}"
     if candidate_sha == incumbent_sha:
         return PromotionVerdict(promote=False, reason=f"training found no better skill than the {incumbent} "
                                                       f"({metric} {incumbent_score:.4f})")
     if candidate_score > incumbent_score:
-        return PromotionVerdict(promote=True, reason=f"the best skill beats the {incumbent} on the selection split "
-                                                     f"({figures})")
-    return PromotionVerdict(promote=False, reason=f"the best skill does not beat the {incumbent} on the selection "
-                                                  f"split ({figures})")
+        return PromotionVerdict(
+            promote=True, reason=f"the best skill beats the {incumbent} on the selection split ({figures})"
+        )
+    return PromotionVerdict(
+        promote=False,
+        reason=f"the best skill does not beat the {incumbent} on the selection split ({figures})",
+    )
 
 
 class SkillRegistry:
@@ -136,7 +150,9 @@ class SkillRegistry:
 
     def history(self, benchmark: str) -> list[RegistryEvent]:
         """Every recorded decision, oldest first."""
-        return read_jsonl_models(self.folder(benchmark) / HISTORY_FILE, RegistryEvent, RegistryError, "registry event")
+        return read_jsonl_models(
+            self.folder(benchmark) / HISTORY_FILE, RegistryEvent, RegistryError, "registry event"
+        )
 
     def current_version(self, benchmark: str) -> int | None:
         events = self.history(benchmark)
@@ -175,10 +191,21 @@ class SkillRegistry:
             previous = self.current_version(benchmark)
             version = max(self.versions(benchmark), default=0) + 1
             atomic_write_bytes(self._version_path(benchmark, version), text.encode("utf-8"))
-            event = RegistryEvent(benchmark=benchmark, action="promote", version=version, previous=previous,
-                                  reason=reason, source=source, skill_sha=skill_hash(text),
-                                  candidate_sha=skill_hash(text), metric=metric, incumbent_score=incumbent_score,
-                                  candidate_score=candidate_score, run_name=run_name, run_dir=run_dir)
+            event = RegistryEvent(
+                benchmark=benchmark,
+                action="promote",
+                version=version,
+                previous=previous,
+                reason=reason,
+                source=source,
+                skill_sha=skill_hash(text),
+                candidate_sha=skill_hash(text),
+                metric=metric,
+                incumbent_score=incumbent_score,
+                candidate_score=candidate_score,
+                run_name=run_name,
+                run_dir=run_dir,
+            )
             self._append(benchmark, event)
             self._write_current(benchmark, version)
         return event
@@ -191,10 +218,21 @@ class SkillRegistry:
         with self._locked(benchmark):
             version = self.current_version(benchmark)
             sha = skill_hash(self.version_text(benchmark, version)) if version else None
-            event = RegistryEvent(benchmark=benchmark, action="keep", version=version, previous=version,
-                                  reason=reason, source=source, skill_sha=sha, candidate_sha=candidate_sha,
-                                  metric=metric, incumbent_score=incumbent_score, candidate_score=candidate_score,
-                                  run_name=run_name, run_dir=run_dir)
+            event = RegistryEvent(
+                benchmark=benchmark,
+                action="keep",
+                version=version,
+                previous=version,
+                reason=reason,
+                source=source,
+                skill_sha=sha,
+                candidate_sha=candidate_sha,
+                metric=metric,
+                incumbent_score=incumbent_score,
+                candidate_score=candidate_score,
+                run_name=run_name,
+                run_dir=run_dir,
+            )
             self._append(benchmark, event)
         return event
 
@@ -225,9 +263,15 @@ class SkillRegistry:
                 raise RegistryError(f"{benchmark}: version {current} is the first promoted skill; "
                                     "there is no earlier version to roll back to")
             target = origin.previous
-            event = RegistryEvent(benchmark=benchmark, action="rollback", version=target, previous=current,
-                                  reason=f"rolled back from version {current} to version {target}", source=source,
-                                  skill_sha=skill_hash(self.version_text(benchmark, target)))
+            event = RegistryEvent(
+                benchmark=benchmark,
+                action="rollback",
+                version=target,
+                previous=current,
+                reason=f"rolled back from version {current} to version {target}",
+                source=source,
+                skill_sha=skill_hash(self.version_text(benchmark, target)),
+            )
             self._append(benchmark, event)
             self._write_current(benchmark, target)
         return event
@@ -264,10 +308,10 @@ def promotion_markdown(event: RegistryEvent, *, redactor: Redactor | None = None
 
     current = f"version {event.version} (sha {(event.skill_sha or '')[:12]})" if event.version else "none"
     text = (
-        f"**{event.benchmark}: {verb}**\n\n{event.reason}\n\n"
-        f"| skill | {event.metric or 'score'} on the selection split |\n|---|---|\n"
-        f"| incumbent (version {event.previous or '–'}) | {score(event.incumbent_score)} |\n"
-        f"| this run's best (sha {(event.candidate_sha or '')[:12] or '–'}) | {score(event.candidate_score)} |\n\n"
-        f"Current promoted skill: {current}. Source: {event.source}.\n"
+        f"**{event.benchmark}: {verb}**\n\n{event.reason}\n\n| skill | {event.metric or 'score'} on the "
+        f"selection split |\n|---|---|\n| incumbent (version {event.previous or '–'}) | "
+        f"{score(event.incumbent_score)} |\n| this run's best (sha "
+        f"{(event.candidate_sha or '')[:12] or '–'}) | {score(event.candidate_score)} |\n\nCurrent promoted "
+        f"skill: {current}. Source: {event.source}.\n"
     )
     return (redactor or Redactor.from_environment())(text)

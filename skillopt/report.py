@@ -74,7 +74,8 @@ def load_run(path: Path | str) -> RunData:
     if not folder.is_dir():
         raise ReportError(f"{folder}: no such run directory")
     if not any((folder / name).exists() for name in (HISTORY_FILE, SUMMARY_FILE, "skills")):
-        raise ReportError(f"{folder} is not a run directory: it has no {HISTORY_FILE}, {SUMMARY_FILE} or skills/")
+        raise ReportError(f"{folder} is not a run directory: it has no {HISTORY_FILE}, {SUMMARY_FILE} or "
+                          "skills/")
     run = RunDir(folder)
     try:
         history = run.read_history()
@@ -94,7 +95,9 @@ def load_run(path: Path | str) -> RunData:
                 skills[int(match.group(1))] = snapshot.read_text(encoding="utf-8", errors="replace")
     usage = []
     if run.usage_path.is_file():
-        for number, line in enumerate(run.usage_path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+        for number, line in enumerate(
+            run.usage_path.read_text(encoding="utf-8", errors="replace").splitlines(), 1
+        ):
             if not line.strip():
                 continue
             try:
@@ -169,12 +172,14 @@ def line_chart(chart_id: str, title: str, series: Sequence[Series], *, x_label: 
 
     svg = [f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {height}" width="{width}" '
            f'height="{height}" role="img" aria-label="{_esc(title)}">']
-    svg.append(f'<line class="axis" x1="{left}" y1="{top + plot_h}" x2="{left + plot_w}" y2="{top + plot_h}"/>')
+    svg.append(f'<line class="axis" x1="{left}" y1="{top + plot_h}" x2="{left + plot_w}" '
+               f'y2="{top + plot_h}"/>')
     svg.append(f'<line class="axis" x1="{left}" y1="{top}" x2="{left}" y2="{top + plot_h}"/>')
     for tick in _ticks(y0, y1):
         y = py(tick)
-        svg.append(f'<line class="grid" x1="{left}" y1="{y:.1f}" x2="{left + plot_w}" y2="{y:.1f}"/>'
-                   f'<text class="tick" x="{left - 6}" y="{y + 4:.1f}" text-anchor="end">{_esc(_number(tick))}</text>')
+        svg.append(f'<line class="grid" x1="{left}" y1="{y:.1f}" x2="{left + plot_w}" y2="{y:.1f}"/><text '
+                   f'class="tick" x="{left - 6}" y="{y + 4:.1f}" '
+                   f'text-anchor="end">{_esc(_number(tick))}</text>')
     for tick in _ticks(x0, x1, 8):
         x = px(tick)
         svg.append(f'<text class="tick" x="{x:.1f}" y="{top + plot_h + 16}" text-anchor="middle">'
@@ -197,8 +202,9 @@ def line_chart(chart_id: str, title: str, series: Sequence[Series], *, x_label: 
                        f"{y:.4g}{(' — ' + _esc(mark)) if mark else ''}</title></circle>")
         svg.append("</g>")
         ly = top + 14 + 18 * index
-        svg.append(f'<g class="legend" style="color:{color}"><rect x="{left + plot_w + 12}" y="{ly - 9}" width="10" '
-                   f'height="10" fill="currentColor"/><text x="{left + plot_w + 28}" y="{ly}">{_esc(s.name)}</text></g>')
+        svg.append(f'<g class="legend" style="color:{color}"><rect x="{left + plot_w + 12}" y="{ly - 9}" '
+                   f'width="10" height="10" fill="currentColor"/><text x="{left + plot_w + 28}" '
+                   f'y="{ly}">{_esc(s.name)}</text></g>')
     svg.append("</svg>")
     parts += svg
     parts.append("</figure>")
@@ -226,8 +232,11 @@ def score_chart(run: RunData, chart_id: str = "chart-scores") -> str:
     gated = [(r, r.gate) for r in steps if r.gate is not None]
     candidate = Series("candidate (gate)", [(r.step, gate.candidate_gate) for r, gate in gated],
                        ["gate " + _decision_mark(r.decision) for r, _ in gated], line=False)
-    rollout = Series("rollout (train batch)", [(r.step, r.rollout_hard) for r in steps if r.rollout_hard is not None])
-    return line_chart(chart_id, "Score per step (gate marks: green accepted, red rejected; grey: step skipped)",
+    rollout = Series(
+        "rollout (train batch)", [(r.step, r.rollout_hard) for r in steps if r.rollout_hard is not None]
+    )
+    return line_chart(chart_id, "Score per step (gate marks: green accepted, red rejected; grey: step "
+                                "skipped)",
                       [selection, candidate, rollout], x_label="step", y_label="score", y_range=(0.0, 1.0))
 
 
@@ -240,9 +249,13 @@ def budget_chart(run: RunData) -> str:
 
 
 def skill_length_chart(run: RunData) -> str:
-    return line_chart("chart-skill-length", "Skill length after each step",
-                      [Series("characters", [(step, len(text)) for step, text in sorted(run.skills.items())])],
-                      x_label="step", y_label="characters")
+    return line_chart(
+        "chart-skill-length",
+        "Skill length after each step",
+        [Series("characters", [(step, len(text)) for step, text in sorted(run.skills.items())])],
+        x_label="step",
+        y_label="characters",
+    )
 
 
 def cost_chart(run: RunData) -> str:
@@ -276,11 +289,15 @@ def diff_viewer(run: RunData) -> str:
     snapshots = sorted(run.skills.items())
     decisions = {r.step: r.decision for r in run.steps}
     panels, options = [], []
-    changed = [step for (step, text), (_, before) in zip(snapshots[1:], snapshots, strict=False) if text != before]
+    changed = [
+        step for (step, text), (_, before) in zip(snapshots[1:], snapshots, strict=False) if text != before
+    ]
     shown = changed[-1] if changed else (snapshots[-1][0] if snapshots else None)
     for (step, text), previous in zip(snapshots, [None, *snapshots], strict=False):
         before = previous[1] if previous else ""
-        label = f"step {step}" + (f" ({decisions[step]})" if step in decisions else " (initial skill)" if step == 0 else "")
+        label = f"step {step}" + (
+            f" ({decisions[step]})" if step in decisions else " (initial skill)" if step == 0 else ""
+        )
         diff = unified_diff(before, text, old_name=f"step {previous[0]}" if previous else "(empty)",
                             new_name=f"step {step}")
         lines = []
@@ -291,9 +308,9 @@ def diff_viewer(run: RunData) -> str:
             lines.append(f'<span class="line {kind}">{_esc(line)}</span>')
         body = "".join(lines) if lines else '<span class="line ctx">(no change)</span>'
         hidden = "" if step == shown else " hidden"
-        panels.append(f'<section class="diff-panel" data-step="{step}"{hidden}><h3>{_esc(label)}</h3>'
-                      f'<pre class="diff">{body}</pre><details><summary>full skill after step {step}</summary>'
-                      f'<pre class="skill">{_esc(text)}</pre></details></section>')
+        panels.append(f'<section class="diff-panel" data-step="{step}"{hidden}><h3>{_esc(label)}</h3><pre '
+                      f'class="diff">{body}</pre><details><summary>full skill after step '
+                      f'{step}</summary><pre class="skill">{_esc(text)}</pre></details></section>')
         options.append(f'<option value="{step}"{" selected" if step == shown else ""}>{_esc(label)}</option>')
     if not panels:
         return '<p class="empty">no skill snapshots (skills/step_NNNN.md) yet</p>'
@@ -326,8 +343,8 @@ def summary_section(run: RunData) -> str:
     usage = (summary.get("usage") or {}).get("total") or {}
     facts = [
         ("benchmark", summary.get("benchmark", "")),
-        ("steps", f"{total.get('n', 0)}: {total.get('accepts', 0)} accepted, {total.get('rejects', 0)} rejected, "
-                  f"{total.get('skips', 0)} skipped"),
+        ("steps", f"{total.get('n', 0)}: {total.get('accepts', 0)} accepted, {total.get('rejects', 0)} "
+                  f"rejected, {total.get('skips', 0)} skipped"),
         ("model calls", usage.get("calls", 0)),
         ("tokens", f"{usage.get('tokens', 0):,}" if isinstance(usage.get("tokens"), int) else ""),
         ("cost", "n/a" if usage.get("usd") is None else f"${usage.get('usd', 0):.4f}"),
@@ -341,8 +358,8 @@ def summary_section(run: RunData) -> str:
     errors = (summary.get("counts") or {}).get("errors") or {}
     facts.insert(2, ("optimizer replies", f"{replies.get('parsed', 0)} parsed, {replies.get('fallback', 0)} "
                                           "unusable (stage fallback)"))
-    facts.insert(3, ("error rows", f"{errors.get('rollout', 0)} training rollouts, {errors.get('gate', 0)} gate "
-                                   "items (left out of reflection and gates)"))
+    facts.insert(3, ("error rows", f"{errors.get('rollout', 0)} training rollouts, {errors.get('gate', 0)} "
+                                   "gate items (left out of reflection and gates)"))
     dl = "".join(f"<dt>{_esc(k)}</dt><dd>{_esc(v)}</dd>" for k, v in facts)
     warnings = "".join(f"<p class='warning'><strong>Warning:</strong> {_esc(w)}</p>"
                        for w in summary.get("warnings") or [])
@@ -366,8 +383,12 @@ def steps_table(run: RunData) -> str:
                     f"</td><td>{record.replies_fallback}{flag}</td></tr>")
     if not rows:
         return ""
-    return ("<table class='steps'><tr><th>step</th><th>decision</th><th>failed</th><th>error rows</th>"
-            "<th>gate errors</th><th>replies parsed</th><th>replies unusable</th></tr>" + "".join(rows) + "</table>")
+    return (
+        "<table class='steps'><tr><th>step</th><th>decision</th><th>failed</th><th>error rows</th>"
+        "<th>gate errors</th><th>replies parsed</th><th>replies unusable</th></tr>"
+        + "".join(rows)
+        + "</table>"
+    )
 
 
 def _fmt(value: Any, places: int = 3) -> str:
@@ -375,16 +396,20 @@ def _fmt(value: Any, places: int = 3) -> str:
 
 
 _STYLE = """
-body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",sans-serif;margin:24px auto;max-width:1000px;color:#222;padding:0 16px}
+body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",sans-serif;margin:24px auto;max-width:1000px}
+body{color:#222;padding:0 16px}
 h1{font-size:22px}h2{font-size:17px;margin-top:28px;border-bottom:1px solid #ddd}
 .charts{display:flex;flex-wrap:wrap;gap:12px}figure.chart{margin:0;border:1px solid #eee;padding:6px}
-figcaption{font-weight:600;font-size:13px}svg text{font-size:11px;fill:#444}.axis{stroke:#888}.grid{stroke:#eee}
+figcaption{font-weight:600;font-size:13px}svg text{font-size:11px;fill:#444}.axis{stroke:#888}
+.grid{stroke:#eee}
 circle.point{fill:currentColor;stroke:#fff;stroke-width:1}circle.gate{r:6;stroke:#222;stroke-width:1.5}
 circle.accepted{fill:#2ca02c}circle.rejected{fill:#d62728}circle.skipped{fill:#bbb}.legend text{fill:#333}
 table{border-collapse:collapse;margin:8px 0}td,th{border:1px solid #ddd;padding:3px 8px;text-align:left}
-dl{display:grid;grid-template-columns:max-content auto;gap:2px 12px}dt{font-weight:600}dd{margin:0;word-break:break-all}
+dl{display:grid;grid-template-columns:max-content auto;gap:2px 12px}dt{font-weight:600}
+dd{margin:0;word-break:break-all}
 pre{background:#f7f7f7;padding:8px;overflow:auto;white-space:pre-wrap}.diff .line{display:block}
-.diff .add{background:#e6ffed;color:#22863a}.diff .del{background:#ffeef0;color:#b31d28}.diff .hunk{color:#6f42c1}
+.diff .add{background:#e6ffed;color:#22863a}.diff .del{background:#ffeef0;color:#b31d28}
+.diff .hunk{color:#6f42c1}
 .diff .meta{color:#888}.empty{color:#888;font-style:italic}.warning{background:#fff4e5;padding:6px 8px}
 """
 
@@ -423,9 +448,9 @@ def render_compare(runs: Sequence[RunData]) -> str:
     costs = line_chart("chart-compare-cost", "Cumulative tokens over the run's model calls",
                        [Series(run.name, _thin(_cumulative_tokens(run))) for run in runs],
                        x_label="model call", y_label="tokens")
-    header = ("<tr><th>run</th><th>benchmark</th><th>baseline selection</th><th>best selection</th>"
-              "<th>baseline test</th><th>best test</th><th>steps</th><th>calls</th><th>tokens</th><th>USD</th>"
-              "<th>stopped by</th></tr>")
+    header = ("<tr><th>run</th><th>benchmark</th><th>baseline selection</th><th>best "
+              "selection</th><th>baseline test</th><th>best "
+              "test</th><th>steps</th><th>calls</th><th>tokens</th><th>USD</th><th>stopped by</th></tr>")
     rows = []
     for run in runs:
         s = run.summary or {}

@@ -278,7 +278,9 @@ def patch_from_full_rewrite_reply(
 def format_suggestion_block(patch: Patch, *, index: int) -> str:
     """The patch heading and a fenced ```json block of the patch's reasoning and suggestions."""
     suggestions = [suggestion_json(suggestion) for suggestion in patch.suggestions]
-    body = json.dumps({"reasoning": patch.reasoning, "suggestions": suggestions}, ensure_ascii=False, indent=2)
+    body = json.dumps(
+        {"reasoning": patch.reasoning, "suggestions": suggestions}, ensure_ascii=False, indent=2
+    )
     return f"{patch_heading(patch, index=index)}\n```json\n{body}\n```"
 
 
@@ -315,8 +317,13 @@ def _merge_request(
     mode: RewriteMode, *, kind: MergeKind, skill: str, patches: Sequence[Patch], level: int, meta_skill: str
 ) -> ChatRequest:
     suggestions = mode == "rewrite_from_suggestions"
-    message = format_merge_message(skill=skill, patches=patches, level=level, meta_skill=meta_skill,
-                                   format_block=format_suggestion_block if suggestions else format_skill_block)
+    message = format_merge_message(
+        skill=skill,
+        patches=patches,
+        level=level,
+        meta_skill=meta_skill,
+        format_block=format_suggestion_block if suggestions else format_skill_block,
+    )
     template = optimizer_prompt("merge_suggestions" if suggestions else "merge_skills")
     return ChatRequest(
         messages=[system(template + "\n"), user(message)],

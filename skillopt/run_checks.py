@@ -48,7 +48,9 @@ def check_run(loaded: LoadedConfig, *, cli: CliRoleOptions | None, env: Mapping[
     config = loaded.config
     chosen = resolve_split(split) if split is not None else None
     registry = BackendRegistry.default()
-    benchmark, bench_cfg, roles = resolve_benchmark(loaded, cli=cli, env=env, registry=registry, command=command)
+    benchmark, bench_cfg, roles = resolve_benchmark(
+        loaded, cli=cli, env=env, registry=registry, command=command
+    )
     name = config.benchmark.name
     wanted = list(roles_used)
     if benchmark.needs_judge(bench_cfg):
@@ -85,7 +87,8 @@ def check_scripted_target(benchmark_id: str, bench_cfg: Any, target: Any) -> Non
 
 def _check_credentials(loaded: LoadedConfig, roles: Any, registry: BackendRegistry, env: Mapping[str, str],
                        wanted: Collection[str]) -> None:
-    """Per role: the credential, the backend's extras, a model file, the endpoint (``check_role`` without a call)."""
+    """Per role: the credential, the backend's extras, a model file, the endpoint (``check_role`` without a
+    call)."""
     from skillopt.llm.preflight import check_role
 
     clients = ModelClients.build(roles, loaded=loaded, registry=registry, secrets=EnvSecrets(env),

@@ -114,14 +114,16 @@ def config_hash(config: SkillOptConfig) -> str:
 
 
 def default_run_name(benchmark: str, config_hash: str, now: datetime) -> str:
-    """``<bench>-<yyyymmdd-hhmmss>-<first 6 of the config hash>``, e.g. ``searchqa-20261130-041210-3fa9c1``."""
+    """``<bench>-<yyyymmdd-hhmmss>-<first 6 of the config hash>``, e.g.
+    ``searchqa-20261130-041210-3fa9c1``."""
     return f"{benchmark}-{now:%Y%m%d-%H%M%S}-{config_hash[:6]}"
 
 
 def run_directory_name(benchmark: str, config: SkillOptConfig, *, prefix: str | None = None,
                        now: datetime | None = None) -> str:
     """The name of a run's directory, which is also its Prefect flow run's name: ``run.run_name`` when set,
-    else ``default_run_name`` of ``<bench>`` (``<bench>-<prefix>`` for an evaluation) at ``now`` (local time)."""
+    else ``default_run_name`` of ``<bench>`` (``<bench>-<prefix>`` for an evaluation) at ``now`` (local
+    time)."""
     if config.run.run_name:
         return config.run.run_name
     owner = f"{benchmark}-{prefix}" if prefix else benchmark
@@ -172,7 +174,8 @@ def build_summary(
     ``scores`` is ``{"baseline": {"selection", "test"}, "best": {"selection", "test"}, "final":
     {"selection"}}``, each a ``{"hard", "soft"}`` pair of finite numbers. Test scores are required
     when ``evaluation.eval_test`` is on (except for a run stopped early, ``stopped_by`` set, which
-    skips the test evaluation) and refused when it is off (then the ``test`` keys are absent). Score arguments may be ``gate.Scores``, ``SplitScores`` or ``{"hard", "soft"}`` mappings.
+    skips the test evaluation) and refused when it is off (then the ``test`` keys are absent). Score arguments
+    may be ``gate.Scores``, ``SplitScores`` or ``{"hard", "soft"}`` mappings.
 
     ``counts`` tallies ``history`` (the last record per (kind, step) wins):
     ``{"total": tally, "per_epoch": {"<epoch>": tally}, "slow_updates": tally}`` where a tally is
@@ -243,8 +246,8 @@ def summary_warnings(history: Sequence[StepRecord]) -> list[str]:
     warnings = [w for w in [unusable_replies_warning(replies["parsed"], replies["fallback"])] if w]
     if errors["rollout"] or errors["gate"]:
         warnings.append(f"{errors['rollout']} training rollouts and {errors['gate']} gate items were error "
-                        "rows (model calls that failed after their retries); they were left out of reflection "
-                        "and gates")
+                        "rows (model calls that failed after their retries); they were left out of "
+                        "reflection and gates")
     return warnings
 
 
@@ -262,19 +265,23 @@ def summary_dict(summary: RunSummary) -> dict[str, Any]:
 
 
 def summary_line(summary: Mapping[str, Any]) -> str:
-    """``summary.json``'s object in one line for a run's log, e.g. ``finished demo-…: best selection hard 1.000
-    soft 1.000, test hard 0.900 soft 0.920 (baseline: selection hard 0.667 …); 6 steps: 2 accepted, 3 rejected,
-    1 skipped; 120 model calls``."""
+    """``summary.json``'s object in one line for a run's log, e.g. ``finished demo-…: best selection hard
+    1.000 soft 1.000, test hard 0.900 soft 0.920 (baseline: selection hard 0.667 …); 6 steps: 2 accepted, 3
+    rejected, 1 skipped; 120 model calls``."""
     def phase(name: str) -> str:
         splits = summary["scores"].get(name, {})
-        return ", ".join(f"{'selection' if split == 'val' else split} hard {v['hard']:.3f} soft {v['soft']:.3f}"
-                         for split, v in (("val", splits.get("selection")), ("test", splits.get("test"))) if v)
+        return ", ".join(
+            f"{'selection' if split == 'val' else split} hard {v['hard']:.3f} soft {v['soft']:.3f}"
+            for split, v in (("val", splits.get("selection")), ("test", splits.get("test")))
+            if v
+        )
 
     total = summary.get("counts", {}).get("total", {})
     stopped = f" (stopped by {summary['stopped_by']})" if summary.get("stopped_by") else ""
     return (f"finished {summary['run_name']}{stopped}: best {phase('best')} (baseline: {phase('baseline')}); "
-            f"{total.get('n', 0)} steps: {total.get('accepts', 0)} accepted, {total.get('rejects', 0)} rejected, "
-            f"{total.get('skips', 0)} skipped; {summary.get('usage', {}).get('total', {}).get('calls', 0)} model calls")
+            f"{total.get('n', 0)} steps: {total.get('accepts', 0)} accepted, {total.get('rejects', 0)} "
+            f"rejected, {total.get('skips', 0)} skipped; "
+            f"{summary.get('usage', {}).get('total', {}).get('calls', 0)} model calls")
 
 
 def decision_counts(history: Sequence[StepRecord]) -> dict[str, Any]:
@@ -474,8 +481,8 @@ class RunDir:
         run = cls(Path(runs_dir) / name)
         if not run.config_path.is_file():
             raise StorageError(
-                f"run directory {run.path} has no {CONFIG_FILE} here: a worker joins a run its flow has opened, "
-                "so the run's folders must be on storage every worker reaches, at the same path"
+                f"run directory {run.path} has no {CONFIG_FILE} here: a worker joins a run its flow has "
+                "opened, so the run's folders must be on storage every worker reaches, at the same path"
             )
         return run
 

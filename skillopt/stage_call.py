@@ -39,8 +39,9 @@ RUN_LEVEL_ERRORS: tuple[type[BackendError], ...] = (AuthError, PermissionDenied,
 def structured_or_fallback(client: Any, request: ChatRequest | RequestBuilder, schema: type[M], *,
                            fallback: Callable[[str], F]) -> M | F:
     """``client.structured(request, schema)``'s validated reply (``request`` may be a builder that sizes the
-    request to the optimizer's context window, see ``RoleClient.structured``), or ``fallback(reason)`` when this call
-    failed in a way only this call is affected by (see the module docstring); other failures raise."""
+    request to the optimizer's context window, see ``RoleClient.structured``), or ``fallback(reason)`` when
+    this call failed in a way only this call is affected by (see the module docstring); other failures
+    raise."""
     try:
         reply, _ = client.structured(request, schema)
     except ParseError as error:

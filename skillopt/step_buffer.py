@@ -67,8 +67,13 @@ def failure_patterns(rows: Sequence[ItemResult], diagnoses: Iterable[Diagnosis])
     ]
     explained = set().union(*grouped.values()) if grouped else set()
     if failed - explained:
-        patterns.append(FailurePattern(kind=UNDIAGNOSED, description="no analyst diagnosis names these failures",
-                                       ids=sorted(failed - explained)))
+        patterns.append(
+            FailurePattern(
+                kind=UNDIAGNOSED,
+                description="no analyst diagnosis names these failures",
+                ids=sorted(failed - explained),
+            )
+        )
     return patterns
 
 
@@ -129,10 +134,16 @@ class StepBuffer(BaseModel):
                 lines.append(f"- rejected edits ({scores}):")
                 lines.extend(f"  - {format_edit(edit)}" for edit in entry.rejected_edits)
         steps_of_kind = Counter(
-            kind for entry in self.entries for kind in {p.kind for p in entry.failure_patterns} if kind != UNDIAGNOSED
+            kind
+            for entry in self.entries
+            for kind in {p.kind for p in entry.failure_patterns}
+            if kind != UNDIAGNOSED
         )
-        recurring = [f"{kind} ({n} steps)" for kind, n in sorted(steps_of_kind.items(), key=lambda kv: (-kv[1], kv[0]))
-                     if n > 1]
+        recurring = [
+            f"{kind} ({n} steps)"
+            for kind, n in sorted(steps_of_kind.items(), key=lambda kv: (-kv[1], kv[0]))
+            if n > 1
+        ]
         if recurring:
             lines.append("")
             lines.append("Recurring failure kinds: " + ", ".join(recurring))
