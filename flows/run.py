@@ -27,7 +27,8 @@ from typing import Any, Protocol
 from skillopt.interrupt import InterruptGuard
 
 PROGRESS_LOGGER = "skillopt.progress"
-#: How long the exit waits for Prefect's log and event queues to reach the API (instant with a responsive server;
+#: How long the exit waits for Prefect's log and event queues to reach the API (instant with a responsive
+# server;
 #: a saturated one can take seconds, and what is still queued when the process ends is lost).
 FLUSH_TIMEOUT_S = 30.0
 
@@ -138,8 +139,10 @@ def run_flow(kind: str, out: _Printer, guard: InterruptGuard | None = None,
 
 @contextmanager
 def _server_watched(server: Any, guard: InterruptGuard | None) -> Iterator[None]:
-    """While the run lasts, a temporary ``server`` that dies stops it through ``guard`` (and Ctrl-C stops it)."""
-    if server is None or guard is None:  # no import of Prefect's server app (seconds) without a temporary server
+    """While the run lasts, a temporary ``server`` that dies stops it through ``guard`` (and Ctrl-C stops
+    it)."""
+    # no import of Prefect's server app (seconds) without a temporary server
+    if server is None or guard is None:
         yield
         return
     from skillopt.flows.temporary_server import watch_server

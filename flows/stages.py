@@ -278,7 +278,9 @@ def gate_candidate(run: Run, state: TrainState, candidate: str) -> GateResult | 
             if any(row.is_error for row in evaluation.rows):
                 evaluation = evaluate(run, skill, "val")  # one more try before the gate decides
             by_hash[key] = evaluation
-    (proposed, current, best), dropped = paired_answered(*(by_hash[skill_hash(s)].rows for s in skills.values()))
+    (proposed, current, best), dropped = paired_answered(
+        *(by_hash[skill_hash(s)].rows for s in skills.values())
+    )
     reason = too_many_errors(len(dropped), len(by_hash[skill_hash(candidate)].rows), cfg.max_error_share)
     if reason:
         return GateSkipped(reason=reason, error_ids=dropped)
@@ -342,21 +344,40 @@ def step_record(run: Run, state: TrainState, evidence: Evidence, merged: Patch, 
     replies_warning = unusable_replies_warning(parsed, fallback)
     warnings += [replies_warning] if replies_warning else []
     return StepRecord(
-        step=state.step, epoch=epoch, step_in_epoch=step_in_epoch, budget=outcome.budget,
-        decision=outcome.decision, batch_ids=[r.id for r in rows], n_fail=sum(r.failed for r in answered),
-        n_total=len(answered), n_error=len(rows) - len(answered), gate_error_ids=outcome.gate_error_ids,
-        replies_parsed=parsed, replies_fallback=fallback,
-        rollout_hard=_mean(r.hard for r in answered), rollout_soft=_mean(r.soft for r in answered),
-        patches_proposed=len(evidence.patches), patches_parsed=sum(p.fallback is None for p in evidence.patches),
-        edits_proposed=outcome.edits_proposed, edits_selected=picked.count if picked else 0,
-        edits=picked.edits if picked else [], apply_report=update.report if update else None,
+        step=state.step,
+        epoch=epoch,
+        step_in_epoch=step_in_epoch,
+        budget=outcome.budget,
+        decision=outcome.decision,
+        batch_ids=[r.id for r in rows],
+        n_fail=sum(r.failed for r in answered),
+        n_total=len(answered),
+        n_error=len(rows) - len(answered),
+        gate_error_ids=outcome.gate_error_ids,
+        replies_parsed=parsed,
+        replies_fallback=fallback,
+        rollout_hard=_mean(r.hard for r in answered),
+        rollout_soft=_mean(r.soft for r in answered),
+        patches_proposed=len(evidence.patches),
+        patches_parsed=sum(p.fallback is None for p in evidence.patches),
+        edits_proposed=outcome.edits_proposed,
+        edits_selected=picked.count if picked else 0,
+        edits=picked.edits if picked else [],
+        apply_report=update.report if update else None,
         edits_applied=update.report.n_applied if update and update.report else 0,
         change_summary=update.change_summary if update else [],
         protected_restored=update.protected_restored if update else False,
-        budget_decision=outcome.budget_decision, probe=evidence.probe, appendix_notes=appendix_notes,
-        gate=outcome.gate, current_score=state.current_score, best_score=state.best_score,
-        skill_sha=skill_hash(state.current_skill), skill_chars=len(state.current_skill), warnings=warnings,
-        usage=run.clients.ledger.summary(since=mark)["total"], wall_s=wall_s,
+        budget_decision=outcome.budget_decision,
+        probe=evidence.probe,
+        appendix_notes=appendix_notes,
+        gate=outcome.gate,
+        current_score=state.current_score,
+        best_score=state.best_score,
+        skill_sha=skill_hash(state.current_skill),
+        skill_chars=len(state.current_skill),
+        warnings=warnings,
+        usage=run.clients.ledger.summary(since=mark)["total"],
+        wall_s=wall_s,
     )
 
 

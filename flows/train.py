@@ -104,8 +104,8 @@ def skill_train(benchmark: str, data: str | None = None, config_file: str | None
             optimizer.learning_rate=8.
         run_name: Name of the run directory under run.runs_dir; re-use a name to resume. Empty: a fresh name.
         cli_roles: Backend and model for every role without its own setting (backend, model), per role
-            (role_backend, role_model: {"judge": ...}) and reasoning effort per role, e.g. {"backend": "openai",
-            "model": "gpt-4.1-mini"}.
+            (role_backend, role_model: {"judge": ...}) and reasoning effort per role, e.g. {"backend":
+            "openai", "model": "gpt-4.1-mini"}.
         mode: train: start from the configured initial skill. nightly: warm-start from the promoted skill and
             promote the new best only if it beats it on the selection split.
         verbose: Also log Prefect's line for every task run ("Finished in state Completed()").
@@ -115,8 +115,16 @@ def skill_train(benchmark: str, data: str | None = None, config_file: str | None
                      run_name=run_name or flow_run.name, cli_roles=cli_roles, mode=mode)
 
 
-def train(benchmark: str, *, data: str | None, config_file: str | None, overrides: list[str] | None,
-          run_name: str | None, cli_roles: CliRoleOptions | None, mode: Literal["train", "nightly"]) -> dict[str, Any]:
+def train(
+    benchmark: str,
+    *,
+    data: str | None,
+    config_file: str | None,
+    overrides: list[str] | None,
+    run_name: str | None,
+    cli_roles: CliRoleOptions | None,
+    mode: Literal["train", "nightly"],
+) -> dict[str, Any]:
     """The body of ``skill-train``: set up the run, baseline, epochs, final evaluation (and the promotion)."""
     loaded = load_config(benchmark, config_file=config_file, overrides=config_overrides(data, overrides),
                          env=os.environ)
@@ -205,12 +213,24 @@ def skill_epoch(run: Any, state: TrainState, epoch: int) -> TrainState:
         state.history.append(record)
         run.dir.record_step(record)
         run.dir.write_skill_snapshot(state.step, state.current_skill)
-        progress.info("epoch %d step %d/%d (budget %d): %d/%d failed%s, %d edits proposed, %d selected -> %s; "
-                      "current %.3f, best %.3f; optimizer replies %d parsed / %d unusable", epoch, state.step,
-                      state.total_steps, record.budget, record.n_fail, record.n_total,
-                      f" ({record.n_error} error rows)" if record.n_error else "", record.edits_proposed,
-                      record.edits_selected, record.gate.explain() if record.gate else record.decision,
-                      state.current_score, state.best_score, record.replies_parsed, record.replies_fallback)
+        progress.info(
+            "epoch %d step %d/%d (budget %d): %d/%d failed%s, %d edits proposed, %d selected -> "
+            "%s; current %.3f, best %.3f; optimizer replies %d parsed / %d unusable",
+            epoch,
+            state.step,
+            state.total_steps,
+            record.budget,
+            record.n_fail,
+            record.n_total,
+            f" ({record.n_error} error rows)" if record.n_error else "",
+            record.edits_proposed,
+            record.edits_selected,
+            record.gate.explain() if record.gate else record.decision,
+            state.current_score,
+            state.best_score,
+            record.replies_parsed,
+            record.replies_fallback,
+        )
         for warning in record.warnings if record.decision == "skip_errors" else []:
             progress.warning("step %d: %s", state.step, warning)
         replies_warning = unusable_replies_warning(record.replies_parsed, record.replies_fallback)
@@ -427,12 +447,23 @@ def finish(run: Run, state: TrainState, *, wall_s: float) -> dict[str, Any]:
     if with_test and "best" not in tests and skill_hash(state.best_skill) in tested:
         tests["best"] = tested[skill_hash(state.best_skill)]
     best_selection, *best_test = evaluate_many(
-        run, [(state.best_skill, "val", run.selection_ids("val"))]
-        + ([(state.best_skill, "test", run.selection_ids("test"))] if with_test and "best" not in tests else []))
+        run,
+        [(state.best_skill, "val", run.selection_ids("val"))]
+        + (
+            [(state.best_skill, "test", run.selection_ids("test"))]
+            if with_test and "best" not in tests
+            else []
+        ),
+    )
     tests.update(zip(["best"], best_test, strict=False))
     for name, evaluation in tests.items():
-        run.dir.write_evaluation(f"{name}_test", evaluation.rows, split="test", skill_sha=evaluation.skill_sha,
-                                 scores=evaluation.scores)
+        run.dir.write_evaluation(
+            f"{name}_test",
+            evaluation.rows,
+            split="test",
+            skill_sha=evaluation.skill_sha,
+            scores=evaluation.scores,
+        )
     summary = build_summary(
         run_name=run.run_name, benchmark=run.benchmark.id, baseline_selection=state.baseline,
         baseline_test=tests["baseline"].scores if tests else None, best_selection=best_selection.scores,
@@ -442,9 +473,16 @@ def finish(run: Run, state: TrainState, *, wall_s: float) -> dict[str, Any]:
     )
     run.dir.write_summary(summary)
     state.progress_artifact = publish_progress(
-        run, state.step, state.total_steps, state.history[-1].epoch if state.history else 0, cfg.train.epochs,
-        gate_value(run, final_selection.scores), gate_value(run, best_selection.scores), state.progress_artifact,
-        finished=True)
+        run,
+        state.step,
+        state.total_steps,
+        state.history[-1].epoch if state.history else 0,
+        cfg.train.epochs,
+        gate_value(run, final_selection.scores),
+        gate_value(run, best_selection.scores),
+        state.progress_artifact,
+        finished=True,
+    )
     story.info("%s", summary_line(summary_dict(summary)))
     progress.info("wrote %s", run.dir.summary_path)
     publish_cost(run)

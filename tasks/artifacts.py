@@ -70,15 +70,26 @@ def publish_progress(ctx: Run, step: int, total_steps: int, epoch: int, epochs: 
 
 def publish_cost(ctx: Run) -> None:
     """Usage per stage so far (calls, tokens, USD) with a total row."""
-    _publish("cost", create_table_artifact, key=_key(ctx, "cost"), table=cost_table(ctx.clients.ledger.summary()),
-             description=f"model calls, tokens and cost by stage of {ctx.run_name}")
+    _publish(
+        "cost",
+        create_table_artifact,
+        key=_key(ctx, "cost"),
+        table=cost_table(ctx.clients.ledger.summary()),
+        description=f"model calls, tokens and cost by stage of {ctx.run_name}",
+    )
 
 
 def publish_report_link(ctx: Run, report: Any) -> None:
     """A link to the run's HTML report: under ``run.reports_url`` when set, else a file:// URL."""
     url = report_url(report, run_name=ctx.run_name, reports_url=ctx.config.run.reports_url)
-    _publish("report", create_link_artifact, key=_key(ctx, "report"), link=url,
-             link_text=f"HTML report of {ctx.run_name}", description="plots, skill diffs and summary of the run")
+    _publish(
+        "report",
+        create_link_artifact,
+        key=_key(ctx, "report"),
+        link=url,
+        link_text=f"HTML report of {ctx.run_name}",
+        description="plots, skill diffs and summary of the run",
+    )
 
 
 def publish_step(ctx: Run, record: StepRecord, history: list[StepRecord], *, previous_skill: str,
@@ -98,5 +109,10 @@ def publish_step(ctx: Run, record: StepRecord, history: list[StepRecord], *, pre
 
 def publish_promotion(ctx: Run, event: RegistryEvent) -> None:
     """A nightly run's promotion decision, with the scores it was made on."""
-    _publish("promotion", create_markdown_artifact, key=_key(ctx, "promotion"), markdown=promotion_markdown(event),
-             description=f"promotion decision of {ctx.run_name}")
+    _publish(
+        "promotion",
+        create_markdown_artifact,
+        key=_key(ctx, "promotion"),
+        markdown=promotion_markdown(event),
+        description=f"promotion decision of {ctx.run_name}",
+    )

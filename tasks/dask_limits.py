@@ -1,4 +1,5 @@
-"""Provider limits for the whole Dask cluster (``run.task_runner: dask`` with ``model.rate_limit_mode: local``).
+"""Provider limits for the whole Dask cluster (``run.task_runner: dask`` with ``model.rate_limit_mode:
+local``).
 
 Every process of a run — the flow and each worker — builds its clients with this limiter, so the limits
 of ``model.providers`` hold for the run as a whole, not per process. It is built from dask.distributed's own
@@ -97,7 +98,9 @@ class DaskRateLimiter:
             bucket = local._bucket(key)  # noqa: SLF001 - the one bucket, loaded from the shared record
             bucket.request_at = saved.get("request_at", float("-inf"))
             bucket.tokens_at = saved.get("tokens_at", float("-inf"))
-            bucket.pause = Pause(until=saved.get("pause_until", float("-inf")), spread=saved.get("pause_spread", 0.0))
+            bucket.pause = Pause(
+                until=saved.get("pause_until", float("-inf")), spread=saved.get("pause_spread", 0.0)
+            )
             yield local
             _sync(connection, connection.scheduler.set_metadata, keys=[name],
                   value={"request_at": bucket.request_at, "tokens_at": bucket.tokens_at,

@@ -37,8 +37,13 @@ def limit_name(key: str, kind: str) -> str:
 class PrefectRateLimiter:
     """The ``RateLimiter`` protocol over Prefect global concurrency limits."""
 
-    def __init__(self, providers: Mapping[str, ProviderLimits], *, clock: Callable[[], float] = time.monotonic,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+    def __init__(
+        self,
+        providers: Mapping[str, ProviderLimits],
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
         self.providers = providers
         self.clock = clock
         self.sleep = sleep

@@ -141,9 +141,15 @@ def _probe_request(run: Run, skill: str, picked: list[ItemResult], step_buffer: 
                    meta_skill: str, prompt_chars: int | None = None) -> ChatRequest:
     if prompt_chars is None:
         prompt_chars = run.clients.optimizer.prompt_chars(ProbeReply)
-    return probe_request(skill=skill, rows=picked, step_buffer=step_buffer, meta_skill=meta_skill,
-                         benchmark_guidance=run.benchmark_guidance.get("probe", ""), prompt_chars=prompt_chars,
-                         trajectory_chars=trajectory_chars(run.config.gradient.trajectory_tokens))
+    return probe_request(
+        skill=skill,
+        rows=picked,
+        step_buffer=step_buffer,
+        meta_skill=meta_skill,
+        benchmark_guidance=run.benchmark_guidance.get("probe", ""),
+        prompt_chars=prompt_chars,
+        trajectory_chars=trajectory_chars(run.config.gradient.trajectory_tokens),
+    )
 
 
 def _probe_picks(run: Run, rows: list[ItemResult]) -> list[ItemResult]:

@@ -19,7 +19,8 @@ from skillopt.llm.limiter import RateLimiter
 def limiter_for(config: SkillOptConfig, *, dask_client: Any = None) -> RateLimiter | None:
     """The clients' provider limiter: Prefect's global concurrency limits with ``model.rate_limit_mode:
     prefect``; with ``run.task_runner: dask`` and ``local`` limits, one limiter for the whole cluster (kept by
-    its scheduler; ``dask_client`` is the flow's client, a worker uses its own); else None, the clients' own."""
+    its scheduler; ``dask_client`` is the flow's client, a worker uses its own); else None, the clients'
+    own."""
     if config.model.rate_limit_mode == "prefect":
         from skillopt.tasks.limits import PrefectRateLimiter
 

@@ -45,8 +45,8 @@ def check_dask_installed() -> None:
 
 
 def dask_task_runner(run: RunSection) -> Any:
-    """A (not yet started) ``DaskTaskRunner`` for ``run.dask_address`` or a local cluster sized by ``run`` (typed
-    ``Any``: prefect-dask is an optional extra, absent where the types are checked)."""
+    """A (not yet started) ``DaskTaskRunner`` for ``run.dask_address`` or a local cluster sized by ``run``
+    (typed ``Any``: prefect-dask is an optional extra, absent where the types are checked)."""
     check_dask_installed()
     from prefect_dask import DaskTaskRunner
 
@@ -72,7 +72,8 @@ class TaskPools:
 
     def __enter__(self) -> TaskPools:
         if self.settings.task_runner == "dask":
-            runner = dask_task_runner(self.settings)  # first: a missing extra stops the run before anything starts
+            # first: a missing extra stops the run before anything starts
+            runner = dask_task_runner(self.settings)
             self._stack.enter_context(_api_the_workers_reach())
             self._stack.enter_context(runner)
             runner.client  # noqa: B018 - start the cluster (or connect) now, not in whichever thread submits first
@@ -93,7 +94,9 @@ class TaskPools:
 
     def pool(self, stage: Stage, workers: int) -> AbstractContextManager[TaskRunner]:
         """The runner ``stage``'s tasks are submitted to: the cluster's, or a thread pool ``workers`` wide."""
-        if self._dask is not None and (stage == "rollouts" or self.settings.dask_scope == "rollouts_and_analysts"):
+        if self._dask is not None and (
+            stage == "rollouts" or self.settings.dask_scope == "rollouts_and_analysts"
+        ):
             return _shared(self._dask)
         return ThreadPoolTaskRunner(max_workers=max(1, workers))
 
