@@ -11,7 +11,8 @@ import pytest
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 
 pytest_plugins = ["tests.fakes.fixtures"]
-# Repository snapshots inside fixtures (the SWE-bench fake harness runs their tests itself) are not ours to collect.
+# Repository snapshots inside fixtures (the SWE-bench fake harness runs their tests itself) are not ours to
+# collect.
 collect_ignore_glob = ["fixtures/*/repos/*"]
 
 

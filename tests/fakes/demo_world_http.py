@@ -71,8 +71,14 @@ class DemoWorldServer:
         if self.evidence_in_reply and chat.stage != "rollout":
             chat = chat.model_copy(update={"messages": [
                 system(chat.system_text()), user(_EVALUATION_CONVENTIONS.sub("", chat.last_user_text()))]})
-        handler = {"rollout": demo.target, "analyst": demo.analyst, "merge": demo.merge, "ranking": demo.ranking,
-                   "slow_update": demo.slow_update, "meta_skill": demo.meta_skill}[chat.stage]
+        handler = {
+            "rollout": demo.target,
+            "analyst": demo.analyst,
+            "merge": demo.merge,
+            "ranking": demo.ranking,
+            "slow_update": demo.slow_update,
+            "meta_skill": demo.meta_skill,
+        }[chat.stage]
         answer = handler(chat, 0)
         if self.evidence_in_reply and chat.stage == "rollout":
             answer = self.with_self_check(chat, str(answer))
@@ -81,7 +87,8 @@ class DemoWorldServer:
         return ok(text=answer if isinstance(answer, str) else json.dumps(answer), usage=self.usage)
 
     def with_self_check(self, chat: ChatRequest, answer: str) -> str:
-        """The reply with ``reply_padding`` characters of notes before it and the conventions line after it."""
+        """The reply with ``reply_padding`` characters of notes before it and the conventions line after
+        it."""
         problem = parse_question(chat.last_user_text())
         if problem is None:
             return answer
@@ -94,7 +101,10 @@ class DemoWorldServer:
         user_text = "\n".join(m["content"] for m in body["messages"] if m["role"] == "user")
         stage, tags = "rollout", {}
         if "## Edit budget" in user_text:
-            stage, tags = "analyst", {"kind": "failure" if system_text.startswith(self.failure_intro) else "success"}
+            stage, tags = (
+                "analyst",
+                {"kind": "failure" if system_text.startswith(self.failure_intro) else "success"},
+            )
         elif "## Patches to merge" in user_text:
             stage = "merge"
         elif "## Candidate edits" in user_text:

@@ -4,42 +4,45 @@ The real ``openai`` and ``anthropic`` SDKs talk to these servers exactly as they
 stdlib ``ThreadingHTTPServer`` on ``127.0.0.1:0``, one daemon thread, no network.
 
 Servers
-    ``FakeOpenAIServer`` serves ``POST …/chat/completions`` (plain JSON, or SSE when ``"stream": true``, with a usage
-    chunk when ``stream_options.include_usage`` is set), ``POST …/responses`` (Responses API, non-streaming),
-    ``GET …/models`` and Azure's ``POST /openai/deployments/<deployment>/chat/completions?api-version=…``.
-    ``FakeAnthropicServer`` serves ``POST /v1/messages`` (non-streaming) and ``GET /v1/models``.
-    Routing looks at the end of the path only, so any base-path prefix works (``/v1``, ``/compatible-mode/v1``,
-    none). Unknown paths get a 404 in the provider's error shape.
+    ``FakeOpenAIServer`` serves ``POST …/chat/completions`` (plain JSON, or SSE when ``"stream": true``, with
+    a usage chunk when ``stream_options.include_usage`` is set), ``POST …/responses`` (Responses API,
+    non-streaming), ``GET …/models`` and Azure's ``POST
+    /openai/deployments/<deployment>/chat/completions?api-version=…``. ``FakeAnthropicServer`` serves ``POST
+    /v1/messages`` (non-streaming) and ``GET /v1/models``. Routing looks at the end of the path only, so any
+    base-path prefix works (``/v1``, ``/compatible-mode/v1``, none). Unknown paths get a 404 in the provider's
+    error shape.
 
     Point the SDKs at ``server.openai_base_url`` (``http://127.0.0.1:PORT/v1``), ``server.url`` (Anthropic's
-    ``base_url`` and Azure's ``azure_endpoint``). Start and stop with ``with FakeOpenAIServer() as server:`` or
-    ``start()``/``stop()``; the pytest fixtures in ``tests/fakes/fixtures.py`` do it per test.
+    ``base_url`` and Azure's ``azure_endpoint``). Start and stop with ``with FakeOpenAIServer() as server:``
+    or ``start()``/``stop()``; the pytest fixtures in ``tests/fakes/fixtures.py`` do it per test.
 
 Fault plans
-    ``server.plan(path, *entries)`` appends entries to the FIFO queue of ``path``; each matching request consumes one.
-    ``path`` is either a route (``"/v1/chat/completions"``, ``"/v1/responses"``, ``"/v1/models"``,
-    ``"/v1/messages"``: matches that endpoint whatever the base prefix, Azure included) or an exact request path
-    (``"/openai/deployments/gpt4o/chat/completions"``: matches only that path; checked first). The reply to a request
-    is: the next entry queued for its exact path, else for its route, else ``server.handler(request)`` if a handler
-    is set and returns an entry, else ``server.default`` (``ok(text="ok")`` unless configured).
+    ``server.plan(path, *entries)`` appends entries to the FIFO queue of ``path``; each matching request
+    consumes one. ``path`` is either a route (``"/v1/chat/completions"``, ``"/v1/responses"``,
+    ``"/v1/models"``, ``"/v1/messages"``: matches that endpoint whatever the base prefix, Azure included) or
+    an exact request path (``"/openai/deployments/gpt4o/chat/completions"``: matches only that path; checked
+    first). The reply to a request is: the next entry queued for its exact path, else for its route, else
+    ``server.handler(request)`` if a handler is set and returns an entry, else ``server.default``
+    (``ok(text="ok")`` unless configured).
 
     Entries (constructors below):
 
     - ``ok(text=None, json=None, usage=None, model=None, reasoning=None, finish_reason=None, headers=None,
-      wire_usage=None)``: a success. ``json`` is sent as the dumped text (Anthropic: as a ``tool_use`` block when the
-      request forces a tool). ``reasoning`` becomes ``message.reasoning_content`` / ``delta.reasoning_content``
-      (chat), a ``reasoning`` output item with a summary (Responses) or a ``thinking`` block before the answer
-      (Anthropic). ``model`` defaults to the request's model.
+      wire_usage=None)``: a success. ``json`` is sent as the dumped text (Anthropic: as a ``tool_use`` block
+      when the request forces a tool). ``reasoning`` becomes ``message.reasoning_content`` /
+      ``delta.reasoning_content`` (chat), a ``reasoning`` output item with a summary (Responses) or a
+      ``thinking`` block before the answer (Anthropic). ``model`` defaults to the request's model.
     - ``truncated(text)``: output cut by the cap: chat ``finish_reason: "length"``, Responses ``status:
       "incomplete"`` with ``incomplete_details.reason: "max_output_tokens"``, Anthropic ``stop_reason:
       "max_tokens"``.
     - ``status(http_status, retry_after=None, retry_after_ms=None, code=None, message=None, error_type=None,
-      headers=None)``: an error in the provider's shape. ``code="context_length_exceeded"`` gives OpenAI's error code
-      and Anthropic's "prompt is too long" message; ``retry_after`` (seconds, or an HTTP date string) sets
-      ``Retry-After``, ``retry_after_ms`` sets ``retry-after-ms``.
+      headers=None)``: an error in the provider's shape. ``code="context_length_exceeded"`` gives OpenAI's
+      error code and Anthropic's "prompt is too long" message; ``retry_after`` (seconds, or an HTTP date
+      string) sets ``Retry-After``, ``retry_after_ms`` sets ``retry-after-ms``.
     - ``slow(seconds, then=None)``: sleep before sending anything (late headers), then reply with ``then``
       (default ``ok()``).
-    - ``drip(seconds, chunks=10, then=None)``: send headers at once, then trickle the body in ``chunks`` pieces
+    - ``drip(seconds, chunks=10, then=None)``: send headers at once, then trickle the body in ``chunks``
+    pieces
       spread over ``seconds`` (an SSE stream is trickled one event at a time instead).
     - ``malformed_body(kind="html"|"json")``: HTTP 200 with an HTML error page or cut-off JSON.
     - ``reset()``: read the request, send half a status line, then abort the connection (RST).
@@ -47,32 +50,35 @@ Fault plans
 
 Usage
     ``usage`` is one neutral dict mapped to each wire format: ``prompt_tokens`` (the whole prompt, cached and
-    cache-written tokens included), ``completion_tokens`` (all output, reasoning included), ``reasoning_tokens``,
-    ``cached_tokens`` (read from cache), ``cache_write_tokens``. Keys left out (or None) are left out of the wire where
-    the provider allows it (chat's ``*_details``); the Responses API always reports its details (0 when absent).
-    Anthropic gets ``input_tokens = prompt_tokens - cached_tokens - cache_write_tokens``,
-    ``cache_read_input_tokens = cached_tokens``, ``cache_creation_input_tokens = cache_write_tokens``. ``usage={}``
-    omits the usage object; ``wire_usage={...}`` sends a usage object verbatim. Default: ``DEFAULT_USAGE``.
+    cache-written tokens included), ``completion_tokens`` (all output, reasoning included),
+    ``reasoning_tokens``, ``cached_tokens`` (read from cache), ``cache_write_tokens``. Keys left out (or None)
+    are left out of the wire where the provider allows it (chat's ``*_details``); the Responses API always
+    reports its details (0 when absent). Anthropic gets ``input_tokens = prompt_tokens - cached_tokens -
+    cache_write_tokens``, ``cache_read_input_tokens = cached_tokens``, ``cache_creation_input_tokens =
+    cache_write_tokens``. ``usage={}`` omits the usage object; ``wire_usage={...}`` sends a usage object
+    verbatim. Default: ``DEFAULT_USAGE``.
 
 Recording
-    Every request (even unknown paths, bad keys and non-JSON bodies) becomes a ``RecordedRequest`` (method, path,
-    query, headers with lower-cased names, parsed JSON body or None, raw body, route, Azure deployment, request id;
-    helpers ``api_key``, ``stream``, ``last_user_text``).
+    Every request (even unknown paths, bad keys and non-JSON bodies) becomes a ``RecordedRequest`` (method,
+    path, query, headers with lower-cased names, parsed JSON body or None, raw body, route, Azure deployment,
+    request id; helpers ``api_key``, ``stream``, ``last_user_text``).
     ``server.requests`` (snapshot list), ``server.calls(path=None)``, ``server.last(path=None)``,
-    ``server.requests_for(path)``, ``server.pending(path)``, ``server.reset_plans()``, ``server.clear_requests()``.
-    ``server.errors`` lists exceptions raised inside the fake itself (should stay empty).
+    ``server.requests_for(path)``, ``server.pending(path)``, ``server.reset_plans()``,
+    ``server.clear_requests()``. ``server.errors`` lists exceptions raised inside the fake itself (should stay
+    empty).
 
 Authentication
     ``require_key="sk-test"``: OpenAI requests need ``Authorization: Bearer sk-test``; Azure paths
-    (``/openai/...``) need ``api-key: sk-test`` (or that bearer token); Anthropic needs ``x-api-key: sk-test`` (or
-    that bearer token, which is how anthropic SDK 2.x sends ``api_key``). Otherwise the reply is a 401 in the
-    provider's shape and no plan entry is consumed. ``RecordedRequest.api_key`` is the credential as sent, whatever
-    the header.
+    (``/openai/...``) need ``api-key: sk-test`` (or that bearer token); Anthropic needs ``x-api-key: sk-test``
+    (or that bearer token, which is how anthropic SDK 2.x sends ``api_key``). Otherwise the reply is a 401 in
+    the provider's shape and no plan entry is consumed. ``RecordedRequest.api_key`` is the credential as sent,
+    whatever the header.
 
 Example::
 
     with FakeOpenAIServer() as server:
-        server.plan("/v1/chat/completions", status(429, retry_after=2), ok(text="hi", usage={"prompt_tokens": 7,
+        server.plan("/v1/chat/completions", status(429, retry_after=2), ok(text="hi", usage={"prompt_tokens":
+        7,
                     "completion_tokens": 2}))
         client = openai.OpenAI(base_url=server.openai_base_url, api_key="sk-test", max_retries=0)
         ...
@@ -134,7 +140,7 @@ _USAGE_KEYS = frozenset(
 _CREATED = 1_700_000_000  # fixed timestamp keeps replies deterministic
 
 
-# --------------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------------
 # Plan entries
 
 
@@ -254,7 +260,8 @@ def ok(
     headers: Mapping[str, str] | None = None,
     wire_usage: Mapping[str, Any] | None = None,
 ) -> Ok:
-    """A success: ``text`` (default "ok") or ``json`` (sent as its dump, or as Anthropic's forced ``tool_use``)."""
+    """A success: ``text`` (default "ok") or ``json`` (sent as its dump, or as Anthropic's forced
+    ``tool_use``)."""
     return Ok(text, json, usage, model, reasoning, finish_reason, headers, wire_usage)
 
 
@@ -279,7 +286,8 @@ def status(
     error_type: str | None = None,
     headers: Mapping[str, str] | None = None,
 ) -> Status:
-    """An HTTP error, e.g. ``status(429, retry_after=2)`` or ``status(400, code="context_length_exceeded")``."""
+    """An HTTP error, e.g. ``status(429, retry_after=2)`` or ``status(400,
+    code="context_length_exceeded")``."""
     return Status(http_status, retry_after, retry_after_ms, code, message, error_type, headers)
 
 
@@ -289,7 +297,8 @@ def slow(seconds: float, then: Entry | None = None) -> Slow:
 
 
 def drip(seconds: float, chunks: int = 10, then: Entry | None = None) -> Drip:
-    """Trickled body: headers now, ``then``'s body (default ``ok()``) in ``chunks`` pieces over ``seconds``."""
+    """Trickled body: headers now, ``then``'s body (default ``ok()``) in ``chunks`` pieces over
+    ``seconds``."""
     return Drip(seconds, chunks, then)
 
 
@@ -315,7 +324,7 @@ def raw(
     return Raw(status_code, body, headers, content_type)
 
 
-# --------------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------------
 # Recorded requests
 
 
@@ -337,7 +346,8 @@ class RecordedRequest:
 
     @property
     def api_key(self) -> str | None:
-        """The credential as sent: ``x-api-key`` (Anthropic), ``api-key`` (Azure) or an ``Authorization`` bearer."""
+        """The credential as sent: ``x-api-key`` (Anthropic), ``api-key`` (Azure) or an ``Authorization``
+        bearer."""
         for name in ("x-api-key", "api-key"):
             if name in self.headers:
                 return self.headers[name]
@@ -369,10 +379,10 @@ class RecordedRequest:
     @property
     def images(self) -> list[dict[str, Any]]:
         """Every image part of every message, in order, as received: ``{"wire", "url", "detail", "media_type",
-        "data"}`` for Chat Completions ``image_url`` parts (``wire: "chat"``, plus ``detail_sent``: whether the
-        part had a ``detail`` key at all), Responses ``input_image`` parts
-        (``"responses"``) and Anthropic ``image`` blocks with a base64 source (``"anthropic"``); ``data`` is the
-        base64 payload (from the data URI, or the block's ``source.data``)."""
+        "data"}`` for Chat Completions ``image_url`` parts (``wire: "chat"``, plus ``detail_sent``: whether
+        the part had a ``detail`` key at all), Responses ``input_image`` parts
+        (``"responses"``) and Anthropic ``image`` blocks with a base64 source (``"anthropic"``); ``data`` is
+        the base64 payload (from the data URI, or the block's ``source.data``)."""
         if not isinstance(self.body, dict):
             return []
         messages = self.body.get("messages")
@@ -419,7 +429,7 @@ def _content_text(content: Any) -> str:
     return ""
 
 
-# --------------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------------
 # Wire rendering helpers
 
 
@@ -453,9 +463,11 @@ def _split_text(text: str) -> list[str]:
 
 def _malformed(kind: str) -> _Reply:
     if kind == "html":
-        page = b"<html><head><title>502 Bad Gateway</title></head><body><center><h1>502 Bad Gateway</h1></center></body></html>\n"
+        page = (b"<html><head><title>502 Bad Gateway</title></head>"
+                b"<body><center><h1>502 Bad Gateway</h1></center></body></html>\n")
         return _Reply(200, {"Content-Type": "text/html; charset=utf-8"}, [page])
-    broken = b'{"id": "broken", "object": "chat.completion", "choices": [{"index": 0, "message": {"content": "cut of'
+    broken = (b'{"id": "broken", "object": "chat.completion", '
+              b'"choices": [{"index": 0, "message": {"content": "cut of')
     return _Reply(200, {"Content-Type": "application/json"}, [broken])
 
 
@@ -480,7 +492,7 @@ def _status_headers(entry: Status) -> dict[str, str]:
     return headers
 
 
-# --------------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------------
 # The server machinery shared by both fakes
 
 
@@ -620,8 +632,9 @@ class _RequestHandler(http.server.BaseHTTPRequestHandler):
         with contextlib.suppress(OSError):
             self.wfile.write(b"HTTP/1.1 200 O")
             self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-        # Close every reference to the socket so the kernel really closes it (and sends the RST) now; the handler
-        # base class still flushes and closes wfile/rfile afterwards, so leave harmless stand-ins behind.
+        # Close every reference to the socket so the kernel really closes it (and sends the RST) now; the
+        # handler base class still flushes and closes wfile/rfile afterwards, so leave harmless stand-ins
+        # behind.
         self.wfile.close()
         self.rfile.close()
         self.connection.close()
@@ -629,7 +642,8 @@ class _RequestHandler(http.server.BaseHTTPRequestHandler):
 
 
 class _FakeServer:
-    """Common machinery: lifecycle, plan queues, recording, auth. Subclasses render one provider's wire format."""
+    """Common machinery: lifecycle, plan queues, recording, auth. Subclasses render one provider's wire
+    format."""
 
     provider: ClassVar[str]
     _request_id_header: ClassVar[str]
@@ -803,7 +817,8 @@ class _FakeServer:
         return request
 
     def _decide(self, request: RecordedRequest) -> Entry | _Reply:
-        """Auth and routing errors first (they consume no plan entry), then the plan, the handler, the default."""
+        """Auth and routing errors first (they consume no plan entry), then the plan, the handler, the
+        default."""
         if request.route is None:
             return self._not_found(request)
         if self.require_key is not None and not self._authorized(request):
@@ -858,7 +873,7 @@ def _requested_model(request: RecordedRequest, entry: Ok, fallback: str) -> str:
     return request.deployment or fallback
 
 
-# --------------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------------
 # OpenAI (and Azure OpenAI)
 
 _OPENAI_ERRORS: dict[int, tuple[str, str | None, str]] = {
@@ -889,8 +904,8 @@ _OPENAI_CODES: dict[str, tuple[str, str]] = {
     # code: (type, message)
     "context_length_exceeded": (
         "invalid_request_error",
-        "This model's maximum context length is 128000 tokens. However, your messages resulted in 130123 tokens. "
-        "Please reduce the length of the messages.",
+        "This model's maximum context length is 128000 tokens. However, your messages resulted in 130123 "
+        "tokens. Please reduce the length of the messages.",
     ),
     "insufficient_quota": (
         "insufficient_quota",
@@ -944,8 +959,9 @@ class FakeOpenAIServer(_FakeServer):
     def _unauthorized(self, request: RecordedRequest) -> _Reply:
         if self._is_azure(request):
             message = (
-                "Access denied due to invalid subscription key or wrong API endpoint. Make sure to provide a valid key "
-                "for an active subscription and use a correct regional API endpoint for your resource."
+                "Access denied due to invalid subscription key or wrong API endpoint. Make sure to provide "
+                "a valid key for an active subscription and use a correct regional API endpoint for your "
+                "resource."
             )
             return _json_reply(401, {"error": {"code": "401", "message": message}})
         return self._render_status(status(401), request)
@@ -1169,7 +1185,7 @@ def _responses_usage(entry: Ok) -> dict[str, Any] | None:
     }
 
 
-# --------------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------------
 # Anthropic Messages API
 
 _ANTHROPIC_ERRORS: dict[int, tuple[str, str]] = {
@@ -1210,7 +1226,8 @@ class FakeAnthropicServer(_FakeServer):
     # ---- errors
 
     def _authorized(self, request: RecordedRequest) -> bool:
-        # The API takes x-api-key; anthropic SDK 2.x sends api_key as an Authorization bearer, which it also accepts.
+        # The API takes x-api-key; anthropic SDK 2.x sends api_key as an Authorization bearer, which it also
+        # accepts.
         bearer = request.headers.get("authorization") == f"Bearer {self.require_key}"
         return bearer or request.headers.get("x-api-key") == self.require_key
 

@@ -1,15 +1,16 @@
 """A socket guard: inside ``guarded()`` nothing can reach a non-loopback address.
 
-``socket.socket.connect``, ``socket.socket.connect_ex``, ``socket.socket.sendto`` and ``socket.create_connection``
-refuse any address that is not loopback (``127.0.0.0/8``, ``::1``, ``::ffff:127.x.x.x`` or the name
-``localhost``) by raising ``SocketGuardError``, which names the refused address. The check runs *before* the real call,
-so no packet (not even a DNS query: ``socket.getaddrinfo`` refuses names other than ``localhost`` unless
-``block_dns=False``) ever leaves the machine. Unix-domain and other non-IP sockets are allowed.
-``allowed_ports`` narrows loopback further to the given ports (e.g. only the fakes').
+``socket.socket.connect``, ``socket.socket.connect_ex``, ``socket.socket.sendto`` and
+``socket.create_connection`` refuse any address that is not loopback (``127.0.0.0/8``, ``::1``,
+``::ffff:127.x.x.x`` or the name ``localhost``) by raising ``SocketGuardError``, which names the refused
+address. The check runs *before* the real call, so no packet (not even a DNS query: ``socket.getaddrinfo``
+refuses names other than ``localhost`` unless ``block_dns=False``) ever leaves the machine. Unix-domain and
+other non-IP sockets are allowed. ``allowed_ports`` narrows loopback further to the given ports (e.g. only the
+fakes').
 
-Every attempt is recorded on the yielded ``SocketGuard`` (``attempts``, ``refused``), so a test can assert that a code
-path opened no connection at all. The error deliberately is not an ``OSError``: code that treats network failures as
-retryable must not mistake a test-isolation breach for a flaky network.
+Every attempt is recorded on the yielded ``SocketGuard`` (``attempts``, ``refused``), so a test can assert
+that a code path opened no connection at all. The error deliberately is not an ``OSError``: code that treats
+network failures as retryable must not mistake a test-isolation breach for a flaky network.
 
     with guarded() as guard:
         ...
@@ -174,6 +175,7 @@ def guarded(allowed_ports: Collection[int] | None = None, block_dns: bool = True
 
 @pytest.fixture
 def socket_guard() -> Iterator[SocketGuard]:
-    """Run the test with non-loopback connections refused; yields the ``SocketGuard`` with its recorded attempts."""
+    """Run the test with non-loopback connections refused; yields the ``SocketGuard`` with its recorded
+    attempts."""
     with guarded() as guard:
         yield guard

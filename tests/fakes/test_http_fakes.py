@@ -537,8 +537,8 @@ def test_anthropic_require_key(anthropic_server: FakeAnthropicServer) -> None:
 
 @pytest.fixture
 def tripwire(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[object]]:
-    """Stand-ins for the real connect calls: if the guard ever let a non-loopback address through, the test would
-    fail here instead of sending a packet."""
+    """Stand-ins for the real connect calls: if the guard ever let a non-loopback address through, the test
+    would fail here instead of sending a packet."""
     leaked: list[object] = []
     real_connect, real_connect_ex, real_create = (
         socket.socket.connect,

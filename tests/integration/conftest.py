@@ -48,7 +48,8 @@ def prefect_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             except OSError:
                 pass
             if server.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"prefect server did not start: {(home / 'server.log').read_text()[-2000:]}")
+                raise RuntimeError("prefect server did not start: "
+                                   f"{(home / 'server.log').read_text()[-2000:]}")
             time.sleep(0.5)
         yield url
     finally:

@@ -15,7 +15,10 @@ pytestmark = pytest.mark.slow
 
 def test_smoke_run_completes_and_writes_the_report(prefect_api, tmp_path, capsys):
     out = tmp_path / "smoke.json"
-    assert bench.main(["--smoke", "--api", prefect_api, "--workdir", str(tmp_path / "work"), "--out", str(out)]) == 0
+    assert (
+        bench.main(["--smoke", "--api", prefect_api, "--workdir", str(tmp_path / "work"), "--out", str(out)])
+        == 0
+    )
 
     results = json.loads(out.read_text())
     headline = results["headline"]["measured"]

@@ -26,12 +26,19 @@ def test_the_template_is_registered_listed_and_trained_on(prefect_api, tmp_path)
     (dist_info / "entry_points.txt").write_text('[skillopt.benchmarks]\nmybench = skillopt_mybench:plugin\n')
     work = tmp_path / "work"
     work.mkdir()
-    env = {**os.environ, "PYTHONPATH": str(site), "PREFECT_API_URL": prefect_api, "PREFECT_LOGGING_LEVEL": "WARNING"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(site),
+        "PREFECT_API_URL": prefect_api,
+        "PREFECT_LOGGING_LEVEL": "WARNING",
+    }
 
     listed = subprocess.run([sys.executable, "-m", "skillopt.cli", "benchmarks"], cwd=work, env=env,
                             capture_output=True, text=True, timeout=120)
     assert listed.returncode == 0, listed.stderr
-    assert any(line.startswith("mybench ") and "unavailable" not in line for line in listed.stdout.splitlines())
+    assert any(
+        line.startswith("mybench ") and "unavailable" not in line for line in listed.stdout.splitlines()
+    )
 
     trained = subprocess.run(
         [sys.executable, "-m", "skillopt.cli", "train", "mybench", "--data", str(TEMPLATE / "fixtures"),

@@ -41,17 +41,24 @@ def wire_content(content):
     """Chat Completions content back into chat parts: text as is, an ``image_url`` data URI as an image."""
     if isinstance(content, str):
         return content
-    return [TextPart(text=part["text"]) if part["type"] == "text" else ImagePart(source=part["image_url"]["url"])
-            for part in content]
+    return [
+        TextPart(text=part["text"]) if part["type"] == "text" else ImagePart(source=part["image_url"]["url"])
+        for part in content
+    ]
 
 
 @pytest.mark.parametrize("name", TEXT_BENCHMARKS)
 def test_fixture_items_roll_out_through_the_openai_sdk(name, openai_server, tmp_path):
     benchmark = load_benchmark(name)
     scripted_reply_server(openai_server, benchmark)
-    overrides = [f"benchmark.split_dir={FIXTURES / name}", "benchmark.split_mode=split_dir",
-                 "model.target.backend=openai_compatible", f"model.target.base_url={openai_server.openai_base_url}",
-                 "model.target.model=fixture-model", "model.judge.backend=scripted"]
+    overrides = [
+        f"benchmark.split_dir={FIXTURES / name}",
+        "benchmark.split_mode=split_dir",
+        "model.target.backend=openai_compatible",
+        f"model.target.base_url={openai_server.openai_base_url}",
+        "model.target.model=fixture-model",
+        "model.judge.backend=scripted",
+    ]
     loaded = load_config(name, overrides=overrides, env={})
     cfg = benchmark_config(benchmark, loaded.config.benchmark)
     clients = ModelClients.from_config(loaded, env={}, registry=BackendRegistry.default())
@@ -91,7 +98,11 @@ def fixture_rollouts(name, target_overrides, env, tmp_path):
     cfg = benchmark_config(benchmark, loaded.config.benchmark)
     clients = ModelClients.from_config(loaded, env=env, registry=BackendRegistry.default())
     judge = scripted_judge_of(benchmark) if benchmark.needs_judge(cfg) else None
-    items = [item for split in ("train", "val", "test") for item in benchmark.load_split(cfg, split, run_dir=tmp_path)]
+    items = [
+        item
+        for split in ("train", "val", "test")
+        for item in benchmark.load_split(cfg, split, run_dir=tmp_path)
+    ]
     rows = [run_item(benchmark, item, "", cfg, target=clients.target, judge=judge) for item in items]
     return items, rows
 
@@ -104,8 +115,11 @@ def item_images_b64(item):
 @pytest.mark.parametrize("name", IMAGE_BENCHMARKS)
 def test_images_reach_the_openai_compatible_fake_as_data_uri_image_parts(name, openai_server, tmp_path):
     scripted_reply_server(openai_server, load_benchmark(name))
-    target = ["model.target.backend=openai_compatible", f"model.target.base_url={openai_server.openai_base_url}",
-              "model.target.model=fixture-vl-model"]
+    target = [
+        "model.target.backend=openai_compatible",
+        f"model.target.base_url={openai_server.openai_base_url}",
+        "model.target.model=fixture-vl-model",
+    ]
     items, rows = fixture_rollouts(name, target, {}, tmp_path)
     requests = openai_server.requests_for("/v1/chat/completions")
     assert len(requests) == len(items) >= 3  # every fixture item, once
@@ -120,10 +134,16 @@ def test_images_reach_the_openai_compatible_fake_as_data_uri_image_parts(name, o
 
 def test_image_detail_high_goes_on_every_image_part(openai_server, tmp_path):
     scripted_reply_server(openai_server, load_benchmark("mmrb"))
-    target = ["model.target.backend=openai_compatible", f"model.target.base_url={openai_server.openai_base_url}",
-              "model.target.model=fixture-vl-model", "benchmark.image_detail=high"]
+    target = [
+        "model.target.backend=openai_compatible",
+        f"model.target.base_url={openai_server.openai_base_url}",
+        "model.target.model=fixture-vl-model",
+        "benchmark.image_detail=high",
+    ]
     fixture_rollouts("mmrb", target, {}, tmp_path)
-    details = [image["detail"] for r in openai_server.requests_for("/v1/chat/completions") for image in r.images]
+    details = [
+        image["detail"] for r in openai_server.requests_for("/v1/chat/completions") for image in r.images
+    ]
     assert details == ["high"] * 7  # 2 + 3 + 2 images
 
 
@@ -149,7 +169,9 @@ def test_images_reach_the_anthropic_fake_as_base64_image_blocks(name, anthropic_
     assert len(requests) == 3
     for item, request in zip(items, requests, strict=True):
         blocks = request.images
-        assert [(b["source_type"], b["media_type"]) for b in blocks] == [("base64", "image/png")] * len(blocks)
+        assert [(b["source_type"], b["media_type"]) for b in blocks] == [("base64", "image/png")] * len(
+            blocks
+        )
         assert [b["data"] for b in blocks] == item_images_b64(item)
     assert all(row.answered for row in rows) and any(row.hard == 1.0 for row in rows)
 
@@ -157,13 +179,27 @@ def test_images_reach_the_anthropic_fake_as_base64_image_blocks(name, anthropic_
 @pytest.mark.parametrize(
     ("target", "env", "route", "wire"),
     [
-        (["model.target.backend=openai", "model.target.model=gpt-4.1-mini", "model.target.options.api=responses"],
-         {"OPENAI_API_KEY": "sk-test"}, "/v1/responses", "responses"),
-        (["model.target.backend=azure", "model.target.model=my-gpt4o", "model.target.price_model=gpt-4o"],
-         {"AZURE_OPENAI_API_KEY": "sk-test"}, "/v1/chat/completions", "chat"),
+        (
+            [
+                "model.target.backend=openai",
+                "model.target.model=gpt-4.1-mini",
+                "model.target.options.api=responses",
+            ],
+            {"OPENAI_API_KEY": "sk-test"},
+            "/v1/responses",
+            "responses",
+        ),
+        (
+            ["model.target.backend=azure", "model.target.model=my-gpt4o", "model.target.price_model=gpt-4o"],
+            {"AZURE_OPENAI_API_KEY": "sk-test"},
+            "/v1/chat/completions",
+            "chat",
+        ),
     ],
 )
-def test_a_docvqa_page_reaches_the_openai_responses_and_azure_wires(target, env, route, wire, openai_server, tmp_path):
+def test_a_docvqa_page_reaches_the_openai_responses_and_azure_wires(
+    target, env, route, wire, openai_server, tmp_path
+):
     openai_server.plan(route, *[ok(text="<answer>3/3/98</answer>")] * 3)
     base = openai_server.openai_base_url if wire == "responses" else openai_server.url
     items, rows = fixture_rollouts("docvqa", [*target, f"model.target.base_url={base}"], env, tmp_path)

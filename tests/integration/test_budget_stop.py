@@ -34,7 +34,9 @@ def priced_demo(in_tmp) -> Iterator[list[str]]:
         yield [*role_overrides(world.server.openai_base_url), f"model.pricing_file={prices}"]
 
 
-def test_max_usd_below_the_run_cost_stops_between_steps_and_keeps_the_best_skill(prefect_settings, priced_demo):
+def test_max_usd_below_the_run_cost_stops_between_steps_and_keeps_the_best_skill(
+    prefect_settings, priced_demo
+):
     from skillopt.flows.train import skill_train
 
     overrides = [
@@ -56,11 +58,14 @@ def test_max_usd_below_the_run_cost_stops_between_steps_and_keeps_the_best_skill
     history = [json.loads(line) for line in (run_dir / "history.jsonl").read_text().splitlines()]
     assert [r["step"] for r in history] == [1]
     assert summary["usage"]["total"]["usd"] == pytest.approx(0.32)
-    assert summary["usage"]["total"]["usd"] <= 0.35  # nothing spent after the stop (the test split is skipped)
+    # nothing spent after the stop (the test split is skipped)
+    assert summary["usage"]["total"]["usd"] <= 0.35
     assert "test" not in summary["scores"]["best"] and not (run_dir / "eval" / "best_test").exists()
 
     best = (run_dir / "best_skill.md").read_text()
-    expected_best = "step_0001.md" if history[0]["decision"] in ("accept", "accept_new_best") else "step_0000.md"
+    expected_best = (
+        "step_0001.md" if history[0]["decision"] in ("accept", "accept_new_best") else "step_0000.md"
+    )
     assert best == (run_dir / "skills" / expected_best).read_text()
     assert (run_dir / "report.html").is_file()
 

@@ -57,7 +57,11 @@ def _start_and_wait_for(command: list[str], env: dict[str, str], cwd: Path, mark
 
 def _children(pid: int) -> list[int]:
     """The children of every thread of ``pid`` (the temporary server is started from a helper thread)."""
-    return [int(child) for path in Path(f"/proc/{pid}/task").glob("*/children") for child in path.read_text().split()]
+    return [
+        int(child)
+        for path in Path(f"/proc/{pid}/task").glob("*/children")
+        for child in path.read_text().split()
+    ]
 
 
 def _usage_lines(run_dir: Path) -> int:

@@ -2,9 +2,10 @@
 processes, the run ends with the same best skill and scores as on the thread pool, and a worker killed mid-run
 costs only its in-flight calls.
 
-Every run is the real command (``python -m skillopt.cli train spreadsheetbench --data ... --backend scripted``)
-in a subprocess against the session's Prefect server. The data is the fixture's three tasks copied into
-several items per split, so that each evaluation has rollouts for both workers and training sees failures.
+Every run is the real command (``python -m skillopt.cli train spreadsheetbench --data ... --backend
+scripted``) in a subprocess against the session's Prefect server. The data is the fixture's three tasks copied
+into several items per split, so that each evaluation has rollouts for both workers and training sees
+failures.
 """
 
 from __future__ import annotations
@@ -25,7 +26,11 @@ pytestmark = pytest.mark.slow
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "spreadsheetbench"
 #: Copies per split of the fixture's tasks: 59001 and 59002 are solved by the scripted target, 59003-1 is not.
-SPLITS = {"train": {"59001": 2, "59003-1": 2}, "val": {"59002": 2, "59003-1": 2}, "test": {"59001": 1, "59003-1": 1}}
+SPLITS = {
+    "train": {"59001": 2, "59003-1": 2},
+    "val": {"59002": 2, "59003-1": 2},
+    "test": {"59001": 1, "59003-1": 1},
+}
 TRAIN = ["-o", "train.epochs=2", "-o", "train.batch_size=4"]
 
 
@@ -40,7 +45,9 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
             for n in range(count):
                 item_id = f"{split}{n}-{source}"
                 shutil.copytree(FIXTURES / "spreadsheet" / source, root / "spreadsheet" / item_id)
-                items.append({**originals[source], "id": item_id, "spreadsheet_path": f"spreadsheet/{item_id}"})
+                items.append(
+                    {**originals[source], "id": item_id, "spreadsheet_path": f"spreadsheet/{item_id}"}
+                )
         (root / split).mkdir()
         (root / split / "items.json").write_text(json.dumps(items, indent=1))
     shutil.copy(FIXTURES / "scripted_rules.yaml", root)  # the scripted target's replies, keyed by instruction
@@ -52,8 +59,15 @@ def start(cwd: Path, api: str, data: Path, *overrides: str) -> subprocess.Popen:
     command = [sys.executable, "-m", "skillopt.cli", "train", "spreadsheetbench", "--data", str(data),
                "--backend", "scripted", "--run-name", "sb", *TRAIN, *overrides]
     env = {**os.environ, "PREFECT_API_URL": api, "PREFECT_LOGGING_LEVEL": "WARNING"}
-    return subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    return subprocess.Popen(
+        command,
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def finish(process: subprocess.Popen) -> str:
@@ -67,8 +81,8 @@ def run_dir(cwd: Path) -> Path:
 
 
 def outcome(folder: Path) -> dict:
-    """What must not depend on where the rollouts ran: the best skill, the scores, the gate's decisions and every
-    evaluation's rows (hard and soft per item)."""
+    """What must not depend on where the rollouts ran: the best skill, the scores, the gate's decisions and
+    every evaluation's rows (hard and soft per item)."""
     summary = json.loads((folder / "summary.json").read_text())
     history = [json.loads(line) for line in (folder / "history.jsonl").read_text().splitlines()]
     evaluations = {}
@@ -120,8 +134,9 @@ def test_a_local_dask_cluster_trains_to_the_same_skill_with_rollouts_in_its_work
 
 
 def fixture_target_server(server) -> None:
-    """The fake answers each chat completion as the fixture's scripted target would, behind real HTTP: unlike the
-    scripted backend (free and deterministic, so never stored), an HTTP target's replies go to the reply store."""
+    """The fake answers each chat completion as the fixture's scripted target would, behind real HTTP: unlike
+    the scripted backend (free and deterministic, so never stored), an HTTP target's replies go to the reply
+    store."""
     from skillopt.benchmarks.base import load_benchmark
     from skillopt.llm.base import BackendContext
     from skillopt.llm.chat import ChatRequest, assistant, system, user
@@ -130,8 +145,9 @@ def fixture_target_server(server) -> None:
     from tests.fakes.http_fakes import ok
 
     rules = fixture_rules(load_benchmark("spreadsheetbench"))
-    backend = ScriptedBackend(resolve_rule_set(None, BackendContext(scripted_target_rules=rules), where="test"),
-                              role="target")
+    backend = ScriptedBackend(
+        resolve_rule_set(None, BackendContext(scripted_target_rules=rules), where="test"), role="target"
+    )
     builders = {"system": system, "user": user, "assistant": assistant}
 
     def reply(request):

@@ -27,7 +27,9 @@ def test_deep_probe_runs_under_the_scripted_backend_on_livemath(prefect_api, tmp
          "-o", "gradient.deep_probe=true", "--run-name", "probe"],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert trained.returncode == 0, trained.stdout[-2000:] + trained.stderr[-2000:]
-    steps = [json.loads(line) for line in (tmp_path / "runs" / "probe" / "history.jsonl").read_text().splitlines()]
+    steps = [
+        json.loads(line) for line in (tmp_path / "runs" / "probe" / "history.jsonl").read_text().splitlines()
+    ]
     probes = [step["probe"] for step in steps if step.get("probe")]
     assert probes and probes[0]["instruction"] == AUTO_PROBE_INSTRUCTION and probes[0]["fallback"] is None
     assert probes[0]["item_ids"] == ["202601-1"]  # the one train item, re-run with the readout

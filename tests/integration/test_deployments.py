@@ -184,7 +184,9 @@ def test_nightly_run_promotes_and_an_identical_train_run_is_served_from_the_cach
     decision = json.loads((run_dir / "promotion.json").read_text())
     assert decision["action"] in ("promote", "keep")
     assert decision["candidate_score"] is not None and decision["incumbent_score"] is not None
-    history = [json.loads(x) for x in (served.workdir / "skills" / "demo" / "history.jsonl").read_text().splitlines()]
+    history = [
+        json.loads(x) for x in (served.workdir / "skills" / "demo" / "history.jsonl").read_text().splitlines()
+    ]
     assert history == [decision]
     if decision["action"] == "promote":
         assert decision["candidate_score"] > decision["incumbent_score"]
@@ -206,7 +208,9 @@ def test_nightly_run_promotes_and_an_identical_train_run_is_served_from_the_cach
     task_runs = [t for t in served.task_runs(train_id) if not t.name.startswith("skill-epoch")]
     evaluations = [t for t in task_runs if t.name.startswith("evaluate_skill")]
     assert evaluations, [t.name for t in task_runs]
-    assert {t.state.name for t in task_runs} == {"Cached"}, sorted((t.name, t.state.name) for t in task_runs if t.state.name != "Cached")
+    assert {t.state.name for t in task_runs} == {"Cached"}, sorted(
+        (t.name, t.state.name) for t in task_runs if t.state.name != "Cached"
+    )
     (train_dir,) = served.run_dirs() - before
     usage = train_dir / "usage.jsonl"
     calls = [json.loads(line) for line in usage.read_text().splitlines()] if usage.exists() else []
@@ -219,12 +223,15 @@ def test_a_cancelled_run_retried_from_the_cli_reuses_every_finished_task(served:
 
     world = DemoWorldServer()
     with world.server:
-        overrides = [*SMALL, "benchmark.train_size=8", "benchmark.test_size=8",  # one step, a short test split
+        # one step, a short test split
+        overrides = [*SMALL, "benchmark.train_size=8", "benchmark.test_size=8",
                      *role_overrides(world.server.openai_base_url)]
         parameters = {"overrides": overrides, "mode": "train"}
         world.hold_from = 6  # half of the baseline's selection items answer, then every call hangs
         run_id = served.trigger(parameters)
-        assert world.held.wait(timeout=180), f"the run never reached the hold:\n{served.log.read_text()[-3000:]}"
+        assert world.held.wait(timeout=180), (
+            f"the run never reached the hold:\n{served.log.read_text()[-3000:]}"
+        )
         time.sleep(2.0)  # the answered calls' task runs finish and report their states
         finished = {t.cache_key for t in served.task_runs(run_id) if t.state and t.state.name == "Completed"}
         assert finished, "no task had finished before the cancel"
@@ -255,8 +262,16 @@ def test_a_deployment_served_with_data_and_a_backend_runs_as_typed_and_tells_its
 
     shutil.copytree(FIXTURES / "babyvision", tmp_path / "tests" / "fixtures" / "babyvision")
     # Prefect's own default level (the tests run it at WARNING): task-run lines would be logged at INFO.
-    with serving(prefect_api, tmp_path, "babyvision", "--data", "tests/fixtures/babyvision",
-                 "--backend", "scripted", env={"PREFECT_LOGGING_LEVEL": "INFO"}) as (served, process, deployment):
+    with serving(
+        prefect_api,
+        tmp_path,
+        "babyvision",
+        "--data",
+        "tests/fixtures/babyvision",
+        "--backend",
+        "scripted",
+        env={"PREFECT_LOGGING_LEVEL": "INFO"},
+    ) as (served, process, deployment):
         assert deployment.parameters == {"benchmark": "babyvision", "mode": "nightly",
                                          "data": str(tmp_path / "tests" / "fixtures" / "babyvision"),
                                          "cli_roles": {"backend": "scripted"}}
@@ -271,11 +286,17 @@ def test_a_deployment_served_with_data_and_a_backend_runs_as_typed_and_tells_its
 
         # The run's logs, as `prefect flow-run logs` shows them: the story, not a line per task run.
         logs = served.prefect("flow-run", "logs", run_id)
-        for line in (f"run directory: runs/{run.name}", "baseline on the selection split: 0.600 (10 items)",
-                     "epoch 1 step 1/4 (budget 4): 6/10 failed, 1 edits proposed, 1 selected -> "
-                     "accept_new_best: candidate 1.000 > current 0.600", "-> reject: candidate 1.000 <= current 1.000",
-                     "epoch 2 boundary: slow update", "epoch 4/4 done: current 1.000, best 1.000",
-                     f"finished {run.name}: best selection hard 1.000", "promotion: "):
+        for line in (
+            f"run directory: runs/{run.name}",
+            "baseline on the selection split: 0.600 (10 items)",
+            "epoch 1 step 1/4 (budget 4): 6/10 failed, 1 edits proposed, 1 selected -> "
+            "accept_new_best: candidate 1.000 > current 0.600",
+            "-> reject: candidate 1.000 <= current 1.000",
+            "epoch 2 boundary: slow update",
+            "epoch 4/4 done: current 1.000, best 1.000",
+            f"finished {run.name}: best selection hard 1.000",
+            "promotion: ",
+        ):
             assert line in logs, f"{line!r} is not in the run's logs:\n{logs}"
         assert logs.count("Finished in state Completed()") == 1, logs  # the flow run's own line only
 

@@ -1,10 +1,10 @@
-"""Errors are not failures: a run whose server fails some items' rollouts with persistent HTTP 500s counts them
-as error rows, keeps them out of analyst prompts and gate scores, and ends with the same decisions and scores
-as a clean run on the items that answered (same seed, same config).
+"""Errors are not failures: a run whose server fails some items' rollouts with persistent HTTP 500s counts
+them as error rows, keeps them out of analyst prompts and gate scores, and ends with the same decisions and
+scores as a clean run on the items that answered (same seed, same config).
 
-The demo world behind the OpenAI-compatible fake, on demo items written to a split folder. The failing items sit
-in the selection and test splits (every sixth item), so the training batches of both runs are the same and any
-difference could only come from how the gate and the final evaluation treat error rows.
+The demo world behind the OpenAI-compatible fake, on demo items written to a split folder. The failing items
+sit in the selection and test splits (every sixth item), so the training batches of both runs are the same and
+any difference could only come from how the gate and the final evaluation treat error rows.
 """
 
 from __future__ import annotations
@@ -37,7 +37,9 @@ def train(url: str, data: Path, run_name: str) -> dict:
 
 
 def history(summary: dict) -> list[dict]:
-    return [json.loads(line) for line in (Path(summary["run_dir"]) / "history.jsonl").read_text().splitlines()]
+    return [
+        json.loads(line) for line in (Path(summary["run_dir"]) / "history.jsonl").read_text().splitlines()
+    ]
 
 
 def test_persistent_500s_are_error_rows_and_the_run_decides_as_a_clean_run_on_the_answered_items(
@@ -47,8 +49,13 @@ def test_persistent_500s_are_error_rows_and_the_run_decides_as_a_clean_run_on_th
     failing_questions = frozenset(row["question"] for rows in failing.values() for row in rows)
     failing_ids = {row["id"] for rows in failing.values() for row in rows}
     full = write_splits(in_tmp / "full", splits)
-    answered = write_splits(in_tmp / "answered", {
-        split: [row for row in rows if row["question"] not in failing_questions] for split, rows in splits.items()})
+    answered = write_splits(
+        in_tmp / "answered",
+        {
+            split: [row for row in rows if row["question"] not in failing_questions]
+            for split, rows in splits.items()
+        },
+    )
 
     faulty_world = DemoWorldServer(failing=failing_questions)
     with faulty_world.server:
@@ -65,13 +72,19 @@ def test_persistent_500s_are_error_rows_and_the_run_decides_as_a_clean_run_on_th
     assert faulty["counts"]["errors"]["gate"] == len(gated) * len(failing["val"])
     assert any("error rows" in warning for warning in faulty["warnings"])
     # Never shown to analysts.
-    assert not any(question in message for message in faulty_world.analyst_messages for question in failing_questions)
+    assert not any(
+        question in message for message in faulty_world.analyst_messages for question in failing_questions
+    )
     # The test evaluation recorded the failing items as error rows, not as wrong answers.
     rows = [json.loads(line) for line in
             (Path(faulty["run_dir"]) / "eval" / "best_test" / "results.jsonl").read_text().splitlines()]
     assert {r["id"] for r in rows if r["phase"] == "error"} == {row["id"] for row in failing["test"]}
     # Same decisions, same skill, same scores as the clean run on the items that answered.
-    assert [(r["kind"], r["decision"]) for r in history(faulty)] == [(r["kind"], r["decision"]) for r in history(clean)]
-    assert (Path(faulty["run_dir"]) / "best_skill.md").read_text() == (Path(clean["run_dir"]) / "best_skill.md").read_text()
+    assert [(r["kind"], r["decision"]) for r in history(faulty)] == [
+        (r["kind"], r["decision"]) for r in history(clean)
+    ]
+    assert (Path(faulty["run_dir"]) / "best_skill.md").read_text() == (
+        Path(clean["run_dir"]) / "best_skill.md"
+    ).read_text()
     assert faulty["scores"] == clean["scores"]
     assert failing_ids.isdisjoint(item for r in steps for item in r["batch_ids"])

@@ -21,9 +21,27 @@ FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 def test_the_fixture_trains_with_the_scripted_backend(name, prefect_api, tmp_path):
     env = {**os.environ, "PREFECT_API_URL": prefect_api, "PREFECT_LOGGING_LEVEL": "WARNING"}
     run = subprocess.run(
-        [sys.executable, "-m", "skillopt.cli", "train", name, "--data", str(FIXTURES / name), "--backend", "scripted",
-         "-o", "train.epochs=1", "--run-name", name],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+        [
+            sys.executable,
+            "-m",
+            "skillopt.cli",
+            "train",
+            name,
+            "--data",
+            str(FIXTURES / name),
+            "--backend",
+            "scripted",
+            "-o",
+            "train.epochs=1",
+            "--run-name",
+            name,
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
 
     folder = tmp_path / "runs" / name
@@ -32,11 +50,19 @@ def test_the_fixture_trains_with_the_scripted_backend(name, prefect_api, tmp_pat
     usage = [json.loads(line) for line in (folder / "usage.jsonl").read_text().splitlines()]
     judged = {(r["role"], r["stage"]) for r in usage if r["role"] == "judge"}
     assert judged == ({("judge", "judge")} if name in ("babyvision", "mathverse") else set())
-    rows = [json.loads(line) for path in folder.rglob("results.jsonl") for line in path.read_text().splitlines()]
-    rows += [json.loads(line) for path in folder.rglob("trajectories.jsonl") for line in path.read_text().splitlines()]
+    rows = [
+        json.loads(line) for path in folder.rglob("results.jsonl") for line in path.read_text().splitlines()
+    ]
+    rows += [
+        json.loads(line)
+        for path in folder.rglob("trajectories.jsonl")
+        for line in path.read_text().splitlines()
+    ]
     assert rows and any(row["hard"] == 1.0 for row in rows) and any(row["hard"] == 0.0 for row in rows)
     events = [event for path in folder.rglob("trajectory.json") for event in json.loads(path.read_text())]
     events += [event for row in rows for event in row.get("trajectory", [])]
     prompts = [event["content"] for event in events if event["type"] == "message" and event["role"] == "user"]
     assert prompts and all("[image] " in text for text in prompts)
-    assert not any("base64," in path.read_text(errors="ignore") for path in folder.rglob("*") if path.is_file())
+    assert not any(
+        "base64," in path.read_text(errors="ignore") for path in folder.rglob("*") if path.is_file()
+    )

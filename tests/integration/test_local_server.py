@@ -51,8 +51,12 @@ def test_server_start_status_a_run_that_uses_it_and_stop(tmp_path):
     home = tmp_path / "prefect-home"
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
-    env.update(PREFECT_HOME=str(home), PREFECT_SERVER_ANALYTICS_ENABLED="false", PREFECT_LOGGING_LEVEL="WARNING",
-               PYTHONPATH=os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]))
+    env.update(
+        PREFECT_HOME=str(home),
+        PREFECT_SERVER_ANALYTICS_ENABLED="false",
+        PREFECT_LOGGING_LEVEL="WARNING",
+        PYTHONPATH=os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]),
+    )
 
     def skillopt(*argv: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
         return subprocess.run([sys.executable, "-m", "skillopt.cli", *argv], env=env, cwd=tmp_path,
@@ -66,7 +70,8 @@ def test_server_start_status_a_run_that_uses_it_and_stop(tmp_path):
         pid = json.loads((home / "skillopt-server.json").read_text())["pid"]
         ui, api = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{port}/api"
         assert f"UI:  {ui}" in started.stdout
-        assert os.getsid(pid) == pid != os.getsid(0)  # its own session: the terminal's Ctrl-C never reaches it
+        # its own session: the terminal's Ctrl-C never reaches it
+        assert os.getsid(pid) == pid != os.getsid(0)
         with urllib.request.urlopen(f"{ui}/ui-settings", timeout=10) as response:
             assert json.loads(response.read())["api_url"] == api  # the UI finds its API on this port
         assert (home / "prefect.db").exists()  # Prefect's own database under PREFECT_HOME

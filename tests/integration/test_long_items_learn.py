@@ -1,10 +1,12 @@
-"""Long items learn as well as short ones: the decisive text after 10k+ characters still reaches the optimizer.
+"""Long items learn as well as short ones: the decisive text after 10k+ characters still reaches the
+optimizer.
 
 The demo world behind the OpenAI-compatible fake, in its ``evidence_in_reply`` variant: the optimizer learns a
 convention only from the ``Conventions:`` self-check line at the *end* of the target's reply (the evaluation
 event's copy is struck from what it reads). With ``reply_padding`` the reply starts with 11,000 characters of
 working notes, so a minibatch of eight trajectories does not fit the optimizer's prompt whole and the renderer
-must elide. Same seed, same config: the long world must end with the same decisions and scores as the short one.
+must elide. Same seed, same config: the long world must end with the same decisions and scores as the short
+one.
 """
 
 from __future__ import annotations
@@ -34,7 +36,9 @@ def step_decisions(run_dir: Path) -> list[tuple[str, str]]:
     return [(r["kind"], r["decision"]) for r in records]
 
 
-def test_items_with_the_decisive_text_after_11k_characters_learn_as_well_as_short_ones(prefect_settings, in_tmp):
+def test_items_with_the_decisive_text_after_11k_characters_learn_as_well_as_short_ones(
+    prefect_settings, in_tmp
+):
     results = {}
     for name, padding in (("short", 0), ("long", PADDING)):
         world = DemoWorldServer(evidence_in_reply=True, reply_padding=padding)

@@ -1,4 +1,5 @@
-"""`mode: nightly` of skill-train on the demo: warm start from the promoted skill, promote only a better one."""
+"""`mode: nightly` of skill-train on the demo: warm start from the promoted skill, promote only a better
+one."""
 
 from __future__ import annotations
 
@@ -22,7 +23,9 @@ def nightly(run_name: str) -> dict:
     return skill_train(benchmark="demo", overrides=SMALL, run_name=run_name, mode="nightly")
 
 
-def test_nightly_warm_starts_from_the_promoted_skill_and_compares_like_for_like(prefect_settings, in_tmp: Path):
+def test_nightly_warm_starts_from_the_promoted_skill_and_compares_like_for_like(
+    prefect_settings, in_tmp: Path
+):
     registry = SkillRegistry(in_tmp / "skills")
     initial = (plugin.prompts_dir / "initial_skill.md").read_text()
     registry.promote("demo", initial, source="test", reason="the starting point")
@@ -46,7 +49,10 @@ def test_nightly_warm_starts_from_the_promoted_skill_and_compares_like_for_like(
     assert again["incumbent_score"] == pytest.approx(decision["candidate_score"])
     assert again["previous"] == 2
     if again["action"] == "keep":
-        assert again["candidate_score"] <= again["incumbent_score"] or again["candidate_sha"] == again["skill_sha"]
+        assert (
+            again["candidate_score"] <= again["incumbent_score"]
+            or again["candidate_sha"] == again["skill_sha"]
+        )
         assert registry.current("demo").version == 2
     else:
         assert again["candidate_score"] > again["incumbent_score"]
@@ -58,9 +64,14 @@ def test_train_mode_ignores_the_registry(prefect_settings, in_tmp: Path):
     from skillopt.flows.train import skill_train
 
     SkillRegistry(in_tmp / "skills").promote("demo", "# A promoted skill\n", source="test", reason="test")
-    summary = skill_train(benchmark="demo", overrides=[*SMALL, "benchmark.train_size=8", "evaluation.eval_test=false"],
-                          run_name="plain")  # one step is enough to see where it started
+    summary = skill_train(
+        benchmark="demo",
+        overrides=[*SMALL, "benchmark.train_size=8", "evaluation.eval_test=false"],
+        run_name="plain",
+    )  # one step is enough to see where it started
     initial = (plugin.prompts_dir / "initial_skill.md").read_text()
-    assert skill_hash((Path(summary["run_dir"]) / "skills" / "step_0000.md").read_text()) == skill_hash(initial)
+    assert skill_hash((Path(summary["run_dir"]) / "skills" / "step_0000.md").read_text()) == skill_hash(
+        initial
+    )
     assert "promotion" not in summary
     assert len(SkillRegistry(in_tmp / "skills").history("demo")) == 1

@@ -1,4 +1,5 @@
-"""Every optimizer mode end to end on the offline demo world, each showing its own behaviour in history.jsonl."""
+"""Every optimizer mode end to end on the offline demo world, each showing its own behaviour in
+history.jsonl."""
 
 from __future__ import annotations
 

@@ -68,7 +68,9 @@ def test_kill_9_mid_step_then_rerun_repeats_no_completed_call(prefect_api, tmp_p
         run_dir = tmp_path / "interrupted"
         run_dir.mkdir()
         world.answered.clear()
-        world.hold_from = random.Random(20261130).randint(len(reference_calls) // 5, 4 * len(reference_calls) // 5)
+        world.hold_from = random.Random(20261130).randint(
+            len(reference_calls) // 5, 4 * len(reference_calls) // 5
+        )
         process = start(run_dir, prefect_api, url, extra)
         assert world.held.wait(timeout=300), "the run finished before the kill point"
         time.sleep(2.0)  # every answered call has been stored by now; the held ones never will be

@@ -1,7 +1,8 @@
 """Seeing a demo run: its Prefect artifacts read back from the API, its HTML report and the Prefect UI
 in headless Chromium, and the dry-run estimate against the calls the run made.
 
-One demo run (in a fresh folder, so its cache starts empty and every call is made) against the session's Prefect server serves all tests.
+One demo run (in a fresh folder, so its cache starts empty and every call is made) against the session's
+Prefect server serves all tests.
 """
 
 from __future__ import annotations
@@ -152,7 +153,9 @@ def test_report_renders_plots_and_a_diff_in_chromium(demo_run):
 
 def test_prefect_ui_shows_the_skill_diff_and_gate_artifacts(demo_run, prefect_api):
     ui = prefect_api.removesuffix("/api")
-    (diff,) = api(prefect_api, "/artifacts/latest/filter", {"artifacts": {"key": {"any_": [key("skill-diff")]}}})
+    (diff,) = api(
+        prefect_api, "/artifacts/latest/filter", {"artifacts": {"key": {"any_": [key("skill-diff")]}}}
+    )
     (gates,) = api(prefect_api, "/artifacts/latest/filter", {"artifacts": {"key": {"any_": [key("gates")]}}})
     (run,) = api(prefect_api, "/flow_runs/filter", {"flow_runs": {"id": {"any_": [diff["flow_run_id"]]}}})
     assert run["state_type"] == "COMPLETED"

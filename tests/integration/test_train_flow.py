@@ -1,4 +1,5 @@
-"""The skill-train flow end to end on the offline demo world (scripted backend), against a real Prefect API."""
+"""The skill-train flow end to end on the offline demo world (scripted backend), against a real Prefect
+API."""
 
 from __future__ import annotations
 
@@ -53,7 +54,9 @@ def test_demo_improves_on_test_with_accepts_rejects_slow_update_and_meta_skill(p
 
 def test_an_identical_skill_is_never_rolled_out_twice(prefect_settings, in_tmp):
     summary = train(run_name="demo-identical")
-    records = [json.loads(line) for line in (Path(summary["run_dir"]) / "usage.jsonl").read_text().splitlines()]
+    records = [
+        json.loads(line) for line in (Path(summary["run_dir"]) / "usage.jsonl").read_text().splitlines()
+    ]
     # A training rollout is one draw of its epoch (epoch and sample index); an evaluation rollout is not.
     rollouts = [(r["tags"]["skill_sha"], r["tags"]["item_id"], r["tags"]["training"], r["tags"].get("epoch"),
                  r["tags"]["sample"]) for r in records if r["stage"] == "rollout" and not r.get("cache_hit")]
@@ -82,8 +85,10 @@ def test_gate_off_force_accepts_and_still_tracks_the_best(prefect_settings, in_t
     assert steps and {r["decision"] for r in steps} == {"force_accept"}
     # The best is the highest validated score: the baseline, every candidate, and the final skill
     # (the last skill is promoted when it beats the best).
-    best_seen = max([summary["scores"]["baseline"]["selection"]["hard"], summary["scores"]["final"]["selection"]["hard"]]
-                    + [r["gate"]["candidate_gate"] for r in steps])
+    best_seen = max(
+        [summary["scores"]["baseline"]["selection"]["hard"], summary["scores"]["final"]["selection"]["hard"]]
+        + [r["gate"]["candidate_gate"] for r in steps]
+    )
     assert summary["scores"]["best"]["selection"]["hard"] == pytest.approx(best_seen)
 
 

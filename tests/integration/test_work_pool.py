@@ -28,10 +28,21 @@ def test_prefect_yaml_registers_the_work_pool_deployments(prefect_api: str, tmp_
     """
     env = {**os.environ, "PREFECT_API_URL": prefect_api, "SKILLOPT_WORKDIR": str(tmp_path)}
     folder = Path(__file__).resolve().parents[2] / "deployments"
-    for command in (["work-pool", "create", "skillopt", "--type", "process"], ["deploy", "--name", "demo", "--name", "qa"]):
-        done = subprocess.run([sys.executable, "-m", "prefect", *command], cwd=folder, env=env, capture_output=True,
-                              text=True, timeout=300)
-        assert done.returncode == 0, f"prefect {' '.join(command)}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    for command in (
+        ["work-pool", "create", "skillopt", "--type", "process"],
+        ["deploy", "--name", "demo", "--name", "qa"],
+    ):
+        done = subprocess.run(
+            [sys.executable, "-m", "prefect", *command],
+            cwd=folder,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert done.returncode == 0, (
+            f"prefect {' '.join(command)}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+        )
 
     from prefect.client.orchestration import get_client
     from prefect.settings import PREFECT_API_URL, temporary_settings
@@ -51,9 +62,17 @@ def test_prefect_yaml_registers_the_work_pool_deployments(prefect_api: str, tmp_
 
     # A process worker picks up a run of the demo deployment and runs it in SKILLOPT_WORKDIR.
     def prefect(*args: str) -> str:
-        done = subprocess.run([sys.executable, "-m", "prefect", *args], cwd=tmp_path, env=env, capture_output=True,
-                              text=True, timeout=300)
-        assert done.returncode == 0, f"prefect {' '.join(args)}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+        done = subprocess.run(
+            [sys.executable, "-m", "prefect", *args],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert done.returncode == 0, (
+            f"prefect {' '.join(args)}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+        )
         return done.stdout
 
     prefect("deployment", "run", "skill-train/demo", "--params", json.dumps({"overrides": SMALL}))

@@ -1,5 +1,6 @@
 """Context windows and overflows: where a role's window comes from, how a structured call fits it, what
-happens when a server still says the prompt is too long, and that a re-ask is never larger than the first call.
+happens when a server still says the prompt is too long, and that a re-ask is never larger than the first
+call.
 
 Everything runs against the loopback OpenAI fake through the real SDK."""
 
@@ -90,14 +91,17 @@ def test_an_overflow_is_shrunk_to_the_window_the_server_names_and_sent_once_more
     openai_server.plan(
         CHAT,
         status(400, code="context_length_exceeded",
-               message="This model's maximum context length is 2048 tokens. However, you requested 9000 tokens"),
+               message="This model's maximum context length is 2048 tokens. However, you requested 9000 "
+                       "tokens"),
         ok(json={"verdict": "correct", "reason": "r"}),
     )
     calls: list[int] = []
     clients = optimizer(openai_server, "model.optimizer.context_tokens=16384")
     verdict, _ = clients.optimizer.structured(builder(calls), Verdict)
     assert verdict.verdict == "correct" and openai_server.calls(CHAT) == 2
-    first, second = (sum(len(m["content"]) for m in r.body["messages"]) for r in openai_server.requests_for(CHAT))
+    first, second = (
+        sum(len(m["content"]) for m in r.body["messages"]) for r in openai_server.requests_for(CHAT)
+    )
     assert second < first
     assert second <= PromptRoom.of(2048, 16384).prompt_chars
     assert clients.optimizer.context_window() == 2048  # remembered for the next calls
@@ -107,12 +111,16 @@ def test_a_second_overflow_raises_for_the_stage_to_fall_back(openai_server):
     too_long = status(400, code="context_length_exceeded", message="prompt is too long")
     openai_server.plan(CHAT, too_long, too_long)
     with pytest.raises(ContextLengthExceeded):
-        optimizer(openai_server, "model.optimizer.context_tokens=8192").optimizer.structured(builder([]), Verdict)
+        optimizer(openai_server, "model.optimizer.context_tokens=8192").optimizer.structured(
+            builder([]), Verdict
+        )
     assert openai_server.calls(CHAT) == 2
 
 
 def test_a_re_ask_is_never_larger_than_the_first_call(openai_server):
-    openai_server.plan(CHAT, ok(text="I believe the answer is correct. " * 50), ok(json={"verdict": "incorrect"}))
+    openai_server.plan(
+        CHAT, ok(text="I believe the answer is correct. " * 50), ok(json={"verdict": "incorrect"})
+    )
     clients = optimizer(openai_server, "model.optimizer.context_tokens=4096")
     verdict, _ = clients.optimizer.structured(builder([]), Verdict)
     assert verdict.verdict == "incorrect"

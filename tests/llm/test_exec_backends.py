@@ -50,7 +50,11 @@ class FakeCli:
 
     def calls(self, *, runs_only: bool = True) -> list[dict[str, Any]]:
         log = self.folder / "calls.jsonl"
-        calls = [json.loads(line) for line in log.read_text(encoding="utf-8").splitlines()] if log.exists() else []
+        calls = (
+            [json.loads(line) for line in log.read_text(encoding="utf-8").splitlines()]
+            if log.exists()
+            else []
+        )
         return [c for c in calls if c["stdin"] is not None] if runs_only else calls
 
     def run(self) -> dict[str, Any]:
@@ -63,7 +67,11 @@ def fake_cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeCli:
     folder = tmp_path / "bin"
     folder.mkdir()
     for name in ("codex", "claude", "fake_cli.py"):
-        text = (FAKE_BIN / name).read_text(encoding="utf-8").replace("#!/usr/bin/env python3", f"#!{sys.executable}", 1)
+        text = (
+            (FAKE_BIN / name)
+            .read_text(encoding="utf-8")
+            .replace("#!/usr/bin/env python3", f"#!{sys.executable}", 1)
+        )
         (folder / name).write_text(text, encoding="utf-8")
         (folder / name).chmod(0o755)
     monkeypatch.setenv("PATH", f"{folder}{os.pathsep}{os.environ.get('PATH', '')}")
@@ -81,21 +89,38 @@ def make_backend(info: BackendInfo, tmp_path: Path, *, model: str | None = None,
     options.setdefault("workspace_root", str(tmp_path / "workspaces"))
     options.setdefault("workspace_sandbox", "none")
     role = ResolvedRole(
-        role="target", backend=info.name, model=model, price_model=model, reasoning_effort=effort, max_tokens=None,
-        temperature=None, seed=None, timeout_s=timeout_s, base_url=None, api_key_env=info.key_env,
-        api_key_secret=None, key_required=False, rate_limit_key=f"exec:{info.name}", extra_body={},
-        options=info.options_model.model_validate(options).model_dump(), capabilities={}, strict_params=False,
+        role="target",
+        backend=info.name,
+        model=model,
+        price_model=model,
+        reasoning_effort=effort,
+        max_tokens=None,
+        temperature=None,
+        seed=None,
+        timeout_s=timeout_s,
+        base_url=None,
+        api_key_env=info.key_env,
+        api_key_secret=None,
+        key_required=False,
+        rate_limit_key=f"exec:{info.name}",
+        extra_body={},
+        options=info.options_model.model_validate(options).model_dump(),
+        capabilities={},
+        strict_params=False,
         provenance={},
     )
-    context = BackendContext(run_id="run12345-abcdef", protected_paths=(REPO, tmp_path / "run", tmp_path / "data"))
+    context = BackendContext(
+        run_id="run12345-abcdef", protected_paths=(REPO, tmp_path / "run", tmp_path / "data")
+    )
     return info.factory(role, EnvSecrets(dict(os.environ)), context)
 
 
 def task_from_item(item: dict[str, Any], **extra: Any) -> ExecTask:
     """What a benchmark hands an exec target: public fields only."""
     public = {k: v for k, v in item.items() if k not in GOLD_FIELDS}
-    return ExecTask(item_id=public["id"], skill=SKILL, task=public["question"], tags={"item_id": public["id"]},
-                    **extra)
+    return ExecTask(
+        item_id=public["id"], skill=SKILL, task=public["question"], tags={"item_id": public["id"]}, **extra
+    )
 
 
 def data_file(tmp_path: Path, name: str, content: bytes = b"data") -> Path:
@@ -129,8 +154,13 @@ def test_codex_command_line_is_exact(tmp_path, fake_cli):
         "-m", "gpt-5-codex", "-c", 'model_reasoning_effort="high"',
         "-i", str(ws / "attachments" / "01_chart.png"), "--", "-",
     ]
-    assert {"SKILL.md", "task.md", "ATTACHMENTS.md", "attachments/01_chart.png", "attachments/02_notes_v1.txt"} <= set(
-        call["files"])
+    assert {
+        "SKILL.md",
+        "task.md",
+        "ATTACHMENTS.md",
+        "attachments/01_chart.png",
+        "attachments/02_notes_v1.txt",
+    } <= set(call["files"])
     assert "out/" not in call["files"]
 
 
@@ -150,16 +180,33 @@ def test_codex_writes_only_for_items_that_declare_outputs(tmp_path, fake_cli):
 
 
 def test_claude_command_line_is_exact(tmp_path, fake_cli):
-    backend = make_backend(claude_code_exec.INFO, tmp_path, model="claude-sonnet-4-5", effort="max", max_turns=6)
+    backend = make_backend(
+        claude_code_exec.INFO, tmp_path, model="claude-sonnet-4-5", effort="max", max_turns=6
+    )
     backend.run(task_from_item(ITEM))
 
     call = fake_cli.run()
     ws = call["argv"][5]
     assert Path(ws).resolve() == Path(call["cwd"])
     assert call["argv"] == [
-        "-p", "--output-format", "stream-json", "--verbose", "--add-dir", ws, "--model", "claude-sonnet-4-5",
-        "--max-turns", "6", "--effort", "max", "--allowedTools", "Read", "--disallowedTools", "WebFetch,WebSearch",
-        "--permission-mode", "dontAsk",
+        "-p",
+        "--output-format",
+        "stream-json",
+        "--verbose",
+        "--add-dir",
+        ws,
+        "--model",
+        "claude-sonnet-4-5",
+        "--max-turns",
+        "6",
+        "--effort",
+        "max",
+        "--allowedTools",
+        "Read",
+        "--disallowedTools",
+        "WebFetch,WebSearch",
+        "--permission-mode",
+        "dontAsk",
     ]
 
 
@@ -181,7 +228,10 @@ def test_codex_answer_proves_it_read_the_skill_and_the_task(tmp_path, fake_cli):
 
     skill_md = fake_cli.run()["files"]["SKILL.md"]
     assert skill_md.startswith("---\n") and skill_md.endswith(SKILL)
-    assert result.answer == f"ANSWER skill-lines={len(skill_md.splitlines())} task=What is the capital of France?"
+    assert (
+        result.answer
+        == f"ANSWER skill-lines={len(skill_md.splitlines())} task=What is the capital of France?"
+    )
     assert (result.usage.prompt_tokens, result.usage.cached_prompt_tokens) == (1200, 200)
     assert (result.usage.completion_tokens, result.usage.reasoning_tokens) == (40, 8)
     assert (result.attempts, result.exit_code, result.cost_usd) == (1, 0, None)
@@ -195,9 +245,14 @@ def test_codex_answer_proves_it_read_the_skill_and_the_task(tmp_path, fake_cli):
 def test_claude_answer_comes_from_the_result_event(tmp_path, fake_cli):
     result = make_backend(claude_code_exec.INFO, tmp_path).run(task_from_item(ITEM))
 
-    assert result.answer.startswith("ANSWER skill-lines=") and result.answer.endswith("task=What is the capital of France?")
-    assert (result.usage.prompt_tokens, result.usage.cached_prompt_tokens, result.usage.cache_write_tokens) == (
-        1230, 1000, 200)
+    assert result.answer.startswith("ANSWER skill-lines=") and result.answer.endswith(
+        "task=What is the capital of France?"
+    )
+    assert (
+        result.usage.prompt_tokens,
+        result.usage.cached_prompt_tokens,
+        result.usage.cache_write_tokens,
+    ) == (1230, 1000, 200)
     assert result.usage.completion_tokens == 50
     assert (result.cost_usd, result.num_turns, result.model) == (0.0123, 3, "claude-fake-1")
     assert "- SKILL.md" in result.trace_digest and "cost $0.0123" in result.trace_digest
@@ -253,9 +308,13 @@ def test_a_workspace_inside_a_protected_folder_is_refused_before_launch(tmp_path
 @pytest.mark.parametrize("cli", ["codex", "claude"])
 @pytest.mark.parametrize("auth", ["login", "api_key"])
 def test_the_child_environment_is_an_allowlist(tmp_path, fake_cli, monkeypatch, cli, auth):
-    sentinels = {"OPENAI_API_KEY": "sk-SENTINEL-7f3a2b9c4d1e6f08", "ANTHROPIC_API_KEY": "sk-ant-SENTINEL-5e6f7a8b9c",
-                 "AZURE_OPENAI_API_KEY": "SENTINEL-azure-1a2b3c4d", "PREFECT_API_URL": "http://sentinel.invalid/api",
-                 "MY_SECRET_TOKEN": "SENTINEL-token-9f8e7d6c"}
+    sentinels = {
+        "OPENAI_API_KEY": "sk-SENTINEL-7f3a2b9c4d1e6f08",
+        "ANTHROPIC_API_KEY": "sk-ant-SENTINEL-5e6f7a8b9c",
+        "AZURE_OPENAI_API_KEY": "SENTINEL-azure-1a2b3c4d",
+        "PREFECT_API_URL": "http://sentinel.invalid/api",
+        "MY_SECRET_TOKEN": "SENTINEL-token-9f8e7d6c",
+    }
     for name, value in sentinels.items():
         monkeypatch.setenv(name, value)
     make_backend(CLIS[cli], tmp_path, auth=auth).run(task_from_item(ITEM))
@@ -305,7 +364,8 @@ def _gone(pid: int, within_s: float = 2.0) -> bool:
 @pytest.mark.parametrize("cli", ["codex", "claude"])
 def test_an_auth_failure_is_an_exec_error_with_redacted_stderr(tmp_path, fake_cli, monkeypatch, cli):
     fake_cli.scenario("auth_fail")
-    plain_key = "SENTINEL-plain-7f3a2b9c4d1e"  # no key shape: only the harness knowing the value can redact it
+    # no key shape: only the harness knowing the value can redact it
+    plain_key = "SENTINEL-plain-7f3a2b9c4d1e"
     monkeypatch.setenv(CLIS[cli].key_env, plain_key)
 
     with pytest.raises(ExecError) as caught:
@@ -334,8 +394,12 @@ def test_an_empty_answer_is_retried_then_raises(tmp_path, fake_cli, cli):
     assert workspaces_left(tmp_path) == []
 
 
-@pytest.mark.parametrize(("cli", "reported"), [("codex", "stream disconnected"), ("claude", "API Error: 500")])
-def test_an_error_the_cli_reports_is_an_exec_error_even_with_exit_status_zero(tmp_path, fake_cli, cli, reported):
+@pytest.mark.parametrize(
+    ("cli", "reported"), [("codex", "stream disconnected"), ("claude", "API Error: 500")]
+)
+def test_an_error_the_cli_reports_is_an_exec_error_even_with_exit_status_zero(
+    tmp_path, fake_cli, cli, reported
+):
     fake_cli.scenario("is_error")
     with pytest.raises(ExecError, match=reported):
         make_backend(CLIS[cli], tmp_path).run(task_from_item(ITEM))
@@ -350,7 +414,9 @@ def test_preflight_checks_the_cli_once(tmp_path, fake_cli):
     backend.run(task_from_item(ITEM))
 
     assert report["version"] == "codex-cli 0.46.0" and report["home"] == "private"
-    assert {"--output-last-message", "--sandbox", "-c", "-i", "--cd", "--json"} <= set(report["flags_checked"])
+    assert {"--output-last-message", "--sandbox", "-c", "-i", "--cd", "--json"} <= set(
+        report["flags_checked"]
+    )
     probes = [c["argv"] for c in fake_cli.calls(runs_only=False) if c["stdin"] is None]
     assert probes == [["--version"], ["exec", "--help"]]
 
@@ -388,15 +454,21 @@ def _resolve_target(*overrides: str, env: dict[str, str] | None = None) -> Resol
 
 
 def test_options_are_resolved_and_unsafe_ones_refused():
-    target = _resolve_target("model.target.backend=codex_exec", env={"CODEX_EXEC_PATH": "/opt/codex/bin/codex"})
+    target = _resolve_target(
+        "model.target.backend=codex_exec", env={"CODEX_EXEC_PATH": "/opt/codex/bin/codex"}
+    )
     assert target.options["path"] == "/opt/codex/bin/codex"
     assert target.timeout_s == 300.0
 
     with pytest.raises(ConfigError, match="danger-full-access is refused"):
         _resolve_target("model.target.backend=codex_exec", "model.target.options.sandbox=danger-full-access")
     with pytest.raises(ConfigError, match="only with os_sandbox: true"):
-        _resolve_target("model.target.backend=claude_code_exec", "model.target.options.permission_mode=bypassPermissions")
+        _resolve_target(
+            "model.target.backend=claude_code_exec", "model.target.options.permission_mode=bypassPermissions"
+        )
     with pytest.raises(ConfigError, match="always disallowed"):
-        _resolve_target("model.target.backend=claude_code_exec", "model.target.options.tools=[Read, WebFetch]")
+        _resolve_target(
+            "model.target.backend=claude_code_exec", "model.target.options.tools=[Read, WebFetch]"
+        )
     with pytest.raises(ConfigError, match="can serve only target"):
         _resolve_target("model.optimizer.backend=codex_exec")

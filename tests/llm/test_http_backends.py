@@ -46,7 +46,9 @@ class Sleeps(list):
 def clients(*overrides: str, env: dict | None = None, sleeps: Sleeps | None = None) -> ModelClients:
     env = env if env is not None else {"OPENAI_API_KEY": KEY, "ANTHROPIC_API_KEY": KEY}
     loaded = load_config(None, overrides=list(overrides), env=env)
-    return ModelClients.from_config(loaded, env=env, registry=REGISTRY, sleep=sleeps if sleeps is not None else Sleeps())
+    return ModelClients.from_config(
+        loaded, env=env, registry=REGISTRY, sleep=sleeps if sleeps is not None else Sleeps()
+    )
 
 
 def openai_chat(server, *more: str, **kwargs) -> ModelClients:
@@ -80,7 +82,9 @@ def test_chat_completion_text_usage_and_cost(openai_server):
     assert wire.body["max_completion_tokens"] == 4096
     assert wire.body["messages"][0] == {"role": "system", "content": "You answer briefly."}
     entry = bundle.ledger.prices.lookup("openai", "gpt-4.1-mini")
-    expected = (600 * entry.input_per_mtok + 400 * entry.cached_input_per_mtok + 200 * entry.output_per_mtok) / 1e6
+    expected = (
+        600 * entry.input_per_mtok + 400 * entry.cached_input_per_mtok + 200 * entry.output_per_mtok
+    ) / 1e6
     assert response.cost_usd == pytest.approx(expected)
 
 
@@ -179,8 +183,11 @@ def test_connection_reset_and_malformed_body_are_retried(openai_server):
 
 
 def test_connection_refused_is_a_clear_error():
-    bundle = clients("model.target.base_url=http://127.0.0.1:9/v1", "model.target.options.api=chat_completions",
-                     "model.retry.max_attempts=2")
+    bundle = clients(
+        "model.target.base_url=http://127.0.0.1:9/v1",
+        "model.target.options.api=chat_completions",
+        "model.retry.max_attempts=2",
+    )
     with pytest.raises(ConnectionFailed, match=r"\[target\] openai/gpt-4.1-mini .*cannot reach"):
         bundle.target.chat(ask())
 
@@ -236,9 +243,12 @@ def test_a_truncated_reply_is_re_asked_with_double_the_tokens(openai_server):
 
 
 def test_usage_is_counted_per_stage_and_role(openai_server):
-    bundle = clients(f"model.target.base_url={openai_server.openai_base_url}",
-                     f"model.optimizer.base_url={openai_server.openai_base_url}",
-                     "model.target.options.api=chat_completions", "model.optimizer.options.api=chat_completions")
+    bundle = clients(
+        f"model.target.base_url={openai_server.openai_base_url}",
+        f"model.optimizer.base_url={openai_server.openai_base_url}",
+        "model.target.options.api=chat_completions",
+        "model.optimizer.options.api=chat_completions",
+    )
     openai_server.default = ok(text="x", usage={"prompt_tokens": 10, "completion_tokens": 5})
     bundle.target.chat(ask(stage="rollout"))
     bundle.target.chat(ask(stage="rollout"))
@@ -288,8 +298,18 @@ def anthropic_clients(server, *more: str) -> ModelClients:
 
 
 def test_anthropic_text_usage_with_prompt_cache(anthropic_server):
-    anthropic_server.plan("/v1/messages", ok(text="4", usage={"prompt_tokens": 1000, "completion_tokens": 50,
-                                                              "cached_tokens": 600, "cache_write_tokens": 100}))
+    anthropic_server.plan(
+        "/v1/messages",
+        ok(
+            text="4",
+            usage={
+                "prompt_tokens": 1000,
+                "completion_tokens": 50,
+                "cached_tokens": 600,
+                "cache_write_tokens": 100,
+            },
+        ),
+    )
     response = anthropic_clients(anthropic_server, "model.target.temperature=0.2").target.chat(ask())
     assert response.text == "4"
     assert (response.usage.prompt_tokens, response.usage.cached_prompt_tokens,
@@ -304,7 +324,9 @@ def test_anthropic_text_usage_with_prompt_cache(anthropic_server):
 
 def test_anthropic_thinking_budget_below_max_tokens_and_no_temperature(anthropic_server, caplog):
     anthropic_server.plan("/v1/messages", ok(text="42", reasoning="let me think"))
-    bundle = anthropic_clients(anthropic_server, "model.target.reasoning_effort=high", "model.target.temperature=0.5")
+    bundle = anthropic_clients(
+        anthropic_server, "model.target.reasoning_effort=high", "model.target.temperature=0.5"
+    )
     response = bundle.target.chat(ask())
     body = anthropic_server.last("/v1/messages").body
     assert body["thinking"] == {"type": "enabled", "budget_tokens": 24576}
@@ -331,7 +353,9 @@ def test_anthropic_overloaded_529_is_retried_and_max_tokens_stop_is_truncated(an
 
 def test_anthropic_400_is_called_once(anthropic_server):
     anthropic_server.plan("/v1/messages", status(400, message="bad field"))
-    with pytest.raises(BadRequest, match=r"^\[target\] anthropic/claude-sonnet-4-6 \(stage rollout\): HTTP 400"):
+    with pytest.raises(
+        BadRequest, match=r"^\[target\] anthropic/claude-sonnet-4-6 \(stage rollout\): HTTP 400"
+    ):
         anthropic_clients(anthropic_server).target.chat(ask())
     assert anthropic_server.calls("/v1/messages") == 1
 
@@ -340,8 +364,13 @@ def test_anthropic_400_is_called_once(anthropic_server):
 
 
 def compat(server, *more: str, env: dict | None = None) -> ModelClients:
-    return clients("model.target.backend=openai_compatible", f"model.target.base_url={server.openai_base_url}",
-                   "model.target.model=Qwen/Qwen3-8B", *more, env=env if env is not None else {})
+    return clients(
+        "model.target.backend=openai_compatible",
+        f"model.target.base_url={server.openai_base_url}",
+        "model.target.model=Qwen/Qwen3-8B",
+        *more,
+        env=env if env is not None else {},
+    )
 
 
 def test_generic_server_needs_no_key_and_server_default_sends_no_thinking_field(openai_server, caplog):
@@ -393,8 +422,12 @@ def test_qwen_without_its_key_is_a_config_error(openai_server):
 
 def test_deepseek_reasoning_content_never_becomes_the_answer(openai_server):
     openai_server.plan(CHAT, ok(text="7", reasoning="3+4"))
-    response = compat(openai_server, "model.target.options.preset=deepseek", "model.target.model=deepseek-reasoner",
-                      env={"DEEPSEEK_API_KEY": KEY}).target.chat(ask())
+    response = compat(
+        openai_server,
+        "model.target.options.preset=deepseek",
+        "model.target.model=deepseek-reasoner",
+        env={"DEEPSEEK_API_KEY": KEY},
+    ).target.chat(ask())
     assert (response.text, response.reasoning_text) == ("7", "3+4")
 
 
@@ -482,7 +515,9 @@ def test_a_reply_is_stored_the_moment_it_arrives_and_never_paid_for_twice(openai
     assert openai_server.calls(CHAT) == 3
 
 
-def test_a_reply_is_in_the_store_before_its_usage_line_so_a_kill_between_them_pays_nothing(openai_server, tmp_path):
+def test_a_reply_is_in_the_store_before_its_usage_line_so_a_kill_between_them_pays_nothing(
+    openai_server, tmp_path
+):
     from skillopt.llm.reply_store import ReplyStore
     from skillopt.llm.usage import UsageLedger
 
@@ -498,11 +533,18 @@ def test_a_reply_is_in_the_store_before_its_usage_line_so_a_kill_between_them_pa
     loaded = load_config(None, overrides=[f"model.target.base_url={openai_server.openai_base_url}",
                                           "model.target.options.api=chat_completions"], env=env)
     openai_server.plan(CHAT, ok(text="paid once"), ok(text="paid twice"))
-    dying = ModelClients.from_config(loaded, env=env, registry=REGISTRY, replies=ReplyStore(tmp_path / "r"),
-                                     ledger=KilledWhileRecording(tmp_path / "usage.jsonl", PriceTable.load(None)))
+    dying = ModelClients.from_config(
+        loaded,
+        env=env,
+        registry=REGISTRY,
+        replies=ReplyStore(tmp_path / "r"),
+        ledger=KilledWhileRecording(tmp_path / "usage.jsonl", PriceTable.load(None)),
+    )
     with pytest.raises(SystemExit):
         dying.target.chat(ask())
-    restarted = ModelClients.from_config(loaded, env=env, registry=REGISTRY, replies=ReplyStore(tmp_path / "r"))
+    restarted = ModelClients.from_config(
+        loaded, env=env, registry=REGISTRY, replies=ReplyStore(tmp_path / "r")
+    )
     assert restarted.target.chat(ask()).text == "paid once"
     assert openai_server.calls(CHAT) == 1
 

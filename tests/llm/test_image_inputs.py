@@ -34,9 +34,13 @@ DOCVQA = FIXTURES_ROOT / "docvqa"
 def exec_clients(tmp_path: Path, backend: str) -> ModelClients:
     # Without the OS sandbox, so the fake CLI can record what it was given next to itself (under bubblewrap
     # its folder is read-only; tests/security/test_exec_sandbox.py runs it there).
-    overrides = [*_data_overrides(str(DOCVQA)), f"model.target.backend={backend}",
-                 f"model.target.options.workspace_root={tmp_path / 'workspaces'}", "model.target.timeout_s=30",
-                 "model.target.options.workspace_sandbox=none"]
+    overrides = [
+        *_data_overrides(str(DOCVQA)),
+        f"model.target.backend={backend}",
+        f"model.target.options.workspace_root={tmp_path / 'workspaces'}",
+        "model.target.timeout_s=30",
+        "model.target.options.workspace_sandbox=none",
+    ]
     loaded = load_config("docvqa", overrides=overrides, env={})
     context = BackendContext(run_id="imgrun01", protected_paths=(Path.cwd(),))
     return ModelClients.from_config(loaded, env={}, registry=BackendRegistry.default(), context=context)
@@ -120,7 +124,9 @@ def test_a_rollout_s_first_request_changes_when_an_image_changes_under_the_same_
 
     def first_request_key() -> str:
         item = items_by_id(plugin, config, tmp_path)["90002"]
-        return ChatRequest(messages=first_messages(plugin, item, "", config), stage="rollout").cache_key("target")
+        return ChatRequest(messages=first_messages(plugin, item, "", config), stage="rollout").cache_key(
+            "target"
+        )
 
     before = first_request_key()
     assert first_request_key() == before
@@ -139,8 +145,11 @@ def test_a_target_without_vision_stops_an_image_benchmark_in_preflight(tmp_path)
     overrides = run_context_overrides("docvqa", tmp_path, "model.target.backend=openai",
                                       "model.target.model=gpt-3.5-turbo", "model.judge=null")
     loaded = load_config("docvqa", overrides=overrides, env={})
-    with pytest.raises(BenchmarkSetupError, match=r"benchmark docvqa sends images to the target, but \[target\] "
-                                                  r"openai/gpt-3.5-turbo cannot take them"):
+    with pytest.raises(
+        BenchmarkSetupError,
+        match=r"benchmark docvqa sends images to the target, but \[target\] "
+        r"openai/gpt-3.5-turbo cannot take them",
+    ):
         Run.from_config(loaded, env={"OPENAI_API_KEY": "sk-test-not-used"})
     assert not (tmp_path / "runs").exists()
 
@@ -173,7 +182,9 @@ def test_judge_benchmarks_stop_in_preflight_without_a_judge_role(name, tmp_path)
     with pytest.raises(BenchmarkSetupError, match=f"benchmark {name} needs the judge role: .*switched off"):
         Run.from_config(load_config(name, overrides=overrides, env={}), env={})
     # No usable credential for the judge's backend is the same stop, naming the variable.
-    overrides = run_context_overrides(name, tmp_path, "model.target.backend=scripted", "model.judge.backend=openai")
+    overrides = run_context_overrides(
+        name, tmp_path, "model.target.backend=scripted", "model.judge.backend=openai"
+    )
     with pytest.raises(BenchmarkSetupError, match=f"benchmark {name} needs the judge role: .*OPENAI_API_KEY"):
         Run.from_config(load_config(name, overrides=overrides, env={}), env={})
     assert not (tmp_path / "runs").exists()
@@ -195,12 +206,16 @@ def test_the_analyst_sees_image_names_by_default_and_the_images_only_with_analys
     assert not message.images() and "[image] s1_2.png" in message.text() and "base64" not in message.text()
     assert OptimizerSection().analyst_images is False
 
-    shown = with_item_images(request, rows, {row.id: item_image_paths(items[row.id]) for row in rows}, detail="low")
+    shown = with_item_images(
+        request, rows, {row.id: item_image_paths(items[row.id]) for row in rows}, detail="low"
+    )
     parts = shown.messages[-1].content
     assert parts[0].text == message.text()
     labels = [p.text for p in parts[1:] if isinstance(p, TextPart)]
     assert labels == [f"Images of trajectory {i} (item {row.id}):" for i, row in enumerate(rows, start=1)]
-    assert len(shown.messages[-1].images()) == 7 and {p.detail for p in shown.messages[-1].images()} == {"low"}
+    assert len(shown.messages[-1].images()) == 7 and {p.detail for p in shown.messages[-1].images()} == {
+        "low"
+    }
     assert ReplyStore.key("fp", shown) != ReplyStore.key("fp", request)
 
 

@@ -93,7 +93,9 @@ def test_model_path_comes_from_the_environment_and_names_the_model(tmp_path: Pat
 
 
 def test_missing_model_path_is_a_config_error(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match=r"model\.target\.options\.model_path: Field required \(backend local\)"):
+    with pytest.raises(
+        ConfigError, match=r"model\.target\.options\.model_path: Field required \(backend local\)"
+    ):
         _resolve(tmp_path, {})
 
 
@@ -103,7 +105,9 @@ def test_unknown_option_is_a_config_error(tmp_path: Path) -> None:
 
 
 def test_missing_model_file_names_the_option(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match=r"model\.judge\.options\.model_path: no model file at .*absent\.gguf"):
+    with pytest.raises(
+        ConfigError, match=r"model\.judge\.options\.model_path: no model file at .*absent\.gguf"
+    ):
         build(make_role("judge", model_path=str(tmp_path / "absent.gguf")))
 
 
@@ -279,7 +283,9 @@ def test_a_load_error_in_the_child_is_its_last_line(tmp_path, monkeypatch):
     from skillopt.llm.local import probe_in_child
 
     _fake_llama_cpp(tmp_path, monkeypatch, "raise ValueError('Failed to load model from file: m.gguf')")
-    with pytest.raises(ConfigError, match=r"cannot load m.gguf \(local backend\): ValueError: Failed to load"):
+    with pytest.raises(
+        ConfigError, match=r"cannot load m.gguf \(local backend\): ValueError: Failed to load"
+    ):
         probe_in_child({"model_path": "m.gguf"}, "model.target.options.model_path")
 
 

@@ -110,8 +110,9 @@ def test_server_wait_longer_than_the_limit_fails_at_once():
 def test_deadline_stops_retries():
     clock = FakeClock()
     with pytest.raises(ServerError) as info:
-        Retrier(RetryPolicy(base=10, cap=60, max_attempts=50, deadline_s=100), sleep=clock.sleep, clock=clock).run(
-            lambda attempt: (_ for _ in ()).throw(ServerError("down")))
+        Retrier(
+            RetryPolicy(base=10, cap=60, max_attempts=50, deadline_s=100), sleep=clock.sleep, clock=clock
+        ).run(lambda attempt: (_ for _ in ()).throw(ServerError("down")))
     assert clock.now <= 100
     assert "deadline_s" in str(info.value)
 

@@ -44,8 +44,12 @@ def test_global_backend_yields_to_a_per_role_override():
 
 
 def test_per_role_cli_option_beats_everything():
-    cli = CliRoleOptions(backend="openai", role_backend={"target": "anthropic"}, role_model={"target": "claude-x"},
-                         effort={"target": "low"})
+    cli = CliRoleOptions(
+        backend="openai",
+        role_backend={"target": "anthropic"},
+        role_model={"target": "claude-x"},
+        effort={"target": "low"},
+    )
     resolved = roles("model.target.backend=openai", cli=cli)
     assert (resolved.target.backend, resolved.target.model, resolved.target.reasoning_effort) == (
         "anthropic", "claude-x", "low")
@@ -96,7 +100,9 @@ def test_presets_give_endpoint_and_key_variable():
 
 
 def test_unknown_backend_option_is_an_error_naming_its_path():
-    with pytest.raises(ConfigError, match=r"model\.target\.options\.temprature: unknown option \(backend openai\)"):
+    with pytest.raises(
+        ConfigError, match=r"model\.target\.options\.temprature: unknown option \(backend openai\)"
+    ):
         roles("model.target.options.temprature=1")
 
 
@@ -124,7 +130,9 @@ def test_a_mistyped_backend_is_one_line_naming_the_known_backends():
 
 
 def test_a_backend_the_registry_lacks_is_refused_like_a_typo():
-    with pytest.raises(ConfigError, match="model.target.backend: unknown backend 'local'; the backends are: "):
+    with pytest.raises(
+        ConfigError, match="model.target.backend: unknown backend 'local'; the backends are: "
+    ):
         roles("model.target.backend=local")
 
 

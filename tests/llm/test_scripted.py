@@ -134,7 +134,11 @@ def test_first_matching_rule_wins_over_later_ones() -> None:
 @pytest.mark.parametrize(
     ("rule", "hit", "miss"),
     [
-        ({"role": "optimizer"}, {"role": "optimizer", "stage": "analyst"}, {"role": "target", "stage": "analyst"}),
+        (
+            {"role": "optimizer"},
+            {"role": "optimizer", "stage": "analyst"},
+            {"role": "target", "stage": "analyst"},
+        ),
         ({"stage": "judge"}, {"stage": "judge"}, {"stage": "rollout"}),
         ({"item_id": 7}, {"tags": {"item_id": "7"}}, {"tags": {"item_id": "8"}}),
         ({"system": r"^You grade"}, {"sys": "You grade answers."}, {"sys": "You solve tasks."}),
@@ -142,9 +146,13 @@ def test_first_matching_rule_wins_over_later_ones() -> None:
     ],
     ids=["role", "stage", "item_id", "system", "user"],
 )
-def test_each_match_key_selects_its_requests(rule: dict[str, Any], hit: dict[str, Any], miss: dict[str, Any]) -> None:
+def test_each_match_key_selects_its_requests(
+    rule: dict[str, Any], hit: dict[str, Any], miss: dict[str, Any]
+) -> None:
     def call(spec: dict[str, Any]) -> str:
-        b = backend(spec.get("role", "target"), rules=[{**rule, "text": "matched"}], default={"text": "fallback"})
+        b = backend(
+            spec.get("role", "target"), rules=[{**rule, "text": "matched"}], default={"text": "fallback"}
+        )
         return ask(b, spec.get("text", "hello"), spec.get("stage", "rollout"), spec.get("sys"),
                    **spec.get("tags", {})).text
 
@@ -153,7 +161,9 @@ def test_each_match_key_selects_its_requests(rule: dict[str, Any], hit: dict[str
 
 
 def test_a_rule_applies_only_when_all_its_keys_match() -> None:
-    b = backend(rules=[{"stage": "rollout", "user": "France", "item_id": "a", "text": "yes"}], default={"text": "no"})
+    b = backend(
+        rules=[{"stage": "rollout", "user": "France", "item_id": "a", "text": "yes"}], default={"text": "no"}
+    )
     assert ask(b, "France", item_id="a").text == "yes"
     assert ask(b, "France", item_id="b").text == "no"
     assert ask(b, "Spain", item_id="a").text == "no"
@@ -213,7 +223,10 @@ def test_template_substitutes_numbered_and_named_groups() -> None:
     b = backend(rules=[
         {"user": r"capital of (?P<country>\w+) in (\d+)", "template": "{country}/{2}/{0} {{braces}}"},
     ])
-    assert ask(b, "What was the capital of France in 1900?").text == "France/1900/capital of France in 1900 {braces}"
+    assert (
+        ask(b, "What was the capital of France in 1900?").text
+        == "France/1900/capital of France in 1900 {braces}"
+    )
 
 
 def test_template_uses_the_system_match_when_the_rule_has_no_user_pattern() -> None:
@@ -263,7 +276,9 @@ def test_backend_seed_falls_back_to_the_role_seed_then_zero() -> None:
 
 
 def test_handler_object_is_validated_like_json() -> None:
-    response = ask(backend(rules=[{"handler": f"{HERE}:object_handler"}], seed=5), stage="judge", schema=Verdict)
+    response = ask(
+        backend(rules=[{"handler": f"{HERE}:object_handler"}], seed=5), stage="judge", schema=Verdict
+    )
     assert response.parsed == Verdict(verdict="correct", reason="seed 5")
 
 
@@ -301,7 +316,9 @@ def test_unknown_rule_keys_are_config_errors_naming_the_rule_index() -> None:
 
 
 def test_a_rule_needs_exactly_one_reply() -> None:
-    with pytest.raises(ConfigError, match=r"rules\[0\]: a rule needs exactly one of .* \(found: text, json\)"):
+    with pytest.raises(
+        ConfigError, match=r"rules\[0\]: a rule needs exactly one of .* \(found: text, json\)"
+    ):
         backend(rules=[{"text": "a", "json": {}}])
 
 
@@ -325,7 +342,11 @@ def test_usage_is_characters_over_four_unless_the_rule_says_otherwise() -> None:
 
     given = ask(backend(rules=[{"text": "x" * 20, "usage": {"completion_tokens": 99, "reasoning_tokens": 7},
                                 "latency_s": 1.5}]), "y" * 40)
-    assert (given.usage.prompt_tokens, given.usage.completion_tokens, given.usage.reasoning_tokens) == (10, 99, 7)
+    assert (given.usage.prompt_tokens, given.usage.completion_tokens, given.usage.reasoning_tokens) == (
+        10,
+        99,
+        7,
+    )
     assert given.latency_s == 1.5
 
 
@@ -352,7 +373,9 @@ def test_images_are_matched_and_counted_as_image_basename(tmp_path: Path) -> Non
 
 def test_rules_load_from_a_yaml_file(tmp_path: Path) -> None:
     path = tmp_path / "rules.yaml"
-    path.write_text("- stage: rollout\n  user: 'capital of (\\w+)'\n  template: 'Paris, {1}'\n", encoding="utf-8")
+    path.write_text(
+        "- stage: rollout\n  user: 'capital of (\\w+)'\n  template: 'Paris, {1}'\n", encoding="utf-8"
+    )
     assert ask(backend(rules=str(path)), "capital of France").text == "Paris, France"
 
 
@@ -377,7 +400,9 @@ def _resolve(tmp_path: Path, env: dict[str, str]) -> Any:
     config = tmp_path / "config.yaml"
     config.write_text("{}\n", encoding="utf-8")
     env = {"SKILLOPT_TARGET_BACKEND": "scripted", "SKILLOPT_OPTIMIZER_BACKEND": "scripted", **env}
-    return resolve_roles(load_config(config_file=config, env=env), env=env, registry=BackendRegistry([scripted.INFO]))
+    return resolve_roles(
+        load_config(config_file=config, env=env), env=env, registry=BackendRegistry([scripted.INFO])
+    )
 
 
 def test_options_reject_unknown_keys(tmp_path: Path) -> None:
@@ -423,7 +448,9 @@ def test_auto_reports_a_schema_it_cannot_satisfy() -> None:
     class Coded(BaseModel):
         code: str = Field(pattern=r"^[A-Z]{3}$")
 
-    with pytest.raises(ScriptedNoMatch, match=r"cannot build a valid Coded \(code: .*add a rule for stage deep_probe"):
+    with pytest.raises(
+        ScriptedNoMatch, match=r"cannot build a valid Coded \(code: .*add a rule for stage deep_probe"
+    ):
         ask(backend("optimizer"), stage="deep_probe", schema=Coded)
 
 

@@ -202,7 +202,8 @@ def test_ledger_appends_one_json_line_per_call_with_cost(tmp_path: Path, prices:
 
 
 def test_ledgers_of_several_processes_on_one_file_count_every_line(tmp_path: Path, prices: PriceTable):
-    """A Dask worker appends its rollouts' lines to the run's usage.jsonl: the flow's ledger counts them too."""
+    """A Dask worker appends its rollouts' lines to the run's usage.jsonl: the flow's ledger counts them
+    too."""
     path = tmp_path / "usage.jsonl"
     flow, worker = UsageLedger(path, prices), UsageLedger(path, prices)
     mark = flow.mark()

@@ -26,8 +26,20 @@ def _run(argv: list[str], **kwargs) -> subprocess.CompletedProcess[str]:
 def test_wheel_installed_outside_the_repo_loads_shipped_prompts_and_configs(tmp_path):
     pytest.importorskip("hatchling", reason="building the wheel offline needs the dev extra (hatchling)")
     wheel_dir = tmp_path / "wheels"
-    _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(wheel_dir),
-          str(REPO)])
+    _run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(wheel_dir),
+            str(REPO),
+        ]
+    )
     (wheel,) = wheel_dir.glob("skillopt-*.whl")
 
     env_dir = tmp_path / "venv"
@@ -59,10 +71,15 @@ def test_wheel_installed_outside_the_repo_loads_shipped_prompts_and_configs(tmp_
     proc = _run([str(python), "-c", script], cwd=work, env=env)
     module_file, configs_dir, prompt_title, split_dir, flow_name = proc.stdout.splitlines()
     assert Path(module_file).is_relative_to(env_dir), module_file
-    assert Path(configs_dir).is_relative_to(env_dir) and Path(configs_dir).parts[-2:] == ("_shipped", "configs")
+    assert Path(configs_dir).is_relative_to(env_dir) and Path(configs_dir).parts[-2:] == (
+        "_shipped",
+        "configs",
+    )
     assert prompt_title == "# SearchQA skill"
     assert split_dir == "data/searchqa_split"
     assert flow_name == "skill-train"
 
-    cli = _run([str(env_dir / "bin" / "skillopt"), "config", "show", "demo", "--no-sources"], cwd=work, env=env)
+    cli = _run(
+        [str(env_dir / "bin" / "skillopt"), "config", "show", "demo", "--no-sources"], cwd=work, env=env
+    )
     assert "backend: scripted" in cli.stdout

@@ -23,12 +23,19 @@ SENTINELS = {
 }
 
 
-def test_sentinel_keys_appear_only_in_requests_the_fakes_received(tmp_path, openai_server, anthropic_server, caplog):
+def test_sentinel_keys_appear_only_in_requests_the_fakes_received(
+    tmp_path, openai_server, anthropic_server, caplog
+):
     caplog.set_level(logging.DEBUG)
     overrides = [
-        "model.target.backend=openai_compatible", f"model.target.base_url={openai_server.openai_base_url}",
-        "model.target.model=m", "model.optimizer.backend=anthropic", f"model.optimizer.base_url={anthropic_server.url}",
-        "model.judge.backend=azure", f"model.judge.base_url={openai_server.url}", "model.judge.model=dep",
+        "model.target.backend=openai_compatible",
+        f"model.target.base_url={openai_server.openai_base_url}",
+        "model.target.model=m",
+        "model.optimizer.backend=anthropic",
+        f"model.optimizer.base_url={anthropic_server.url}",
+        "model.judge.backend=azure",
+        f"model.judge.base_url={openai_server.url}",
+        "model.judge.model=dep",
         "model.retry.max_attempts=2",
     ]
     loaded = load_config("qa", overrides=overrides, env=SENTINELS)
@@ -37,7 +44,9 @@ def test_sentinel_keys_appear_only_in_requests_the_fakes_received(tmp_path, open
                                       usage_path=usage_path, sleep=lambda s: None)
     openai_server.plan("/v1/chat/completions", status(500), ok(text="fine"), status(401))
     openai_server.plan("/openai/deployments/dep/chat/completions", status(403))
-    anthropic_server.plan("/v1/messages", status(401, message=f"invalid x-api-key {SENTINELS['ANTHROPIC_API_KEY']}"))
+    anthropic_server.plan(
+        "/v1/messages", status(401, message=f"invalid x-api-key {SENTINELS['ANTHROPIC_API_KEY']}")
+    )
 
     texts: list[str] = []
     texts.append(bundle.target.chat(ChatRequest(messages=[user("hi")], stage="rollout")).text)
@@ -55,7 +64,9 @@ def test_sentinel_keys_appear_only_in_requests_the_fakes_received(tmp_path, open
 
     texts.append(caplog.text)
     texts.append(usage_path.read_text(encoding="utf-8"))
-    texts.extend(role.model_dump_json() for role in (bundle.roles.target, bundle.roles.optimizer, bundle.roles.judge))
+    texts.extend(
+        role.model_dump_json() for role in (bundle.roles.target, bundle.roles.optimizer, bundle.roles.judge)
+    )
     texts.extend(" ".join(row) for row in provenance_table(bundle.roles, SENTINELS))
     everything = "\n".join(texts)
     assert "invalid x-api-key" in everything  # the provider's message is kept ...

@@ -37,8 +37,17 @@ def test_sentinel_keys_never_appear_in_cli_output_or_files(tmp_path, sentinel_en
                                         encoding="utf-8")
     before = files_below(tmp_path)
     runs = [
-        skillopt("config", "show", "searchqa", "-c", "mine.yaml", "-o", "model.judge.backend=openai_compatible",
-                 cwd=tmp_path, env=sentinel_env),
+        skillopt(
+            "config",
+            "show",
+            "searchqa",
+            "-c",
+            "mine.yaml",
+            "-o",
+            "model.judge.backend=openai_compatible",
+            cwd=tmp_path,
+            env=sentinel_env,
+        ),
         skillopt("config", "validate", "mine.yaml", cwd=tmp_path, env=sentinel_env),
         skillopt("schedule", "--steps", "5", cwd=tmp_path, env=sentinel_env),
         skillopt("config", "show", "searchqa", "-o", "train.epochs=oops", cwd=tmp_path, env=sentinel_env),

@@ -126,8 +126,9 @@ def test_the_shipped_config_keys_are_all_valid_for_the_plugin_config():
 def test_a_chat_backend_gets_the_real_environment_and_no_simulated_note():
     bound, notes = plugin.bind_target(fixture_config_of(plugin), backend="openai", kind="chat")
     assert bound.env_manager == "alfworld" and notes == []
-    kept, notes = plugin.bind_target(fixture_config_of(plugin, ["benchmark.env_manager=fake"]), backend="openai",
-                                     kind="chat")
+    kept, notes = plugin.bind_target(
+        fixture_config_of(plugin, ["benchmark.env_manager=fake"]), backend="openai", kind="chat"
+    )
     assert kept.env_manager == "fake" and notes
 
 
@@ -136,20 +137,34 @@ def test_an_exec_backend_target_fails_at_setup():
         plugin.bind_target(fixture_config_of(plugin), backend="codex_exec", kind="exec")
 
 
-@pytest.mark.parametrize(("gamefile", "expected"), [
-    ("json_2.1.1/x/pick_and_place_simple-Mug-None-Shelf-302/trial_T1/game.tw-pddl", "pick_and_place"),
-    ("json_2.1.1/x/pick_two_obj_and_place-Pen-None-Desk-1/trial_T1/game.tw-pddl", "pick_two_obj_and_place"),
-    ("json_2.1.1/x/pick_cool_then_place_in_recep-Egg-None-Fridge-2/trial_T1/game.tw-pddl",
-     "pick_cool_then_place_in_recep"),
-    ("json_2.1.1/x/look_at_obj_in_light-Book-None-DeskLamp-301/trial_T1/game.tw-pddl", "look_at_obj_in_light"),
-    ("json_2.1.1/x/unknown_task-Book-None-DeskLamp-301/trial_T1/game.tw-pddl", None),
-])
+@pytest.mark.parametrize(
+    ("gamefile", "expected"),
+    [
+        ("json_2.1.1/x/pick_and_place_simple-Mug-None-Shelf-302/trial_T1/game.tw-pddl", "pick_and_place"),
+        (
+            "json_2.1.1/x/pick_two_obj_and_place-Pen-None-Desk-1/trial_T1/game.tw-pddl",
+            "pick_two_obj_and_place",
+        ),
+        (
+            "json_2.1.1/x/pick_cool_then_place_in_recep-Egg-None-Fridge-2/trial_T1/game.tw-pddl",
+            "pick_cool_then_place_in_recep",
+        ),
+        (
+            "json_2.1.1/x/look_at_obj_in_light-Book-None-DeskLamp-301/trial_T1/game.tw-pddl",
+            "look_at_obj_in_light",
+        ),
+        ("json_2.1.1/x/unknown_task-Book-None-DeskLamp-301/trial_T1/game.tw-pddl", None),
+    ],
+)
 def test_task_types_come_from_the_task_directory_longest_match_first(gamefile, expected):
     assert task_type_of(gamefile) == expected
 
 
 def test_normalising_is_idempotent_and_fills_the_task_type_from_the_path():
-    row = {"id": "train:0001", "gamefile": "json_2.1.1/train/pick_and_place_simple-Mug-None-Shelf-1/trial_T1/game.tw-pddl"}
+    row = {
+        "id": "train:0001",
+        "gamefile": "json_2.1.1/train/pick_and_place_simple-Mug-None-Shelf-1/trial_T1/game.tw-pddl",
+    }
     once = normalise_row(row)
     assert once["task_type"] == "pick_and_place"
     assert normalise_row(once) == once
@@ -174,13 +189,18 @@ def test_a_gamefile_without_a_task_type_anywhere_is_an_error():
 
 
 def test_ratio_output_round_trips_through_its_own_reader(tmp_path):
-    rows = [json.loads((FIXTURES / split / "items.json").read_text())[0] for split in ("train", "val", "test")]
+    rows = [
+        json.loads((FIXTURES / split / "items.json").read_text())[0] for split in ("train", "val", "test")
+    ]
     rows += [{**row, "id": row["id"] + "b"} for row in rows]
     source = tmp_path / "games.json"
     source.write_text(json.dumps(rows))
     config = AlfworldConfig(split_mode="ratio", data_path=str(source), split_ratio="1:1:1",
                             alfworld_data=str(FIXTURES), env_manager="fake")
-    loaded = {split: plugin.load_split(config, split, run_dir=tmp_path / "run") for split in ("train", "val", "test")}
+    loaded = {
+        split: plugin.load_split(config, split, run_dir=tmp_path / "run")
+        for split in ("train", "val", "test")
+    }
     assert sorted(len(items) for items in loaded.values()) == [2, 2, 2]
     written = json.loads(next((tmp_path / "run" / "splits").glob("*/train/items.json")).read_text())
     assert all("game_path" not in row for row in written)
@@ -192,7 +212,9 @@ def test_preflight_fails_for_a_missing_gamefile_even_with_the_fake(tmp_path):
     for split in ("train", "val", "test"):
         (data / split).mkdir(parents=True)
         (data / split / "items.json").write_text((FIXTURES / split / "items.json").read_text())
-    config = AlfworldConfig(split_mode="split_dir", split_dir=str(data), data_root=str(data), env_manager="fake")
+    config = AlfworldConfig(
+        split_mode="split_dir", split_dir=str(data), data_root=str(data), env_manager="fake"
+    )
     with pytest.raises(BenchmarkSetupError, match=r"3 gamefile\(s\) not found.*ALFWORLD_DATA"):
         plugin.preflight(config)
 
@@ -211,7 +233,9 @@ def test_the_real_environment_without_the_package_names_the_extra_and_the_data_v
 
 
 def test_missing_game_data_names_the_data_variable(tmp_path):
-    with pytest.raises(BenchmarkSetupError, match=r"ALFWORLD_DATA.*alfworld-download|alfworld-download.*ALFWORLD_DATA"):
+    with pytest.raises(
+        BenchmarkSetupError, match=r"ALFWORLD_DATA.*alfworld-download|alfworld-download.*ALFWORLD_DATA"
+    ):
         game_data_root([])
     with pytest.raises(BenchmarkSetupError, match="logic/alfred.pddl"):
         game_data_root([tmp_path])
@@ -228,12 +252,23 @@ def test_gamefiles_resolve_under_the_data_folder_then_the_environment_variable(t
     game.write_text("")
     bench = AlfworldBenchmark(env={"ALFWORLD_DATA": str(elsewhere)})
     assert bench.data_roots(AlfworldConfig(data_root=str(FIXTURES))) == [FIXTURES, elsewhere]
-    assert bench.data_roots(AlfworldConfig(alfworld_data=str(tmp_path), data_root=str(FIXTURES))) == [tmp_path]
+    assert bench.data_roots(AlfworldConfig(alfworld_data=str(tmp_path), data_root=str(FIXTURES))) == [
+        tmp_path
+    ]
     split_folder = tmp_path / "split"
     for split in ("train", "val", "test"):
         (split_folder / split).mkdir(parents=True)
-        (split_folder / split / "items.json").write_text(json.dumps(
-            [{"id": f"{split}:1", "gamefile": "json_2.1.1/train/g/game.tw-pddl", "task_type": "pick_and_place"}]))
+        (split_folder / split / "items.json").write_text(
+            json.dumps(
+                [
+                    {
+                        "id": f"{split}:1",
+                        "gamefile": "json_2.1.1/train/g/game.tw-pddl",
+                        "task_type": "pick_and_place",
+                    }
+                ]
+            )
+        )
     config = AlfworldConfig(split_mode="split_dir", split_dir=str(split_folder), data_root=str(split_folder),
                             env_manager="fake")
     (item,) = bench.load_split(config, "train", run_dir=tmp_path)
@@ -245,8 +280,12 @@ def test_gamefiles_resolve_under_the_data_folder_then_the_environment_variable(t
 
 
 def test_the_fake_world_welcomes_with_the_task_and_admissible_commands():
-    world = FakeEnvManager(str(FIXTURES / "json_2.1.1/train/pick_heat_then_place_in_recep-Apple-None-CounterTop-12"
-                                          "/trial_T20190001_000000_000001/game.tw-pddl"))
+    world = FakeEnvManager(
+        str(
+            FIXTURES / "json_2.1.1/train/pick_heat_then_place_in_recep-Apple-None-CounterTop-12"
+            "/trial_T20190001_000000_000001/game.tw-pddl"
+        )
+    )
     obs, infos = world.reset()
     assert "Your task is to: heat some apple and put it in countertop." in obs["text"][0]
     assert obs["image"] is None and "Welcome" in obs["anchor"][0]
@@ -255,7 +294,9 @@ def test_the_fake_world_welcomes_with_the_task_and_admissible_commands():
 
 
 def test_the_fake_world_wins_only_on_its_winning_command():
-    world = FakeEnvManager("json_2.1.1/valid_seen/look_at_obj_in_light-Book-None-DeskLamp-301/trial_T2/game.tw-pddl")
+    world = FakeEnvManager(
+        "json_2.1.1/valid_seen/look_at_obj_in_light-Book-None-DeskLamp-301/trial_T2/game.tw-pddl"
+    )
     world.reset()
     obs, rewards, dones, infos = world.step(["go to desklamp 1"])
     assert (obs["text"][0], rewards, dones, infos[0]["won"]) == (NOTHING_HAPPENS, [0.0], [False], False)
@@ -290,8 +331,18 @@ def test_the_winning_action_solves_the_heat_game_in_one_step(tmp_path):
     row, _ = roll(items[HEAT], fixture_config())
     assert (row.hard, row.soft, row.n_turns, row.fail_reason) == (1.0, 1.0, 1, "")
     steps = [event for event in row.trajectory if event["type"] == "env_step"]
-    assert steps == [{"type": "env_step", "step": 1, "reasoning": steps[0]["reasoning"], "action": "go to microwave 1",
-                      "observation": steps[0]["observation"], "reward": 10.0, "done": True, "valid": True}]
+    assert steps == [
+        {
+            "type": "env_step",
+            "step": 1,
+            "reasoning": steps[0]["reasoning"],
+            "action": "go to microwave 1",
+            "observation": steps[0]["observation"],
+            "reward": 10.0,
+            "done": True,
+            "valid": True,
+        }
+    ]
     assert row.extras == {"gamefile": items[HEAT]["gamefile"], "invalid_actions": 0}
     assert row.trajectory[-1]["type"] == "evaluation"
     assert row.task_description == "heat some apple and put it in countertop."
@@ -330,7 +381,9 @@ def test_history_keeps_only_the_last_two_steps(tmp_path):
 def test_an_episode_that_ends_without_winning_says_so(tmp_path):
     world = ScriptedWorld({"water plant 1": ("The plant drowns.", True, False)})
     bench = AlfworldBenchmark(env={}, env_factory=lambda item, config: world)
-    target = PluginScriptedTarget(bench, rules(("water the plant", "<think>w</think><action>water plant 1</action>")))
+    target = PluginScriptedTarget(
+        bench, rules(("water the plant", "<think>w</think><action>water plant 1</action>"))
+    )
     row, _ = roll(fixture_items(tmp_path)[HEAT], fixture_config(), target=target, bench=bench)
     assert (row.hard, row.fail_reason, row.n_turns) == (0.0, "wrong: episode ended without success", 1)
     assert world.closed
@@ -350,8 +403,17 @@ def test_a_past_deadline_starts_no_call(tmp_path):
     target = PluginScriptedTarget(plugin)
     events: list[dict[str, Any]] = []
     messages = plugin.build_messages(item, "skill", fixture_config())
-    result = plugin.run_episode(item, "skill", EpisodeContext(target=target, messages=messages, cfg=fixture_config(),
-                                                              record=events.append, deadline=time.monotonic() - 1))
+    result = plugin.run_episode(
+        item,
+        "skill",
+        EpisodeContext(
+            target=target,
+            messages=messages,
+            cfg=fixture_config(),
+            record=events.append,
+            deadline=time.monotonic() - 1,
+        ),
+    )
     assert target.requests == [] and result.n_turns == 0 and not result.answered
 
 
@@ -360,12 +422,16 @@ def test_the_deep_probe_readout_reaches_every_step(tmp_path):
     target = PluginScriptedTarget(plugin)
     run_item(plugin, item, "skill", fixture_config(max_steps=2), target=target, judge=None,
              probe_instruction="Name the rule you used.")
-    assert all(f"{READOUT_HEADING}\nName the rule you used." in r.messages[-1].text() for r in target.requests)
+    assert all(
+        f"{READOUT_HEADING}\nName the rule you used." in r.messages[-1].text() for r in target.requests
+    )
 
 
 def test_the_skill_sits_in_the_system_prompt_only(tmp_path):
     item = fixture_items(tmp_path)[HEAT]
-    system_text, user_text = (m.text() for m in plugin.build_messages(item, "Open every drawer.", fixture_config()))
+    system_text, user_text = (
+        m.text() for m in plugin.build_messages(item, "Open every drawer.", fixture_config())
+    )
     assert "## Skill\nOpen every drawer." in system_text and "Open every drawer." not in user_text
     assert "## Skill" not in plugin.build_messages(item, "  ", fixture_config())[0].text()
 
@@ -395,8 +461,8 @@ def test_scripted_rules_are_valid_and_the_prompts_ship():
 
 
 def test_importing_the_plugin_imports_no_heavy_package():
-    code = ("import sys, skillopt.benchmarks.alfworld as m; m.plugin; "
-            "print(sorted(n for n in ('alfworld', 'textworld', 'gymnasium', 'omegaconf') if n in sys.modules))")
+    code = ("import sys, skillopt.benchmarks.alfworld as m; m.plugin; print(sorted(n for n in ('alfworld', "
+            "'textworld', 'gymnasium', 'omegaconf') if n in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 
@@ -436,10 +502,16 @@ def test_the_real_adapter_builds_one_game_from_its_trial_folder(monkeypatch, tmp
 
     module = types.ModuleType("alfworld.agents.environment")
     module.get_environment = lambda name: AlfredTWEnv if name == "AlfredTWEnv" else None
-    for name, value in (("alfworld", types.ModuleType("alfworld")), ("alfworld.agents", types.ModuleType("a")),
-                        ("alfworld.agents.environment", module)):
+    for name, value in (
+        ("alfworld", types.ModuleType("alfworld")),
+        ("alfworld.agents", types.ModuleType("a")),
+        ("alfworld.agents.environment", module),
+    ):
         monkeypatch.setitem(sys.modules, name, value)
-    gamefile = str(tmp_path / "json_2.1.1/valid_unseen/pick_cool_then_place_in_recep-Egg-None-Fridge-2/trial_T9/game.tw-pddl")
+    gamefile = str(
+        tmp_path
+        / "json_2.1.1/valid_unseen/pick_cool_then_place_in_recep-Egg-None-Fridge-2/trial_T9/game.tw-pddl"
+    )
     built["gamefile"] = gamefile
     game = AlfworldEnvManager(gamefile, data_root=tmp_path, seed=45, max_steps=7)
     assert (built["train_eval"], built["batch_size"], built["seed"]) == ("eval_out_of_distribution", 1, 45)
@@ -448,7 +520,9 @@ def test_the_real_adapter_builds_one_game_from_its_trial_folder(monkeypatch, tmp
     assert built["config"]["env"]["task_types"] == [1, 2, 3, 4, 5, 6]
     assert built["config"]["logic"]["domain"] == str(tmp_path / "logic" / "alfred.pddl")
     obs, infos = game.reset()
-    assert infos == [{"extra.gamefile": gamefile, "admissible_commands": ["look", "open fridge 1"], "won": False}]
+    assert infos == [
+        {"extra.gamefile": gamefile, "admissible_commands": ["look", "open fridge 1"], "won": False}
+    ]
     obs, rewards, dones, infos = game.step(["open fridge 1"])
     assert (obs["text"], rewards, dones, infos[0]["won"]) == (["You cool the egg."], [10.0], [True], True)
     assert obs["anchor"] == ["Your task is to: cool some egg and put it in fridge."]
@@ -458,7 +532,9 @@ def test_the_real_adapter_builds_one_game_from_its_trial_folder(monkeypatch, tmp
 
 def test_the_task_directory_decides_the_task_type_over_the_rows_label():
     path = "json_2.1.1/train/pick_and_place_simple-Mug-None-Shelf-1/trial_T1/game.tw-pddl"
-    assert normalise_row({"id": "a", "gamefile": path, "task_type": "pick_and_place_simple"})["task_type"] == \
-        "pick_and_place"
+    assert (
+        normalise_row({"id": "a", "gamefile": path, "task_type": "pick_and_place_simple"})["task_type"]
+        == "pick_and_place"
+    )
     assert normalise_row({"id": "b", "gamefile": "games/g1/game.tw-pddl",
                           "task_type": "pick_two_obj_and_place"})["task_type"] == "pick_two_obj_and_place"

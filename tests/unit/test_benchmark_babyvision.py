@@ -35,12 +35,18 @@ def never(item, prediction):
 def test_fixture_rows_normalise_choice_index_label_and_blank_answers(tmp_path):
     loaded = items(tmp_path)
     shadow, cubes, maze = loaded["101"], loaded["102"], loaded["103"]
-    assert shadow["ans_type"] == "choice" and shadow["correct_choice"] == {"label": "C", "text": "3"}  # 0-based 2
+    # 0-based 2
+    assert shadow["ans_type"] == "choice" and shadow["correct_choice"] == {"label": "C", "text": "3"}
     assert [c["label"] for c in shadow["choices"]] == ["A", "B", "C", "D"]
-    assert cubes["ans_type"] == "blank" and cubes["blank_answers"] == ["7"] and cubes["correct_choice"] is None
+    assert (
+        cubes["ans_type"] == "blank" and cubes["blank_answers"] == ["7"] and cubes["correct_choice"] is None
+    )
     assert maze["correct_choice"] == {"label": "B", "text": "B"}
-    assert (shadow.task_type, shadow["type"], shadow["cot"]) == ("Find the shadow", "Fine-grained Discrimination",
-                                                                "Compare outlines.")
+    assert (shadow.task_type, shadow["type"], shadow["cot"]) == (
+        "Find the shadow",
+        "Fine-grained Discrimination",
+        "Compare outlines.",
+    )
     assert shadow["image_path"] == str((FIXTURES / "images" / "101.png").resolve())
     assert plugin.task_types(list(loaded.values())) == ["Count 3D blocks", "Find the shadow", "Maze"]
     assert all(normalise_row(item, roots=[FIXTURES]) == item for item in loaded.values())  # idempotent
@@ -75,8 +81,14 @@ def test_rows_without_image_or_resolvable_answer_are_dropped(tmp_path):
     with pytest.raises(DropRow, match="blank row"):
         normalise_row({**base, "ansType": "open", "blankAns": []}, roots=[FIXTURES])
     # The answer type is inferred when absent.
-    assert normalise_row({**base, "options": ["a", "b"], "choiceAns": 1}, roots=[FIXTURES])["ans_type"] == "choice"
-    assert normalise_row({**base, "blankAns": ["one", "1"]}, roots=[FIXTURES])["blank_answers"] == ["one", "1"]
+    assert (
+        normalise_row({**base, "options": ["a", "b"], "choiceAns": 1}, roots=[FIXTURES])["ans_type"]
+        == "choice"
+    )
+    assert normalise_row({**base, "blankAns": ["one", "1"]}, roots=[FIXTURES])["blank_answers"] == [
+        "one",
+        "1",
+    ]
 
 
 def test_the_prompt_lists_choices_asks_for_a_box_and_ends_with_the_image(tmp_path):
@@ -91,7 +103,11 @@ def test_the_prompt_lists_choices_asks_for_a_box_and_ends_with_the_image(tmp_pat
 def test_spec_checks_exact_answers_skip_the_judge(tmp_path):
     loaded = items(tmp_path)
     shadow = plugin.score(loaded["101"], "It is the third.\n\\boxed{C}", never)
-    assert (shadow.hard, shadow.extras["evaluation_mode"], shadow.extras["correct_label"]) == (1.0, "exact", "C")
+    assert (shadow.hard, shadow.extras["evaluation_mode"], shadow.extras["correct_label"]) == (
+        1.0,
+        "exact",
+        "C",
+    )
     assert plugin.score(loaded["101"], "\\boxed{(c)}", never).hard == 1.0
     cubes = plugin.score(loaded["102"], "\\boxed{7}", never)
     assert (cubes.hard, cubes.extras["string_f1"]) == (1.0, 1.0)
@@ -104,7 +120,9 @@ def test_inexact_answers_go_to_the_judge_default_scripted_judge_says_incorrect_a
     calls: list = []
     wrong = plugin.score(cubes, "\\boxed{seven}", scripted_judge_of(plugin, calls=calls))
     assert (wrong.hard, wrong.soft, wrong.extras["evaluation_mode"]) == (0.0, 0.0, "judge")
-    assert wrong.fail_reason.startswith("wrong: judged incorrect: boxed 'seven'") and calls == [("102", "seven")]
+    assert wrong.fail_reason.startswith("wrong: judged incorrect: boxed 'seven'") and calls == [
+        ("102", "seven")
+    ]
     right = plugin.score(cubes, "\\boxed{seven}", scripted_judge_of(plugin, rules=CORRECT))
     assert (right.hard, right.extras["judge_reason"]) == (1.0, "same meaning")
 
@@ -112,7 +130,9 @@ def test_inexact_answers_go_to_the_judge_default_scripted_judge_says_incorrect_a
 def test_nested_braces_in_the_box_are_kept_and_the_last_box_wins(tmp_path):
     loaded = items(tmp_path)
     calls: list = []
-    result = plugin.score(loaded["102"], "\\boxed{3} then \\boxed{\\text{7}}", scripted_judge_of(plugin, calls=calls))
+    result = plugin.score(
+        loaded["102"], "\\boxed{3} then \\boxed{\\text{7}}", scripted_judge_of(plugin, calls=calls)
+    )
     assert result.predicted_answer == "\\text{7}" and calls == [("102", "\\text{7}")]
     assert plugin.score(loaded["101"], "\\boxed{A} no, \\boxed{C}", never).hard == 1.0
     assert plugin.score(loaded["101"], "\\boxed{C", never).fail_reason.startswith("no-answer")  # unbalanced

@@ -63,7 +63,11 @@ def test_anls_cut_off_and_best_gold(prediction, golds, value):
 
 
 def test_levenshtein_counts_insertions_deletions_and_substitutions():
-    assert (levenshtein("kitten", "sitting"), levenshtein("", "abc"), levenshtein("same", "same")) == (3, 3, 0)
+    assert (levenshtein("kitten", "sitting"), levenshtein("", "abc"), levenshtein("same", "same")) == (
+        3,
+        3,
+        0,
+    )
 
 
 def test_hard_needs_anls_of_at_least_0_999_so_punctuation_counts(tmp_path):
@@ -95,11 +99,14 @@ def test_relative_images_fall_back_to_the_csv_folder_and_missing_ones_stop_the_l
             encoding="utf-8")
     config = DocVQAConfig(split_mode="split_dir", split_dir=str(data), data_root=str(tmp_path / "elsewhere"))
     (tmp_path / "elsewhere").mkdir()
-    with pytest.raises(BenchmarkSetupError, match=r"1 of 2 train items have no image file \(first: item train2"):
+    with pytest.raises(
+        BenchmarkSetupError, match=r"1 of 2 train items have no image file \(first: item train2"
+    ):
         plugin.load_split(config, "train", run_dir=tmp_path)
     for split in ("train", "val", "test"):
-        (data / split / "q.csv").write_text(f"questionId,question,answer,image_path\n{split}1,Q?,A,pics/p.png\n",
-                                            encoding="utf-8")
+        (data / split / "q.csv").write_text(
+            f"questionId,question,answer,image_path\n{split}1,Q?,A,pics/p.png\n", encoding="utf-8"
+        )
     [item] = plugin.load_split(config, "val", run_dir=tmp_path)
     assert item["image_path"] == str((data / "val" / "pics" / "p.png").resolve())
 

@@ -14,8 +14,19 @@ from skillopt.cli import main
 PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
 #: The eleven public benchmarks, the bring-your-own ``qa`` and the built-in ``demo``.
 SPEC_BENCHMARKS = {
-    "qa", "demo", "searchqa", "livemathematicianbench", "docvqa", "babyvision", "mathverse", "mmrb", "officeqa",
-    "sealqa", "spreadsheetbench", "swebench", "alfworld",
+    "qa",
+    "demo",
+    "searchqa",
+    "livemathematicianbench",
+    "docvqa",
+    "babyvision",
+    "mathverse",
+    "mmrb",
+    "officeqa",
+    "sealqa",
+    "spreadsheetbench",
+    "swebench",
+    "alfworld",
 }
 
 

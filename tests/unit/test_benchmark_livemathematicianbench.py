@@ -307,7 +307,9 @@ def test_train_batches_reshuffle_with_the_batch_seed_and_evaluation_views_stay_s
             reply = f"<answer>{view['correct_choice']['text']}</answer>"
             assert plugin.score(view, reply, None).hard == 1.0
             _, user_message = plugin.build_messages(view, "", config)
-            assert f"{view['correct_choice']['label']}. {view['correct_choice']['text']}" in user_message.text()
+            assert (
+                f"{view['correct_choice']['label']}. {view['correct_choice']['text']}" in user_message.text()
+            )
     assert len(orders) > 3 * 2  # positions move between batch seeds
     fixed = fixture_config("benchmark.shuffle_choices=false")
     item = unshuffled(tmp_path / "fixed")[GROUP]

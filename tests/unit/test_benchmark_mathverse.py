@@ -95,7 +95,9 @@ def test_an_inexact_free_form_answer_asks_the_judge_which_decides(tmp_path):
     area = items(tmp_path)["9"]
     calls: list = []
     result = plugin.score(area, "<answer>12 square units</answer>", scripted_judge_of(plugin, calls=calls))
-    assert (result.hard, result.extras["evaluation_mode"]) == (0.0, "judge") and calls == [("9", "12 square units")]
+    assert (result.hard, result.extras["evaluation_mode"]) == (0.0, "judge") and calls == [
+        ("9", "12 square units")
+    ]
     rules = [{"stage": "judge", "json": {"verdict": "correct", "reason": "same area"}}]
     assert plugin.score(area, "<answer>12.0</answer>", scripted_judge_of(plugin, rules=rules)).hard == 1.0
     with pytest.raises(BenchmarkSetupError, match="needs the judge role"):
@@ -116,7 +118,9 @@ def test_ratio_mode_filters_before_splitting_and_warns_on_the_empty_test(tmp_pat
     loaded = {split: plugin.load_split(config, split, run_dir=tmp_path) for split in ("train", "val", "test")}
     assert [len(rows) for rows in loaded.values()] == [1, 1, 0]
     manifest = json.loads((out / "split_manifest.json").read_text(encoding="utf-8"))
-    assert manifest["dropped"] == {"problem_version": 1} and manifest["source_data_path"].endswith("testmini.json")
+    assert manifest["dropped"] == {"problem_version": 1} and manifest["source_data_path"].endswith(
+        "testmini.json"
+    )
     again = MathVerseConfig(split_mode="split_dir", split_dir=str(out), data_root=str(FIXTURES / "raw"))
     for split in ("train", "val"):
         assert plugin.load_split(again, split, run_dir=tmp_path) == loaded[split]

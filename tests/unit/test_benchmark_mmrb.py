@@ -33,14 +33,24 @@ def test_ids_come_from_source_subtask_and_index_and_images_resolve(tmp_path):
     assert kite["source_id"] == "MMRB:Spot_the_Similarity:0" and kite["is_choice"] is True
     assert kite["image_paths"] == [str((FIXTURES / "images" / n).resolve()) for n in ("s0_1.png", "s0_2.png")]
     assert loaded[APPLES]["is_choice"] is False and kite.task_type == "Spot_the_Similarity"
-    assert normalise_row(kite, roots=[FIXTURES])["id"] == "MMRB:Spot_the_Similarity:0"  # idempotent before the loader's safe_id
+    # idempotent before the loader's safe_id
+    assert normalise_row(kite, roots=[FIXTURES])["id"] == "MMRB:Spot_the_Similarity:0"
 
 
 def test_images_are_interleaved_in_placeholder_order_with_their_positions(tmp_path):
     clock = items(tmp_path)[CLOCK]
     _, user = plugin.build_messages(clock, "", fixture_config_of(plugin))
     kinds = [type(part).__name__ for part in user.content]
-    assert kinds == ["TextPart", "ImagePart", "TextPart", "ImagePart", "TextPart", "ImagePart", "TextPart", "TextPart"]
+    assert kinds == [
+        "TextPart",
+        "ImagePart",
+        "TextPart",
+        "ImagePart",
+        "TextPart",
+        "ImagePart",
+        "TextPart",
+        "TextPart",
+    ]
     assert [Path(str(p.source)).name for p in user.images()] == ["s1_1.png", "s1_2.png", "s1_3.png"]
     assert user.content[0].text.endswith("[Image #1]") and user.content[2].text.strip() == "[Image #2]"
     assert "## Options\n(A) Image 1\n(B) Image 2\n(C) Image 3" in user.content[-1].text
@@ -48,8 +58,14 @@ def test_images_are_interleaved_in_placeholder_order_with_their_positions(tmp_pa
 
 
 def test_out_of_range_references_become_text_and_unreferenced_images_are_appended(tmp_path):
-    row = {"index": 5, "question": "Compare {image#2} with {image#3}.", "answer": "yes", "source": "S",
-           "subtask": "T", "image_paths": [str(FIXTURES / "images" / "s0_1.png"), str(FIXTURES / "images" / "s0_2.png")]}
+    row = {
+        "index": 5,
+        "question": "Compare {image#2} with {image#3}.",
+        "answer": "yes",
+        "source": "S",
+        "subtask": "T",
+        "image_paths": [str(FIXTURES / "images" / "s0_1.png"), str(FIXTURES / "images" / "s0_2.png")],
+    }
     item = Item(normalise_row(row, roots=[FIXTURES]))
     _, user = plugin.build_messages(item, "", MMRBConfig())
     texts = [p.text for p in user.content if isinstance(p, TextPart)]
@@ -105,7 +121,10 @@ def test_the_fake_target_answers_through_the_chat_path_and_rows_are_answered(tmp
     target = PluginScriptedTarget(plugin)
     row = run_item(plugin, items(tmp_path)[APPLES], "", config, target=target, judge=None)
     assert row.answered and row.hard == 1.0
-    assert [Path(str(p.source)).name for p in target.requests[0].messages[1].images()] == ["s2_1.png", "s2_2.png"]
+    assert [Path(str(p.source)).name for p in target.requests[0].messages[1].images()] == [
+        "s2_1.png",
+        "s2_2.png",
+    ]
 
 
 def test_ratio_mode_searches_folders_for_human_json_and_round_trips(tmp_path):

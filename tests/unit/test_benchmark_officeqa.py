@@ -69,13 +69,16 @@ SENTINEL = "GOLD-SENTINEL-7731"
 
 
 def fixture_config(**overrides: Any) -> OfficeQAConfig:
-    """The config a user gets from ``skillopt train officeqa --data tests/fixtures/officeqa -o benchmark.<k>=<v>``."""
+    """The config a user gets from ``skillopt train officeqa --data tests/fixtures/officeqa -o
+    benchmark.<k>=<v>``."""
     config = fixture_config_of(plugin, [f"benchmark.{key}={value}" for key, value in overrides.items()])
     assert isinstance(config, OfficeQAConfig)
     return config
 
 
-def fixture_items(tmp_path: Path, bench: OfficeQABenchmark | None = None, **overrides: Any) -> dict[str, Item]:
+def fixture_items(
+    tmp_path: Path, bench: OfficeQABenchmark | None = None, **overrides: Any
+) -> dict[str, Item]:
     bench = bench or OfficeQABenchmark(env={})
     config = fixture_config(**overrides)
     return items_by_id(bench, config, tmp_path)
@@ -121,7 +124,11 @@ def score(item: Item, reply: str) -> tuple[float, float, str]:
 def test_the_default_config_with_data_loads_passes_preflight_and_finds_the_corpus(tmp_path):
     assert isinstance(plugin, Benchmark)
     config = fixture_config()
-    assert (config.split_mode, config.split_dir, config.data_root) == ("split_dir", str(FIXTURES), str(FIXTURES))
+    assert (config.split_mode, config.split_dir, config.data_root) == (
+        "split_dir",
+        str(FIXTURES),
+        str(FIXTURES),
+    )
     assert (config.max_tool_turns, config.max_tokens, config.workers) == (24, 10000, 4)
     assert config.use_local_tools and config.include_oracle_pages
     OfficeQABenchmark(env={}).preflight(config)
@@ -201,14 +208,21 @@ def test_a_row_without_an_answer_is_an_error_naming_the_file_and_row(tmp_path):
 def test_an_unknown_split_name_raises_listing_the_accepted_names(tmp_path):
     with pytest.raises(ValueError, match="accepted names: train, val, selection"):
         plugin.load_split(fixture_config(), "dev", run_dir=tmp_path)
-    assert [item.id for item in plugin.load_split(fixture_config(), "valid_unseen", run_dir=tmp_path)] == [BONDS]
+    assert [item.id for item in plugin.load_split(fixture_config(), "valid_unseen", run_dir=tmp_path)] == [
+        BONDS
+    ]
 
 
 def test_ratio_output_round_trips_through_its_own_reader(tmp_path):
     out = tmp_path / "splits"
     bench = OfficeQABenchmark(env={})
-    config = OfficeQAConfig(split_mode="ratio", data_path=str(FIXTURES / "raw" / "officeqa.csv"), split_ratio="1:1:1",
-                            split_output_dir=str(out), docs_dirs=[str(FIXTURES)])
+    config = OfficeQAConfig(
+        split_mode="ratio",
+        data_path=str(FIXTURES / "raw" / "officeqa.csv"),
+        split_ratio="1:1:1",
+        split_output_dir=str(out),
+        docs_dirs=[str(FIXTURES)],
+    )
     loaded = {split: bench.load_split(config, split, run_dir=tmp_path) for split in ("train", "val", "test")}
     assert [len(rows) for rows in loaded.values()] == [1, 1, 1]
     manifest = json.loads((out / "split_manifest.json").read_text(encoding="utf-8"))
@@ -308,7 +322,10 @@ def test_html_tables_become_pipe_tables_and_other_markup_is_stripped():
 def test_pages_come_from_page_pagenum_or_page_id_and_pair_with_files():
     assert [page_number(u) for u in ("https://x/a?page=14", "https://x/a?pagenum=3&x=1",
                                       "https://x/a?page_id=7", "https://x/a")] == [14, 3, 7, None]
-    assert page_pairs(["a.txt", "b.txt"], ["https://x?page=1", "https://x?page=2"]) == [("a.txt", 1), ("b.txt", 2)]
+    assert page_pairs(["a.txt", "b.txt"], ["https://x?page=1", "https://x?page=2"]) == [
+        ("a.txt", 1),
+        ("b.txt", 2),
+    ]
     assert page_pairs(["a.txt"], ["https://x?page=1", "https://y?page=4"]) == [("a.txt", 1), ("a.txt", 4)]
 
 
@@ -317,7 +334,9 @@ def test_an_oversized_page_is_capped(tmp_path):
     (root / "jsons").mkdir(parents=True)
     (root / "big.txt").write_text("x\n", encoding="utf-8")
     elements = [{"content": "word " * 10_000, "bbox": [{"page_id": 2}]}]
-    (root / "jsons" / "big.json").write_text(json.dumps({"document": {"elements": elements}}), encoding="utf-8")
+    (root / "jsons" / "big.json").write_text(
+        json.dumps({"document": {"elements": elements}}), encoding="utf-8"
+    )
     item = normalise_row({"uid": "B1", "question": "Q?", "answer": "1", "source_files": "big.txt",
                           "source_docs": "https://x/big?page=2"})
     docs = OfficeQABenchmark(env={})._documents(Item(item), OfficeQAConfig(docs_dirs=[str(root)]))
@@ -385,7 +404,9 @@ def test_score_reports_the_extras_and_the_expected_value(tmp_path):
     assert result.extras["oracle_pages_included"] == 1 and result.extras["oracle_pages_chars"] > 0
     assert result.extras["use_local_tools"] is True
     assert result.expected == "255724" and result.fail_reason.startswith("wrong: predicted '1'")
-    assert plugin.extract_answer("<answer>$255,724 million</answer>") == plugin.extract_answer("<answer>255724</answer>")
+    assert plugin.extract_answer("<answer>$255,724 million</answer>") == plugin.extract_answer(
+        "<answer>255724</answer>"
+    )
 
 
 # ------------------------------------------------------------------------------------------------ tools
@@ -453,11 +474,16 @@ def test_bad_tool_calls_become_error_observations():
     malformed = parse_tool_call("<tool_call>{name: grep}</tool_call>")
     assert malformed is not None and tools.run(malformed).startswith("error: malformed tool call JSON")
     unknown = parse_tool_call(call("delete", path="/"))
-    assert unknown is not None and tools.run(unknown) == "error: unknown tool 'delete'; the tools are glob, read, grep"
+    assert (
+        unknown is not None
+        and tools.run(unknown) == "error: unknown tool 'delete'; the tools are glob, read, grep"
+    )
     bad = parse_tool_call(call("read", path=3))
     assert bad is not None and tools.run(bad) == "error: read: argument 'path' must be a string"
     bad_start = parse_tool_call(call("read", path="x", start="one"))
-    assert bad_start is not None and tools.run(bad_start) == "error: read: argument 'start' must be an integer"
+    assert (
+        bad_start is not None and tools.run(bad_start) == "error: read: argument 'start' must be an integer"
+    )
 
 
 # ---------------------------------------------------------------------------------------- the tool loop
@@ -480,7 +506,9 @@ def test_a_malformed_call_uses_a_turn_and_the_observation_is_what_the_target_get
     ])
     result, events = episode(fixture_items(tmp_path)[DEBT], target, fixture_config())
     [tool_call] = [e for e in events if e["type"] == "tool_call"]
-    assert tool_call["name"] == "invalid" and tool_call["observation"].startswith("error: malformed tool call JSON")
+    assert tool_call["name"] == "invalid" and tool_call["observation"].startswith(
+        "error: malformed tool call JSON"
+    )
     assert target.requests[1].last_user_text() == f"<tool_result>\n{tool_call['observation']}\n</tool_result>"
     assert result.n_turns == 2 and last_answer(result.response_text) == "255,724"
 
@@ -522,8 +550,13 @@ def test_scripted_runs_grep_then_read_then_answer_and_solve_two_of_three(tmp_pat
     assert [event["name"] for event in tool_calls] == ["grep", "read"]
     assert tool_calls[0]["observation"] == "9: Gross public debt .... 255,724"
     assert tool_calls[1]["observation"].startswith("9: Gross public debt .... 255,724\n10: Guaranteed")
-    assert debt.trajectory[-1]["type"] == "evaluation" and "Expected: 255724" in debt.trajectory[-1]["content"]
-    assert rows[RECEIPTS].fail_reason.startswith("wrong: predicted '12.4%'") and rows[RECEIPTS].task_type == "hard"
+    assert (
+        debt.trajectory[-1]["type"] == "evaluation" and "Expected: 255724" in debt.trajectory[-1]["content"]
+    )
+    assert (
+        rows[RECEIPTS].fail_reason.startswith("wrong: predicted '12.4%'")
+        and rows[RECEIPTS].task_type == "hard"
+    )
     assert [e["name"] for e in rows[BONDS].trajectory if e["type"] == "tool_call"] == ["glob"]
 
 
@@ -564,12 +597,19 @@ def test_scripted_rules_are_valid_and_the_prompts_ship():
     seed = (plugin.prompts_dir / "initial_skill.md").read_text(encoding="utf-8")
     assert "<answer>…</answer>" in seed and "\\boxed" not in seed and "<tool_call>" not in seed
     taxonomy = (plugin.prompts_dir / "analyst_error.md").read_text(encoding="utf-8")
-    for label in ("retrieval_miss", "evidence_miss", "operand_error", "calculation_error", "answer_format", "other"):
+    for label in (
+        "retrieval_miss",
+        "evidence_miss",
+        "operand_error",
+        "calculation_error",
+        "answer_format",
+        "other",
+    ):
         assert f"`{label}`" in taxonomy
 
 
 def test_importing_the_plugin_imports_no_heavy_package():
-    code = ("import sys, skillopt.benchmarks.officeqa; "
-            "print(sorted({'openpyxl', 'datasets', 'alfworld', 'swebench', 'minisweagent'} & set(sys.modules)))")
+    code = ("import sys, skillopt.benchmarks.officeqa; print(sorted({'openpyxl', 'datasets', 'alfworld', "
+            "'swebench', 'minisweagent'} & set(sys.modules)))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

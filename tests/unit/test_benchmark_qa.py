@@ -435,4 +435,6 @@ def test_a_target_that_always_raises_is_an_infrastructure_error(tmp_path):
 
 
 def test_scripted_rules_are_valid_rules():
-    assert len(parse_rules(list(fixture_rules(plugin)), where="qa scripted_rules")) == len(fixture_rules(plugin))
+    assert len(parse_rules(list(fixture_rules(plugin)), where="qa scripted_rules")) == len(
+        fixture_rules(plugin)
+    )

@@ -57,7 +57,8 @@ LAKE_URL = "https://en.wikipedia.org/wiki/Lake_Baikal"
 
 
 def fixture_config(**overrides: Any) -> SealQAConfig:
-    """The config a user gets from ``skillopt train sealqa --data tests/fixtures/sealqa -o benchmark.<k>=<v>``."""
+    """The config a user gets from ``skillopt train sealqa --data tests/fixtures/sealqa -o
+    benchmark.<k>=<v>``."""
     config = fixture_config_of(plugin, [f"benchmark.{key}={value}" for key, value in overrides.items()])
     assert isinstance(config, SealQAConfig)
     return config
@@ -123,7 +124,11 @@ def episode(
 
 #: A target that gives no answer until it has read fetched content, then answers from it.
 FETCH_THEN_ANSWER = [
-    {"stage": "rollout", "user": "## Fetched URL Content", "text": "The page settles it.\n<answer>Lake Baikal</answer>"},
+    {
+        "stage": "rollout",
+        "user": "## Fetched URL Content",
+        "text": "The page settles it.\n<answer>Lake Baikal</answer>",
+    },
     {"stage": "rollout", "text": "I need the page itself to decide."},
 ]
 
@@ -136,7 +141,12 @@ def test_registered_and_the_default_config_with_data_loads_and_passes_preflight(
     config = fixture_config()
     assert config.split_mode == "split_dir" and config.split_dir == str(FIXTURES)
     assert (config.grader, config.fetch_urls, config.fetch_max_urls) == ("llm", True, 2)
-    assert (config.fetch_timeout, config.fetch_max_chars, config.max_tokens, config.workers) == (20, 6000, 768, 4)
+    assert (config.fetch_timeout, config.fetch_max_chars, config.max_tokens, config.workers) == (
+        20,
+        6000,
+        768,
+        4,
+    )
     plugin.preflight(config)
     items = {split: plugin.load_split(config, split, run_dir=tmp_path) for split in ("train", "val", "test")}
     assert [[item.id for item in rows] for rows in items.values()] == [[LAKE], [SATURN], [FIELDS]]
@@ -220,13 +230,18 @@ def test_a_row_without_an_answer_is_an_error_with_no_drop_rule(tmp_path):
 def test_an_unknown_split_name_raises_listing_the_accepted_names(tmp_path):
     with pytest.raises(ValueError, match="accepted names: train, val, selection"):
         plugin.load_split(fixture_config(), "dev", run_dir=tmp_path)
-    assert [item.id for item in plugin.load_split(fixture_config(), "valid_unseen", run_dir=tmp_path)] == [FIELDS]
+    assert [item.id for item in plugin.load_split(fixture_config(), "valid_unseen", run_dir=tmp_path)] == [
+        FIELDS
+    ]
 
 
 def test_ratio_output_round_trips_through_its_own_reader(tmp_path):
     out = tmp_path / "splits"
     config = SealQAConfig(
-        split_mode="ratio", data_path=str(FIXTURES / "raw" / "sealqa.csv"), split_ratio="1:1:1", split_output_dir=str(out)
+        split_mode="ratio",
+        data_path=str(FIXTURES / "raw" / "sealqa.csv"),
+        split_ratio="1:1:1",
+        split_output_dir=str(out),
     )
     loaded = {split: plugin.load_split(config, split, run_dir=tmp_path) for split in ("train", "val", "test")}
     assert [len(rows) for rows in loaded.values()] == [1, 1, 1]
@@ -290,7 +305,9 @@ def test_the_default_grader_is_the_judge_and_grades_lake_baikal(tmp_path):
     assert (hard, soft) == (0.0, 0.0)
     assert reason == "wrong: judged incorrect: the normalised prediction equals no gold answer"
     # The last tag is the one graded.
-    assert score(lake, "<answer>Baikal</answer> no wait <answer>lake baikal.</answer>", scripted_judge)[0] == 1.0
+    assert (
+        score(lake, "<answer>Baikal</answer> no wait <answer>lake baikal.</answer>", scripted_judge)[0] == 1.0
+    )
 
 
 def test_the_judge_request_carries_question_gold_and_prediction_in_text_and_tags(tmp_path):
@@ -353,7 +370,11 @@ def test_grader_llm_without_a_judge_role_fails_preflight_and_never_falls_back(tm
 @pytest.mark.parametrize("reply", ["no tag at all", "<answer>  </answer>", "<answer>Lake Baikal"])
 def test_a_reply_without_a_final_answer_is_a_no_answer_row_and_calls_no_judge(tmp_path, reply):
     result = plugin.score(fixture_items(tmp_path)[LAKE], reply, exploding_judge)
-    assert (result.hard, result.soft, result.fail_reason) == (0.0, 0.0, "no-answer: model gave no final answer")
+    assert (result.hard, result.soft, result.fail_reason) == (
+        0.0,
+        0.0,
+        "no-answer: model gave no final answer",
+    )
     assert result.predicted_answer == ""
 
 
@@ -367,7 +388,11 @@ def test_the_string_grader_is_offline_and_matches_by_containment(tmp_path):
     assert lake["grader"] == "string"
     assert score(lake, "<answer>Baikal</answer>", exploding_judge) == (1.0, 1.0, "")
     assert score(lake, "<answer>It is Lake Baikal, Siberia</answer>", exploding_judge)[0] == 1.0
-    assert score(lake, "<answer>Lake Superior</answer>", exploding_judge) == (0.0, 0.0, "wrong: no string match")
+    assert score(lake, "<answer>Lake Superior</answer>", exploding_judge) == (
+        0.0,
+        0.0,
+        "wrong: no string match",
+    )
     assert plugin.score(lake, "<answer>Baikal</answer>", None).extras["grader"] == "string"
 
 
@@ -420,9 +445,14 @@ def test_no_fetch_when_the_first_reply_answers_or_fetching_is_off(tmp_path):
     lake = fixture_items(tmp_path)[LAKE]
     result, events = episode(bench, lake, ScriptedTarget(), fixture_config())
     assert result.n_turns == 1 and "<answer>Lake Baikal</answer>" in result.response_text
-    result, events = episode(bench, lake, ScriptedTarget(FETCH_THEN_ANSWER), fixture_config(fetch_urls="false"))
+    result, events = episode(
+        bench, lake, ScriptedTarget(FETCH_THEN_ANSWER), fixture_config(fetch_urls="false")
+    )
     assert result.n_turns == 1 and fetcher.calls == [] and [e["type"] for e in events] == ["message"]
-    assert plugin.score(lake, result.response_text, exploding_judge).fail_reason == "no-answer: model gave no final answer"
+    assert (
+        plugin.score(lake, result.response_text, exploding_judge).fail_reason
+        == "no-answer: model gave no final answer"
+    )
 
 
 def test_fetch_errors_become_blocks_and_at_most_fetch_max_urls_are_fetched(tmp_path):
@@ -439,14 +469,18 @@ def test_fetch_errors_become_blocks_and_at_most_fetch_max_urls_are_fetched(tmp_p
     assert [url for url, _ in fetcher.calls] == ["https://a.example/1", "https://a.example/missing"]
     # The target is asked once more only; still no answer is a no-answer row.
     assert len(target.requests) == 2 and result.n_turns == 2
-    assert plugin.score(item, result.response_text, exploding_judge).fail_reason == "no-answer: model gave no final answer"
+    assert (
+        plugin.score(item, result.response_text, exploding_judge).fail_reason
+        == "no-answer: model gave no final answer"
+    )
 
 
 def test_a_past_deadline_starts_no_fetch_and_no_second_call(tmp_path):
     fetcher = FakeFetcher({LAKE_URL: "page"})
     target = ScriptedTarget(FETCH_THEN_ANSWER)
-    result, _ = episode(SealQABenchmark(fetcher=fetcher), fixture_items(tmp_path)[LAKE], target, fixture_config(),
-                        deadline=-1)
+    result, _ = episode(
+        SealQABenchmark(fetcher=fetcher), fixture_items(tmp_path)[LAKE], target, fixture_config(), deadline=-1
+    )
     assert fetcher.calls == [] and len(target.requests) == 1 and result.n_turns == 1
 
 
@@ -510,7 +544,9 @@ def test_self_check_answers_compare_after_normalisation():
 
 
 def test_scripted_rules_are_valid_rules_and_the_prompts_ship():
-    assert len(parse_rules(list(fixture_rules(plugin)), where="sealqa scripted_rules")) == len(fixture_rules(plugin))
+    assert len(parse_rules(list(fixture_rules(plugin)), where="sealqa scripted_rules")) == len(
+        fixture_rules(plugin)
+    )
     names = {path.name for path in plugin.prompts_dir.iterdir()}
     assert {"initial_skill.md", "analyst_error.md", "analyst_success.md"} <= names
     seed = (plugin.prompts_dir / "initial_skill.md").read_text(encoding="utf-8")
@@ -525,8 +561,14 @@ def test_the_shared_runner_drives_the_episode_records_the_fetch_and_scores_the_f
 
     fetcher = FakeFetcher({LAKE_URL: "<p>Lake Baikal is the deepest lake.</p>"})
     bench = SealQABenchmark(fetcher=fetcher)
-    row = run_item(bench, fixture_items(tmp_path)[LAKE], "", fixture_config(), target=ScriptedTarget(FETCH_THEN_ANSWER),
-                   judge=scripted_judge)
+    row = run_item(
+        bench,
+        fixture_items(tmp_path)[LAKE],
+        "",
+        fixture_config(),
+        target=ScriptedTarget(FETCH_THEN_ANSWER),
+        judge=scripted_judge,
+    )
     assert (row.hard, row.n_turns, row.predicted_answer) == (1.0, 2, "Lake Baikal")
     kinds = [event["type"] for event in row.trajectory]
     assert kinds.index("tool_call") < kinds.index("feedback") < len(kinds) - 1

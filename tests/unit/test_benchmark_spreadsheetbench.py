@@ -44,7 +44,8 @@ ORDERS, SORT, COUNT = "59001", "59002", "59003-1"
 
 
 def fixture_config(**overrides: Any) -> SpreadsheetBenchConfig:
-    """The config of ``skillopt train spreadsheetbench --data tests/fixtures/spreadsheetbench -o benchmark.<k>=<v>``."""
+    """The config of ``skillopt train spreadsheetbench --data tests/fixtures/spreadsheetbench -o
+    benchmark.<k>=<v>``."""
     config = fixture_config_of(plugin, [f"benchmark.{key}={value}" for key, value in overrides.items()])
     assert isinstance(config, SpreadsheetBenchConfig)
     return config
@@ -123,7 +124,12 @@ def test_the_default_config_with_data_loads_and_passes_preflight(tmp_path):
     assert isinstance(plugin, Benchmark)
     config = fixture_config()
     assert (config.split_dir, config.data_root) == (str(FIXTURES), str(FIXTURES))
-    assert (config.mode, config.max_turns, config.exec_timeout, config.code_timeout) == ("multi", 30, 600, 120)
+    assert (config.mode, config.max_turns, config.exec_timeout, config.code_timeout) == (
+        "multi",
+        30,
+        600,
+        120,
+    )
     assert (config.sandbox_mem_mb, config.max_tokens, config.workers) == (2048, 16384, 24)
     plugin.preflight(config)
     items = {split: plugin.load_split(config, split, run_dir=tmp_path) for split in ("train", "val", "test")}
@@ -136,7 +142,10 @@ def test_the_default_config_with_data_loads_and_passes_preflight(tmp_path):
 def test_the_shipped_config_keys_are_all_valid_for_the_plugin_config():
     config = benchmark_config(plugin, load_config("spreadsheetbench", env={}).config.benchmark)
     assert isinstance(config, SpreadsheetBenchConfig)
-    assert (config.split_dir, config.data_root) == ("data/spreadsheetbench_split", "data/spreadsheetbench_verified_400")
+    assert (config.split_dir, config.data_root) == (
+        "data/spreadsheetbench_split",
+        "data/spreadsheetbench_verified_400",
+    )
 
 
 def test_missing_folders_fail_preflight_with_a_fix_it_message(tmp_path):
@@ -254,11 +263,23 @@ def test_the_prompt_has_the_preview_and_the_skill_at_the_end_of_the_system_messa
     items = fixture_items(tmp_path)
     system, user = plugin.build_messages(items[SORT], "  Explore first.  ", fixture_config())
     assert system.text().endswith("## Skill\nExplore first.")
-    assert "INPUT_PATH" in system.text() and "OUTPUT_PATH" in system.text() and "openpyxl and pandas" in system.text()
+    assert (
+        "INPUT_PATH" in system.text()
+        and "OUTPUT_PATH" in system.text()
+        and "openpyxl and pandas" in system.text()
+    )
     text = user.text()
-    order = ["# Instruction\nSort the table", "Sheet-Level Manipulation", "Expected answer position: 'Data'!A1:C6",
-             "# Input spreadsheet preview", "## Sheet: Notes", "## Sheet: Data", "A2=Ann | B2=72 | C2=red",
-             "... (1 more rows)", "# Task"]
+    order = [
+        "# Instruction\nSort the table",
+        "Sheet-Level Manipulation",
+        "Expected answer position: 'Data'!A1:C6",
+        "# Input spreadsheet preview",
+        "## Sheet: Notes",
+        "## Sheet: Data",
+        "A2=Ann | B2=72 | C2=red",
+        "... (1 more rows)",
+        "# Task",
+    ]
     assert [text.index(part) for part in order] == sorted(text.index(part) for part in order)
     assert "A6=" not in text  # only the first 5 rows
     assert "## Skill" not in plugin.build_messages(items[SORT], " \n", fixture_config())[0].text()
@@ -401,7 +422,11 @@ def test_scripted_rules_solve_two_items_and_miss_the_formula_one_through_the_run
     rows = {item_id: run_item(plugin, item, "", fixture_config(), target=target, judge=None,
                               tags={"training": item_id == ORDERS})
             for item_id, item in fixture_items(tmp_path).items()}
-    assert {i: (r.hard, r.soft) for i, r in rows.items()} == {ORDERS: (1.0, 1.0), SORT: (1.0, 1.0), COUNT: (0.0, 0.0)}
+    assert {i: (r.hard, r.soft) for i, r in rows.items()} == {
+        ORDERS: (1.0, 1.0),
+        SORT: (1.0, 1.0),
+        COUNT: (0.0, 0.0),
+    }
     missed = rows[COUNT]
     assert missed.fail_reason == "wrong: value@Sheet1!B10 gt=4 pred=None" and missed.task_type == "cell_level"
     assert missed.trajectory[-1]["type"] == "evaluation" and "⚠ formula" in missed.trajectory[-1]["content"]
@@ -421,7 +446,9 @@ def test_a_target_that_always_raises_is_an_infrastructure_error(tmp_path):
 
 
 def test_scripted_rules_are_valid_and_the_prompts_ship():
-    assert len(parse_rules(list(fixture_rules(plugin)), where="spreadsheetbench")) == len(fixture_rules(plugin))
+    assert len(parse_rules(list(fixture_rules(plugin)), where="spreadsheetbench")) == len(
+        fixture_rules(plugin)
+    )
     names = {path.name for path in plugin.prompts_dir.iterdir()}
     assert {"initial_skill.md", "analyst_error.md", "analyst_success.md"} <= names
     seed = (plugin.prompts_dir / "initial_skill.md").read_text(encoding="utf-8")
@@ -435,5 +462,11 @@ def test_importing_the_plugin_imports_neither_openpyxl_nor_pandas():
     import subprocess
     import sys
 
-    code = "import sys, skillopt.benchmarks.spreadsheetbench; print('openpyxl' in sys.modules or 'pandas' in sys.modules)"
-    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"
+    code = ("import sys, skillopt.benchmarks.spreadsheetbench; "
+            "print('openpyxl' in sys.modules or 'pandas' in sys.modules)")
+    assert (
+        subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        == "False"
+    )

@@ -65,7 +65,9 @@ def fixture_items(tmp_path: Path, bench: SwebenchBenchmark | None = None) -> dic
 def roll(item, *, bench=None, target=None, config=None):
     bench = bench or plugin
     target = target or PluginScriptedTarget(bench)
-    return run_item(bench, item, "Fix the root cause.", config or fixture_config(), target=target, judge=None), target
+    return run_item(
+        bench, item, "Fix the root cause.", config or fixture_config(), target=target, judge=None
+    ), target
 
 
 def episode(patch: str, status: str = "Submitted") -> str:
@@ -111,7 +113,8 @@ def test_the_shipped_config_keys_are_all_valid_for_the_plugin_config():
     loaded = load_config("swebench", env={})
     config = benchmark_config(plugin, loaded.config.benchmark)
     assert (config.dataset, config.step_limit, config.cost_limit, config.harness) == ("lite", 50, 3.0, "auto")
-    assert config.task_timeout >= config.timeout_per_instance + 60  # the item deadline never cuts the agent short
+    # the item deadline never cuts the agent short
+    assert config.task_timeout >= config.timeout_per_instance + 60
 
 
 def test_a_chat_backend_gets_the_real_runner_and_harness():
@@ -173,7 +176,9 @@ def test_repositories_are_stratified_and_the_split_is_seeded():
     items = _items("a/x", 10) + _items("b/y", 3)
     spec = SplitSpec(split_mode="ratio", split_ratio="2:1:7", split_seed=7)
     first, second = stratified_partition(list(items), spec), stratified_partition(list(reversed(items)), spec)
-    assert {k: [i.id for i in v] for k, v in first.items()} == {k: [i.id for i in v] for k, v in second.items()}
+    assert {k: [i.id for i in v] for k, v in first.items()} == {
+        k: [i.id for i in v] for k, v in second.items()
+    }
     assert sorted(i["repo"] for i in first["val"]) == ["a/x", "b/y"]
 
 
@@ -183,7 +188,9 @@ def test_a_row_without_a_problem_statement_is_an_error_naming_the_file_and_row(t
     source = tmp_path / "instances.jsonl"
     source.write_text("\n".join(json.dumps(row) for row in rows))
     config = SwebenchConfig(split_mode="ratio", data_path=str(source))
-    with pytest.raises(DataError, match=r"instances\.jsonl.*2.*problem_statement|problem_statement.*instances"):
+    with pytest.raises(
+        DataError, match=r"instances\.jsonl.*2.*problem_statement|problem_statement.*instances"
+    ):
         plugin.load_split(config, "train", run_dir=tmp_path)
 
 
@@ -238,8 +245,8 @@ def test_the_fake_harness_leaves_the_unfixed_repository_failing(tmp_path):
 
 def test_a_patch_that_does_not_apply_is_unresolved(tmp_path):
     item = fixture_items(tmp_path)[RESIZE]
-    score = plugin.score(item, episode("diff --git a/nope.py b/nope.py\n--- a/nope.py\n+++ b/nope.py\n@@ -1 +1 @@\n"
-                                       "-a\n+b\n"), judge=None)
+    score = plugin.score(item, episode("diff --git a/nope.py b/nope.py\n--- a/nope.py\n+++ b/nope.py\n@@ -1 "
+                                       "+1 @@\n-a\n+b\n"), judge=None)
     assert score.hard == 0.0 and "does not apply" in score.detail
 
 
@@ -255,7 +262,10 @@ def test_without_a_repository_snapshot_the_fake_harness_compares_with_the_gold_p
 def test_an_injected_harness_resolves_exactly_its_ids(tmp_path):
     bench = SwebenchBenchmark(harness_factory=lambda item: FakeHarness(resolved_ids=[RESIZE]))
     items = fixture_items(tmp_path, bench)
-    scores = {key: bench.score(item, episode("diff --git a/x b/x\n"), judge=None).hard for key, item in items.items()}
+    scores = {
+        key: bench.score(item, episode("diff --git a/x b/x\n"), judge=None).hard
+        for key, item in items.items()
+    }
     assert scores == {RESIZE: 1.0, REPR: 0.0, UNITS: 0.0}
 
 
@@ -290,9 +300,20 @@ def test_the_docker_harness_runs_the_documented_command(tmp_path):
     harness = DockerHarness(dataset="verified", hf_split="test", eval_workers=3, timeout_s=10)
     command = harness.command(tmp_path / "preds.json", "skillopt_1", RESIZE)
     assert command[1:3] == ["-m", "swebench.harness.run_evaluation"]
-    assert command[3:] == ["--dataset_name", "SWE-bench/SWE-bench_Verified", "--split", "test", "--predictions_path",
-                           str(tmp_path / "preds.json"), "--max_workers", "3", "--run_id", "skillopt_1",
-                           "--instance_ids", RESIZE]
+    assert command[3:] == [
+        "--dataset_name",
+        "SWE-bench/SWE-bench_Verified",
+        "--split",
+        "test",
+        "--predictions_path",
+        str(tmp_path / "preds.json"),
+        "--max_workers",
+        "3",
+        "--run_id",
+        "skillopt_1",
+        "--instance_ids",
+        RESIZE,
+    ]
     assert report_path(tmp_path, "skillopt_1", "org/model").name == "org__model.skillopt_1.json"
 
 
@@ -349,7 +370,9 @@ def test_the_mini_swe_agent_model_adapter_calls_the_target_and_keeps_the_deadlin
 
     ctx = EpisodeContext(target=Target(), messages=[], cfg=fixture_config(), record=lambda event: None,
                          deadline=time.monotonic() + 60, tags={"item_id": RESIZE})
-    model = RoleModel(ctx, deadline=time.monotonic() + 60, model_name="m", max_tokens=100, limits_exceeded=Stop)
+    model = RoleModel(
+        ctx, deadline=time.monotonic() + 60, model_name="m", max_tokens=100, limits_exceeded=Stop
+    )
     answer = model.query([{"role": "system", "content": "s"}, {"role": "user", "content": "u"}])
     assert answer == {"content": "first"}
     assert (model.n_calls, model.cost) == (1, 0.25)
@@ -362,7 +385,10 @@ def test_the_mini_swe_agent_model_adapter_calls_the_target_and_keeps_the_deadlin
 
 
 def test_docker_images_follow_the_swebench_naming():
-    assert docker_image({"instance_id": "django__django-1"}) == "swebench/sweb.eval.x86_64.django_1776_django-1:latest"
+    assert (
+        docker_image({"instance_id": "django__django-1"})
+        == "swebench/sweb.eval.x86_64.django_1776_django-1:latest"
+    )
     assert docker_image({"instance_id": "x", "image_name": "mine:1"}) == "mine:1"
 
 
@@ -375,8 +401,8 @@ def test_scripted_rules_are_valid_and_the_prompts_ship():
 
 
 def test_importing_the_plugin_imports_no_heavy_package():
-    code = ("import sys, skillopt.benchmarks.swebench as m; m.plugin; "
-            "print(sorted(n for n in ('swebench', 'minisweagent', 'datasets', 'litellm') if n in sys.modules))")
+    code = ("import sys, skillopt.benchmarks.swebench as m; m.plugin; print(sorted(n for n in ('swebench', "
+            "'minisweagent', 'datasets', 'litellm') if n in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 
@@ -454,8 +480,11 @@ def test_the_fake_agent_reaches_a_real_backend_over_http_and_each_call_is_accoun
 
     resize_fix = fixture_rules(plugin)[0]["text"]  # the fixture rules' right fix, a fenced diff
     openai_server.handler = lambda request: ok(text=f"Derive the height.\n{resize_fix}")
-    overrides = ["model.target.backend=openai_compatible", f"model.target.base_url={openai_server.openai_base_url}",
-                 "model.target.model=fixture-model"]
+    overrides = [
+        "model.target.backend=openai_compatible",
+        f"model.target.base_url={openai_server.openai_base_url}",
+        "model.target.model=fixture-model",
+    ]
     loaded = load_config("swebench", overrides=overrides, env={})
     clients = ModelClients.from_config(loaded, env={}, registry=BackendRegistry.default(),
                                        usage_path=tmp_path / "usage.jsonl")
@@ -466,4 +495,6 @@ def test_the_fake_agent_reaches_a_real_backend_over_http_and_each_call_is_accoun
     body = openai_server.last("/v1/chat/completions").body
     assert "Widget.resize() ignores keep_aspect" in body["messages"][-1]["content"]
     records = [json.loads(line) for line in (tmp_path / "usage.jsonl").read_text().splitlines()]
-    assert [(r["role"], r["stage"], r["backend"]) for r in records] == [("target", "rollout", "openai_compatible")]
+    assert [(r["role"], r["stage"], r["backend"]) for r in records] == [
+        ("target", "rollout", "openai_compatible")
+    ]

@@ -104,7 +104,9 @@ def test_scripted_rules_solve_some_fixture_items_and_miss_others(bench, tmp_path
             for item in items_by_id(bench, config, tmp_path).values()]
     assert all(row.answered and row.trajectory[-1]["type"] == "evaluation" for row in rows)
     assert 0 < sum(row.hard for row in rows) < len(rows), [(r.id, r.fail_reason) for r in rows]
-    assert all(row.fail_reason == "" or row.fail_reason.split(":")[0] in ("wrong", "no-answer") for row in rows)
+    assert all(
+        row.fail_reason == "" or row.fail_reason.split(":")[0] in ("wrong", "no-answer") for row in rows
+    )
     # The trajectory names images, never their bytes.
     assert all("base64" not in json.dumps(row.trajectory) for row in rows)
     assert any("[image] " in event["content"] for row in rows for event in row.trajectory

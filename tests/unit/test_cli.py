@@ -92,8 +92,9 @@ def test_installed_command_runs_as_a_subprocess():
     )
     assert proc.returncode == 0, proc.stderr
     assert "split_mode: ratio" in proc.stdout
-    help_proc = subprocess.run([sys.executable, "-m", "skillopt.cli", "--help"], capture_output=True, text=True,
-                               timeout=60)
+    help_proc = subprocess.run(
+        [sys.executable, "-m", "skillopt.cli", "--help"], capture_output=True, text=True, timeout=60
+    )
     assert help_proc.returncode == 0
     for command in ("config", "schedule"):
         assert command in help_proc.stdout

@@ -47,7 +47,9 @@ def test_shipped_base_repeats_the_built_in_defaults_exactly():
         if dotted.startswith(("model.target.", "model.optimizer.")) and value is None:
             continue  # role fields stay null in _base_ on purpose: "defer to the next layer"
         assert dotted in defaults, f"_base_.yaml has {dotted}, which is not a config key"
-        assert defaults[dotted] == value, f"_base_.yaml {dotted}={value!r} but the default is {defaults[dotted]!r}"
+        assert defaults[dotted] == value, (
+            f"_base_.yaml {dotted}={value!r} but the default is {defaults[dotted]!r}"
+        )
 
 
 def test_benchmark_values_from_its_file_and_provenance_names_the_file():
@@ -94,7 +96,9 @@ def test_overrides_apply_in_order():
     assert cfg.train.epochs == 3
 
 
-@pytest.mark.parametrize("text,expected", [("yes", True), ("NO", False), ("1", True), ("0", False), ("True", True)])
+@pytest.mark.parametrize(
+    "text,expected", [("yes", True), ("NO", False), ("1", True), ("0", False), ("True", True)]
+)
 def test_booleans_accept_true_false_yes_no_1_0_in_any_case(text, expected):
     cfg = load_config("qa", overrides=[f"evaluation.use_gate={text}"], env={}).config
     assert cfg.evaluation.use_gate is expected
@@ -115,7 +119,9 @@ def test_wrong_type_names_key_and_override():
 
 
 def test_typo_suggests_the_closest_key():
-    with pytest.raises(ConfigError, match=r"optimizer\.learnin_rate: unknown key; did you mean 'learning_rate'\?"):
+    with pytest.raises(
+        ConfigError, match=r"optimizer\.learnin_rate: unknown key; did you mean 'learning_rate'\?"
+    ):
         load_config("searchqa", overrides=["optimizer.learnin_rate=8"], env={})
 
 
@@ -140,17 +146,23 @@ def test_unknown_enum_value_lists_the_allowed_values():
 
 
 def test_out_of_range_value_is_an_error_naming_the_key():
-    with pytest.raises(ConfigError, match=r"gradient\.merge_batch_size: Input should be greater than or equal to 2"):
+    with pytest.raises(
+        ConfigError, match=r"gradient\.merge_batch_size: Input should be greater than or equal to 2"
+    ):
         load_config("qa", overrides=["gradient.merge_batch_size=1"], env={})
 
 
 def test_min_learning_rate_above_learning_rate_is_an_error():
-    with pytest.raises(ConfigError, match=r"optimizer\.min_learning_rate: must not exceed optimizer\.learning_rate"):
+    with pytest.raises(
+        ConfigError, match=r"optimizer\.min_learning_rate: must not exceed optimizer\.learning_rate"
+    ):
         load_config("qa", overrides=["optimizer.min_learning_rate=9"], env={})
 
 
 def test_every_problem_is_reported_at_once(tmp_path):
-    path = write(tmp_path / "bad.yaml", "train: {epochs: 0, batch_size: many}\noptimizer: {lr_scheduler: steps}\n")
+    path = write(
+        tmp_path / "bad.yaml", "train: {epochs: 0, batch_size: many}\noptimizer: {lr_scheduler: steps}\n"
+    )
     with pytest.raises(ConfigError) as info:
         load_config_file(path, env={})
     message = str(info.value)
@@ -201,7 +213,8 @@ def test_top_level_must_be_a_mapping(tmp_path):
 
 
 def test_base_chain_deep_merges_dicts_and_replaces_lists(tmp_path):
-    write(tmp_path / "a.yaml", "train: {epochs: 2, batch_size: 8}\nbenchmark: {docs_dirs: [x, y], workers: 3}\n")
+    write(tmp_path / "a.yaml", "train: {epochs: 2, batch_size: 8}\nbenchmark: {docs_dirs: [x, y], workers: "
+                               "3}\n")
     write(tmp_path / "sub" / "b.yaml", "_base_: ../a.yaml\ntrain: {epochs: 5}\nbenchmark: {docs_dirs: [z]}\n")
     loaded = load_config_file(tmp_path / "sub" / "b.yaml", env={})
     cfg = loaded.config
@@ -275,7 +288,9 @@ def test_yaml_backend_beats_environment_and_override_beats_yaml(tmp_path):
 
 
 def test_backend_aliases_are_normalised():
-    cfg = load_config("qa", overrides=["model.target.backend=claude", "model.optimizer.backend=azure"], env={}).config
+    cfg = load_config(
+        "qa", overrides=["model.target.backend=claude", "model.optimizer.backend=azure"], env={}
+    ).config
     assert (cfg.model.target.backend, cfg.model.optimizer.backend) == ("anthropic", "azure_openai")
 
 
@@ -295,7 +310,9 @@ def test_demo_runs_every_role_on_the_scripted_backend():
 
 
 def test_literal_key_in_yaml_is_refused_without_echoing_it(tmp_path):
-    path = write(tmp_path / "leak.yaml", f"model:\n  target:\n    backend: anthropic\n    api_key: {SENTINEL}\n")
+    path = write(
+        tmp_path / "leak.yaml", f"model:\n  target:\n    backend: anthropic\n    api_key: {SENTINEL}\n"
+    )
     with pytest.raises(ConfigError) as info:
         load_config_file(path, env={})
     message = str(info.value)
@@ -306,7 +323,9 @@ def test_literal_key_in_yaml_is_refused_without_echoing_it(tmp_path):
 
 
 def test_key_shaped_value_under_any_name_is_refused(tmp_path):
-    path = write(tmp_path / "leak.yaml", f"model:\n  optimizer:\n    extra_body: {{auth: 'Bearer {SENTINEL}'}}\n")
+    path = write(
+        tmp_path / "leak.yaml", f"model:\n  optimizer:\n    extra_body: {{auth: 'Bearer {SENTINEL}'}}\n"
+    )
     with pytest.raises(ConfigError) as info:
         load_config_file(path, env={})
     assert SENTINEL not in str(info.value)
@@ -330,8 +349,9 @@ def test_no_config_error_echoes_the_value():
 
 
 def test_credential_references_are_accepted():
-    cfg = load_config("qa", overrides=["model.target.api_key_env=MY_KEY", "model.judge.api_key_secret=judge-key"],
-                      env={}).config
+    cfg = load_config(
+        "qa", overrides=["model.target.api_key_env=MY_KEY", "model.judge.api_key_secret=judge-key"], env={}
+    ).config
     assert cfg.model.target.api_key_env == "MY_KEY"
     assert cfg.model.judge.api_key_secret == "judge-key"
 

@@ -25,9 +25,16 @@ def test_threads_is_the_default_and_dask_keys_need_the_dask_runner():
 
 
 def test_a_scheduler_address_and_a_local_cluster_size_exclude_each_other():
-    assert config("run.task_runner=dask", "run.dask_n_workers=2", "run.dask_threads_per_worker=1").run.dask_n_workers == 2
+    assert (
+        config(
+            "run.task_runner=dask", "run.dask_n_workers=2", "run.dask_threads_per_worker=1"
+        ).run.dask_n_workers
+        == 2
+    )
     with pytest.raises(ConfigError, match=r"run.dask_threads_per_worker sizes a local cluster"):
-        config("run.task_runner=dask", "run.dask_address=tcp://scheduler:8786", "run.dask_threads_per_worker=4")
+        config(
+            "run.task_runner=dask", "run.dask_address=tcp://scheduler:8786", "run.dask_threads_per_worker=4"
+        )
     with pytest.raises(ConfigError, match=r"task_runner"):
         config("run.task_runner=ray")
 
@@ -80,14 +87,20 @@ def _hold(limits: ProviderLimits, seconds: float) -> tuple[float, float, int]:
 def cluster_client():
     """Two worker processes (starting them takes ~10-20 s here, hence the slow mark on their tests)."""
     distributed = pytest.importorskip("distributed")
-    with distributed.LocalCluster(n_workers=2, threads_per_worker=3, processes=True, dashboard_address=None) as cl, \
-            distributed.Client(cl) as client:
+    with (
+        distributed.LocalCluster(
+            n_workers=2, threads_per_worker=3, processes=True, dashboard_address=None
+        ) as cl,
+        distributed.Client(cl) as client,
+    ):
         yield client
 
 
 @pytest.mark.slow
 def test_max_concurrency_holds_across_worker_processes(cluster_client):
-    futures = [cluster_client.submit(_hold, ProviderLimits(max_concurrency=2), 0.3, pure=False) for _ in range(6)]
+    futures = [
+        cluster_client.submit(_hold, ProviderLimits(max_concurrency=2), 0.3, pure=False) for _ in range(6)
+    ]
     spans = cluster_client.gather(futures)
     assert len({pid for _, _, pid in spans}) == 2, "the calls did not run in both worker processes"
     events = sorted([(start, 1) for start, _, _ in spans] + [(end, -1) for _, end, _ in spans],
@@ -117,7 +130,8 @@ def test_a_429_pauses_every_process(cluster_client):
     from skillopt.tasks.dask_limits import DaskRateLimiter
 
     limits = {"api.example.paused": ProviderLimits(rpm=6000)}
-    DaskRateLimiter(limits, client=cluster_client).pause("api.example.paused", 1.0)  # the flow's process got a 429
+    # the flow's process got a 429
+    DaskRateLimiter(limits, client=cluster_client).pause("api.example.paused", 1.0)
     paused_at = time.time()
 
     def start_after_pause(limits):
@@ -143,12 +157,15 @@ def test_a_run_pickles_as_its_spec_and_a_worker_joins_it_without_the_flow_s_lock
     from skillopt.assembly import RunSpec
     from skillopt.tasks.run import limiter_for, start_run
 
-    loaded = load_config("demo", overrides=[f"run.runs_dir={tmp_path / 'runs'}", f"run.cache_dir={tmp_path / 'c'}"],
-                         env={})
+    loaded = load_config(
+        "demo", overrides=[f"run.runs_dir={tmp_path / 'runs'}", f"run.cache_dir={tmp_path / 'c'}"], env={}
+    )
     run = start_run(RunSpec.create(loaded, run_name="travels"), loaded=loaded)
     payload = pickle.dumps(run)
     # The spec (a few KB of config), not the items, the clients and their locks.
-    assert len(payload) < 8000 and all(item["question"].encode() not in payload for item in run.items.values())
+    assert len(payload) < 8000 and all(
+        item["question"].encode() not in payload for item in run.items.values()
+    )
     assert pickle.loads(payload) is run  # in the flow's own process: the flow's run
     assert run.limiter_for is limiter_for
 

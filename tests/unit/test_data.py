@@ -712,9 +712,9 @@ def test_small_splits_are_named_with_their_sizes_and_the_ratio_to_set():
 
     warning = small_split_warning({"train": 2, "val": 1, "test": 9}, min_items=10, split_mode="ratio",
                                   split_ratio="2:1:7")
-    assert warning == ("small splits: train 2, val 1, test 9 item(s), fewer than "
-                       "evaluation.min_split_items (10); scores on so few items are noisy: set "
-                       "benchmark.split_ratio (now 2:1:7, train:val:test) to give them more items, or add data")
+    assert warning == ("small splits: train 2, val 1, test 9 item(s), fewer than evaluation.min_split_items "
+                       "(10); scores on so few items are noisy: set benchmark.split_ratio (now 2:1:7, "
+                       "train:val:test) to give them more items, or add data")
     folders = small_split_warning({"train": 30, "val": 3, "test": 30}, min_items=10, split_mode="split_dir",
                                   split_ratio="2:1:7")
     assert "add items to those splits" in folders

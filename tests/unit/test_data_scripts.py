@@ -57,7 +57,9 @@ def hf_searchqa_row(key: str, n: int) -> dict[str, Any]:
     }
 
 
-def test_searchqa_manifest_rows_become_split_folders_the_plugin_loads_in_manifest_order(searchqa_script, tmp_path):
+def test_searchqa_manifest_rows_become_split_folders_the_plugin_loads_in_manifest_order(
+    searchqa_script, tmp_path
+):
     manifest_file = tmp_path / "ids.json"
     manifest_file.write_text(json.dumps({"train": [KEYS[2], KEYS[0]], "val": [KEYS[3]], "test": [KEYS[1]]}))
     rows = [hf_searchqa_row(key, n) for n, key in enumerate(KEYS)]  # KEYS[4] is not in the manifest
@@ -86,8 +88,9 @@ def test_searchqa_manifest_rows_become_split_folders_the_plugin_loads_in_manifes
 
 
 def test_searchqa_accepts_the_ids_of_a_ratio_split_manifest(searchqa_script):
-    manifest = searchqa_script.parse_manifest({"split_mode": "ratio", "ids": {"train": [KEYS[0]], "val": [KEYS[1]],
-                                                                              "test": []}})
+    manifest = searchqa_script.parse_manifest(
+        {"split_mode": "ratio", "ids": {"train": [KEYS[0]], "val": [KEYS[1]], "test": []}}
+    )
     assert manifest == {"train": [KEYS[0]], "val": [KEYS[1]], "test": []}
 
 
@@ -113,7 +116,9 @@ def test_searchqa_rejects_ids_no_hf_row_has_and_ids_two_rows_share(searchqa_scri
         searchqa_script.materialize(manifest, bad)
 
 
-def test_searchqa_cli_help_and_a_bad_manifest_exit_cleanly_without_the_network(searchqa_script, tmp_path, capsys):
+def test_searchqa_cli_help_and_a_bad_manifest_exit_cleanly_without_the_network(
+    searchqa_script, tmp_path, capsys
+):
     with pytest.raises(SystemExit) as help_exit:
         searchqa_script.main(["--help"])
     assert help_exit.value.code == 0 and "--manifest" in capsys.readouterr().out
@@ -163,7 +168,9 @@ def hf_babyvision_rows() -> list[dict[str, Any]]:
     ]
 
 
-def test_babyvision_rows_become_images_and_meta_data_the_plugin_reads_in_ratio_mode(babyvision_script, tmp_path):
+def test_babyvision_rows_become_images_and_meta_data_the_plugin_reads_in_ratio_mode(
+    babyvision_script, tmp_path
+):
     rows = hf_babyvision_rows()
     out = tmp_path / "babyvision"
     progress: list[str] = []
@@ -191,14 +198,20 @@ def test_babyvision_rows_become_images_and_meta_data_the_plugin_reads_in_ratio_m
     assert user.content[-1].type == "image" and user.content[-1].name == "7.png"
 
 
-def test_babyvision_rejects_a_repeated_task_id_and_rows_that_are_all_without_images(babyvision_script, tmp_path):
+def test_babyvision_rejects_a_repeated_task_id_and_rows_that_are_all_without_images(
+    babyvision_script, tmp_path
+):
     rows = hf_babyvision_rows()
-    with pytest.raises(babyvision_script.DownloadError, match=r"row 3 \(taskId 7\): taskId 7 is also row 1's"):
+    with pytest.raises(
+        babyvision_script.DownloadError, match=r"row 3 \(taskId 7\): taskId 7 is also row 1's"
+    ):
         babyvision_script.write_babyvision([rows[0], rows[1], {**rows[1], "taskId": 7}], tmp_path / "dup")
     with pytest.raises(babyvision_script.DownloadError, match="none of the 1 rows has an image"):
         babyvision_script.write_babyvision([rows[2]], tmp_path / "empty")
     with pytest.raises(babyvision_script.DownloadError, match="row 1: no taskId"):
-        babyvision_script.write_babyvision([{k: v for k, v in rows[0].items() if k != "taskId"}], tmp_path / "x")
+        babyvision_script.write_babyvision(
+            [{k: v for k, v in rows[0].items() if k != "taskId"}], tmp_path / "x"
+        )
     assert not (tmp_path / "dup" / "meta_data.jsonl").exists()
 
 
@@ -206,7 +219,9 @@ def test_babyvision_image_values_it_cannot_save_are_clear_errors(babyvision_scri
     with pytest.raises(babyvision_script.DownloadError, match=r"row 2: field 'image' is a int"):
         babyvision_script.png_bytes(42, where="row 2")
     monkeypatch.setitem(sys.modules, "PIL", None)  # JPEG bytes need Pillow to become a PNG
-    with pytest.raises(babyvision_script.DownloadError, match="row 3: the image is not a PNG.*pip install pillow"):
+    with pytest.raises(
+        babyvision_script.DownloadError, match="row 3: the image is not a PNG.*pip install pillow"
+    ):
         babyvision_script.png_bytes(b"\xff\xd8\xff\xe0 jpeg", where="row 3")
 
 

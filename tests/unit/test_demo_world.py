@@ -46,7 +46,9 @@ from tests.fakes.demo_world import INITIAL_SKILL, accuracy, ask, backend, items,
 SIZES = {"train": 24, "val": 12, "test": 24}
 ALL_CONVENTIONS = INITIAL_SKILL + "\n" + "\n".join(rule.phrasings[0] for rule in CONVENTIONS)
 #: The target overlooks the thousands comma unless a protected block repeats it (execution notes).
-REMINDER = "\n\n<!-- APPENDIX_START -->\n- " + RULES["thousands_comma"].phrasings[0] + "\n<!-- APPENDIX_END -->"
+REMINDER = (
+    "\n\n<!-- APPENDIX_START -->\n- " + RULES["thousands_comma"].phrasings[0] + "\n<!-- APPENDIX_END -->"
+)
 ALL_CONVENTIONS_REMINDED = ALL_CONVENTIONS + REMINDER
 
 
@@ -54,7 +56,9 @@ ALL_CONVENTIONS_REMINDED = ALL_CONVENTIONS + REMINDER
 
 
 def answer_of(skill: str, question: str) -> str:
-    request = ChatRequest(messages=[system(f"Solve it.\n\n## Skill\n{skill}"), user(question)], stage="rollout")
+    request = ChatRequest(
+        messages=[system(f"Solve it.\n\n## Skill\n{skill}"), user(question)], stage="rollout"
+    )
     reply = target(request, 0)
     return reply.rsplit("<answer>", 1)[1].split("</answer>", 1)[0]
 
@@ -69,8 +73,8 @@ def analyst_message(skill: str, blocks: str, *, budget: int = 4, step_buffer: st
 
 
 def block(index: int, item_id: str, conventions: str) -> str:
-    return (f"### Trajectory {index}: id `{item_id}`\nTask type: city\nOutcome: failed; wrong\nEvents:\n- [user] q\n"
-            f"[EVALUATION RESULT]\nPredicted: x\nExpected: y\nConventions: {conventions}")
+    return (f"### Trajectory {index}: id `{item_id}`\nTask type: city\nOutcome: failed; wrong\nEvents:\n- "
+            f"[user] q\n[EVALUATION RESULT]\nPredicted: x\nExpected: y\nConventions: {conventions}")
 
 
 # ---------------------------------------------------------------------------------------- generation
@@ -171,7 +175,10 @@ def test_a_reply_without_an_answer_tag_is_a_no_answer_row() -> None:
     assert (score.hard, score.soft, score.predicted_answer) == (0.0, 0.0, "")
     assert score.fail_reason == "no-answer: no <answer> tag"
     assert score.detail == "Conventions: iso_date=missing; value=missing"
-    assert score_response("date", "2021-03-14", "<answer> </answer>").fail_reason == "no-answer: empty <answer> tag"
+    assert (
+        score_response("date", "2021-03-14", "<answer> </answer>").fail_reason
+        == "no-answer: empty <answer> tag"
+    )
 
 
 def test_the_last_answer_tag_is_scored() -> None:
@@ -227,8 +234,13 @@ def test_harmful_rules_override_conventions_stated_earlier_and_lose_to_later_one
     distance = "A bus travels at 45 km/h for 0.75 hours. How far does it travel?"
     whole = RULES["whole_numbers"].phrasings[0]
     assert answer_of(RULES["one_decimal"].phrasings[0] + "\n" + whole, distance) == "34"
-    assert answer_of(RULES["digits"].phrasings[0] + "\n" + RULES["spell_out"].phrasings[0],
-                     "A shelf has 3 blue books and 4 green books. How many books are there in total?") == "seven"
+    assert (
+        answer_of(
+            RULES["digits"].phrasings[0] + "\n" + RULES["spell_out"].phrasings[0],
+            "A shelf has 3 blue books and 4 green books. How many books are there in total?",
+        )
+        == "seven"
+    )
 
 
 def test_the_target_answers_questions_it_cannot_parse_inside_the_tag() -> None:
@@ -263,7 +275,9 @@ def test_the_analyst_skips_stated_conventions_and_rejected_wordings() -> None:
     blocks = block(1, "demo-train-001", "uppercase_city=missing") + "\n\n" + block(
         2, "demo-train-002", "iso_date=missing")
     iso = RULES["iso_date"].phrasings[0]
-    buffer = f'Step 1: reject (2/8 failed)\n- rejected edits (score 0.500 -> 0.500):\n  - append content "{iso}"'
+    buffer = (
+        f'Step 1: reject (2/8 failed)\n- rejected edits (score 0.500 -> 0.500):\n  - append content "{iso}"'
+    )
     skill = INITIAL_SKILL + "\n" + RULES["uppercase_city"].phrasings[0]
     for seed in range(20):
         reply = AnalystReply.model_validate(analyst(analyst_message(skill, blocks, step_buffer=buffer), seed))
@@ -275,7 +289,9 @@ def test_the_analyst_skips_stated_conventions_and_rejected_wordings() -> None:
 def test_the_analyst_deletes_a_harmful_rule_that_overrides_a_stated_convention() -> None:
     lowercase = RULES["lowercase"].phrasings[0]
     skill = f"{INITIAL_SKILL}\n{RULES['uppercase_city'].phrasings[0]}\n{lowercase}"
-    reply = AnalystReply.model_validate(analyst(analyst_message(skill, block(1, "c-1", "uppercase_city=missing")), 0))
+    reply = AnalystReply.model_validate(
+        analyst(analyst_message(skill, block(1, "c-1", "uppercase_city=missing")), 0)
+    )
     assert reply.patch.edits[0].model_dump() == {"op": "delete", "target": lowercase, "content": ""}
     assert reply.diagnosis[0].kind == "rule_conflict"
     fixed, report = apply_edits(skill, [Edit(op="delete", target=lowercase)])
@@ -295,21 +311,40 @@ def test_the_analyst_sometimes_adds_a_harmful_or_useless_edit_deterministically(
 
 
 def test_handlers_answer_a_message_without_their_sections_with_a_valid_empty_reply() -> None:
-    empty = ChatRequest(messages=[system("s"), user("nothing here")], stage="analyst", tags={"kind": "failure"})
+    empty = ChatRequest(
+        messages=[system("s"), user("nothing here")], stage="analyst", tags={"kind": "failure"}
+    )
     assert AnalystReply.model_validate(analyst(empty, 0)).patch.edits == []
     success = empty.model_copy(update={"tags": {"kind": "success"}})
     assert AnalystReply.model_validate(analyst(success, 0)).patch.edits == []
     assert MergeReply.model_validate(merge(empty.model_copy(update={"stage": "merge"}), 0)).edits == []
-    assert RankingReply.model_validate(ranking(empty.model_copy(update={"stage": "ranking"}), 0)).selected_indices == []
+    assert (
+        RankingReply.model_validate(
+            ranking(empty.model_copy(update={"stage": "ranking"}), 0)
+        ).selected_indices
+        == []
+    )
 
 
 def test_merge_dedupes_sums_support_and_puts_failure_edits_first() -> None:
     upper, lower = RULES["uppercase_city"].phrasings[0], RULES["lowercase"].phrasings[0]
     patches = [
-        Patch(source="success", support=2, edits=[Edit(op="append", content=USELESS_RULES[0], source="success")]),
-        Patch(source="failure", support=3, edits=[Edit(op="append", content=upper, support_count=2),
-                                                  Edit(op="append", content=USELESS_RULES[0])]),
-        Patch(source="failure", support=1, edits=[Edit(op="append", content=upper), Edit(op="append", content=lower)]),
+        Patch(
+            source="success", support=2, edits=[Edit(op="append", content=USELESS_RULES[0], source="success")]
+        ),
+        Patch(
+            source="failure",
+            support=3,
+            edits=[
+                Edit(op="append", content=upper, support_count=2),
+                Edit(op="append", content=USELESS_RULES[0]),
+            ],
+        ),
+        Patch(
+            source="failure",
+            support=1,
+            edits=[Edit(op="append", content=upper), Edit(op="append", content=lower)],
+        ),
     ]
     reply = ask(merge_request(kind="final", skill=INITIAL_SKILL, patches=patches, level=2), MergeReply)
     assert [(e.content, e.support_count, e.source) for e in reply.edits] == [
@@ -334,8 +369,12 @@ def test_slow_update_and_meta_skill_read_the_comparison(tmp_path: Path) -> None:
     assert f"Improved {len(pairs.improved)}" in ask(request, SlowUpdateReply).reasoning
     guided = replace_block(after_skill, "SLOW_UPDATE", guidance)
     assert accuracy(rollout(train, guided)) > accuracy(rollout(train, after_skill))
-    memory = ask(meta_skill_request(previous_skill=INITIAL_SKILL, current_skill=after_skill, previous_memory="",
-                                    pairs=pairs), MetaSkillReply).memory
+    memory = ask(
+        meta_skill_request(
+            previous_skill=INITIAL_SKILL, current_skill=after_skill, previous_memory="", pairs=pairs
+        ),
+        MetaSkillReply,
+    ).memory
     assert f"{len(pairs.improved)} items improved and 0 regressed" in memory and "uppercase_city" in memory
 
 
@@ -363,7 +402,9 @@ def _step(skill: str, batch: list[ItemResult], *, budget: int, seed: int, buffer
     for kind, minibatches in zip(("failure", "success"),
                                  split_and_batch(batch, size=4, seed=seed, failure_only=False), strict=True):
         for rows in minibatches:
-            request = analyst_request(kind=kind, skill=skill, budget=budget, rows=rows, step_buffer=buffer.format())
+            request = analyst_request(
+                kind=kind, skill=skill, budget=budget, rows=rows, step_buffer=buffer.format()
+            )
             trees.setdefault(kind, []).append(
                 patch_from_reply(ask(request, AnalystReply), kind=kind, rows=rows, budget=budget))
     roots = []

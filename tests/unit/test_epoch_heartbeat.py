@@ -1,7 +1,8 @@
 """The epoch subflow runs without flow-run heartbeats; the top-level flow keeps its own.
 
 A sync subflow waits up to 1 s for its heartbeat thread to stop (measured with bench/run.py: it held the first
-step of every epoch after the first), and the top-level ``skill-train`` run's heartbeats already show liveness.
+step of every epoch after the first), and the top-level ``skill-train`` run's heartbeats already show
+liveness.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """Error rows are not failures, and unusable optimizer replies are visible.
 
-Error rows (a model call that failed after its retries) never reach analysts, the probe or the epoch comparison,
-are left out of the gate on both sides paired by item, skip a gate with too many of them, and stop the run after
-``model.failfast_n`` in a row. Parsed / fallback counts of optimizer replies reach summary.json, the progress
-artifact and the report, with a warning when most replies were unusable."""
+Error rows (a model call that failed after its retries) never reach analysts, the probe or the epoch
+comparison, are left out of the gate on both sides paired by item, skip a gate with too many of them, and stop
+the run after ``model.failfast_n`` in a row. Parsed / fallback counts of optimizer replies reach summary.json,
+the progress artifact and the report, with a warning when most replies were unusable."""
 
 from __future__ import annotations
 
@@ -61,7 +61,9 @@ def test_failfast_n_error_rows_in_a_row_stop_the_run_with_the_last_error():
     streak = ErrorStreak(3)
     streak.observe([result("a", error=True), result("b", error=True), result("c", 1.0)])  # reset by an answer
     streak.observe([result("d", error=True), result("e", error=True)])
-    with pytest.raises(TooManyErrors, match=r"3 model calls in a row .*model.failfast_n 3.*item f: error: ServerError"):
+    with pytest.raises(
+        TooManyErrors, match=r"3 model calls in a row .*model.failfast_n 3.*item f: error: ServerError"
+    ):
         streak.observe([result("f", error=True)])
 
 
@@ -75,7 +77,9 @@ def steps_with_replies() -> list[StepRecord]:
 
 
 def test_summary_counts_parsed_and_unusable_replies_and_error_rows_and_warns():
-    config = SkillOptConfig.model_validate({"benchmark": {"name": "demo"}, "evaluation": {"eval_test": False}})
+    config = SkillOptConfig.model_validate(
+        {"benchmark": {"name": "demo"}, "evaluation": {"eval_test": False}}
+    )
     summary = summary_dict(build_summary(
         run_name="r", benchmark="demo", config=config, baseline_selection={"hard": 0.1, "soft": 0.1},
         best_selection={"hard": 0.1, "soft": 0.1}, final_selection={"hard": 0.1, "soft": 0.1},
@@ -88,15 +92,22 @@ def test_summary_counts_parsed_and_unusable_replies_and_error_rows_and_warns():
 
 def test_progress_artifact_and_report_show_the_counts_and_the_warning(tmp_path):
     text = artifacts.progress_markdown(1, 2, 1, 4, 0.5, 0.5, last_step=steps_with_replies()[0])
-    assert "optimizer replies 1 parsed, 4 fallback" in text and "error rows 2 in the batch, 1 in the gate" in text
+    assert (
+        "optimizer replies 1 parsed, 4 fallback" in text
+        and "error rows 2 in the batch, 1 in the gate" in text
+    )
     assert "**Warning:** most optimizer replies were unusable: 4 of 5" in text
     calm = steps_with_replies()[0].model_copy(update={"replies_parsed": 4, "replies_fallback": 1})
     assert "Warning" not in artifacts.progress_markdown(1, 2, 1, 4, 0.5, 0.5, last_step=calm)
-    config = SkillOptConfig.model_validate({"benchmark": {"name": "demo"}, "evaluation": {"eval_test": False}})
+    config = SkillOptConfig.model_validate(
+        {"benchmark": {"name": "demo"}, "evaluation": {"eval_test": False}}
+    )
     summary = summary_dict(build_summary(
         run_name="r", benchmark="demo", config=config, baseline_selection={"hard": 0.1, "soft": 0.1},
         best_selection={"hard": 0.1, "soft": 0.1}, final_selection={"hard": 0.1, "soft": 0.1},
         history=steps_with_replies()))
-    html = render_report(RunData(name="r", path=tmp_path, history=steps_with_replies(), summary=summary, skills={}))
+    html = render_report(
+        RunData(name="r", path=tmp_path, history=steps_with_replies(), summary=summary, skills={})
+    )
     assert "1 parsed, 7 unusable" in html and "most optimizer replies were unusable" in html
     assert "<td>skip_errors</td>" in html

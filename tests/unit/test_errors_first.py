@@ -67,14 +67,17 @@ def test_bad_inputs_are_reported_in_one_line_with_exit_2_before_prefect_is_impor
 
 
 def test_the_dry_run_and_its_budget_check_never_import_prefect(tmp_path):
-    results = _run_in_fresh_interpreter([["train", "demo", "--dry-run", "-o", "budget.max_calls=10"]], tmp_path)
+    results = _run_in_fresh_interpreter(
+        [["train", "demo", "--dry-run", "-o", "budget.max_calls=10"]], tmp_path
+    )
     assert results[0]["code"] == 0, results[0]["err"]
     assert "budget: the expected run passes budget.max_calls" in results[0]["out"]
     assert not results[0]["prefect_imported"]
 
 
 def test_the_console_command_keeps_exit_codes_and_flushes_its_output(tmp_path):
-    """`python -m skillopt.cli` leaves through os._exit after the exit handlers: nothing printed may be lost."""
+    """`python -m skillopt.cli` leaves through os._exit after the exit handlers: nothing printed may be
+    lost."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     bad = subprocess.run([sys.executable, "-m", "skillopt.cli", "demo", "-o", "train.epocs=2"], cwd=tmp_path,
                          env=env, capture_output=True, text=True, timeout=120, check=False)
@@ -84,4 +87,6 @@ def test_the_console_command_keeps_exit_codes_and_flushes_its_output(tmp_path):
                           env=env, capture_output=True, text=True, timeout=120, check=False)
     assert good.returncode == 0, good.stderr
     lines = good.stdout.splitlines()
-    assert len(lines) == 301 and lines[0] == "step 1: 4" and lines[-1].startswith("# cosine 4->2 over 300 steps")
+    assert (
+        len(lines) == 301 and lines[0] == "step 1: 4" and lines[-1].startswith("# cosine 4->2 over 300 steps")
+    )

@@ -21,8 +21,10 @@ def stage(result, name: str):
 
 
 # 9 at fan-in 8: level 1 groups [8, 1] (one call, the lone patch passes through), level 2 merges the two.
-@pytest.mark.parametrize(("patches", "fan_in", "calls"), [(1, 8, 0), (2, 8, 1), (8, 8, 1), (9, 8, 2), (10, 8, 3),
-                                                          (17, 4, 6), (64, 8, 9)])
+@pytest.mark.parametrize(
+    ("patches", "fan_in", "calls"),
+    [(1, 8, 0), (2, 8, 1), (8, 8, 1), (9, 8, 2), (10, 8, 3), (17, 4, 6), (64, 8, 9)],
+)
 def test_merge_calls_follow_the_merge_tree(patches, fan_in, calls):
     assert merge_calls(patches, fan_in) == calls
 
@@ -61,9 +63,14 @@ def test_priced_models_give_usd_and_a_budget_verdict(tmp_path, monkeypatch):
         entries:
           - {match: "priced-target", input_per_mtok: 1000, output_per_mtok: 2000}
     """))
-    result = estimate(f"model.pricing_file={prices}", "model.target.backend=openai_compatible",
-                      "model.target.base_url=http://127.0.0.1:9/v1", "model.target.model=priced-target", "model.target.options={}",
-                      "budget.max_usd=1")
+    result = estimate(
+        f"model.pricing_file={prices}",
+        "model.target.backend=openai_compatible",
+        "model.target.base_url=http://127.0.0.1:9/v1",
+        "model.target.model=priced-target",
+        "model.target.options={}",
+        "budget.max_usd=1",
+    )
     rollout = stage(result, "rollout")
     per_call = (rollout.prompt_tokens_per_call * 1000 + rollout.completion_tokens_per_call * 2000) / 1e6
     assert rollout.usd == pytest.approx(per_call * rollout.calls)

@@ -64,8 +64,12 @@ def statuses(seed: int, body: dict) -> list[int]:
     found = []
     with LatencyWorld(latency_s=0.0, faults=Faults(rate=0.5, kinds=("500",)), seed=seed) as world:
         for _ in range(12):
-            post = urllib.request.Request(f"{world.base_url}/chat/completions", data=json.dumps(body).encode(),
-                                          headers={"content-type": "application/json"}, method="POST")
+            post = urllib.request.Request(
+                f"{world.base_url}/chat/completions",
+                data=json.dumps(body).encode(),
+                headers={"content-type": "application/json"},
+                method="POST",
+            )
             try:
                 with urllib.request.urlopen(post, timeout=10) as response:
                     found.append(response.status)
@@ -75,7 +79,10 @@ def statuses(seed: int, body: dict) -> list[int]:
 
 
 def test_fault_decisions_depend_on_the_seed_and_the_request_only():
-    body = {"model": "m", "messages": [{"role": "system", "content": "Answer."}, {"role": "user", "content": "1+1?"}]}
+    body = {
+        "model": "m",
+        "messages": [{"role": "system", "content": "Answer."}, {"role": "user", "content": "1+1?"}],
+    }
     first = statuses(5, body)
     assert first == statuses(5, body)
     assert set(first) == {200, 500}

@@ -37,8 +37,10 @@ class MergeTask:
 
 
 def patches(kind: str, n: int) -> list[Patch]:
-    return [Patch(reasoning=f"{kind[0]}{i}", edits=[Edit(op="append", target="", content=f"- {kind} rule {i}")])
-            for i in range(n)]
+    return [
+        Patch(reasoning=f"{kind[0]}{i}", edits=[Edit(op="append", target="", content=f"- {kind} rule {i}")])
+        for i in range(n)
+    ]
 
 
 def context(task: MergeTask, monkeypatch):

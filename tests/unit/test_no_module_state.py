@@ -12,7 +12,10 @@ _MUTABLE_CALLS = {"dict", "list", "set", "defaultdict", "OrderedDict", "Counter"
 def _mutable(value: ast.expr) -> bool:
     if isinstance(value, (ast.Dict, ast.List, ast.Set, ast.DictComp, ast.ListComp, ast.SetComp)):
         return True
-    return isinstance(value, ast.Call) and getattr(value.func, "id", getattr(value.func, "attr", "")) in _MUTABLE_CALLS
+    return (
+        isinstance(value, ast.Call)
+        and getattr(value.func, "id", getattr(value.func, "attr", "")) in _MUTABLE_CALLS
+    )
 
 
 def test_model_layer_has_no_module_level_mutable_state():

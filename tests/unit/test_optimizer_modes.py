@@ -106,43 +106,88 @@ def test_suggestion_analysts_state_a_suggestion_budget_and_full_rewrite_analysts
 
     full = rewrite_analyst_request(mode="full_rewrite_minibatch", kind="success", skill="", budget=3,
                                    rows=[row("c", solved=True)])
-    assert full.last_user_text().startswith("## Current skill\n(empty)\n\n## Trajectories\n### Trajectory 1: id `c`")
+    assert full.last_user_text().startswith(
+        "## Current skill\n(empty)\n\n## Trajectories\n### Trajectory 1: id `c`"
+    )
     assert full.tags == {"kind": "success", "mode": "full_rewrite_minibatch", "item_ids": ["c"]}
     with pytest.raises(ValueError, match=">= 0"):
-        rewrite_analyst_request(mode="rewrite_from_suggestions", kind="failure", skill="", budget=-1, rows=rows)
+        rewrite_analyst_request(
+            mode="rewrite_from_suggestions", kind="failure", skill="", budget=-1, rows=rows
+        )
 
 
-@pytest.mark.parametrize("mode, keys", [
-    ("rewrite_from_suggestions", ('"suggestions"', '"type"', '"title"', '"motivation"', '"instruction"',
-                                  '"priority"', "add_rule", "remove_rule", "merge_rules", "reorganize", "compress",
-                                  "clarify")),
-    ("full_rewrite_minibatch", ('"skill"',)),
-])
+@pytest.mark.parametrize(
+    "mode, keys",
+    [
+        (
+            "rewrite_from_suggestions",
+            (
+                '"suggestions"',
+                '"type"',
+                '"title"',
+                '"motivation"',
+                '"instruction"',
+                '"priority"',
+                "add_rule",
+                "remove_rule",
+                "merge_rules",
+                "reorganize",
+                "compress",
+                "clarify",
+            ),
+        ),
+        ("full_rewrite_minibatch", ('"skill"',)),
+    ],
+)
 def test_rewrite_analyst_system_messages_name_their_keys_and_keep_the_evidence_out(mode, keys):
     request = rewrite_analyst_request(mode=mode, kind="failure", skill=SKILL, budget=2, rows=[row("zz-item")],
                                       benchmark_guidance="Use kind evidence_miss.", use_appendix=True)
     system_text, user_text = request.system_text(), request.last_user_text()
-    for key in ('"diagnosis"', '"ids"', '"kind"', '"description"', '"patch"', '"reasoning"', '"execution_notes"',
-                *keys):
+    for key in (
+        '"diagnosis"',
+        '"ids"',
+        '"kind"',
+        '"description"',
+        '"patch"',
+        '"reasoning"',
+        '"execution_notes"',
+        *keys,
+    ):
         assert key in system_text, key
     assert all(marker in system_text for marker in PROTECTED_MARKERS)
     assert "## Execution notes" in system_text
     assert system_text.rstrip().endswith("## Benchmark guidance\nUse kind evidence_miss.")
     assert "zz-item" not in system_text and "zz-item" in user_text
-    success = rewrite_analyst_request(mode=mode, kind="success", skill="", budget=2, rows=[row("s", solved=True)],
-                                      use_appendix=True)
+    success = rewrite_analyst_request(
+        mode=mode, kind="success", skill="", budget=2, rows=[row("s", solved=True)], use_appendix=True
+    )
     assert "## Execution notes" not in success.system_text()
 
 
 def test_suggestion_merge_blocks_hold_json_that_round_trips():
-    patches = [Patch(reasoning="first", source="failure", support=8,
-                     suggestions=[suggestion("units", support=2), suggestion("old", kind="remove_rule")]),
-               Patch(reasoning="second", source="success", support=3, suggestions=[suggestion("dates", source="success")])]
-    request = merge_suggestions_request(kind="final", skill=SKILL, patches=patches, level=2, meta_skill="MEMORY")
+    patches = [
+        Patch(
+            reasoning="first",
+            source="failure",
+            support=8,
+            suggestions=[suggestion("units", support=2), suggestion("old", kind="remove_rule")],
+        ),
+        Patch(
+            reasoning="second",
+            source="success",
+            support=3,
+            suggestions=[suggestion("dates", source="success")],
+        ),
+    ]
+    request = merge_suggestions_request(
+        kind="final", skill=SKILL, patches=patches, level=2, meta_skill="MEMORY"
+    )
     text = request.last_user_text()
-    assert text.startswith(f"## Current skill\n{SKILL.rstrip()}\n\n## Optimizer memory\nMEMORY\n\n"
-                           "## Patches to merge (level 2)\n### Patch 1 (source: failure, support: 8)\n```json\n")
-    blocks = re.findall(r"^### Patch (\d+) \(source: (\w+), support: (\d+)\)\n```json\n(.*?)\n```$", text, re.M | re.S)
+    assert text.startswith(f"## Current skill\n{SKILL.rstrip()}\n\n## Optimizer memory\nMEMORY\n\n## Patches "
+                           "to merge (level 2)\n### Patch 1 (source: failure, support: 8)\n```json\n")
+    blocks = re.findall(
+        r"^### Patch (\d+) \(source: (\w+), support: (\d+)\)\n```json\n(.*?)\n```$", text, re.M | re.S
+    )
     assert [(i, s, n) for i, s, n, _ in blocks] == [("1", "failure", "8"), ("2", "success", "3")]
     first = json.loads(blocks[0][3])
     assert first["reasoning"] == "first"
@@ -177,7 +222,11 @@ def test_suggestion_ranking_lines_parse_back_into_the_pool():
     parsed = [re.fullmatch(r"\[(\d+)\] (\{.*\})", line) for line in lines]
     assert all(parsed) and [int(m.group(1)) for m in parsed] == [0, 1, 2]
     assert [Suggestion.model_validate(json.loads(m.group(2))) for m in parsed] == pool
-    assert request.stage == "ranking" and request.tags == {"budget": 2, "n_pool": 3, "mode": "rewrite_from_suggestions"}
+    assert request.stage == "ranking" and request.tags == {
+        "budget": 2,
+        "n_pool": 3,
+        "mode": "rewrite_from_suggestions",
+    }
     assert '"selected_indices"' in request.system_text()
     assert all(marker in request.system_text() for marker in PROTECTED_MARKERS)
 
@@ -188,8 +237,9 @@ def test_rewrite_message_shows_the_skill_the_selected_suggestions_and_the_buffer
     lines = "\n".join(json.dumps({"type": s.type, "title": s.title, "motivation": s.motivation,
                                   "instruction": s.instruction, "priority": s.priority,
                                   "support_count": s.support_count, "source": s.source}) for s in chosen)
-    assert request.last_user_text() == (f"## Current skill\n{SKILL.rstrip()}\n\n## Selected suggestions\n{lines}\n\n"
-                                        "## Step buffer\nBUFFER\n")
+    assert request.last_user_text() == (
+        f"## Current skill\n{SKILL.rstrip()}\n\n## Selected suggestions\n{lines}\n\n## Step buffer\nBUFFER\n"
+    )
     assert request.stage == "rewrite" and request.tags == {"n_suggestions": 2}
     assert all(key in request.system_text() for key in ('"reasoning"', '"change_summary"', '"new_skill"'))
     assert all(marker in request.system_text() for marker in PROTECTED_MARKERS)
@@ -207,25 +257,37 @@ def test_budget_message_shows_scores_buffer_memory_and_the_numbered_pool():
         f"## Current skill\n{SKILL.rstrip()}\n\n## Step scores\nSelection score: current 0.500, best 0.625\n"
         "This step's rollout: hard 0.250, soft 0.600; 6 of 8 items failed\n\n## Step buffer\nBUFFER\n\n"
         "## Optimizer memory\nMEMORY\n\n## Proposed edits (available = 2)\n"
-        '[0] {"op": "append", "target": "", "content": "- Use km.", "support_count": 2, "source": "failure"}\n'
-        '[1] {"op": "delete", "target": "- Old.", "content": "", "support_count": 1, "source": "failure"}\n')
+        '[0] {"op": "append", "target": "", "content": "- Use km.", '
+        '"support_count": 2, "source": "failure"}\n'
+        '[1] {"op": "delete", "target": "- Old.", "content": "", "support_count": 1, "source": "failure"}\n'
+    )
     assert request.stage == "lr" and request.tags == {"available": 2, "n_pool": 2}
     system_text = request.system_text()
-    assert all(key in system_text for key in ('"learning_rate"', '"reasoning"', '"confidence"', '"risk_notes"'))
+    assert all(
+        key in system_text for key in ('"learning_rate"', '"reasoning"', '"confidence"', '"risk_notes"')
+    )
     assert "no default size" in system_text and all(marker in system_text for marker in PROTECTED_MARKERS)
     suggestions = budget_request(skill="", step_scores={"current_score": 0, "best_score": 0},
                                  pool=[suggestion("a")], available=1).last_user_text()
     assert "hard n/a, soft n/a; 0 of 0 items failed" in suggestions
     assert '## Proposed suggestions (available = 1)\n[0] {"type": "add_rule"' in suggestions
     with pytest.raises(ValidationError, match="rollout_hrad"):
-        budget_request(skill="", step_scores={"current_score": 0, "best_score": 0, "rollout_hrad": 1}, pool=[],
-                       available=0)
+        budget_request(
+            skill="",
+            step_scores={"current_score": 0, "best_score": 0, "rollout_hrad": 1},
+            pool=[],
+            available=0,
+        )
 
 
 def test_probe_message_has_no_budget_and_asks_for_a_readout_without_leaks():
     rows = [row("f1"), row("s1", solved=True)]
     request = probe_request(skill=SKILL, rows=rows, meta_skill="MEMORY")
-    assert headings(request.last_user_text()) == ["## Current skill", "## Optimizer memory", "## Trajectories"]
+    assert headings(request.last_user_text()) == [
+        "## Current skill",
+        "## Optimizer memory",
+        "## Trajectories",
+    ]
     assert format_trajectory(rows[1], index=2) in request.last_user_text()
     assert request.stage == "deep_probe" and request.tags == {"item_ids": ["f1", "s1"]}
     system_text = request.system_text()
@@ -281,13 +343,21 @@ def test_suggestion_patch_keeps_at_most_budget_suggestions_of_a_known_type():
 
 
 def test_full_rewrite_reply_becomes_a_skill_patch_and_an_empty_skill_a_fallback():
-    fenced = FullRewriteAnalystReply.model_validate({
-        "diagnosis": [{"ids": ["a"], "kind": "rule_missing"}],
-        "patch": {"reasoning": "r", "skill": "```markdown\n# New\n\n- Use km.\n```"}, "execution_notes": ["n"]})
+    fenced = FullRewriteAnalystReply.model_validate(
+        {
+            "diagnosis": [{"ids": ["a"], "kind": "rule_missing"}],
+            "patch": {"reasoning": "r", "skill": "```markdown\n# New\n\n- Use km.\n```"},
+            "execution_notes": ["n"],
+        }
+    )
     patch = patch_from_full_rewrite_reply(fenced, kind="failure", rows=[row("a")])
     assert patch.skill == "# New\n\n- Use km.\n" and patch.fallback is None and patch.support == 1
-    blocks_only = FullRewriteAnalystReply.model_validate({
-        "diagnosis": [{"ids": ["a"]}], "patch": {"skill": "\n<!-- SLOW_UPDATE_START -->\nx\n<!-- SLOW_UPDATE_END -->"}})
+    blocks_only = FullRewriteAnalystReply.model_validate(
+        {
+            "diagnosis": [{"ids": ["a"]}],
+            "patch": {"skill": "\n<!-- SLOW_UPDATE_START -->\nx\n<!-- SLOW_UPDATE_END -->"},
+        }
+    )
     empty = patch_from_full_rewrite_reply(blocks_only, kind="success", rows=[row("a")])
     assert empty.skill is None and empty.fallback == "analyst returned an empty skill"
     assert empty.source == "success" and empty.diagnosis[0].ids == ["a"]
@@ -313,8 +383,10 @@ def test_suggestion_merge_clamps_support_and_labels_the_tree():
 
 
 def test_a_failed_suggestion_merge_concatenates_failures_first():
-    inputs = [Patch(source="success", support=2, suggestions=[suggestion("s1", source="success")], merge_level=1),
-              Patch(source="failure", support=5, suggestions=[suggestion("f1"), suggestion("f2")])]
+    inputs = [
+        Patch(source="success", support=2, suggestions=[suggestion("s1", source="success")], merge_level=1),
+        Patch(source="failure", support=5, suggestions=[suggestion("f1"), suggestion("f2")]),
+    ]
     patch = concat_suggestions(inputs, reason="merge failed: timeout")
     assert [s.title for s in patch.suggestions] == ["f1", "f2", "s1"]
     assert (patch.fallback, patch.support, patch.merge_level, patch.source) == ("merge failed: timeout", 7, 1,
@@ -322,14 +394,26 @@ def test_a_failed_suggestion_merge_concatenates_failures_first():
 
 
 def test_skill_merge_keeps_the_merged_document_or_falls_back_to_the_first_failure_skill():
-    inputs = [Patch(source="success", support=2, skill="# Success\n"), Patch(source="failure", support=3, skill=None,
-                                                                               fallback="empty"),
-              Patch(source="failure", support=1, skill="# Failure\n", reasoning="fix", merge_level=1)]
-    merged = patch_from_skill_merge(SkillMergeReply(reasoning="r", skill="# Both\n\n- a\n"), kind="final", level=2,
-                                    patches=inputs)
-    assert (merged.skill, merged.merge_level, merged.support, merged.fallback) == ("# Both\n\n- a\n", 2, 6, None)
+    inputs = [
+        Patch(source="success", support=2, skill="# Success\n"),
+        Patch(source="failure", support=3, skill=None, fallback="empty"),
+        Patch(source="failure", support=1, skill="# Failure\n", reasoning="fix", merge_level=1),
+    ]
+    merged = patch_from_skill_merge(
+        SkillMergeReply(reasoning="r", skill="# Both\n\n- a\n"), kind="final", level=2, patches=inputs
+    )
+    assert (merged.skill, merged.merge_level, merged.support, merged.fallback) == (
+        "# Both\n\n- a\n",
+        2,
+        6,
+        None,
+    )
     blank = patch_from_skill_merge(SkillMergeReply(skill="  "), kind="final", level=2, patches=inputs)
-    assert (blank.skill, blank.reasoning, blank.fallback) == ("# Failure\n", "fix", "skill merge returned an empty skill")
+    assert (blank.skill, blank.reasoning, blank.fallback) == (
+        "# Failure\n",
+        "fix",
+        "skill merge returned an empty skill",
+    )
     assert keep_first_skill(inputs[:1], reason="x").skill == "# Success\n"
     nothing = keep_first_skill(inputs[1:2], reason="merge failed")
     assert nothing.skill is None and nothing.fallback == "merge failed"
@@ -346,9 +430,13 @@ def test_select_items_ranks_any_pool_and_select_edits_is_unchanged():
 
 
 def test_a_rewrite_reply_needs_a_whole_skill_and_loses_a_wrapping_fence():
-    reply = RewriteReply.model_validate({"change_summary": "Added units.", "new_skill": "```\n# S\n\n- a\n```\n"})
+    reply = RewriteReply.model_validate(
+        {"change_summary": "Added units.", "new_skill": "```\n# S\n\n- a\n```\n"}
+    )
     assert reply.new_skill == "# S\n\n- a\n" and reply.change_summary == ["Added units."]
-    kept = RewriteReply.model_validate({"change_summary": [], "new_skill": "```\ncode\n```\ntext\n```\nmore\n```"})
+    kept = RewriteReply.model_validate(
+        {"change_summary": [], "new_skill": "```\ncode\n```\ntext\n```\nmore\n```"}
+    )
     assert kept.new_skill.startswith("```\ncode")  # not one fence around the whole document
     for bad in ({"change_summary": [], "new_skill": " \n"}, {"new_skill": "# S"}):
         with pytest.raises(ValidationError):
@@ -374,7 +462,10 @@ def test_rewrite_as_edits_describes_the_line_changes_for_the_step_buffer():
     current = "# Skill\n\n- a\n- b\n- c\n\n<!-- SLOW_UPDATE_START -->\ng\n<!-- SLOW_UPDATE_END -->\n"
     candidate = "# Skill\n\n- a\n- new\n- c\n- d\n\n<!-- SLOW_UPDATE_START -->\ng\n<!-- SLOW_UPDATE_END -->\n"
     edits = rewrite_as_edits(current, candidate)
-    assert [(e.op, e.target, e.content) for e in edits] == [("replace", "- b", "- new"), ("insert_after", "- c", "- d")]
+    assert [(e.op, e.target, e.content) for e in edits] == [
+        ("replace", "- b", "- new"),
+        ("insert_after", "- c", "- d"),
+    ]
     assert apply_edits(current, edits)[0] == candidate
     assert [(e.op, e.target, e.content) for e in rewrite_as_edits("- c\n", "- b\n- c\n")] == [
         ("replace", "- c", "- b\n- c")]
@@ -416,13 +507,19 @@ def test_probe_items_are_one_per_task_type_first_then_the_rest_by_id():
             row("s3", solved=True, task_type="city")]
     picked = pick_probe_items(rows, failures=4, successes=2)
     assert [r.id for r in picked] == ["f1", "f3", "f4", "f2", "s1", "s3"]
-    assert [r.id for r in pick_probe_items(list(reversed(rows)), failures=4, successes=2)] == [r.id for r in picked]
+    assert [r.id for r in pick_probe_items(list(reversed(rows)), failures=4, successes=2)] == [
+        r.id for r in picked
+    ]
     assert [r.id for r in pick_probe_items(rows, failures=2, successes=0)] == ["f1", "f3"]
     assert pick_probe_items(rows, failures=0, successes=0) == []
     with pytest.raises(ValueError):
         pick_probe_items(rows, failures=-1, successes=0)
-    assert probe_record("Say why.", picked[:2]) == {"instruction": "Say why.", "item_ids": ["f1", "f3"], "n_fail": 2,
-                                                    "fallback": None}
+    assert probe_record("Say why.", picked[:2]) == {
+        "instruction": "Say why.",
+        "item_ids": ["f1", "f3"],
+        "n_fail": 2,
+        "fallback": None,
+    }
 
 
 def test_a_probe_instruction_is_stripped_and_never_blank():
@@ -449,7 +546,10 @@ def test_execution_notes_fill_only_the_appendix_block():
     assert extract_block(skill, APPENDIX) == "- Use km."
     assert skill.startswith(SKILL.rstrip()) and extract_block(skill, SLOW_UPDATE) == "Be careful."
     assert with_execution_notes(skill, ["use KM."]) == skill
-    assert with_execution_notes(SKILL, []) == SKILL and extract_block(with_execution_notes(SKILL, []), APPENDIX) is None
+    assert (
+        with_execution_notes(SKILL, []) == SKILL
+        and extract_block(with_execution_notes(SKILL, []), APPENDIX) is None
+    )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -466,21 +566,34 @@ def test_demo_handlers_answer_every_new_request_with_a_valid_reply(tmp_path):
     for mode, schema in (("rewrite_from_suggestions", SuggestionAnalystReply),
                          ("full_rewrite_minibatch", FullRewriteAnalystReply)):
         for kind, batch in (("failure", failures), ("success", [r for r in rows if not r.failed])):
-            ask(rewrite_analyst_request(mode=mode, kind=kind, skill=GUIDED_SKILL, budget=3, rows=batch), schema)
+            ask(
+                rewrite_analyst_request(mode=mode, kind=kind, skill=GUIDED_SKILL, budget=3, rows=batch),
+                schema,
+            )
     patches = [Patch(source="failure", support=2, suggestions=[suggestion("a")], skill=GUIDED_SKILL)] * 2
-    ask(merge_suggestions_request(kind="failure", skill=GUIDED_SKILL, patches=patches, level=1), SuggestionMergeReply)
+    ask(
+        merge_suggestions_request(kind="failure", skill=GUIDED_SKILL, patches=patches, level=1),
+        SuggestionMergeReply,
+    )
     ask(merge_skills_request(kind="final", skill=GUIDED_SKILL, patches=patches, level=2), SkillMergeReply)
-    ask(suggestion_ranking_request(skill=GUIDED_SKILL, pool=[suggestion("a"), suggestion("b")], budget=1), RankingReply)
+    ask(
+        suggestion_ranking_request(skill=GUIDED_SKILL, pool=[suggestion("a"), suggestion("b")], budget=1),
+        RankingReply,
+    )
     ask(rewrite_request(skill=GUIDED_SKILL, suggestions=[suggestion("a")]), RewriteReply)
     ask(budget_request(skill=GUIDED_SKILL, step_scores={"current_score": 0.1, "best_score": 0.1}, pool=[],
                        available=0), BudgetReply)
-    assert ask(probe_request(skill=GUIDED_SKILL, rows=failures), ProbeReply).probe_instruction == PROBE_INSTRUCTION
+    assert (
+        ask(probe_request(skill=GUIDED_SKILL, rows=failures), ProbeReply).probe_instruction
+        == PROBE_INSTRUCTION
+    )
 
 
 def test_demo_suggestion_analysts_propose_rules_for_missing_conventions_within_the_budget(tmp_path):
     failures = [r for r in demo_rows(tmp_path) if r.failed][:4]
-    request = rewrite_analyst_request(mode="rewrite_from_suggestions", kind="failure", skill=GUIDED_SKILL, budget=2,
-                                      rows=failures)
+    request = rewrite_analyst_request(
+        mode="rewrite_from_suggestions", kind="failure", skill=GUIDED_SKILL, budget=2, rows=failures
+    )
     reply = ask(request, SuggestionAnalystReply)
     assert len(reply.patch.suggestions) == 2 and {s.type for s in reply.patch.suggestions} == {"add_rule"}
     assert all(any(rule.stated_by(s.instruction) for rule in CONVENTIONS) for s in reply.patch.suggestions)
@@ -492,8 +605,12 @@ def test_demo_suggestion_analysts_propose_rules_for_missing_conventions_within_t
 
 def test_demo_full_rewrites_add_the_rules_and_sometimes_drop_the_protected_blocks(tmp_path):
     failures = [r for r in demo_rows(tmp_path) if r.failed][:4]
-    first = ask(rewrite_analyst_request(mode="full_rewrite_minibatch", kind="failure", skill=GUIDED_SKILL, budget=3,
-                                        rows=failures), FullRewriteAnalystReply)
+    first = ask(
+        rewrite_analyst_request(
+            mode="full_rewrite_minibatch", kind="failure", skill=GUIDED_SKILL, budget=3, rows=failures
+        ),
+        FullRewriteAnalystReply,
+    )
     assert extract_block(first.patch.skill, SLOW_UPDATE) is None  # the first step always drops them
     assert read_style(first.patch.skill).positions and first.patch.skill.startswith(INITIAL_SKILL.rstrip())
     later_skill = replace_block(INITIAL_SKILL + RULES["digits"].phrasings[0], SLOW_UPDATE, "Guidance.")
@@ -513,26 +630,40 @@ def test_demo_merges_dedupe_suggestions_and_unite_skill_lines():
     def adding(line: str, **kw: Any) -> Suggestion:
         return Suggestion(type="add_rule", title=line, instruction=f'Add the rule line "{line}"', **kw)
 
-    patches = [Patch(source="success", support=1, suggestions=[adding(USELESS_RULES[0], source="success")]),
-               Patch(source="failure", support=3, suggestions=[adding(upper, support_count=2), adding(lower)]),
-               Patch(source="failure", support=2, suggestions=[adding(upper, priority=2)])]
+    patches = [
+        Patch(source="success", support=1, suggestions=[adding(USELESS_RULES[0], source="success")]),
+        Patch(source="failure", support=3, suggestions=[adding(upper, support_count=2), adding(lower)]),
+        Patch(source="failure", support=2, suggestions=[adding(upper, priority=2)]),
+    ]
     reply = ask(merge_suggestions_request(kind="final", skill=INITIAL_SKILL, patches=patches, level=2),
                 SuggestionMergeReply)
     assert [(s.title, s.support_count, s.source, s.priority) for s in reply.suggestions] == [
-        (upper, 3, "failure", 1), (USELESS_RULES[0], 1, "success", 1)]  # the weaker contradicting rule is dropped
+        # the weaker contradicting rule is dropped
+        (upper, 3, "failure", 1), (USELESS_RULES[0], 1, "success", 1)]
 
-    skills = [Patch(source="success", support=1, skill=f"{INITIAL_SKILL}{lower}\n"),
-              Patch(source="failure", support=2, skill=replace_block(f"{INITIAL_SKILL}{upper}\n{km}\n", SLOW_UPDATE,
-                                                                     "G.")),
-              Patch(source="failure", support=2, skill=f"{INITIAL_SKILL}{upper}\n")]
-    merged = ask(merge_skills_request(kind="final", skill=INITIAL_SKILL, patches=skills, level=2), SkillMergeReply)
+    skills = [
+        Patch(source="success", support=1, skill=f"{INITIAL_SKILL}{lower}\n"),
+        Patch(
+            source="failure",
+            support=2,
+            skill=replace_block(f"{INITIAL_SKILL}{upper}\n{km}\n", SLOW_UPDATE, "G."),
+        ),
+        Patch(source="failure", support=2, skill=f"{INITIAL_SKILL}{upper}\n"),
+    ]
+    merged = ask(
+        merge_skills_request(kind="final", skill=INITIAL_SKILL, patches=skills, level=2), SkillMergeReply
+    )
     assert merged.skill == replace_block(f"{INITIAL_SKILL}{upper}\n{km}\n", SLOW_UPDATE, "G.")
 
 
 def test_demo_ranking_of_suggestions_prefers_support_then_priority():
     pool = [suggestion("a", support=1), suggestion("b", support=3, priority=2), suggestion("c", support=3),
             suggestion("d", support=1, priority=1)]
-    assert ask(suggestion_ranking_request(skill="", pool=pool, budget=3), RankingReply).selected_indices == [2, 1, 0]
+    assert ask(suggestion_ranking_request(skill="", pool=pool, budget=3), RankingReply).selected_indices == [
+        2,
+        1,
+        0,
+    ]
 
 
 def test_demo_rewrite_applies_the_suggestions_and_summarises_the_changes():
@@ -545,7 +676,9 @@ def test_demo_rewrite_applies_the_suggestions_and_summarises_the_changes():
     assert reply.change_summary[:2] == [f"Added the rule: {upper[2:]}", f"Removed the rule: {lower[2:]}"]
     assert "No change for compress" in reply.change_summary[2]
     candidate, restored = finish_rewrite(skill, reply.new_skill)
-    assert upper in candidate and lower not in candidate and extract_block(candidate, SLOW_UPDATE) == "Guidance."
+    assert (
+        upper in candidate and lower not in candidate and extract_block(candidate, SLOW_UPDATE) == "Guidance."
+    )
     assert restored == (extract_block(reply.new_skill, SLOW_UPDATE) is None)
 
 
@@ -571,12 +704,20 @@ def test_the_demo_target_writes_a_readout_under_the_probe_without_changing_its_a
     assert [r.hard for r in probed] == [r.hard for r in plain]
     replies = [r.trajectory[-2]["content"] for r in probed]
     assert all("\nReadout: conventions applied: " in reply for reply in replies)
-    assert any("Readout: conventions applied: unit_km" in reply for reply, r in zip(replies, probed, strict=True)
-               if r.task_type == "distance")
+    assert any(
+        "Readout: conventions applied: unit_km" in reply
+        for reply, r in zip(replies, probed, strict=True)
+        if r.task_type == "distance"
+    )
     assert not any("Readout:" in r.trajectory[-2]["content"] for r in plain)
-    request = ChatRequest(messages=[system("s"), user("What is the capital of Peru?\n\n## Training readout\nSay.")],
-                          stage="rollout")
-    assert target(request, 0) == "the capital of Peru.\nReadout: conventions applied: none\n<answer>Lima</answer>"
+    request = ChatRequest(
+        messages=[system("s"), user("What is the capital of Peru?\n\n## Training readout\nSay.")],
+        stage="rollout",
+    )
+    assert (
+        target(request, 0)
+        == "the capital of Peru.\nReadout: conventions applied: none\n<answer>Lima</answer>"
+    )
 
 
 def test_demo_analysts_cite_the_probe_readout_and_return_execution_notes_for_ignored_rules(tmp_path):
@@ -639,9 +780,17 @@ def train(tmp_path: Path, step: Step, *, epochs: int = 2) -> Run:
             score = accuracy(rollout(val, proposal.candidate))
             accepted = score > current
             run.decisions.append("accept" if accepted else "reject")
-            buffer.add(StepBufferEntry(step=index, decision=run.decisions[-1], n_fail=sum(r.failed for r in batch),
-                                       n_total=len(batch), score_before=current, score_after=score,
-                                       rejected_edits=[] if accepted else proposal.rejected_as_edits))
+            buffer.add(
+                StepBufferEntry(
+                    step=index,
+                    decision=run.decisions[-1],
+                    n_fail=sum(r.failed for r in batch),
+                    n_total=len(batch),
+                    score_before=current,
+                    score_after=score,
+                    rejected_edits=[] if accepted else proposal.rejected_as_edits,
+                )
+            )
             if accepted:
                 skill, current = proposal.candidate, score
     run.score, run.skill = current, skill
@@ -664,9 +813,17 @@ def aggregate(trees: dict[str, list[Patch]], skill: str, build: Callable[..., Ch
     for kind, patches in trees.items():
         level = 1
         while len(patches) > 1:
-            patches = [convert(ask(build(kind=kind, skill=skill, patches=group, level=level), schema), kind=kind,
-                               level=level, patches=group) if len(group) > 1 else group[0]
-                       for group in merge_groups(patches, 2)]
+            patches = [
+                convert(
+                    ask(build(kind=kind, skill=skill, patches=group, level=level), schema),
+                    kind=kind,
+                    level=level,
+                    patches=group,
+                )
+                if len(group) > 1
+                else group[0]
+                for group in merge_groups(patches, 2)
+            ]
             level += 1
         roots.append(patches[0])
     if len(roots) < 2:
@@ -702,9 +859,17 @@ def assert_it_learned(run: Run) -> None:
 def test_rewrite_from_suggestions_learns_the_conventions_through_the_rewrite_call(tmp_path):
     def step(skill: str, batch: list[ItemResult], seed: int, buffer: StepBuffer) -> Proposal | None:
         def analyse(kind: str, rows: list[ItemResult]) -> Patch:
-            request = rewrite_analyst_request(mode="rewrite_from_suggestions", kind=kind, skill=skill, budget=3,
-                                              rows=rows, step_buffer=buffer.format())
-            return patch_from_suggestion_reply(ask(request, SuggestionAnalystReply), kind=kind, rows=rows, budget=3)
+            request = rewrite_analyst_request(
+                mode="rewrite_from_suggestions",
+                kind=kind,
+                skill=skill,
+                budget=3,
+                rows=rows,
+                step_buffer=buffer.format(),
+            )
+            return patch_from_suggestion_reply(
+                ask(request, SuggestionAnalystReply), kind=kind, rows=rows, budget=3
+            )
 
         root = aggregate(reflect(skill, batch, seed, analyse), skill, merge_suggestions_request,
                          SuggestionMergeReply, patch_from_suggestion_merge)
@@ -714,7 +879,9 @@ def test_rewrite_from_suggestions_learns_the_conventions_through_the_rewrite_cal
         chosen = select_items(pool, 3, ranked).items
         if not chosen:
             return None
-        reply = ask(rewrite_request(skill=skill, suggestions=chosen, step_buffer=buffer.format()), RewriteReply)
+        reply = ask(
+            rewrite_request(skill=skill, suggestions=chosen, step_buffer=buffer.format()), RewriteReply
+        )
         candidate, restored = finish_rewrite(skill, reply.new_skill)
         return Proposal(candidate, rewrite_as_edits(skill, candidate), restored, reply.change_summary)
 
@@ -747,11 +914,21 @@ def test_full_rewrite_minibatch_learns_the_conventions_from_whole_skills_and_res
 
 def test_the_autonomous_budget_applies_as_many_edits_as_the_evidence_supports(tmp_path):
     def step(skill: str, batch: list[ItemResult], seed: int, buffer: StepBuffer) -> Proposal | None:
-        root = aggregate(reflect(skill, batch, seed, patch_analyst(skill, buffer)), skill, merge_request, MergeReply,
-                         patch_from_merge)
+        root = aggregate(
+            reflect(skill, batch, seed, patch_analyst(skill, buffer)),
+            skill,
+            merge_request,
+            MergeReply,
+            patch_from_merge,
+        )
         pool = root.edits if root else []
-        scores = {"current_score": accuracy(rollout(items("val", tmp_path), skill)), "best_score": 0.0,
-                  "rollout_hard": accuracy(batch), "n_fail": sum(r.failed for r in batch), "n_total": len(batch)}
+        scores = {
+            "current_score": accuracy(rollout(items("val", tmp_path), skill)),
+            "best_score": 0.0,
+            "rollout_hard": accuracy(batch),
+            "n_fail": sum(r.failed for r in batch),
+            "n_total": len(batch),
+        }
         request = budget_request(skill=skill, step_scores=scores, pool=pool, available=len(pool),
                                  step_buffer=buffer.format())
         decision = decide_budget(ask(request, BudgetReply), len(pool))
@@ -781,8 +958,13 @@ def test_deep_probe_readouts_become_extra_minibatches_and_training_still_learns(
         assert [r.predicted_answer for r in probed] == [r.predicted_answer for r in picked]
 
         extra = [[r for r in probed if r.failed]] if any(r.failed for r in probed) else []
-        root = aggregate(reflect(skill, batch, seed, patch_analyst(skill, buffer), extra), skill, merge_request,
-                         MergeReply, patch_from_merge)
+        root = aggregate(
+            reflect(skill, batch, seed, patch_analyst(skill, buffer), extra),
+            skill,
+            merge_request,
+            MergeReply,
+            patch_from_merge,
+        )
         edits = select(skill, root.edits if root else [], 4)
         if not edits:
             return None

@@ -42,7 +42,9 @@ def test_rollback_walks_the_promotion_lineage_and_keeps_every_version(tmp_path):
     with pytest.raises(RegistryError, match="first promoted skill"):
         registry.rollback("demo")
     assert registry.versions("demo") == [1, 2, 3, 4]
-    assert [e.action for e in registry.history("demo")] == ["promote"] * 3 + ["rollback", "promote"] + ["rollback"] * 2
+    assert [e.action for e in registry.history("demo")] == ["promote"] * 3 + ["rollback", "promote"] + [
+        "rollback"
+    ] * 2
 
 
 def test_rollback_with_nothing_promoted_is_a_clear_error(tmp_path):
@@ -52,9 +54,17 @@ def test_rollback_with_nothing_promoted_is_a_clear_error(tmp_path):
 
 def test_decide_promotes_only_a_different_skill_that_scores_strictly_higher(tmp_path):
     registry = SkillRegistry(tmp_path)
-    first = registry.decide("demo", candidate="# better\n", candidate_score=0.6, incumbent_sha=skill_hash("# init\n"),
-                            incumbent_score=0.4, incumbent_version=None, metric="hard", source="nightly",
-                            run_name="r1")
+    first = registry.decide(
+        "demo",
+        candidate="# better\n",
+        candidate_score=0.6,
+        incumbent_sha=skill_hash("# init\n"),
+        incumbent_score=0.4,
+        incumbent_version=None,
+        metric="hard",
+        source="nightly",
+        run_name="r1",
+    )
     assert first.action == "promote" and first.version == 1
     assert "initial skill" in first.reason and "0.6000 vs 0.4000" in first.reason
     tie = registry.decide("demo", candidate="# other\n", candidate_score=0.6, incumbent_sha=first.skill_sha,
@@ -70,8 +80,16 @@ def test_decide_promotes_only_a_different_skill_that_scores_strictly_higher(tmp_
 
 def test_first_nightly_run_that_does_not_beat_the_initial_skill_promotes_nothing(tmp_path):
     registry = SkillRegistry(tmp_path)
-    event = registry.decide("demo", candidate="# worse\n", candidate_score=0.2, incumbent_sha=skill_hash("# init\n"),
-                            incumbent_score=0.4, incumbent_version=None, metric="hard", source="nightly")
+    event = registry.decide(
+        "demo",
+        candidate="# worse\n",
+        candidate_score=0.2,
+        incumbent_sha=skill_hash("# init\n"),
+        incumbent_score=0.4,
+        incumbent_version=None,
+        metric="hard",
+        source="nightly",
+    )
     assert event.action == "keep" and event.version is None
     assert registry.current("demo") is None
     assert not (tmp_path / "demo" / "current.md").exists()
@@ -100,8 +118,18 @@ def test_promotion_markdown_shows_decision_and_scores():
     verdict = promotion_verdict(candidate_score=0.75, incumbent_score=0.5, candidate_sha="b" * 64,
                                 incumbent_sha="a" * 64, incumbent_version=3, metric="hard")
     assert verdict.promote and "promoted version 3" in verdict.reason
-    registry_event = RegistryEvent(benchmark="demo", action="promote", version=4, previous=3, reason=verdict.reason,
-                                   source="nightly", skill_sha="b" * 64, candidate_sha="b" * 64,
-                                   metric="hard", incumbent_score=0.5, candidate_score=0.75)
+    registry_event = RegistryEvent(
+        benchmark="demo",
+        action="promote",
+        version=4,
+        previous=3,
+        reason=verdict.reason,
+        source="nightly",
+        skill_sha="b" * 64,
+        candidate_sha="b" * 64,
+        metric="hard",
+        incumbent_score=0.5,
+        candidate_score=0.75,
+    )
     text = promotion_markdown(registry_event)
     assert "promoted as version 4" in text and "| 0.5000 |" in text and "| 0.7500 |" in text

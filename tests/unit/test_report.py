@@ -1,4 +1,5 @@
-"""The HTML run report and comparison: self-contained, one mark per data point, escaped, with a diff viewer."""
+"""The HTML run report and comparison: self-contained, one mark per data point, escaped, with a diff
+viewer."""
 
 from __future__ import annotations
 
@@ -30,34 +31,79 @@ def make_run(folder: Path, name: str = "toy-run") -> Path:
     gate1 = decide(rows(3), rows(1), current_score=0.25, best_score=0.25, metric="hard")
     gate2 = decide(rows(2), rows(3), current_score=0.75, best_score=0.75, metric="hard")
     records = [
-        StepRecord(step=1, epoch=1, step_in_epoch=1, budget=4, decision=gate1.decision, gate=gate1, current_score=0.75,
-                   best_score=0.75, rollout_hard=0.25, edits_applied=1, n_total=4),
-        StepRecord(step=2, epoch=1, step_in_epoch=2, budget=3, decision="reject", gate=gate2, current_score=0.75,
-                   best_score=0.75, rollout_hard=0.5, n_total=4),
-        StepRecord(step=3, epoch=2, step_in_epoch=1, budget=2, decision="skip_no_patches", current_score=0.75,
-                   best_score=0.75, rollout_hard=1.0, n_total=4),
+        StepRecord(
+            step=1,
+            epoch=1,
+            step_in_epoch=1,
+            budget=4,
+            decision=gate1.decision,
+            gate=gate1,
+            current_score=0.75,
+            best_score=0.75,
+            rollout_hard=0.25,
+            edits_applied=1,
+            n_total=4,
+        ),
+        StepRecord(
+            step=2,
+            epoch=1,
+            step_in_epoch=2,
+            budget=3,
+            decision="reject",
+            gate=gate2,
+            current_score=0.75,
+            best_score=0.75,
+            rollout_hard=0.5,
+            n_total=4,
+        ),
+        StepRecord(
+            step=3,
+            epoch=2,
+            step_in_epoch=1,
+            budget=2,
+            decision="skip_no_patches",
+            current_score=0.75,
+            best_score=0.75,
+            rollout_hard=1.0,
+            n_total=4,
+        ),
     ]
     for record in records:
         run.record_step(record)
     for step in (1, 2, 3):
         run.write_skill_snapshot(step, skills[1])
-    usage = [{"stage": stage, "prompt_tokens": 100, "completion_tokens": 10, "cost_usd": 0.001, "cache_hit": False}
-             for stage in ("rollout", "rollout", "analyst", "rollout", "merge")]
+    usage = [
+        {"stage": stage, "prompt_tokens": 100, "completion_tokens": 10, "cost_usd": 0.001, "cache_hit": False}
+        for stage in ("rollout", "rollout", "analyst", "rollout", "merge")
+    ]
     run.write_text("usage.jsonl", "".join(json.dumps(u) + "\n" for u in usage))
-    run.write_json("summary.json", {
-        "run_name": name, "benchmark": "toy", "stopped_by": None, "wall_s": 3.0, "best_skill_sha": "ab" * 32,
-        "scores": {"baseline": {"selection": {"hard": 0.25, "soft": 0.25}, "test": {"hard": 0.2, "soft": 0.3}},
-                   "best": {"selection": {"hard": 0.75, "soft": 0.75}, "test": {"hard": 0.6, "soft": 0.7}},
-                   "final": {"selection": {"hard": 0.75, "soft": 0.75}}},
-        "counts": {"total": {"n": 3, "accepts": 1, "rejects": 1, "skips": 1}},
-        "usage": {"total": {"calls": 5, "tokens": 550, "usd": 0.005},
-                  "by_stage": [{"stage": "rollout", "calls": 3, "tokens": 330, "usd": 0.003}]},
-    })
+    run.write_json(
+        "summary.json",
+        {
+            "run_name": name,
+            "benchmark": "toy",
+            "stopped_by": None,
+            "wall_s": 3.0,
+            "best_skill_sha": "ab" * 32,
+            "scores": {
+                "baseline": {"selection": {"hard": 0.25, "soft": 0.25}, "test": {"hard": 0.2, "soft": 0.3}},
+                "best": {"selection": {"hard": 0.75, "soft": 0.75}, "test": {"hard": 0.6, "soft": 0.7}},
+                "final": {"selection": {"hard": 0.75, "soft": 0.75}},
+            },
+            "counts": {"total": {"n": 3, "accepts": 1, "rejects": 1, "skips": 1}},
+            "usage": {
+                "total": {"calls": 5, "tokens": 550, "usd": 0.005},
+                "by_stage": [{"stage": "rollout", "calls": 3, "tokens": 330, "usd": 0.003}],
+            },
+        },
+    )
     return run.path
 
 
 def figure(page: str, chart_id: str) -> str:
-    match = re.search(rf'<figure class="chart" id="{chart_id}" data-points="(\d+)">(.*?)</figure>', page, re.S)
+    match = re.search(
+        rf'<figure class="chart" id="{chart_id}" data-points="(\d+)">(.*?)</figure>', page, re.S
+    )
     assert match, f"no chart {chart_id}"
     return match.group(0)
 
@@ -67,8 +113,11 @@ def test_report_draws_one_mark_per_data_point_in_every_chart(tmp_path):
     scores = figure(page, "chart-scores")
     # 3 selection points, 2 gated candidates (one accepted, one rejected), 3 rollout points.
     assert scores.count('<circle class="point') == 8 and 'data-points="8"' in scores
-    assert scores.count('class="point gate accepted"') == 1 and scores.count('class="point gate rejected"') == 1
-    assert figure(page, "chart-budget").count("<circle") == 6          # budget and edits applied, 3 steps each
+    assert (
+        scores.count('class="point gate accepted"') == 1 and scores.count('class="point gate rejected"') == 1
+    )
+    # budget and edits applied, 3 steps each
+    assert figure(page, "chart-budget").count("<circle") == 6
     assert figure(page, "chart-skill-length").count("<circle") == 4    # snapshots 0..3
     cost = figure(page, "chart-cost")
     assert cost.count("<circle") == 5 and 'data-series="rollout" data-points="3"' in cost

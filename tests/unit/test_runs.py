@@ -60,7 +60,9 @@ def gate_result(candidate: list[float], current: list[float], best: float | None
     )
 
 
-def record(step: int, decision: str = "reject", *, epoch: int = 1, kind: str = "step", gate=None) -> StepRecord:
+def record(
+    step: int, decision: str = "reject", *, epoch: int = 1, kind: str = "step", gate=None
+) -> StepRecord:
     return StepRecord(
         step=step, epoch=epoch, step_in_epoch=step, budget=4, kind=kind, decision=decision, gate=gate,
         current_score=0.5, best_score=0.5,
@@ -105,7 +107,9 @@ def test_run_names_follow_the_documented_patterns() -> None:
     digest = config_hash(make_config())
     assert default_run_name("searchqa", digest, now) == f"searchqa-20261130-041209-{digest[:6]}"
     assert run_directory_name("searchqa", make_config(), now=now) == f"searchqa-20261130-041209-{digest[:6]}"
-    assert run_directory_name("searchqa", make_config(), prefix="eval", now=now).startswith("searchqa-eval-2026")
+    assert run_directory_name("searchqa", make_config(), prefix="eval", now=now).startswith(
+        "searchqa-eval-2026"
+    )
     assert run_directory_name("searchqa", make_config(run={"run_name": "mine"}), now=now) == "mine"
 
 
@@ -119,7 +123,10 @@ def test_open_writes_config_yaml_with_hash_header_config_and_sources(tmp_path: P
     assert f"# config_hash: {config_hash(config)}" in text.splitlines()[:3]
     data = yaml.safe_load(text)
     assert data["optimizer"]["learning_rate"] == 6
-    assert data["sources"] == {"benchmark.name": "cli", "optimizer.learning_rate": "shipped:configs/demo.yaml"}
+    assert data["sources"] == {
+        "benchmark.name": "cli",
+        "optimizer.learning_rate": "shipped:configs/demo.yaml",
+    }
     assert run.recorded_config_hash() == config_hash(config)
 
 
@@ -135,8 +142,15 @@ def test_every_writer_lands_in_its_documented_place_and_leaves_no_temp_files(tmp
     run.record_step(record(1))
 
     for rel in (
-        "config.yaml", "history.jsonl", "best_skill.md", "skills/step_0000.md", "skills/step_0012.md",
-        "steps/0003/gate.json", "steps/0003/trajectories.jsonl", "epochs/02/slow_update.json", "splits/manifest.json",
+        "config.yaml",
+        "history.jsonl",
+        "best_skill.md",
+        "skills/step_0000.md",
+        "skills/step_0012.md",
+        "steps/0003/gate.json",
+        "steps/0003/trajectories.jsonl",
+        "epochs/02/slow_update.json",
+        "splits/manifest.json",
     ):
         assert (run.path / rel).is_file(), rel
     assert run.usage_path == run.path / "usage.jsonl"
@@ -224,7 +238,10 @@ def test_recording_a_step_twice_keeps_one_line_in_step_order(tmp_path: Path) -> 
     assert len(lines) == 4
     history = run.read_history()
     assert [(r.step, r.kind, r.decision) for r in history] == [
-        (1, "step", "reject"), (2, "step", "reject"), (2, "slow_update", "force_accept"), (3, "step", "accept"),
+        (1, "step", "reject"),
+        (2, "step", "reject"),
+        (2, "slow_update", "force_accept"),
+        (3, "step", "accept"),
     ]
     # A new RunDir on the same folder (a restarted process) keeps the earlier lines.
     again = open_run(tmp_path)
@@ -269,7 +286,9 @@ def test_write_evaluation_writes_results_scores_and_predictions(tmp_path: Path) 
     assert temp_files(run.path) == []
 
     with pytest.raises(ValueError, match="duplicate item ids: a"):
-        run.write_evaluation("dup", [item("a", "math", 1.0), item("a", "math", 0.0)], split="val", skill_sha="x")
+        run.write_evaluation(
+            "dup", [item("a", "math", 1.0), item("a", "math", 0.0)], split="val", skill_sha="x"
+        )
 
 
 # --- summary.json ----------------------------------------------------------------------------------
@@ -303,7 +322,14 @@ def test_summary_has_exactly_the_documented_shape_with_numeric_scores(tmp_path: 
             assert set(split) == {"hard", "soft"}
             assert all(isinstance(v, float) and math.isfinite(v) for v in split.values())
     assert data["stopped_by"] is None and data["usage"] == usage
-    assert data["counts"]["total"] == {"n": 4, "accepts": 2, "new_best": 1, "rejects": 1, "skips": 1, "other": 0}
+    assert data["counts"]["total"] == {
+        "n": 4,
+        "accepts": 2,
+        "new_best": 1,
+        "rejects": 1,
+        "skips": 1,
+        "other": 0,
+    }
     assert data["counts"]["per_epoch"]["2"] == {"n": 2, "accepts": 1, "new_best": 0, "rejects": 0, "skips": 1,
                                                 "other": 0}
     assert data["counts"]["slow_updates"]["accepts"] == 1
@@ -383,7 +409,9 @@ def test_edits_table_lists_rank_op_target_support_status_and_decision() -> None:
 
 def test_gate_table_lists_each_decision_with_scores_and_flips() -> None:
     history = [record(1, "accept_new_best", gate=gate_result([1, 1], [0, 1])), record(2, "skip_no_patches")]
-    history[0] = history[0].model_copy(update={"gate_error_ids": ["v7"], "replies_parsed": 3, "replies_fallback": 1})
+    history[0] = history[0].model_copy(
+        update={"gate_error_ids": ["v7"], "replies_parsed": 3, "replies_fallback": 1}
+    )
     rows = artifacts.gate_table(history)
     assert rows[0] == {"step": 1, "epoch": 1, "decision": "accept_new_best", "candidate": 1.0, "current": 0.5,
                        "best": 0.5, "flips": "+1/-0", "errors": 1, "replies": "3/4"}

@@ -99,7 +99,9 @@ def test_writing_outside_the_sandbox_is_refused_and_nothing_outside_changes(work
         result = run(code, workspace)
         # Refused by the audit hook, or (under /tmp, a private tmpfs inside) simply not there.
         assert not result.ok, code
-        assert result.reason.startswith("sandbox refused") or "No such file or directory" in result.reason, code
+        assert result.reason.startswith("sandbox refused") or "No such file or directory" in result.reason, (
+            code
+        )
     assert not outside.exists() and keep.read_text(encoding="utf-8") == "keep"
     assert not (tmp_path / "newdir").exists() and not (tmp_path / "stolen.txt").exists()
     # Its own temp folder (TMPDIR) is writable.
@@ -112,7 +114,11 @@ def test_reading_a_denied_root_is_refused(workspace, tmp_path):
     (gold / "golden.xlsx").write_text("secret", encoding="utf-8")
     for code in (f"open({str(gold / 'golden.xlsx')!r}).read()", f"import os; os.listdir({str(gold)!r})"):
         result = run(code, workspace, deny_read=[gold])
-        assert not result.ok and "sandbox refused" in result.reason and "outside the item's workspace" in result.reason
+        assert (
+            not result.ok
+            and "sandbox refused" in result.reason
+            and "outside the item's workspace" in result.reason
+        )
         assert "secret" not in result.stdout + result.stderr
 
 

@@ -93,12 +93,16 @@ def test_the_four_services_and_their_images(compose):
     for name in ("prefect-server", "trainer", "reports"):
         assert services[name]["image"] == IMAGE
         assert services[name]["build"]["context"] == "."
-    assert re.fullmatch(r"postgres:\d+(-alpine)?", services["postgres"]["image"]), "pin the postgres major version"
+    assert re.fullmatch(r"postgres:\d+(-alpine)?", services["postgres"]["image"]), (
+        "pin the postgres major version"
+    )
 
 
 def test_every_variable_is_documented_in_env_example_and_the_password_is_required(raw_compose):
     used = set(_VARIABLE.findall(yaml.safe_dump(raw_compose)))
-    assert {name for name, _, _ in used} <= set(ENV_EXAMPLE), "a ${VAR} of docker-compose.yml is not in .env.example"
+    assert {name for name, _, _ in used} <= set(ENV_EXAMPLE), (
+        "a ${VAR} of docker-compose.yml is not in .env.example"
+    )
     with pytest.raises(AssertionError, match="POSTGRES_PASSWORD"):
         resolved(raw_compose, ENV_EXAMPLE)  # the example's empty password stops compose with a message
     for key in ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "POSTGRES_PASSWORD"):
@@ -111,7 +115,9 @@ def test_ports_are_bound_to_loopback_only(compose):
     assert published["reports"] == ["127.0.0.1:8080:8080"]
     for name, ports in published.items():
         for port in ports:
-            assert isinstance(port, str) and port.startswith("127.0.0.1:"), f"{name} publishes {port!r} beyond loopback"
+            assert isinstance(port, str) and port.startswith("127.0.0.1:"), (
+                f"{name} publishes {port!r} beyond loopback"
+            )
 
 
 def test_health_checks_gate_start_up_order(compose):
@@ -169,7 +175,9 @@ def test_every_command_names_something_the_image_has(compose):
         command = argv(service["command"])
         program = command[0]
         if program == "python":
-            assert command[1] == "-m" and importlib.util.find_spec(command[2]) is not None, f"{name}: {command}"
+            assert command[1] == "-m" and importlib.util.find_spec(command[2]) is not None, (
+                f"{name}: {command}"
+            )
         else:
             assert program in scripts, f"{name}: {program} is not a console script of the image"
         if program == "skillopt":

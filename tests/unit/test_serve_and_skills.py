@@ -1,4 +1,5 @@
-"""`skillopt serve` deployments and `skillopt skills`: what a person gets in the Prefect UI and at the shell."""
+"""`skillopt serve` deployments and `skillopt skills`: what a person gets in the Prefect UI and at the
+shell."""
 
 from __future__ import annotations
 
@@ -110,10 +111,11 @@ def test_a_deployment_run_is_told_which_parameter_to_set_never_a_command_line_op
     assert in_deployment_terms("babyvision: no data at x; download it and pass --data DIR") == \
         "babyvision: no data at x; download it and set the deployment parameter data to DIR"
     assert in_deployment_terms("-o benchmark.nosuch: unknown key; choose another name with --run-name") == (
-        "the overrides entry benchmark.nosuch: unknown key; choose another name with the deployment parameter "
-        "run_name")
+        "the overrides entry benchmark.nosuch: unknown key; choose another name with the deployment "
+        "parameter run_name")
     assert in_deployment_terms("set --judge-backend or --backend") == (
-        "set the deployment parameter cli_roles.role_backend.judge or the deployment parameter cli_roles.backend")
+        "set the deployment parameter cli_roles.role_backend.judge or the deployment parameter "
+        "cli_roles.backend")
 
 
 def test_a_bad_schedule_is_refused_with_the_expected_form():
@@ -163,7 +165,10 @@ def test_skills_promote_list_show_and_rollback_by_hand(tmp_path: Path):
     # Nothing was lost: both versions and every decision are on disk.
     history = (tmp_path / "skills" / "demo" / "history.jsonl").read_text().splitlines()
     assert [json.loads(x)["action"] for x in history] == ["promote", "promote", "rollback"]
-    assert sorted(p.name for p in (tmp_path / "skills" / "demo" / "versions").iterdir()) == ["0001.md", "0002.md"]
+    assert sorted(p.name for p in (tmp_path / "skills" / "demo" / "versions").iterdir()) == [
+        "0001.md",
+        "0002.md",
+    ]
 
 
 def test_skills_commands_name_what_is_missing(tmp_path: Path):

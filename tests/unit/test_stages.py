@@ -73,14 +73,29 @@ def system_and_user(request: ChatRequest) -> tuple[str, str]:
 
 
 def test_trajectory_block_shows_header_events_and_evaluation_but_not_the_system_message():
-    row = make_row("q-1", events=[
-        {"type": "message", "role": "system", "content": "SYSTEM PROMPT WITH THE SKILL"},
-        {"type": "message", "role": "user", "content": "Question q-1?\nThink first."},
-        {"type": "tool_call", "turn": 1, "name": "search", "command": "search capital", "observation": "a\nb"},
-        {"type": "env_step", "step": 2, "reasoning": "", "action": "go to desk", "observation": "You arrive."},
-        {"type": "feedback", "role": "user", "content": "Check your answer."},
-        {"type": "message", "role": "assistant", "content": "<answer>Paris</answer>"},
-    ])
+    row = make_row(
+        "q-1",
+        events=[
+            {"type": "message", "role": "system", "content": "SYSTEM PROMPT WITH THE SKILL"},
+            {"type": "message", "role": "user", "content": "Question q-1?\nThink first."},
+            {
+                "type": "tool_call",
+                "turn": 1,
+                "name": "search",
+                "command": "search capital",
+                "observation": "a\nb",
+            },
+            {
+                "type": "env_step",
+                "step": 2,
+                "reasoning": "",
+                "action": "go to desk",
+                "observation": "You arrive.",
+            },
+            {"type": "feedback", "role": "user", "content": "Check your answer."},
+            {"type": "message", "role": "assistant", "content": "<answer>Paris</answer>"},
+        ],
+    )
     assert format_trajectory(row, index=3) == "\n".join([
         "### Trajectory 3: id `q-1`",
         "Task type: lookup",
@@ -141,7 +156,9 @@ def test_analyst_user_message_has_the_sections_in_order_and_the_budget_sentence(
     request = analyst_request(kind="failure", skill=SKILL, budget=3, rows=rows, step_buffer="BUFFER TEXT",
                               meta_skill="MEMORY TEXT")
     _, text = system_and_user(request)
-    expected_start = f"## Current skill\n{SKILL.rstrip()}\n\n## Edit budget\nYou may propose at most 3 edits.\n\n"
+    expected_start = (
+        f"## Current skill\n{SKILL.rstrip()}\n\n## Edit budget\nYou may propose at most 3 edits.\n\n"
+    )
     assert text.startswith(expected_start)
     headings = re.findall(r"^## .*$", text, re.M)
     assert headings == ["## Current skill", "## Edit budget", "## Step buffer", "## Optimizer memory",
@@ -153,7 +170,9 @@ def test_analyst_user_message_has_the_sections_in_order_and_the_budget_sentence(
 
 
 def test_analyst_message_leaves_out_empty_buffer_and_memory_and_shows_an_empty_skill():
-    _, text = system_and_user(analyst_request(kind="success", skill="", budget=0, rows=[make_row("a", solved=True)]))
+    _, text = system_and_user(
+        analyst_request(kind="success", skill="", budget=0, rows=[make_row("a", solved=True)])
+    )
     assert text.startswith("## Current skill\n(empty)\n\n## Edit budget\nYou may propose at most 0 edits.\n\n"
                            "## Trajectories\n### Trajectory 1: id `a`")
 
@@ -183,7 +202,9 @@ def test_execution_notes_instructions_only_with_the_appendix_and_only_for_failur
 
 
 def test_a_lapse_gets_a_note_not_a_body_edit_and_the_failure_analyst_says_the_same():
-    text = analyst_request(kind="failure", skill="", budget=1, rows=[make_row("a")], use_appendix=True).system_text()
+    text = analyst_request(
+        kind="failure", skill="", budget=1, rows=[make_row("a")], use_appendix=True
+    ).system_text()
     notes = text[text.index("## Execution notes"):]
     assert "**not a body edit**" in notes and "prefer the note" in notes
     assert "then a lapse gets a note there, not a body edit" in text[:text.index("## Execution notes")]
@@ -197,11 +218,16 @@ def test_the_deep_probe_says_what_a_good_probe_asks_and_what_it_must_not_do():
 
 
 def analyst_reply(n_edits: int, ids: list) -> AnalystReply:
-    return AnalystReply.model_validate({
-        "diagnosis": [{"ids": ids, "kind": "rule_missing", "description": "no rule for capitals"}],
-        "patch": {"reasoning": "why", "edits": [{"op": "append", "content": f"rule {i}"} for i in range(n_edits)]},
-        "execution_notes": ["Follow rule 1.", " ", "Follow rule 1."],
-    })
+    return AnalystReply.model_validate(
+        {
+            "diagnosis": [{"ids": ids, "kind": "rule_missing", "description": "no rule for capitals"}],
+            "patch": {
+                "reasoning": "why",
+                "edits": [{"op": "append", "content": f"rule {i}"} for i in range(n_edits)],
+            },
+            "execution_notes": ["Follow rule 1.", " ", "Follow rule 1."],
+        }
+    )
 
 
 def test_patch_from_reply_keeps_at_most_budget_edits_in_order():
@@ -272,9 +298,11 @@ def test_merge_message_patch_blocks_hold_json_that_round_trips():
     ]
     request = merge_request(kind="failure", skill=SKILL, patches=patches, level=2, meta_skill="MEMORY")
     _, text = system_and_user(request)
-    assert text.startswith(f"## Current skill\n{SKILL.rstrip()}\n\n## Optimizer memory\nMEMORY\n\n"
-                           "## Patches to merge (level 2)\n### Patch 1 (source: failure, support: 8)\n```json\n")
-    blocks = re.findall(r"^### Patch (\d+) \(source: (\w+), support: (\d+)\)\n```json\n(.*?)\n```$", text, re.M | re.S)
+    assert text.startswith(f"## Current skill\n{SKILL.rstrip()}\n\n## Optimizer memory\nMEMORY\n\n## Patches "
+                           "to merge (level 2)\n### Patch 1 (source: failure, support: 8)\n```json\n")
+    blocks = re.findall(
+        r"^### Patch (\d+) \(source: (\w+), support: (\d+)\)\n```json\n(.*?)\n```$", text, re.M | re.S
+    )
     assert [(i, s, n) for i, s, n, _ in blocks] == [("1", "failure", "8"), ("2", "success", "3")]
     first = json.loads(blocks[0][3])
     assert first == {"reasoning": "first", "edits": [{"op": "replace", "target": "- Answer briefly.",
@@ -292,19 +320,27 @@ def test_merge_system_message_holds_the_keys_and_the_final_merge_prefers_failure
             assert key in text
         assert all(marker in text for marker in PROTECTED_MARKERS)
     assert "keep the failure version" in final and final != tree
-    assert "## Optimizer memory" not in merge_request(kind="final", skill="", patches=[], level=1).last_user_text()
+    assert (
+        "## Optimizer memory"
+        not in merge_request(kind="final", skill="", patches=[], level=1).last_user_text()
+    )
 
 
 def test_patch_from_merge_sums_support_and_labels_edits_with_the_tree_and_level():
-    inputs = [Patch(source="success", support=4, edits=[edit("a", "success")], diagnosis=[Diagnosis(ids=["x"])]),
-              Patch(source="success", support=3, edits=[edit("b", "success")])]
+    inputs = [
+        Patch(source="success", support=4, edits=[edit("a", "success")], diagnosis=[Diagnosis(ids=["x"])]),
+        Patch(source="success", support=3, edits=[edit("b", "success")]),
+    ]
     reply = MergeReply.model_validate({"reasoning": "merged", "edits": [
         {"op": "append", "content": "a or b", "support_count": 99, "source": "failure"},
         {"op": "append", "content": "c", "support_count": None, "source": None},
     ]})
     patch = patch_from_merge(reply, kind="success", level=1, patches=inputs)
     assert patch.support == 7 and patch.merge_level == 1 and patch.source == "success"
-    assert [(e.source, e.support_count, e.merge_level) for e in patch.edits] == [("success", 2, 1), ("success", 1, 1)]
+    assert [(e.source, e.support_count, e.merge_level) for e in patch.edits] == [
+        ("success", 2, 1),
+        ("success", 1, 1),
+    ]
     assert patch.diagnosis == [Diagnosis(ids=["x"])]
     final = patch_from_merge(reply, kind="final", level=2, patches=inputs)
     assert [e.source for e in final.edits] == ["failure", "failure"] and final.source == "failure"
@@ -396,7 +432,9 @@ def test_step_buffer_format_is_empty_without_entries_and_tells_analysts_what_to_
     assert "Do not re-propose a rejected edit" in text and "unsolved" in text
     assert "Step 1: accept (1/4 failed)" in text and "Step 2: reject (2/4 failed)" in text
     assert "- pattern [rule_missing] d (ids: a)" in text
-    assert '- rejected edits (score 0.500 -> 0.250):\n  - replace target "old rule" content "new / rule"' in text
+    assert (
+        '- rejected edits (score 0.500 -> 0.250):\n  - replace target "old rule" content "new / rule"' in text
+    )
     assert "Recurring failure kinds: rule_missing (2 steps)" in text
     assert StepBuffer.model_validate_json(buffer.model_dump_json()).format() == text
 
@@ -441,14 +479,15 @@ def test_slow_update_message_has_both_skills_previous_guidance_and_the_compariso
     pairs, after = comparison_pairs()
     request = slow_update_request(start_skill="# Old", current_skill=SKILL, previous_guidance="", pairs=pairs)
     system_text, text = system_and_user(request)
-    assert text.startswith(f"## Skill at the start of the epoch\n# Old\n\n## Current skill\n{SKILL.rstrip()}\n\n"
-                           "## Previous guidance\n(none)\n\n## Comparison\n"
-                           "Improved: 1\nRegressed: 1\nPersistent failures: 1\nStable successes: 1\n\n### Improved\n")
+    assert text.startswith("## Skill at the start of the epoch\n# Old\n\n## Current "
+                           f"skill\n{SKILL.rstrip()}\n\n## Previous guidance\n(none)\n\n## "
+                           "Comparison\nImproved: 1\nRegressed: 1\nPersistent failures: 1\nStable "
+                           "successes: 1\n\n### Improved\n")
     assert format_trajectory(after[0], index=1) in text  # the new skill's run
     assert "### Regressed\n" + format_trajectory(after[1], index=2) in text
     assert "### Persistent failures\n### Trajectory 3: id `per`" in text
-    assert text.rstrip().endswith("### Stable successes\n- `sta`: before: solved (hard 1.00, soft 1.00), answer "
-                                  "`Paris`; after: solved (hard 1.00, soft 1.00), answer `Paris`")
+    assert text.rstrip().endswith("### Stable successes\n- `sta`: before: solved (hard 1.00, soft 1.00), "
+                                  "answer `Paris`; after: solved (hard 1.00, soft 1.00), answer `Paris`")
     assert "id `sta`" not in text
     assert '"guidance"' in system_text and "second person" in system_text
     assert all(marker in system_text for marker in PROTECTED_MARKERS)
@@ -480,14 +519,22 @@ def test_guidance_and_memory_lose_protected_markers():
 # Reply models and templates
 
 
-@pytest.mark.parametrize("model, data", [
-    (AnalystReply, {"diagnosis": [{"ids": ["a"], "kind": "k", "description": "d", "severity": 3}],
-                    "patch": {"reasoning": "r", "edits": [{"op": "append", "content": "c", "why": "x"}], "n": 1}}),
-    (MergeReply, {"reasoning": "r", "edits": [{"op": "append", "content": "c", "extra": 1}]}),
-    (RankingReply, {"reasoning": "r", "selected_indices": [0], "confidence": "high"}),
-    (SlowUpdateReply, {"reasoning": "r", "guidance": "g", "notes": []}),
-    (MetaSkillReply, {"reasoning": "r", "memory": "m", "version": 2}),
-])
+@pytest.mark.parametrize(
+    "model, data",
+    [
+        (
+            AnalystReply,
+            {
+                "diagnosis": [{"ids": ["a"], "kind": "k", "description": "d", "severity": 3}],
+                "patch": {"reasoning": "r", "edits": [{"op": "append", "content": "c", "why": "x"}], "n": 1},
+            },
+        ),
+        (MergeReply, {"reasoning": "r", "edits": [{"op": "append", "content": "c", "extra": 1}]}),
+        (RankingReply, {"reasoning": "r", "selected_indices": [0], "confidence": "high"}),
+        (SlowUpdateReply, {"reasoning": "r", "guidance": "g", "notes": []}),
+        (MetaSkillReply, {"reasoning": "r", "memory": "m", "version": 2}),
+    ],
+)
 def test_every_reply_model_ignores_unknown_keys(model, data):
     reply = model.model_validate({**data, "unexpected": {"nested": True}})
     assert isinstance(reply, ReplyModel)
@@ -495,9 +542,13 @@ def test_every_reply_model_ignores_unknown_keys(model, data):
 
 
 def test_null_for_an_optional_key_means_its_default():
-    reply = AnalystReply.model_validate({"diagnosis": [], "execution_notes": None,
-                                         "patch": {"reasoning": None, "edits": [{"op": "append", "target": None,
-                                                                                 "content": "c"}]}})
+    reply = AnalystReply.model_validate(
+        {
+            "diagnosis": [],
+            "execution_notes": None,
+            "patch": {"reasoning": None, "edits": [{"op": "append", "target": None, "content": "c"}]},
+        }
+    )
     assert reply.execution_notes == [] and reply.patch.reasoning == "" and reply.patch.edits[0].target == ""
 
 

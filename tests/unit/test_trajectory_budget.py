@@ -1,6 +1,7 @@
-"""Trajectories within a budget: whole when they fit; otherwise the middles of the longest fields are elided with a
-visible marker, and the question's end, the final answer, tool results' tails, the evaluation and the reference
-survive. Long questions, long reasoning and multi-turn items; prompts of every evidence-heavy stage."""
+"""Trajectories within a budget: whole when they fit; otherwise the middles of the longest fields are elided
+with a visible marker, and the question's end, the final answer, tool results' tails, the evaluation and the
+reference survive. Long questions, long reasoning and multi-turn items; prompts of every evidence-heavy
+stage."""
 
 from __future__ import annotations
 
@@ -17,15 +18,22 @@ MARKER = re.compile(r"\[… (\d+) characters elided …\]")
 def row(item_id: str, events: list[dict], *, solved: bool = False, reference: str = "C",
         predicted: str = "B") -> ItemResult:
     evaluation = f"[EVALUATION RESULT] predicted: {predicted}\nexpected: {reference}\nverdict: wrong"
-    return ItemResult(id=item_id, task_type="mc", hard=float(solved), soft=float(solved),
-                      fail_reason="" if solved else f"wrong: predicted {predicted!r}",
-                      task_description=events[0].get("content", "") if events else "", predicted_answer=predicted,
-                      trajectory=[*events, {"type": "evaluation", "content": evaluation}])
+    return ItemResult(
+        id=item_id,
+        task_type="mc",
+        hard=float(solved),
+        soft=float(solved),
+        fail_reason="" if solved else f"wrong: predicted {predicted!r}",
+        task_description=events[0].get("content", "") if events else "",
+        predicted_answer=predicted,
+        trajectory=[*events, {"type": "evaluation", "content": evaluation}],
+    )
 
 
 def long_question_row(item_id: str = "q") -> ItemResult:
     context = " ".join(f"filler sentence {k} about nothing in particular." for k in range(400))  # ~17k chars
-    question = f"{context}\nDECISIVE: the bridge was finished in 1932.\nWhen was it finished?\n(A) 1901 (B) 1921 (C) 1932"
+    question = (f"{context}\nDECISIVE: the bridge was finished in 1932.\nWhen was it finished?\n"
+                "(A) 1901 (B) 1921 (C) 1932")
     return row(item_id, [
         {"type": "message", "role": "system", "content": "SKILL"},
         {"type": "message", "role": "user", "content": question},
@@ -34,7 +42,10 @@ def long_question_row(item_id: str = "q") -> ItemResult:
 
 
 def long_reasoning_row(item_id: str = "r") -> ItemResult:
-    reasoning = " ".join(f"step {k}: consider the case carefully." for k in range(300)) + " FINAL ANSWER: <answer>B</answer>"
+    reasoning = (
+        " ".join(f"step {k}: consider the case carefully." for k in range(300))
+        + " FINAL ANSWER: <answer>B</answer>"
+    )
     return row(item_id, [
         {"type": "message", "role": "user", "content": "Which option? (A) x (B) y (C) z"},
         {"type": "message", "role": "assistant", "content": reasoning},
@@ -42,7 +53,9 @@ def long_reasoning_row(item_id: str = "r") -> ItemResult:
 
 
 def multi_turn_row(item_id: str = "m", turns: int = 60) -> ItemResult:
-    events: list[dict] = [{"type": "message", "role": "user", "content": "Find the file and report its size."}]
+    events: list[dict] = [
+        {"type": "message", "role": "user", "content": "Find the file and report its size."}
+    ]
     for k in range(turns):
         events.append({"type": "tool_call", "command": f"ls dir{k}",
                        "observation": "x" * 400 + f" TAIL{k}: 12 bytes"})
@@ -60,7 +73,10 @@ def test_a_long_question_keeps_its_end_and_the_answer_and_marks_what_was_elided(
     item = long_question_row()
     block = format_trajectory(item, index=1, max_chars=3000)
     assert len(block) <= 3000
-    assert "DECISIVE: the bridge was finished in 1932. / When was it finished? / (A) 1901 (B) 1921 (C) 1932" in block
+    assert (
+        "DECISIVE: the bridge was finished in 1932. / When was it finished? / (A) 1901 (B) 1921 (C) 1932"
+        in block
+    )
     assert "The answer is <answer>B</answer>" in block
     assert block.endswith("[EVALUATION RESULT] predicted: B\nexpected: C\nverdict: wrong")
     elided = sum(int(n) for n in MARKER.findall(block))

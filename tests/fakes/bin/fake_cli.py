@@ -102,13 +102,16 @@ Options:
                                        "stream-json" (choices: "text", "json", "stream-json")
   --max-turns <turns>                  Maximum number of agentic turns in non-interactive mode
   --allowedTools, --allowed-tools <tools...>
-                                       Comma or space-separated list of tool names to allow (e.g. "Bash(git:*) Edit")
+                                       Comma or space-separated list of tool names to allow (e.g. "Bash(git:*)
+                                       Edit")
   --disallowedTools, --disallowed-tools <tools...>
-                                       Comma or space-separated list of tool names to deny (e.g. "Bash(git:*) Edit")
+                                       Comma or space-separated list of tool names to deny (e.g. "Bash(git:*)
+                                       Edit")
   --permission-mode <mode>             Permission mode to use for the session (choices: "acceptEdits",
                                        "bypassPermissions", "default", "dontAsk", "plan")
   --model <model>                      Model for the current session
-  --effort <level>                     Effort level for the current session (choices: "low", "medium", "high", "max")
+  --effort <level>                     Effort level for the current session (choices: "low", "medium", "high",
+                                       "max")
   --add-dir <directories...>           Additional directories to allow tool access to
   -v, --version                        Output the version number
   -h, --help                           Display help for command
@@ -234,7 +237,9 @@ def bad_image(path: str) -> str | None:
 def attached_images() -> list[str]:
     """The image attachments ATTACHMENTS.md lists (claude reads the images it is told about)."""
     listing = Path("ATTACHMENTS.md").read_text(encoding="utf-8") if Path("ATTACHMENTS.md").is_file() else ""
-    return [line.split("`")[1] for line in listing.splitlines() if line.startswith("- `") and "(image," in line]
+    return [
+        line.split("`")[1] for line in listing.splitlines() if line.startswith("- `") and "(image," in line
+    ]
 
 
 def codex_run(argv: list[str], name: str) -> int:
@@ -244,7 +249,12 @@ def codex_run(argv: list[str], name: str) -> int:
             print(f"Error: {problem}", file=sys.stderr)
             return 1
     last_message = Path(value_after(argv, "--output-last-message") or ".last_message")
-    usage = {"input_tokens": 1200, "cached_input_tokens": 200, "output_tokens": 40, "reasoning_output_tokens": 8}
+    usage = {
+        "input_tokens": 1200,
+        "cached_input_tokens": 200,
+        "output_tokens": 40,
+        "reasoning_output_tokens": 8,
+    }
     emit({"type": "thread.started", "thread_id": "fake-thread"})
     if name == "sleep":
         sleep_forever()
@@ -252,7 +262,9 @@ def codex_run(argv: list[str], name: str) -> int:
         key = os.environ.get("OPENAI_API_KEY", "none")
         print("ANSWER from a failed child", flush=True)
         last_message.write_text("ANSWER from a failed child", encoding="utf-8")
-        print(f"ERROR: unexpected status 401 Unauthorized: Incorrect API key provided: {key}", file=sys.stderr)
+        print(
+            f"ERROR: unexpected status 401 Unauthorized: Incorrect API key provided: {key}", file=sys.stderr
+        )
         return 1
     if name == "is_error":
         emit({"type": "turn.failed", "error": {"message": "stream disconnected before completion"}})
@@ -265,8 +277,19 @@ def codex_run(argv: list[str], name: str) -> int:
         answer = "<answer>IMAGES " + ",".join(Path(p).name for p in image_flags(argv)) + "</answer>"
     emit({"type": "turn.started"})
     for command in ("bash -lc 'cat SKILL.md'", "bash -lc 'cat task.md'"):
-        emit({"type": "item.completed", "item": {"id": "i1", "type": "command_execution", "command": command,
-                                                  "aggregated_output": "...", "exit_code": 0, "status": "completed"}})
+        emit(
+            {
+                "type": "item.completed",
+                "item": {
+                    "id": "i1",
+                    "type": "command_execution",
+                    "command": command,
+                    "aggregated_output": "...",
+                    "exit_code": 0,
+                    "status": "completed",
+                },
+            }
+        )
     emit({"type": "item.completed", "item": {"id": "i2", "type": "agent_message", "text": answer}})
     emit({"type": "turn.completed", "usage": usage})
     last_message.write_text(answer, encoding="utf-8")
@@ -274,7 +297,9 @@ def codex_run(argv: list[str], name: str) -> int:
 
 
 def claude_run(argv: list[str], name: str) -> int:
-    emit({"type": "system", "subtype": "init", "cwd": os.getcwd(), "model": "claude-fake-1", "tools": ["Read"]})
+    emit(
+        {"type": "system", "subtype": "init", "cwd": os.getcwd(), "model": "claude-fake-1", "tools": ["Read"]}
+    )
     if name == "sleep":
         sleep_forever()
     if name == "auth_fail":
@@ -285,11 +310,23 @@ def claude_run(argv: list[str], name: str) -> int:
     skill_path = str(Path.cwd() / "SKILL.md")
     emit({"type": "assistant", "message": {"model": "claude-fake-1", "content": [
         {"type": "tool_use", "id": "t1", "name": "Read", "input": {"file_path": skill_path}}]}})
-    emit({"type": "user", "message": {"content": [{"type": "tool_result", "tool_use_id": "t1", "content": "..."}]}})
+    emit(
+        {
+            "type": "user",
+            "message": {"content": [{"type": "tool_result", "tool_use_id": "t1", "content": "..."}]},
+        }
+    )
     usage = {"input_tokens": 30, "cache_read_input_tokens": 1000, "cache_creation_input_tokens": 200,
              "output_tokens": 50}
-    result = {"type": "result", "subtype": "success", "is_error": False, "num_turns": 3, "total_cost_usd": 0.0123,
-              "usage": usage, "session_id": "fake"}
+    result = {
+        "type": "result",
+        "subtype": "success",
+        "is_error": False,
+        "num_turns": 3,
+        "total_cost_usd": 0.0123,
+        "usage": usage,
+        "session_id": "fake",
+    }
     if name == "is_error":
         result.update(is_error=True, result="API Error: 500 Internal server error")
     elif name == "empty":
