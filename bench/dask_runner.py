@@ -1,8 +1,8 @@
 """What prefect-dask costs and buys: the per-task cost of the Dask runner against the thread pool, and the
 speed-up of CPU-bound rollouts on 2 worker processes.
 
-Every figure comes from a flow run in a fresh subprocess against a ``prefect server start`` on loopback (SQLite,
-temporary ``PREFECT_HOME``), the way a team's runs talk to their server:
+Every figure comes from a flow run in a fresh subprocess against a ``prefect server start`` on loopback
+(SQLite, temporary ``PREFECT_HOME``), the way a team's runs talk to their server:
 
 - **per-task cost**: ``--tasks`` no-op tasks submitted at once and waited for, on ``ThreadPoolTaskRunner(8)``
   and on a ``DaskTaskRunner`` over a local cluster of 2 worker processes x 4 threads; the wall time from the
@@ -70,7 +70,8 @@ def runner(kind, workers, threads):
     if kind == "threads":
         return ThreadPoolTaskRunner(max_workers=workers * threads)
     from prefect_dask import DaskTaskRunner
-    return DaskTaskRunner(cluster_kwargs={"n_workers": workers, "threads_per_worker": threads, "processes": True})
+    cluster = {"n_workers": workers, "threads_per_worker": threads, "processes": True}
+    return DaskTaskRunner(cluster_kwargs=cluster)
 
 
 def timed(kind, workers, threads, job):
@@ -164,8 +165,15 @@ def run_script(source: str, argv: list[str], *, api: str, cwd: Path, timeout: fl
     script.write_text(source)
     env = {**os.environ, "PREFECT_API_URL": api, "PREFECT_LOGGING_LEVEL": "WARNING",
            "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, str(script), *argv], env=env, cwd=cwd, capture_output=True, text=True,
-                          timeout=timeout, check=False)
+    done = subprocess.run(
+        [sys.executable, str(script), *argv],
+        env=env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     if done.returncode != 0 or not lines:
         raise RuntimeError(f"{argv} failed:\n{done.stdout[-1500:]}\n{done.stderr[-3000:]}")
@@ -183,7 +191,9 @@ def measure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                 FLOWS, ["cpu", kind, json.dumps({"tasks": args.cpu_tasks, "seconds": args.cpu_seconds})],
                 api=api, cwd=workdir)
             if args.items:
-                results[f"rollouts_{kind}"] = run_script(ROLLOUTS, [kind, str(args.items)], api=api, cwd=workdir)
+                results[f"rollouts_{kind}"] = run_script(
+                    ROLLOUTS, [kind, str(args.items)], api=api, cwd=workdir
+                )
     results["machine"]["load_after"] = list(os.getloadavg())
     results["cpu_speedup"] = results["cpu_threads"]["wall_s"] / results["cpu_dask"]["wall_s"]
     return results
@@ -194,19 +204,20 @@ def table(r: dict[str, Any]) -> str:
         return f"{value:.1f} ms"
 
     lines = [
-        f"{r['machine']['cpus']} CPUs, load average before {[round(x, 2) for x in r['machine']['load_before']]}, "
-        f"after {[round(x, 2) for x in r['machine']['load_after']]}",
+        f"{r['machine']['cpus']} CPUs, load average before "
+        f"{[round(x, 2) for x in r['machine']['load_before']]}, after "
+        f"{[round(x, 2) for x in r['machine']['load_after']]}",
         "| measure | threads | dask (local cluster, 2 processes) |",
         "|---|---|---|",
         f"| runner start (cluster start-up for dask) | {r['burst_threads']['ready_s']:.2f} s | "
         f"{r['burst_dask']['ready_s']:.2f} s |",
-        f"| per task, {r['args']['tasks']} no-op tasks submitted at once | {ms(r['burst_threads']['per_task_ms'])} | "
-        f"{ms(r['burst_dask']['per_task_ms'])} |",
+        f"| per task, {r['args']['tasks']} no-op tasks submitted at once | "
+        f"{ms(r['burst_threads']['per_task_ms'])} | {ms(r['burst_dask']['per_task_ms'])} |",
         f"| per task, one at a time (submit, wait) | {ms(r['burst_threads']['one_at_a_time_ms'])} | "
         f"{ms(r['burst_dask']['one_at_a_time_ms'])} |",
-        f"| {r['args']['cpu_tasks']} CPU-bound tasks of ~{r['args']['cpu_seconds']} s, 2 threads vs 2 processes | "
-        f"{r['cpu_threads']['wall_s']:.2f} s | {r['cpu_dask']['wall_s']:.2f} s "
-        f"(speed-up {r['cpu_speedup']:.2f}x, {r['cpu_dask']['pids']} worker pids) |",
+        f"| {r['args']['cpu_tasks']} CPU-bound tasks of ~{r['args']['cpu_seconds']} s, 2 threads vs 2 "
+        f"processes | {r['cpu_threads']['wall_s']:.2f} s | {r['cpu_dask']['wall_s']:.2f} s (speed-up "
+        f"{r['cpu_speedup']:.2f}x, {r['cpu_dask']['pids']} worker pids) |",
     ]
     if "rollouts_threads" in r:
         lines.append(

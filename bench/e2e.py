@@ -17,10 +17,10 @@ Per run (times from the world's clock, in seconds after the process started):
 - **end to end** = exit, against critical path + 3 s.
 
 ``--compare 'CMD'`` runs any second command against the same world in the same bench run, interleaved with
-skillopt's runs, and reports the ratio of the wall times (``{url}`` in CMD is replaced by the world's base URL,
-which is also in ``LATENCY_WORLD_URL``). Kill trials (``--kill-trials N``) kill the run at a seeded random
-moment *without holding replies back* (replies keep flowing until the kill), run the same command again,
-and count the calls answered before the kill and requested again after it.
+skillopt's runs, and reports the ratio of the wall times (``{url}`` in CMD is replaced by the world's base
+URL, which is also in ``LATENCY_WORLD_URL``). Kill trials (``--kill-trials N``) kill the run at a seeded
+random moment *without holding replies back* (replies keep flowing until the kill), run the same command
+again, and count the calls answered before the kill and requested again after it.
 
     python bench/e2e.py                      # the rows of bench/README.md (~5 minutes on 2 cores)
     python bench/e2e.py --repeat 1 --compare 'python my_optimizer.py --base-url {url}'
@@ -111,10 +111,15 @@ class Timeline:
     def row(self) -> dict[str, Any]:
         phase, path = self.model_phase_s, self.critical_path_s
         return {
-            "label": self.label, "returncode": self.returncode, "calls": self.calls,
-            "first_call_s": _r(self.first_call_s), "last_call_s": _r(self.last_call_s), "exit_s": _r(self.exit_s),
+            "label": self.label,
+            "returncode": self.returncode,
+            "calls": self.calls,
+            "first_call_s": _r(self.first_call_s),
+            "last_call_s": _r(self.last_call_s),
+            "exit_s": _r(self.exit_s),
             "exit_after_last_call_s": _r(self.exit_s - self.last_call_s) if self.last_call_s else None,
-            "model_phase_s": _r(phase), "critical_path_s": _r(path),
+            "model_phase_s": _r(phase),
+            "critical_path_s": _r(path),
             "phase_ratio": _r(phase / path) if phase and path else None,
             "e2e_minus_critical_path_s": _r(self.exit_s - path) if path else None,
         }
@@ -131,8 +136,12 @@ def _r(value: float | None) -> float | None:
 def skillopt_env(home: Path) -> dict[str, str]:
     """A user's environment: no PREFECT_API_URL, the bench's own PREFECT_HOME."""
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
-    env.update(PREFECT_HOME=str(home), PREFECT_SERVER_ANALYTICS_ENABLED="false", PREFECT_LOGGING_LEVEL="WARNING",
-               PYTHONPATH=os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]))
+    env.update(
+        PREFECT_HOME=str(home),
+        PREFECT_SERVER_ANALYTICS_ENABLED="false",
+        PREFECT_LOGGING_LEVEL="WARNING",
+        PYTHONPATH=os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]),
+    )
     return env
 
 
@@ -146,7 +155,8 @@ def train_argv(config: Config, world: LatencyWorld, run_name: str) -> list[str]:
 def timed(label: str, argv: list[str], *, world: LatencyWorld, latency: float, env: dict[str, str], cwd: Path,
           kill_after_answers: int | None = None, kill_delay_s: float = 0.0) -> Timeline:
     """Run ``argv`` against a reset world and read its timeline; optionally SIGKILL its process group once the
-    world has answered ``kill_after_answers`` calls, ``kill_delay_s`` later (replies keep flowing meanwhile)."""
+    world has answered ``kill_after_answers`` calls, ``kill_delay_s`` later (replies keep flowing
+    meanwhile)."""
     world.reset(latency_s=latency)
     cwd.mkdir(parents=True, exist_ok=True)
     log = cwd / f"{label}-{int(time.time() * 1000)}.log"
@@ -156,7 +166,10 @@ def timed(label: str, argv: list[str], *, world: LatencyWorld, latency: float, e
         process = subprocess.Popen(argv, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT,
                                    start_new_session=True)
         if kill_after_answers is not None:
-            while process.poll() is None and sum(e.outcome == "answer" for e in world.events()) < kill_after_answers:
+            while (
+                process.poll() is None
+                and sum(e.outcome == "answer" for e in world.events()) < kill_after_answers
+            ):
                 time.sleep(0.002)
             time.sleep(kill_delay_s)
             if process.poll() is None:
@@ -185,7 +198,9 @@ def rounds_of(run_dir: Path) -> list[tuple[str, int]]:
     merge per level), of the baseline, of the epoch boundary's stages, of the final check and of the test
     evaluations. Steps are told apart by the skill snapshots' times; cache hits cost no round.
     """
-    usage = [r for r in read_jsonl(run_dir / "usage.jsonl") if not r.get("cache_hit") and r.get("status") == "ok"]
+    usage = [
+        r for r in read_jsonl(run_dir / "usage.jsonl") if not r.get("cache_hit") and r.get("status") == "ok"
+    ]
     snapshots = sorted((run_dir / "skills").glob("step_*.md"))
     ends = [p.stat().st_mtime for p in snapshots]
     rounds: Counter[tuple[int, int, str]] = Counter()
@@ -193,7 +208,8 @@ def rounds_of(run_dir: Path) -> list[tuple[str, int]]:
              "gate": 4, "slow_update": 5, "meta_skill": 6, "final": 7, "test": 8}
     for record in usage:
         at = datetime.fromisoformat(record["ts"].replace("Z", "+00:00")).timestamp()
-        window = sum(1 for end in ends if end < at)  # 0 = baseline, k = step k, len(ends) = after the last step
+        # 0 = baseline, k = step k, len(ends) = after the last step
+        window = sum(1 for end in ends if end < at)
         stage, tags = record["stage"], record.get("tags") or {}
         if stage == "rollout":
             stage = "rollout" if tags.get("training") else ("gate" if 0 < window < len(ends) else "eval")
@@ -240,8 +256,9 @@ def end_to_end(config: Config, world: LatencyWorld, workdir: Path, *, home: Path
     ours, theirs = [], []
     for index in range(repeat):
         cwd = workdir / f"{label}-{index}"
-        timeline = timed(label, train_argv(config, world, "e2e"), world=world, latency=config.latency, env=env,
-                         cwd=cwd)
+        timeline = timed(
+            label, train_argv(config, world, "e2e"), world=world, latency=config.latency, env=env, cwd=cwd
+        )
         if timeline.returncode != 0:
             raise RuntimeError(f"{label}: skillopt exited {timeline.returncode}; see {cwd}")
         ours.append(with_path(timeline, cwd / "runs" / "e2e", config).row())
@@ -252,17 +269,25 @@ def end_to_end(config: Config, world: LatencyWorld, workdir: Path, *, home: Path
                                 env=other_env, cwd=workdir / f"compare-{label}-{index}").row())
     result: dict[str, Any] = {"config": asdict(config), "runs": ours, "median": _median(ours)}
     if ours and ours[0].get("critical_path_s"):
-        result["rounds"] = with_path(Timeline(label, 0, None, None, 0.0, 0), workdir / f"{label}-0" / "runs" / "e2e",
-                                     config).rounds
+        result["rounds"] = with_path(
+            Timeline(label, 0, None, None, 0.0, 0), workdir / f"{label}-0" / "runs" / "e2e", config
+        ).rounds
     if compare:
-        result["compare"] = {"command": compare, "runs": theirs, "median": _median(theirs),
-                             "wall_ratio_skillopt_over_other": _r(_median(ours)["exit_s"] / _median(theirs)["exit_s"])
-                             if _median(theirs).get("exit_s") else None}
+        result["compare"] = {
+            "command": compare,
+            "runs": theirs,
+            "median": _median(theirs),
+            "wall_ratio_skillopt_over_other": _r(_median(ours)["exit_s"] / _median(theirs)["exit_s"])
+            if _median(theirs).get("exit_s")
+            else None,
+        }
     return result
 
 
 def _median(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    keys = [k for k in (rows[0] if rows else {}) if isinstance(rows[0][k], (int, float)) and k != "returncode"]
+    keys = [
+        k for k in (rows[0] if rows else {}) if isinstance(rows[0][k], (int, float)) and k != "returncode"
+    ]
     return {k: _r(statistics.median(r[k] for r in rows if r[k] is not None))
             for k in keys if any(r[k] is not None for r in rows)}
 
@@ -277,8 +302,14 @@ def kill_trials(config: Config, world: LatencyWorld, workdir: Path, *, home: Pat
     """
     env = skillopt_env(home)
     reference_dir = workdir / "kill-reference"
-    reference = timed("kill-reference", train_argv(config, world, "kill"), world=world, latency=config.latency,
-                      env=env, cwd=reference_dir)
+    reference = timed(
+        "kill-reference",
+        train_argv(config, world, "kill"),
+        world=world,
+        latency=config.latency,
+        env=env,
+        cwd=reference_dir,
+    )
     if reference.returncode != 0:
         raise RuntimeError(f"reference run exited {reference.returncode}; see {reference_dir}")
     total = reference.calls
@@ -288,23 +319,47 @@ def kill_trials(config: Config, world: LatencyWorld, workdir: Path, *, home: Pat
         cwd = workdir / f"kill-{trial}"
         after = rng.randint(1, max(1, total - 1))
         delay = rng.uniform(0, config.latency)
-        killed = timed(f"kill-{trial}", train_argv(config, world, "kill"), world=world, latency=config.latency,
-                       env=env, cwd=cwd, kill_after_answers=after, kill_delay_s=delay)
+        killed = timed(
+            f"kill-{trial}",
+            train_argv(config, world, "kill"),
+            world=world,
+            latency=config.latency,
+            env=env,
+            cwd=cwd,
+            kill_after_answers=after,
+            kill_delay_s=delay,
+        )
         answered = {e.key: e for e in world.events() if e.outcome == "answer"}
         killed_wall = killed.killed_at_wall
-        resumed = timed(f"resume-{trial}", train_argv(config, world, "kill"), world=world, latency=config.latency,
-                        env=env, cwd=cwd)
+        resumed = timed(
+            f"resume-{trial}",
+            train_argv(config, world, "kill"),
+            world=world,
+            latency=config.latency,
+            env=env,
+            cwd=cwd,
+        )
         asked_again = {e.key for e in world.events()}
         repeated = [answered[key] for key in answered if key in asked_again]
         in_flight = [e for e in repeated if killed_wall is not None and killed_wall - e.sent_at < IN_FLIGHT_S]
-        rows.append({
-            "trial": trial, "kill_after_answers": after, "kill_delay_s": round(delay, 3), "killed": killed.killed_at_s
-            is not None, "answered_before_kill": len(answered), "resumed_returncode": resumed.returncode,
-            "calls_after_restart": resumed.calls, "repeated": len(repeated), "repeated_in_flight": len(in_flight),
-            "repeated_completed": len(repeated) - len(in_flight),
-            "unsaved_window_s": _r(max((killed_wall - e.sent_at for e in repeated), default=0.0))
-            if killed_wall else None, "killed_at_s": _r(killed.killed_at_s),
-        })
+        rows.append(
+            {
+                "trial": trial,
+                "kill_after_answers": after,
+                "kill_delay_s": round(delay, 3),
+                "killed": killed.killed_at_s is not None,
+                "answered_before_kill": len(answered),
+                "resumed_returncode": resumed.returncode,
+                "calls_after_restart": resumed.calls,
+                "repeated": len(repeated),
+                "repeated_in_flight": len(in_flight),
+                "repeated_completed": len(repeated) - len(in_flight),
+                "unsaved_window_s": _r(max((killed_wall - e.sent_at for e in repeated), default=0.0))
+                if killed_wall
+                else None,
+                "killed_at_s": _r(killed.killed_at_s),
+            }
+        )
     return {"config": asdict(config), "reference_calls": total, "trials": rows,
             "repeated_completed_total": sum(r["repeated_completed"] for r in rows),
             "repeated_in_flight_total": sum(r["repeated_in_flight"] for r in rows),
@@ -339,7 +394,9 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, Any] = {"started": datetime.now().astimezone().isoformat(), "cpus": os.cpu_count(),
                                "load_before": list(os.getloadavg())}
     with contextlib.ExitStack() as stack:
-        workdir = args.workdir or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="skillopt-e2e-")))
+        workdir = args.workdir or Path(
+            stack.enter_context(tempfile.TemporaryDirectory(prefix="skillopt-e2e-"))
+        )
         workdir = workdir.resolve()
         world = stack.enter_context(LatencyWorld(seed=args.seed))
         served, bare = workdir / "home-with-server", workdir / "home-without-server"
@@ -347,11 +404,19 @@ def main(argv: list[str] | None = None) -> int:
         stack.callback(local_server(served))
         log("warm-up runs (a first run on a new database creates it: keep that out of the figures)")
         for home in (served, bare):
-            timed("warm-up", train_argv(replace_config(TINY, test=0, val=4, train=8), world, "warm"), world=world,
-                  latency=0.0, env=skillopt_env(home), cwd=workdir / f"warm-{home.name}")
+            timed(
+                "warm-up",
+                train_argv(replace_config(TINY, test=0, val=4, train=8), world, "warm"),
+                world=world,
+                latency=0.0,
+                env=skillopt_env(home),
+                cwd=workdir / f"warm-{home.name}",
+            )
         if "tiny" in sections:
-            log(f"tiny end to end, with server, {args.repeat} runs" + (" interleaved with --compare" if args.compare
-                                                                      else ""))
+            log(
+                f"tiny end to end, with server, {args.repeat} runs"
+                + (" interleaved with --compare" if args.compare else "")
+            )
             results["tiny_with_server"] = end_to_end(TINY, world, workdir, home=served, label="tiny-served",
                                                      repeat=args.repeat, compare=args.compare)
             log("tiny end to end, without server (temporary server)")
@@ -381,30 +446,36 @@ def replace_config(config: Config, **changes: Any) -> Config:
 
 
 def table(results: dict[str, Any]) -> str:
-    lines = [f"{results['cpus']} CPUs, load average before {[round(x, 2) for x in results['load_before']]}, after "
-             f"{[round(x, 2) for x in results.get('load_after', [])]}", "",
-             "| row | first call s | last call s | exit s | exit after last call s | model phase s | critical "
-             "path s | phase / path | exit - path s | calls |", "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"{results['cpus']} CPUs, load average before {[round(x, 2) for x in results['load_before']]}, "
+        f"after {[round(x, 2) for x in results.get('load_after', [])]}",
+        "",
+        "| row | first call s | last call s | exit s | exit after last call s | model phase s | "
+        "critical path s | phase / path | exit - path s | calls |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for key in ("tiny_with_server", "tiny_without_server", "batch10", "batch40"):
         section = results.get(key)
         if not section:
             continue
         m = section["median"]
         lines.append(f"| {key} | {m.get('first_call_s')} | {m.get('last_call_s')} | {m.get('exit_s')} | "
-                     f"{m.get('exit_after_last_call_s')} | {m.get('model_phase_s')} | {m.get('critical_path_s')} | "
-                     f"{m.get('phase_ratio')} | {m.get('e2e_minus_critical_path_s')} | {m.get('calls')} |")
+                     f"{m.get('exit_after_last_call_s')} | {m.get('model_phase_s')} | "
+                     f"{m.get('critical_path_s')} | {m.get('phase_ratio')} | "
+                     f"{m.get('e2e_minus_critical_path_s')} | {m.get('calls')} |")
         compare = section.get("compare")
         if compare:
             c = compare["median"]
-            lines.append(f"| compare: `{compare['command']}` | {c.get('first_call_s')} | {c.get('last_call_s')} | "
-                         f"{c.get('exit_s')} | {c.get('exit_after_last_call_s')} | {c.get('model_phase_s')} | | | | "
-                         f"{c.get('calls')} |")
-            lines.append(f"| wall ratio skillopt / compared | {compare['wall_ratio_skillopt_over_other']} | | | | | | | | |")
+            lines.append(f"| compare: `{compare['command']}` | {c.get('first_call_s')} | "
+                         f"{c.get('last_call_s')} | {c.get('exit_s')} | {c.get('exit_after_last_call_s')} | "
+                         f"{c.get('model_phase_s')} | | | | {c.get('calls')} |")
+            lines.append(f"| wall ratio skillopt / compared | {compare['wall_ratio_skillopt_over_other']} | "
+                         "| | | | | | | |")
     kill = results.get("kill")
     if kill:
         lines += ["", f"kill -9 trials without held replies: {len(kill['trials'])}; completed calls repeated "
-                      f"{kill['repeated_completed_total']}, in-flight replies repeated {kill['repeated_in_flight_total']}, "
-                      f"all resumed {kill['all_resumed']}"]
+                      f"{kill['repeated_completed_total']}, in-flight replies repeated "
+                      f"{kill['repeated_in_flight_total']}, all resumed {kill['all_resumed']}"]
     return "\n".join(lines)
 
 

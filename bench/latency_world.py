@@ -84,8 +84,8 @@ FAULT_KINDS = ("429", "500", "timeout", "malformed")
 
 @dataclass(frozen=True)
 class Faults:
-    """Fault injection: ``rate`` of all attempts fail (kind drawn uniformly from ``kinds``); ``garble_rate`` of
-    optimizer calls get a first reply whose JSON content is unusable."""
+    """Fault injection: ``rate`` of all attempts fail (kind drawn uniformly from ``kinds``); ``garble_rate``
+    of optimizer calls get a first reply whose JSON content is unusable."""
 
     rate: float = 0.0
     garble_rate: float = 0.0
@@ -174,7 +174,9 @@ class LatencyWorld:
         self._hold_from: int | None = None
         self.held = threading.Event()
         self._release = threading.Event()
-        self._intros = {optimizer_prompt(name).splitlines()[0].strip(): spec for name, spec in _TEMPLATES.items()}
+        self._intros = {
+            optimizer_prompt(name).splitlines()[0].strip(): spec for name, spec in _TEMPLATES.items()
+        }
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -232,7 +234,9 @@ class LatencyWorld:
 
     def counts(self) -> dict[str, dict[str, Any]]:
         with self._lock:
-            return {stage: {**asdict(c), "faults": dict(c.faults)} for stage, c in sorted(self._stages.items())}
+            return {
+                stage: {**asdict(c), "faults": dict(c.faults)} for stage, c in sorted(self._stages.items())
+            }
 
     # -- one request -------------------------------------------------------------------------
 
@@ -280,8 +284,11 @@ class LatencyWorld:
             return self._fault_entry(fault)
         answer = _HANDLERS[stage](request, self.scripted_seed)
         text = answer if isinstance(answer, str) else json.dumps(answer, ensure_ascii=False)
-        garble = (stage != "rollout" and not reask
-                  and _fraction(self.seed, "garble", canonical(body.get("messages"))) < self.faults.garble_rate)
+        garble = (
+            stage != "rollout"
+            and not reask
+            and _fraction(self.seed, "garble", canonical(body.get("messages"))) < self.faults.garble_rate
+        )
         if garble:
             text = "Here is the object you asked for:\n```json\n" + text[: max(1, len(text) // 2)] + "\n```"
         usage = {"prompt_tokens": sum(_tokens(_text(m.get("content"))) for m in body["messages"]),
@@ -296,8 +303,9 @@ class LatencyWorld:
                 self._answered.append(key)
             wait = self.latency_s - (time.monotonic() - started)
             now = time.time()
-            self._events.append(Event(now, stage, "garbled" if garble else "answer", sent_at=now + max(0.0, wait),
-                                      key=key))
+            self._events.append(
+                Event(now, stage, "garbled" if garble else "answer", sent_at=now + max(0.0, wait), key=key)
+            )
         entry = ok(text=text, usage=usage)
         return slow(wait, then=entry) if wait > 0 else entry
 
@@ -331,8 +339,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     with LatencyWorld(latency_s=args.latency, faults=Faults.soak(args.fault_rate), seed=args.seed) as world:
-        print(f"latency world on {world.base_url} (latency {args.latency:g} s, faults {args.fault_rate:.0%}); "
-              "Ctrl-C stops it", flush=True)
+        print(f"latency world on {world.base_url} (latency {args.latency:g} s, faults "
+              f"{args.fault_rate:.0%}); Ctrl-C stops it", flush=True)
         try:
             while True:
                 time.sleep(5)

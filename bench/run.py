@@ -1,8 +1,9 @@
 """Performance and fault-tolerance benchmarks of ``skillopt train`` against the latency world.
 
-Every measurement runs the real command (``python -m skillopt.cli train demo``) in a subprocess, with target and
-optimizer on the ``openai_compatible`` backend pointed at ``bench/latency_world.py`` and a ``prefect server start``
-on loopback (SQLite in a temporary ``PREFECT_HOME``). Reported (see ``bench/README.md`` for the definitions):
+Every measurement runs the real command (``python -m skillopt.cli train demo``) in a subprocess, with target
+and optimizer on the ``openai_compatible`` backend pointed at ``bench/latency_world.py`` and a ``prefect
+server start`` on loopback (SQLite in a temporary ``PREFECT_HOME``). Reported (see ``bench/README.md`` for the
+definitions):
 
 - per step: wall time, wall time per stage, calls and tokens per stage, the critical-path bound
   ``sum over stages of ceil(calls / concurrency) * latency`` and actual / bound;
@@ -77,7 +78,9 @@ def _wait_healthy(url: str, process: subprocess.Popen, log: Path, timeout: float
         except OSError:
             pass
         if process.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(f"prefect server did not become healthy; log {log}:\n{log.read_text()[-2000:]}")
+            raise RuntimeError(
+                f"prefect server did not become healthy; log {log}:\n{log.read_text()[-2000:]}"
+            )
         time.sleep(0.5)
 
 
@@ -129,7 +132,11 @@ def postgres_bindir() -> Path:
             return bindir
     for name in ("pg_ctl", "initdb"):
         located = shutil.which(name)
-        if located and (Path(located).parent / "pg_ctl").exists() and (Path(located).parent / "initdb").exists():
+        if (
+            located
+            and (Path(located).parent / "pg_ctl").exists()
+            and (Path(located).parent / "initdb").exists()
+        ):
             return Path(located).parent
     raise RuntimeError("PostgreSQL not found: install postgresql (pg_config, initdb and pg_ctl)")
 
@@ -199,7 +206,8 @@ def task_runs_since(api: str, since: datetime) -> list[dict[str, Any]]:
 
 def settled_task_runs(api: str, since: datetime, *, quiet_s: float = 3.0, timeout_s: float = 120.0
                       ) -> list[dict[str, Any]]:
-    """Task runs after ``since``, read once the count has stopped growing (the server ingests asynchronously)."""
+    """Task runs after ``since``, read once the count has stopped growing (the server ingests
+    asynchronously)."""
     deadline = time.monotonic() + timeout_s
     runs = task_runs_since(api, since)
     while time.monotonic() < deadline:
@@ -220,8 +228,8 @@ def _epoch(stamp: str) -> float:
 
 
 def world_roles(url: str) -> list[str]:
-    """Overrides that put target and optimizer on the ``openai_compatible`` backend pointed at the latency world
-    at ``url``, in one provider bucket; no judge."""
+    """Overrides that put target and optimizer on the ``openai_compatible`` backend pointed at the latency
+    world at ``url``, in one provider bucket; no judge."""
     items = ["model.judge=null"]
     for role in ("target", "optimizer"):
         items += [f"model.{role}.backend=openai_compatible", f"model.{role}.base_url={url}",
@@ -275,8 +283,8 @@ class Launch:
 
 def launch(spec: Spec, *, world: LatencyWorld, api: str, cwd: Path, run_name: str = "bench",
            kill_when_held: float | None = None) -> Launch:
-    """Run ``skillopt train demo`` for ``spec``; with ``kill_when_held`` the process group gets SIGKILL that many
-    seconds after the world starts holding requests."""
+    """Run ``skillopt train demo`` for ``spec``; with ``kill_when_held`` the process group gets SIGKILL that
+    many seconds after the world starts holding requests."""
     cwd.mkdir(parents=True, exist_ok=True)
     argv = [sys.executable, "-m", "skillopt.cli", "train", "demo", "--run-name", run_name]
     for item in spec.overrides(world.base_url):
@@ -299,7 +307,8 @@ def launch(spec: Spec, *, world: LatencyWorld, api: str, cwd: Path, run_name: st
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(process.pid, signal.SIGKILL)
         returncode, usage = reaped or _reap(process.pid, block=True)  # type: ignore[misc]
-        process.returncode = returncode  # reaped here (wait4 gives its peak memory); Popen must not wait again
+        # reaped here (wait4 gives its peak memory); Popen must not wait again
+        process.returncode = returncode
     wall = time.monotonic() - clock
     # ru_maxrss is in KiB on Linux, bytes on macOS.
     rss_mb = usage.ru_maxrss / (1024 * 1024 if platform.system() == "Darwin" else 1024)
@@ -315,7 +324,9 @@ def _reap(pid: int, *, block: bool) -> tuple[int, Any] | None:
 
 
 def _failed(launch_: Launch) -> str:
-    return f"skillopt train exited {launch_.returncode}; log {launch_.log}:\n{launch_.log.read_text()[-3000:]}"
+    return (
+        f"skillopt train exited {launch_.returncode}; log {launch_.log}:\n{launch_.log.read_text()[-3000:]}"
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -379,7 +390,9 @@ def analyse(spec: Spec, launch_: Launch, *, api: str | None) -> dict[str, Any]:
         row["attempts"] += call.get("attempts") or 1
         row["prompt_tokens"] += call.get("prompt_tokens") or 0
         row["completion_tokens"] += call.get("completion_tokens") or 0
-    summary = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").exists() else {}
+    summary = (
+        json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").exists() else {}
+    )
     return {
         "spec": asdict(spec), "returncode": launch_.returncode, "wall_s": round(launch_.wall_s, 3),
         "peak_rss_mb": round(launch_.peak_rss_mb, 1), "steps": steps,
@@ -433,8 +446,9 @@ def measure(spec: Spec, *, world: LatencyWorld, api: str, workdir: Path) -> dict
 
 
 def library_call_ms(world: LatencyWorld, api: str, workdir: Path, n: int = 40) -> float:
-    """Mean wall time of one demo rollout through skillopt's own code and the real HTTP client at latency 0, without
-    Prefect (``run_item`` called directly, one thread): what a task costs before Prefect adds anything."""
+    """Mean wall time of one demo rollout through skillopt's own code and the real HTTP client at latency 0,
+    without Prefect (``run_item`` called directly, one thread): what a task costs before Prefect adds
+    anything."""
     from prefect.settings import PREFECT_API_URL, PREFECT_LOGGING_LEVEL, temporary_settings
 
     from skillopt.assembly import Run
@@ -445,26 +459,40 @@ def library_call_ms(world: LatencyWorld, api: str, workdir: Path, n: int = 40) -
     spec = Spec("library", batch=n, concurrency=1, latency=0.0)
     cwd = workdir / "library"
     cwd.mkdir(parents=True, exist_ok=True)
-    overrides = [*spec.overrides(world.base_url), f"run.runs_dir={cwd / 'runs'}", f"run.cache_dir={cwd / 'cache'}"]
-    quiet = logging.getLogger("skillopt")  # the run's own warnings (unpriced model, thinking) are not news here
+    overrides = [
+        *spec.overrides(world.base_url),
+        f"run.runs_dir={cwd / 'runs'}",
+        f"run.cache_dir={cwd / 'cache'}",
+    ]
+    # the run's own warnings (unpriced model, thinking) are not news here
+    quiet = logging.getLogger("skillopt")
     level = quiet.level
     quiet.setLevel(logging.ERROR)
     with temporary_settings(updates={PREFECT_API_URL: api, PREFECT_LOGGING_LEVEL: "WARNING"}):
         ctx = Run.from_config(load_config("demo", overrides=overrides, env={}), env={}, run_name="library")
         items = [ctx.items[i] for i in ctx.split_ids["train"][:n]]
-        run_item(ctx.benchmark, items[0], ctx.initial_skill, ctx.bench_cfg, target=ctx.clients.target, judge=None)
+        run_item(
+            ctx.benchmark, items[0], ctx.initial_skill, ctx.bench_cfg, target=ctx.clients.target, judge=None
+        )
         started = time.perf_counter()
         for item in items:
-            run_item(ctx.benchmark, item, ctx.initial_skill, ctx.bench_cfg, target=ctx.clients.target, judge=None)
+            run_item(
+                ctx.benchmark, item, ctx.initial_skill, ctx.bench_cfg, target=ctx.clients.target, judge=None
+            )
     quiet.setLevel(level)
     return round(1000 * (time.perf_counter() - started) / len(items), 2)
 
 
 def prefect_estimate(summary: dict[str, Any], calls_per_step: float | None, library_ms: float | None
                      ) -> dict[str, Any]:
-    """Prefect's part of a latency-0 step: its wall time minus the calls' own cost (``library_ms`` each, counted as
-    serial: two cores, one GIL), per task run and as a share of the step's wall time at its latency."""
-    zero, runs, wall = summary.get("zero_latency_step_s"), summary.get("task_runs_per_step"), summary.get("step_wall_s")
+    """Prefect's part of a latency-0 step: its wall time minus the calls' own cost (``library_ms`` each,
+    counted as serial: two cores, one GIL), per task run and as a share of the step's wall time at its
+    latency."""
+    zero, runs, wall = (
+        summary.get("zero_latency_step_s"),
+        summary.get("task_runs_per_step"),
+        summary.get("step_wall_s"),
+    )
     if not (zero and runs and wall and calls_per_step and library_ms):
         return {}
     prefect_s = max(0.0, zero - calls_per_step * library_ms / 1000)
@@ -499,8 +527,8 @@ print(f"CLIENT_DONE {start} {time.time()}")
 
 
 def ingest_rate(api: str, workdir: Path, n: int) -> dict[str, Any]:
-    """Task runs per second the server takes: ``n`` no-op tasks in one flow, timed until the server has them all
-    in a final state."""
+    """Task runs per second the server takes: ``n`` no-op tasks in one flow, timed until the server has them
+    all in a final state."""
     script = workdir / "ingest_flow.py"
     script.write_text(INGEST_FLOW)
     since = datetime.now().astimezone()
@@ -514,8 +542,16 @@ def ingest_rate(api: str, workdir: Path, n: int) -> dict[str, Any]:
     client_start, client_end = map(float, marker[0].split()[1:])
     deadline = time.monotonic() + 600
     while True:
-        count = api_post(api, "/task_runs/count", {"task_runs": {
-            "expected_start_time": {"after_": since.isoformat()}, "state": {"type": {"any_": ["COMPLETED"]}}}})
+        count = api_post(
+            api,
+            "/task_runs/count",
+            {
+                "task_runs": {
+                    "expected_start_time": {"after_": since.isoformat()},
+                    "state": {"type": {"any_": ["COMPLETED"]}},
+                }
+            },
+        )
         if count >= n or time.monotonic() > deadline:
             break
         time.sleep(0.2)
@@ -556,7 +592,8 @@ def resume_trials(spec: Spec, *, world: LatencyWorld, api: str, workdir: Path, t
         cwd = workdir / f"resume-{trial}"
         killed = launch(spec, world=world, api=api, cwd=cwd, kill_when_held=1.5)
         if killed.returncode != -signal.SIGKILL:
-            raise RuntimeError(f"trial {trial}: the run was not killed at answer {kill_at} ({_failed(killed)})")
+            raise RuntimeError(f"trial {trial}: the run was not killed at answer {kill_at} "
+                               f"({_failed(killed)})")
         before = set(world.answered_bodies())
         world.reset(latency_s=spec.latency, faults=Faults())
         again = launch(spec, world=world, api=api, cwd=cwd)
@@ -600,23 +637,33 @@ def fault_soak(spec: Spec, *, world: LatencyWorld, api: str, workdir: Path, seed
         summary = json.loads((done.run_dir / "summary.json").read_text()) if done.returncode == 0 else {}
         runs[name] = done
         outcome[name] = {
-            "returncode": done.returncode, "wall_s": round(done.wall_s, 2), "world": world.counts(),
+            "returncode": done.returncode,
+            "wall_s": round(done.wall_s, 2),
+            "world": world.counts(),
             "calls": sum(not r.get("cache_hit") for r in usage),
             "retries": sum(max(0, (r.get("attempts") or 1) - 1) for r in usage),
             "failed_calls": sum(r.get("status") != "ok" for r in usage if not r.get("cache_hit")),
             "fallbacks": sum(len(h.get("warnings") or []) for h in history),
-            "patches_unparsed": sum(h.get("patches_proposed", 0) - h.get("patches_parsed", 0) for h in history),
-            "scores": summary.get("scores"), "eval_rows": evaluation_rows(done.run_dir),
+            "patches_unparsed": sum(
+                h.get("patches_proposed", 0) - h.get("patches_parsed", 0) for h in history
+            ),
+            "scores": summary.get("scores"),
+            "eval_rows": evaluation_rows(done.run_dir),
             "best_skill_sha": summary.get("best_skill_sha"),
         }
         if done.returncode != 0:
             outcome[name]["log_tail"] = done.log.read_text()[-2000:]
     clean, faulty = outcome["clean"], outcome["faulty"]
-    same_skill = (runs["clean"].run_dir / "best_skill.md").exists() and \
-        (runs["faulty"].run_dir / "best_skill.md").exists() and \
-        (runs["clean"].run_dir / "best_skill.md").read_text() == (runs["faulty"].run_dir / "best_skill.md").read_text()
-    lost = sum(max(0, clean["eval_rows"].get(k, {}).get("rows", 0) - faulty["eval_rows"].get(k, {}).get("rows", 0))
-               for k in clean["eval_rows"]) + sum(v["errors"] for v in faulty["eval_rows"].values())
+    same_skill = (
+        (runs["clean"].run_dir / "best_skill.md").exists()
+        and (runs["faulty"].run_dir / "best_skill.md").exists()
+        and (runs["clean"].run_dir / "best_skill.md").read_text()
+        == (runs["faulty"].run_dir / "best_skill.md").read_text()
+    )
+    lost = sum(
+        max(0, clean["eval_rows"].get(k, {}).get("rows", 0) - faulty["eval_rows"].get(k, {}).get("rows", 0))
+        for k in clean["eval_rows"]
+    ) + sum(v["errors"] for v in faulty["eval_rows"].values())
     outcome["verdict"] = {
         "completed": faulty["returncode"] == 0, "same_best_skill": same_skill,
         "same_scores": clean["scores"] == faulty["scores"] and clean["scores"] is not None,
@@ -653,28 +700,46 @@ def plan_for(mode: str) -> Plan:
         return Plan(mode, tiny, [], tiny, 1, replace(tiny, label="soak", fault_rate=0.2), 0, postgres=False,
                     warm_up=False)
     if mode == "quick":
-        return Plan(mode, Spec("headline", batch=8, concurrency=4, latency=0.2, train_size=16, val_size=8),
-                    [Spec("grid", batch=8, concurrency=16, latency=0.2, train_size=16, val_size=8)],
-                    Spec("resume", batch=8, concurrency=4, latency=0.05, train_size=16, val_size=8), 2,
-                    Spec("soak", batch=8, concurrency=4, latency=0.05, train_size=16, val_size=8, fault_rate=0.2),
-                    100)
+        return Plan(
+            mode,
+            Spec("headline", batch=8, concurrency=4, latency=0.2, train_size=16, val_size=8),
+            [Spec("grid", batch=8, concurrency=16, latency=0.2, train_size=16, val_size=8)],
+            Spec("resume", batch=8, concurrency=4, latency=0.05, train_size=16, val_size=8),
+            2,
+            Spec("soak", batch=8, concurrency=4, latency=0.05, train_size=16, val_size=8, fault_rate=0.2),
+            100,
+        )
     headline = Spec("headline", batch=40, concurrency=16, latency=0.5, epochs=2, train_size=80)
-    # Latency-0 runs (overhead per task) only in the concurrency-16 column, to keep the full run near 15 minutes.
+    # Latency-0 runs (overhead per task) only in the concurrency-16 column, to keep the full run near 15
+    # minutes.
     grid = [Spec(f"b{b}-c{c}", batch=b, concurrency=c, latency=0.5, train_size=2 * b, zero_latency=c == 16)
             for b in (8, 40, 200) for c in (4, 16, 64)]
-    return Plan(mode, headline, grid,
-                Spec("resume", batch=8, concurrency=8, latency=0.05, train_size=16, val_size=8), 10,
-                Spec("soak", batch=8, concurrency=8, latency=0.1, train_size=24, epochs=2, fault_rate=0.2), 400)
+    return Plan(
+        mode,
+        headline,
+        grid,
+        Spec("resume", batch=8, concurrency=8, latency=0.05, train_size=16, val_size=8),
+        10,
+        Spec("soak", batch=8, concurrency=8, latency=0.1, train_size=24, epochs=2, fault_rate=0.2),
+        400,
+    )
 
 
-def run_plan(plan: Plan, workdir: Path, *, seed: int, api: str | None = None, log: Any = print) -> dict[str, Any]:
+def run_plan(
+    plan: Plan, workdir: Path, *, seed: int, api: str | None = None, log: Any = print
+) -> dict[str, Any]:
     """Run every measurement of ``plan``; against ``api`` if given, else a Prefect server started here.
 
     A section that fails is recorded as ``{"error": ...}`` (listed under ``errors``) and the others still run.
     """
-    results: dict[str, Any] = {"mode": plan.mode, "started": datetime.now().astimezone().isoformat(),
-                               "load_before": _loadavg(), "cpus": os.cpu_count(), "python": sys.version.split()[0],
-                               "errors": []}
+    results: dict[str, Any] = {
+        "mode": plan.mode,
+        "started": datetime.now().astimezone().isoformat(),
+        "load_before": _loadavg(),
+        "cpus": os.cpu_count(),
+        "python": sys.version.split()[0],
+        "errors": [],
+    }
 
     def section(name: str, job: Any) -> Any:
         try:
@@ -696,7 +761,9 @@ def run_plan(plan: Plan, workdir: Path, *, seed: int, api: str | None = None, lo
         results["library_call_ms"] = section("library", lambda: library_call_ms(world, api, workdir))
         head = plan.headline
         log(f"headline: batch {head.batch}, concurrency {head.concurrency}, latency {head.latency:g} s")
-        results["headline"] = section("headline", lambda: measure(head, world=world, api=api, workdir=workdir))
+        results["headline"] = section(
+            "headline", lambda: measure(head, world=world, api=api, workdir=workdir)
+        )
         if "summary" in results["headline"] and isinstance(results["library_call_ms"], float):
             summary = results["headline"]["summary"]
             summary.update(prefect_estimate(summary, summary["calls_per_step"], results["library_call_ms"]))
@@ -708,7 +775,9 @@ def run_plan(plan: Plan, workdir: Path, *, seed: int, api: str | None = None, lo
             if "summary" in row and isinstance(results["library_call_ms"], float):
                 row["summary"].update(prefect_estimate(row["summary"], row["summary"]["calls_per_step"],
                                                        results["library_call_ms"]))
-            results["grid"].append(row.get("summary", {"batch": spec.batch, "concurrency": spec.concurrency, **row}))
+            results["grid"].append(
+                row.get("summary", {"batch": spec.batch, "concurrency": spec.concurrency, **row})
+            )
         log(f"resume: {plan.resume_trials} kill -9 trials")
         results["resume"] = section("resume", lambda: resume_trials(
             plan.resume, world=world, api=api, workdir=workdir, trials=plan.resume_trials, seed=seed))
@@ -770,16 +839,17 @@ def table(results: dict[str, Any]) -> str:
             f"| actual / bound, steps {head['steps_averaged']} (batch {head['batch']}, concurrency "
             f"{head['concurrency']}, latency {head['latency_s']:g} s) | {_fmt(head['ratio'])} (step "
             f"{_fmt(head['step_wall_s'], ' s')} vs bound {_fmt(head['bound_s'], ' s')}) | <= 1.25 |",
-            f"| actual / bound, first step of the run (starts the epoch subflow) | {_fmt(head['first_step_ratio'])} "
-            f"({_fmt(head['first_step_s'], ' s')}) | |",
-            f"| Prefect overhead per task (latency 0, upper bound) | {_fmt(head['overhead_per_task_ms'], ' ms')} "
-            "| < 50 ms |",
-            f"| non-model share of step wall time (upper bound of Prefect's share) | {_fmt(share, ' %')} | < 10 % |",
+            "| actual / bound, first step of the run (starts the epoch subflow) | "
+            f"{_fmt(head['first_step_ratio'])} ({_fmt(head['first_step_s'], ' s')}) | |",
+            "| Prefect overhead per task (latency 0, upper bound) | "
+            f"{_fmt(head['overhead_per_task_ms'], ' ms')} | < 50 ms |",
+            f"| non-model share of step wall time (upper bound of Prefect's share) | {_fmt(share, ' %')} | < "
+            "10 % |",
             f"| Prefect alone, estimate (latency-0 step minus {_fmt(head.get('calls_per_step'))} calls x "
             f"{_fmt(head.get('library_call_ms'), ' ms')} without Prefect) | "
             f"{_fmt(head.get('prefect_ms_per_task'), ' ms')} per task, "
-            f"{_fmt(None if head.get('prefect_share') is None else 100 * head['prefect_share'], ' %')} of the step "
-            "| < 50 ms, < 10 % |",
+            f"{_fmt(None if head.get('prefect_share') is None else 100 * head['prefect_share'], ' %')} of "
+            "the step | < 50 ms, < 10 % |",
             f"| task runs per step | {_fmt(head['task_runs_per_step'])} | |",
             f"| peak memory of the training process | {_fmt(head['peak_rss_mb'], ' MB')} | |",
         ]
@@ -788,8 +858,12 @@ def table(results: dict[str, Any]) -> str:
     for name in ("sqlite", "postgresql"):
         row = ingest.get(name) if isinstance(ingest, dict) else None
         if row:
-            value = row["error"].splitlines()[0][:200] if "error" in row else \
-                f"{row['task_runs_per_s']} task runs/s ({row['tasks']} tasks stored in {row['until_stored_s']} s)"
+            value = (
+                row["error"].splitlines()[0][:200]
+                if "error" in row
+                else f"{row['task_runs_per_s']} task runs/s ({row['tasks']} tasks stored in "
+                     f"{row['until_stored_s']} s)"
+            )
             lines.append(f"| server ingest, {name} | {value} | |")
     resume = results.get("resume") or {}
     lines.append(_error_line("resume", resume) or (
@@ -801,15 +875,16 @@ def table(results: dict[str, Any]) -> str:
     else:
         verdict = soak["verdict"]
         lines.append(
-            f"| fault soak at {soak['spec']['fault_rate']:.0%} | completed {verdict['completed']}, same skill "
-            f"{verdict['same_best_skill']}, same scores {verdict['same_scores']}, lost results "
-            f"{verdict['lost_results']}; {verdict['faults_injected']} faults + {verdict['garbled_replies']} garbled "
-            f"replies -> {verdict['retries']} retries, {verdict['reasks']} re-asks, {verdict['fallbacks']} "
-            "fallbacks | same skill, 0 lost |")
+            f"| fault soak at {soak['spec']['fault_rate']:.0%} | completed {verdict['completed']}, same "
+            f"skill {verdict['same_best_skill']}, same scores {verdict['same_scores']}, lost results "
+            f"{verdict['lost_results']}; {verdict['faults_injected']} faults + {verdict['garbled_replies']} "
+            f"garbled replies -> {verdict['retries']} retries, {verdict['reasks']} re-asks, "
+            f"{verdict['fallbacks']} fallbacks | same skill, 0 lost |")
     lines = [line for line in lines if line]
     if results.get("grid"):
-        lines += ["", "| batch | concurrency | step s | bound s | ratio | task runs/step | latency-0 step s | "
-                      "overhead/task ms | non-model share | Prefect ms/task (est.) | Prefect share (est.) |",
+        lines += ["", "| batch | concurrency | step s | bound s | ratio | task runs/step | latency-0 step s "
+                      "| overhead/task ms | non-model share | Prefect ms/task (est.) | Prefect share (est.) "
+                      "|",
                   "|---|---|---|---|---|---|---|---|---|---|---|"]
         for row in results["grid"]:
             if "error" in row:
@@ -817,8 +892,8 @@ def table(results: dict[str, Any]) -> str:
                              f"{row['error'].splitlines()[0][:120]} | | | | | | | | |")
                 continue
             lines.append(f"| {row['batch']} | {row['concurrency']} | {_fmt(row['step_wall_s'])} | "
-                         f"{_fmt(row['bound_s'])} | {_fmt(row['ratio'])} | {_fmt(row['task_runs_per_step'])} | "
-                         f"{_fmt(row['zero_latency_step_s'])} | {_fmt(row['overhead_per_task_ms'])} | "
+                         f"{_fmt(row['bound_s'])} | {_fmt(row['ratio'])} | {_fmt(row['task_runs_per_step'])} "
+                         f"| {_fmt(row['zero_latency_step_s'])} | {_fmt(row['overhead_per_task_ms'])} | "
                          f"{_fmt(row['non_model_share'])} | {_fmt(row.get('prefect_ms_per_task'))} | "
                          f"{_fmt(row.get('prefect_share'))} |")
     if results.get("errors"):
@@ -843,7 +918,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[{datetime.now():%H:%M:%S}] {message}", flush=True)
 
     with contextlib.ExitStack() as stack:
-        workdir = args.workdir or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="skillopt-bench-")))
+        workdir = args.workdir or Path(
+            stack.enter_context(tempfile.TemporaryDirectory(prefix="skillopt-bench-"))
+        )
         workdir.mkdir(parents=True, exist_ok=True)
         results = run_plan(plan_for(mode), workdir.resolve(), seed=args.seed, api=args.api, log=log)
     out.parent.mkdir(parents=True, exist_ok=True)

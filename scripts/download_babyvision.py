@@ -79,7 +79,9 @@ def _convert_to_png(data: bytes, *, where: str) -> bytes:
     try:
         from PIL import Image
     except ImportError as exc:
-        raise DownloadError(f"{where}: the image is not a PNG; converting it needs Pillow: pip install pillow") from exc
+        raise DownloadError(
+            f"{where}: the image is not a PNG; converting it needs Pillow: pip install pillow"
+        ) from exc
     try:
         with Image.open(io.BytesIO(data)) as opened:
             buffer = io.BytesIO()
@@ -152,7 +154,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description="Download HF UnipatAI/BabyVision (split train) into <out_dir>/images/<taskId>.png and "
                     "<out_dir>/meta_data.jsonl for `skillopt train babyvision --data <out_dir>`.")
-    parser.add_argument("--out_dir", required=True, type=Path, help="the folder to write (e.g. data/babyvision)")
+    parser.add_argument(
+        "--out_dir", required=True, type=Path, help="the folder to write (e.g. data/babyvision)"
+    )
     parser.add_argument("--dataset", default=HF_DATASET, help=f"the HF dataset (default: {HF_DATASET})")
     parser.add_argument("--split", default=HF_SPLIT, help=f"the HF split (default: {HF_SPLIT})")
     args = parser.parse_args(argv)

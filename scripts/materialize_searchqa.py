@@ -180,7 +180,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         manifest = read_manifest(args.manifest)
         print(f"manifest {args.manifest}: " + ", ".join(f"{n} {len(manifest[n])}" for n in SPLIT_NAMES))
-        splits = materialize(manifest, download_rows(args.dataset, args.hf_splits, progress=print), progress=print)
+        splits = materialize(
+            manifest, download_rows(args.dataset, args.hf_splits, progress=print), progress=print
+        )
         write_splits(splits, args.out_dir, progress=print)
     except MaterializeError as exc:
         print(f"error: {exc}", file=sys.stderr)
