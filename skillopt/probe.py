@@ -28,10 +28,10 @@ from typing import Any
 from pydantic import field_validator
 
 from skillopt.error_rows import answered_rows
-from skillopt.llm.chat import ChatRequest, system, user
+from skillopt.llm.chat import ChatRequest
 from skillopt.prompts import ReplyModel, optimizer_prompt
 from skillopt.records import ItemResult
-from skillopt.reflect import format_analyst_message, room_left
+from skillopt.reflect import analyst_chat_request
 from skillopt.skill import strip_markers
 
 
@@ -77,19 +77,17 @@ def probe_request(
     instructions = optimizer_prompt("deep_probe") + "\n"
     if benchmark_guidance.strip():
         instructions += f"\n## Benchmark guidance\n{benchmark_guidance.strip()}\n"
-    message = format_analyst_message(
+    return analyst_chat_request(
+        instructions,
+        stage="deep_probe",
+        tags={},
         skill=skill,
         budget=None,
         rows=rows,
         step_buffer=step_buffer,
         meta_skill=meta_skill,
-        message_chars=room_left(prompt_chars, instructions),
+        prompt_chars=prompt_chars,
         trajectory_chars=trajectory_chars,
-    )
-    return ChatRequest(
-        messages=[system(instructions), user(message)],
-        stage="deep_probe",
-        tags={"item_ids": [row.id for row in rows]},
     )
 
 

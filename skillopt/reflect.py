@@ -40,7 +40,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator
 
 from skillopt.error_rows import answered_rows
-from skillopt.llm.chat import ChatRequest, Message, TextPart, system, user
+from skillopt.llm.chat import ChatRequest, Message, Stage, TextPart, system, user
 from skillopt.prompts import ReplyModel, optimizer_prompt
 from skillopt.records import Diagnosis, ItemResult, Patch
 from skillopt.skill import Edit
@@ -196,6 +196,37 @@ def analyst_request(
     instructions = analyst_system_prompt(
         kind=kind, benchmark_guidance=benchmark_guidance, use_appendix=use_appendix
     )
+    return analyst_chat_request(
+        instructions,
+        stage="analyst",
+        tags={"kind": kind},
+        skill=skill,
+        budget=budget,
+        rows=rows,
+        step_buffer=step_buffer,
+        meta_skill=meta_skill,
+        prompt_chars=prompt_chars,
+        trajectory_chars=trajectory_chars,
+    )
+
+
+def analyst_chat_request(
+    instructions: str,
+    *,
+    stage: Stage,
+    tags: Mapping[str, Any],
+    skill: str,
+    budget: int | None,
+    rows: Sequence[ItemResult],
+    step_buffer: str,
+    meta_skill: str,
+    prompt_chars: int | None,
+    trajectory_chars: int | None,
+    budget_unit: BudgetUnit = "edits",
+) -> ChatRequest:
+    """``instructions`` as the system message and the analyst's user message
+    (``format_analyst_message``) sized to what they leave of ``prompt_chars``; ``tags`` gain the
+    rows' ``item_ids``. The patch and rewrite analysts and the deep probe all ask this way."""
     message = format_analyst_message(
         skill=skill,
         budget=budget,
@@ -204,11 +235,12 @@ def analyst_request(
         meta_skill=meta_skill,
         message_chars=room_left(prompt_chars, instructions),
         trajectory_chars=trajectory_chars,
+        budget_unit=budget_unit,
     )
     return ChatRequest(
         messages=[system(instructions), user(message)],
-        stage="analyst",
-        tags={"kind": kind, "item_ids": [row.id for row in rows]},
+        stage=stage,
+        tags={**tags, "item_ids": [row.id for row in rows]},
     )
 
 

@@ -74,11 +74,10 @@ from skillopt.records import ItemResult, Patch, Suggestion, SuggestionType
 from skillopt.reflect import (
     DiagnosisReply,
     Kind,
+    analyst_chat_request,
     analyst_system_prompt,
     diagnosis_from_reply,
-    format_analyst_message,
     notes_from_reply,
-    room_left,
     skill_or_empty,
 )
 from skillopt.select import format_ranking_message
@@ -163,15 +162,10 @@ def rewrite_analyst_request(
     template = optimizer_prompt("analyst_suggestions" if suggestions else "analyst_full_rewrite")
     instructions = analyst_system_prompt(kind=kind, benchmark_guidance=benchmark_guidance,
                                          use_appendix=use_appendix, template=template)
-    message = format_analyst_message(skill=skill, budget=budget if suggestions else None, rows=rows,
-                                     step_buffer=step_buffer, meta_skill=meta_skill,
-                                     message_chars=room_left(prompt_chars, instructions),
-                                     trajectory_chars=trajectory_chars, budget_unit="suggestions")
-    return ChatRequest(
-        messages=[system(instructions), user(message)],
-        stage="analyst",
-        tags={"kind": kind, "mode": mode, "item_ids": [row.id for row in rows]},
-    )
+    return analyst_chat_request(instructions, stage="analyst", tags={"kind": kind, "mode": mode},
+                                skill=skill, budget=budget if suggestions else None, rows=rows,
+                                step_buffer=step_buffer, meta_skill=meta_skill, prompt_chars=prompt_chars,
+                                trajectory_chars=trajectory_chars, budget_unit="suggestions")
 
 
 class SuggestionItemReply(ReplyModel):
