@@ -90,11 +90,17 @@ def format_merge_message(
 ) -> str:
     """The merge user message (format in the module docstring); patches numbered from 1, each
     shown by ``format_block(patch, index=i)`` (the rewrite modes show suggestions or whole skills)."""
+    blocks = "\n\n".join(format_block(patch, index=i) for i, patch in enumerate(patches, 1))
+    return skill_memory_message(skill, meta_skill, f"## Patches to merge (level {level})\n{blocks}")
+
+
+def skill_memory_message(skill: str, meta_skill: str, last_section: str) -> str:
+    """``## Current skill``, ``## Optimizer memory`` (only when there is a meta skill), then
+    ``last_section``: the layout the merge and ranking messages share."""
     sections = [f"## Current skill\n{skill_or_empty(skill)}"]
     if meta_skill.strip():
         sections.append(f"## Optimizer memory\n{meta_skill.strip()}")
-    blocks = [format_block(patch, index=i) for i, patch in enumerate(patches, 1)]
-    sections.append(f"## Patches to merge (level {level})\n" + "\n\n".join(blocks))
+    sections.append(last_section)
     return "\n\n".join(sections) + "\n"
 
 

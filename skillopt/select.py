@@ -27,9 +27,8 @@ from typing import Any, Generic, TypeVar
 from pydantic import BaseModel, Field
 
 from skillopt.llm.chat import ChatRequest, system, user
-from skillopt.merge import edit_json
+from skillopt.merge import edit_json, skill_memory_message
 from skillopt.prompts import ReplyModel, optimizer_prompt
-from skillopt.reflect import skill_or_empty
 from skillopt.skill import Edit
 
 ItemT = TypeVar("ItemT")
@@ -51,12 +50,8 @@ def format_ranking_message(
 ) -> str:
     """The ranking user message (format in the module docstring); the rewrite modes rank suggestions
     under their own ``heading`` with their own ``format_line``."""
-    sections = [f"## Current skill\n{skill_or_empty(skill)}"]
-    if meta_skill.strip():
-        sections.append(f"## Optimizer memory\n{meta_skill.strip()}")
     lines = [format_line(i, item) for i, item in enumerate(pool)]
-    sections.append(f"## {heading} (budget = {budget})\n" + "\n".join(lines))
-    return "\n\n".join(sections) + "\n"
+    return skill_memory_message(skill, meta_skill, f"## {heading} (budget = {budget})\n" + "\n".join(lines))
 
 
 def needs_ranking(pool: Sized, budget: int) -> bool:
