@@ -20,7 +20,7 @@ import contextlib
 import re
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Literal, TypedDict
+from typing import Literal, NotRequired, TypedDict, Unpack
 
 from pydantic import BaseModel, Field
 
@@ -55,11 +55,11 @@ class _Decision(TypedDict):
 
     source: str
     reason: str
-    metric: str | None
-    incumbent_score: float | None
-    candidate_score: float | None
-    run_name: str | None
-    run_dir: str | None
+    metric: NotRequired[str | None]
+    incumbent_score: NotRequired[float | None]
+    candidate_score: NotRequired[float | None]
+    run_name: NotRequired[str | None]
+    run_dir: NotRequired[str | None]
 
 
 class RegistryEvent(BaseModel):
@@ -181,58 +181,29 @@ class SkillRegistry:
 
     # ---- writing ----------------------------------------------------------------------------
 
-    def promote(self, benchmark: str, text: str, *, source: str, reason: str, metric: str | None = None,
-                incumbent_score: float | None = None, candidate_score: float | None = None,
-                run_name: str | None = None, run_dir: str | None = None) -> RegistryEvent:
+    def promote(self, benchmark: str, text: str, **decision: Unpack[_Decision]) -> RegistryEvent:
         """Store ``text`` as a new version and make it current."""
         if not text.strip():
+            source = decision["source"]
             raise RegistryError(f"{benchmark}: refusing to promote an empty skill (from {source})")
         with self._locked(benchmark):
             previous = self.current_version(benchmark)
             version = max(self.versions(benchmark), default=0) + 1
             atomic_write_bytes(self._version_path(benchmark, version), text.encode("utf-8"))
-            event = RegistryEvent(
-                benchmark=benchmark,
-                action="promote",
-                version=version,
-                previous=previous,
-                reason=reason,
-                source=source,
-                skill_sha=skill_hash(text),
-                candidate_sha=skill_hash(text),
-                metric=metric,
-                incumbent_score=incumbent_score,
-                candidate_score=candidate_score,
-                run_name=run_name,
-                run_dir=run_dir,
-            )
+            event = RegistryEvent(benchmark=benchmark, action="promote", version=version, previous=previous,
+                                  skill_sha=skill_hash(text), candidate_sha=skill_hash(text), **decision)
             self._append(benchmark, event)
             self._write_current(benchmark, version)
         return event
 
-    def keep(self, benchmark: str, *, source: str, reason: str, candidate_sha: str | None = None,
-             metric: str | None = None, incumbent_score: float | None = None,
-             candidate_score: float | None = None, run_name: str | None = None,
-             run_dir: str | None = None) -> RegistryEvent:
+    def keep(self, benchmark: str, *, candidate_sha: str | None = None,
+             **decision: Unpack[_Decision]) -> RegistryEvent:
         """Record a decision not to promote; the current version stays."""
         with self._locked(benchmark):
             version = self.current_version(benchmark)
             sha = skill_hash(self.version_text(benchmark, version)) if version else None
-            event = RegistryEvent(
-                benchmark=benchmark,
-                action="keep",
-                version=version,
-                previous=version,
-                reason=reason,
-                source=source,
-                skill_sha=sha,
-                candidate_sha=candidate_sha,
-                metric=metric,
-                incumbent_score=incumbent_score,
-                candidate_score=candidate_score,
-                run_name=run_name,
-                run_dir=run_dir,
-            )
+            event = RegistryEvent(benchmark=benchmark, action="keep", version=version, previous=version,
+                                  skill_sha=sha, candidate_sha=candidate_sha, **decision)
             self._append(benchmark, event)
         return event
 
