@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from skillopt.errors import ConfigError
 from skillopt.llm.base import BackendContext, BackendInfo, SecretSource
-from skillopt.llm.chat import ChatRequest, ChatResponse, ImagePart, Message, TextPart, Usage
+from skillopt.llm.chat import ChatRequest, ChatResponse, ImagePart, Usage
 from skillopt.llm.http_common import (
     WarnOnce,
     parse_body,
@@ -83,7 +83,7 @@ class AnthropicBackend:
             if self.options.prompt_cache:
                 block["cache_control"] = {"type": "ephemeral"}
             body["system"] = [block]
-        body["messages"] = [self._message(m) for m in request.messages if m.role != "system"]
+        body["messages"] = [m.chat_dict(self._image) for m in request.messages if m.role != "system"]
 
         temperature = request.temperature if request.temperature is not None else self.role.temperature
         if temperature is not None and budget is None:
@@ -94,17 +94,6 @@ class AnthropicBackend:
             body["tool_choice"] = {"type": "tool", "name": _TOOL_NAME}
         body.update(self.role.extra_body)
         return body
-
-    def _message(self, message: Message) -> dict[str, Any]:
-        if isinstance(message.content, str):
-            return {"role": message.role, "content": message.content}
-        blocks: list[dict[str, Any]] = []
-        for part in message.content:
-            if isinstance(part, TextPart):
-                blocks.append({"type": "text", "text": part.text})
-            else:
-                blocks.append(self._image(part))
-        return {"role": message.role, "content": blocks}
 
     def _image(self, part: ImagePart) -> dict[str, Any]:
         media_type = part.media_type()

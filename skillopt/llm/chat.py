@@ -13,6 +13,7 @@ import base64
 import hashlib
 import json
 import mimetypes
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -129,6 +130,17 @@ class Message(BaseModel):
             p.model_dump(mode="json") if isinstance(p, TextPart) else p.fingerprint() for p in self.content
         ]
         return {"role": self.role, "content": parts}
+
+    def chat_dict(self, image_block: Callable[[ImagePart], dict[str, Any]]) -> dict[str, Any]:
+        """The message as chat APIs take it: string content as is; parts as ``{"type": "text"}``
+        blocks, each image as ``image_block(part)`` (its shape is the provider's)."""
+        if isinstance(self.content, str):
+            return {"role": self.role, "content": self.content}
+        blocks = [
+            {"type": "text", "text": part.text} if isinstance(part, TextPart) else image_block(part)
+            for part in self.content
+        ]
+        return {"role": self.role, "content": blocks}
 
     def images(self) -> list[ImagePart]:
         if isinstance(self.content, str):

@@ -280,19 +280,14 @@ def split_think_tags(text: str) -> tuple[str, str | None]:
 
 
 def _chat_message(message: Message, wire: OpenAIWire) -> dict[str, Any]:
-    if isinstance(message.content, str):
-        return {"role": message.role, "content": message.content}
-    parts: list[dict[str, Any]] = []
-    for part in message.content:
-        if isinstance(part, TextPart):
-            parts.append({"type": "text", "text": part.text})
-        else:
-            _check_vision(part, wire)
-            image: dict[str, Any] = {"url": part.data_uri()}
-            if part.detail:
-                image["detail"] = part.detail
-            parts.append({"type": "image_url", "image_url": image})
-    return {"role": message.role, "content": parts}
+    def image_block(part: ImagePart) -> dict[str, Any]:
+        _check_vision(part, wire)
+        image: dict[str, Any] = {"url": part.data_uri()}
+        if part.detail:
+            image["detail"] = part.detail
+        return {"type": "image_url", "image_url": image}
+
+    return message.chat_dict(image_block)
 
 
 def _responses_item(message: Message, wire: OpenAIWire) -> dict[str, Any]:
