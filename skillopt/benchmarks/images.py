@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from skillopt.benchmarks.rows import confined_path
-from skillopt.llm.chat import ImagePart
+from skillopt.llm.chat import ImagePart, Message, TextPart, user
 
 __all__ = [
     "IMAGE_FIELDS",
@@ -69,3 +69,8 @@ def image_digests(paths: Iterable[str | Path]) -> list[str]:
         except OSError:
             digests.append(f"missing:{Path(path).name}")
     return digests
+
+
+def text_then_image(text: str, path: str | Path, detail: str | None) -> Message:
+    """The user message of a one-image item: ``text``, then the image (``image_part``)."""
+    return user([TextPart(text=text), image_part(path, detail)])

@@ -26,11 +26,11 @@ from skillopt.benchmarks.answers import last_boxed, quote_answer, token_f1
 from skillopt.benchmarks.base import Benchmark, BenchmarkConfig, Judge, Score
 from skillopt.benchmarks.choices import options_block, parse_options
 from skillopt.benchmarks.grading import verdict_request
-from skillopt.benchmarks.images import image_part, resolve_image
+from skillopt.benchmarks.images import resolve_image, text_then_image
 from skillopt.benchmarks.rows import ROW_DIR, roots_of, rows_from
 from skillopt.data import DropRow, Item, read_records
 from skillopt.errors import BenchmarkSetupError
-from skillopt.llm.chat import ChatRequest, Message, TextPart, user
+from skillopt.llm.chat import ChatRequest, Message
 
 BENCHMARK_ID = "babyvision"
 DEFAULT_TASK_TYPE = "babyvision"
@@ -230,12 +230,7 @@ class BabyVisionBenchmark(Benchmark[BabyVisionConfig]):
         sections.append(reminder)
         return [
             self.system_message(_SYSTEM_INTRO, skill, _ANSWER_FORMAT),
-            user(
-                [
-                    TextPart(text="\n\n".join(sections)),
-                    image_part(item["image_path"], self.config(cfg).image_detail),
-                ]
-            ),
+            text_then_image("\n\n".join(sections), item["image_path"], self.config(cfg).image_detail),
         ]
 
     def extract_answer(self, response_text: str) -> str | None:

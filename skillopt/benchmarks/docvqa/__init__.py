@@ -21,11 +21,11 @@ from pydantic import Field
 
 from skillopt.benchmarks.answers import last_line, quote_answer, read_answer
 from skillopt.benchmarks.base import Benchmark, BenchmarkConfig, Judge, Score, with_reading
-from skillopt.benchmarks.images import image_part, resolve_image
+from skillopt.benchmarks.images import resolve_image, text_then_image
 from skillopt.benchmarks.rows import ROW_DIR, first_text, parse_list, read_table, roots_of, rows_from
 from skillopt.data import Item
 from skillopt.errors import BenchmarkSetupError
-from skillopt.llm.chat import Message, TextPart, user
+from skillopt.llm.chat import Message
 
 BENCHMARK_ID = "docvqa"
 DEFAULT_TASK_TYPE = "docvqa"
@@ -184,8 +184,8 @@ class DocVQABenchmark(Benchmark[DocVQAConfig]):
         config = self.config(cfg)
         return [
             self.system_message(_SYSTEM_INTRO, skill, _ANSWER_FORMAT),
-            user([TextPart(text=f"## Question\n{item['question']}\n\n{_REMINDER}"),
-                  image_part(item["image_path"], config.image_detail)]),
+            text_then_image(f"## Question\n{item['question']}\n\n{_REMINDER}", item["image_path"],
+                            config.image_detail),
         ]
 
     def extract_answer(self, response_text: str) -> str | None:

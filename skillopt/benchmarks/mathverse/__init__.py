@@ -25,11 +25,11 @@ from pydantic import Field
 from skillopt.benchmarks.answers import last_boxed, last_line, quote_answer, read_answer, token_f1
 from skillopt.benchmarks.base import Benchmark, BenchmarkConfig, Judge, Score, with_reading
 from skillopt.benchmarks.grading import hidden_reference_block, verdict_request
-from skillopt.benchmarks.images import image_part, resolve_image
+from skillopt.benchmarks.images import resolve_image, text_then_image
 from skillopt.benchmarks.rows import ROW_DIR, roots_of, rows_from
 from skillopt.data import ITEMS_FILE, DropRow, Item, read_records
 from skillopt.errors import BenchmarkSetupError
-from skillopt.llm.chat import ChatRequest, Message, TextPart, user
+from skillopt.llm.chat import ChatRequest, Message
 
 BENCHMARK_ID = "mathverse"
 DEFAULT_TASK_TYPE = "mathverse"
@@ -248,12 +248,7 @@ class MathVerseBenchmark(Benchmark[MathVerseConfig]):
                         else "Answer with the bare final answer inside <answer>…</answer>.")
         return [
             self.system_message(_SYSTEM_INTRO, skill, _ANSWER_FORMAT),
-            user(
-                [
-                    TextPart(text="\n\n".join(sections)),
-                    image_part(item["image_path"], self.config(cfg).image_detail),
-                ]
-            ),
+            text_then_image("\n\n".join(sections), item["image_path"], self.config(cfg).image_detail),
         ]
 
     def extract_answer(self, response_text: str) -> str | None:
