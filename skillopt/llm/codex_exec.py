@@ -38,15 +38,10 @@ from skillopt.llm.exec_harness import (
     count,
     parse_jsonl,
 )
+from skillopt.llm.openai import OPENAI_EFFORT
 
-_EFFORT = {
-    "none": "minimal",
-    "minimal": "minimal",
-    "low": "low",
-    "medium": "medium",
-    "high": "high",
-    "max": "xhigh",
-}
+# Codex takes the OpenAI API's effort names and one above them for "max".
+_EFFORT = {**OPENAI_EFFORT, "max": "xhigh"}
 
 
 class CodexExecOptions(ExecOptions):

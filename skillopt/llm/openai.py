@@ -35,7 +35,8 @@ from skillopt.llm.json_extract import schema_instruction, strict_json_schema
 from skillopt.llm.roles import ResolvedRole
 from skillopt.redact import Redactor
 
-_EFFORT = {
+#: Reasoning effort as the OpenAI API names it (Codex takes the same names, plus ``xhigh``).
+OPENAI_EFFORT = {
     "none": "minimal",
     "minimal": "minimal",
     "low": "low",
@@ -105,7 +106,7 @@ class OpenAIWire:
                 self.role, "reasoning_effort", f"{self.role.price_model} is not a reasoning model", self.warn
             )
             return None
-        return _EFFORT.get(value) if value else None
+        return OPENAI_EFFORT.get(value) if value else None
 
     def seed(self, request: ChatRequest) -> int | None:
         return request.seed if request.seed is not None else self.role.seed
@@ -127,12 +128,7 @@ class OpenAIWire:
             "model": self.role.model,
             "messages": self.chat_messages(request, schema_in_prompt=mode == "json_object"),
         }
-        cap = self.max_tokens(request)
-        if cap is not None:
-            body[self.capabilities.max_tokens_field] = cap
-        temperature = self.temperature(request)
-        if temperature is not None:
-            body["temperature"] = temperature
+        body.update(self.cap_and_temperature(request, cap_field=self.capabilities.max_tokens_field))
         effort = self.effort(request)
         if effort is not None:
             body["reasoning_effort"] = effort
@@ -151,6 +147,12 @@ class OpenAIWire:
         body.update(self.chat_body_extras(request))
         return body
 
+    def cap_and_temperature(self, request: ChatRequest, *, cap_field: str) -> dict[str, Any]:
+        """The output cap (under ``cap_field``, the API's name for it) and the temperature, each
+        only when set: both APIs take them alike."""
+        fields = {cap_field: self.max_tokens(request), "temperature": self.temperature(request)}
+        return {name: value for name, value in fields.items() if value is not None}
+
     def chat_body_extras(self, request: ChatRequest) -> dict[str, Any]:
         """Extra top-level fields (compatible presets, ``extra_body``)."""
         return dict(self.role.extra_body)
@@ -162,12 +164,7 @@ class OpenAIWire:
         ], "store": self.store}
         if instructions:
             body["instructions"] = instructions
-        cap = self.max_tokens(request)
-        if cap is not None:
-            body["max_output_tokens"] = cap
-        temperature = self.temperature(request)
-        if temperature is not None:
-            body["temperature"] = temperature
+        body.update(self.cap_and_temperature(request, cap_field="max_output_tokens"))
         effort = self.effort(request)
         if effort is not None:
             body["reasoning"] = {"effort": effort}
