@@ -16,14 +16,14 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
 from skillopt.config import LoadedConfig
 from skillopt.errors import ConfigError
 from skillopt.llm.base import BackendContext, BackendInfo, BackendRegistry, EnvSecrets, SecretSource
-from skillopt.llm.chat import ChatRequest, ChatResponse, Message, TextPart, user
+from skillopt.llm.chat import ChatRequest, ChatResponse, Message, TextPart, Usage, user
 from skillopt.llm.context import (
     DEFAULT_CONTEXT_TOKENS,
     PromptRoom,
@@ -37,7 +37,7 @@ from skillopt.llm.pricing import PriceTable
 from skillopt.llm.reply_store import ReplyStore
 from skillopt.llm.retry import Retrier
 from skillopt.llm.roles import CliRoleOptions, ResolvedRole, ResolvedRoles, resolve_roles
-from skillopt.llm.usage import UsageLedger
+from skillopt.llm.usage import UsageLedger, UsageRecord
 from skillopt.redact import Redactor
 
 log = logging.getLogger("skillopt.llm")
@@ -135,20 +135,8 @@ class RoleClient:
         if self.replies is not None and store_key is not None:
             stored = self.replies.get(store_key)
             if stored is not None:
-                self.ledger.record(
-                    role=self.role.role,
-                    backend=self.role.backend,
-                    model_requested=self.role.model,
-                    model_served=stored.model,
-                    stage=request.stage,
-                    usage=stored.usage,
-                    latency_s=0.0,
-                    attempts=0,
-                    status="ok",
-                    tags=request.tags,
-                    price_model=self.role.price_model,
-                    cache_hit=True,
-                )
+                self._record(request, model_served=stored.model, usage=stored.usage, latency_s=0.0,
+                             attempts=0, status="ok", cache_hit=True)
                 return stored.model_copy(update={"cost_usd": 0.0, "attempts": 0})
         try:
             self.ledger.before_call()
@@ -176,31 +164,27 @@ class RoleClient:
             response, attempts = self.retrier.run(once, on_retry=on_retry)
         except BackendError as error:
             self._with_context(error, request)
-            self.ledger.record(
-                role=self.role.role, backend=self.role.backend, model_requested=self.role.model,
-                model_served=None, stage=request.stage, usage=None, latency_s=0.0,
-                attempts=error.attempts or 1, status="error", error_class=type(error).__name__,
-                tags=request.tags, price_model=self.role.price_model,
-            )
+            self._record(request, model_served=None, usage=None, latency_s=0.0, attempts=error.attempts or 1,
+                         status="error", error_class=type(error).__name__)
             raise
         response = response.model_copy(update={"attempts": attempts, "backend": self.role.backend})
         if self.replies is not None and store_key is not None:
             # Kept before its usage line is written: a kill between the two must not pay for the call again.
             self.replies.put(store_key, response)
-        record = self.ledger.record(
-            role=self.role.role,
-            backend=self.role.backend,
-            model_requested=self.role.model,
-            model_served=response.model,
-            stage=request.stage,
-            usage=response.usage,
-            latency_s=response.latency_s,
-            attempts=attempts,
-            status="ok",
-            tags=request.tags,
-            price_model=self.role.price_model,
-        )
+        record = self._record(request, model_served=response.model, usage=response.usage,
+                              latency_s=response.latency_s, attempts=attempts, status="ok")
         return response.model_copy(update={"cost_usd": record.cost_usd})
+
+    def _record(self, request: ChatRequest, *, model_served: str | None, usage: Usage | None,
+                latency_s: float, attempts: int, status: Literal["ok", "error"],
+                error_class: str | None = None, cache_hit: bool = False) -> UsageRecord:
+        """The usage line of one call of this role for ``request`` (a stored reply, an error or a reply)."""
+        return self.ledger.record(
+            role=self.role.role, backend=self.role.backend, model_requested=self.role.model,
+            model_served=model_served, stage=request.stage, usage=usage, latency_s=latency_s,
+            attempts=attempts, status=status, error_class=error_class, tags=request.tags,
+            cache_hit=cache_hit, price_model=self.role.price_model,
+        )
 
     def _with_context(self, error: BackendError, request: ChatRequest) -> BackendError:
         error.role = error.role or self.role.role
