@@ -397,7 +397,8 @@ def analyse(spec: Spec, launch_: Launch, *, api: str | None) -> dict[str, Any]:
         "spec": asdict(spec), "returncode": launch_.returncode, "wall_s": round(launch_.wall_s, 3),
         "peak_rss_mb": round(launch_.peak_rss_mb, 1), "steps": steps,
         "stages": {k: dict(v) for k, v in sorted(stages.items())},
-        "task_runs_total": len(task_runs), "scores": summary.get("scores"),
+        "task_runs_total": len(task_runs), "task_runs_by_name": dict(Counter(t["name"] for t in task_runs)),
+        "scores": summary.get("scores"),
         "first_step_start_s": round(windows[0][1] - launch_.started_epoch, 3) if windows else None,
     }
 
