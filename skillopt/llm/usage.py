@@ -180,8 +180,7 @@ class UsageLedger:
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
             if path.exists():
-                data = path.read_bytes()
-                if data and not data.endswith(b"\n"):
+                if _ends_mid_line(path):
                     # Terminate a half-written last line so the next record starts on a line of its own.
                     with path.open("ab") as handle:
                         handle.write(b"\n")
@@ -364,6 +363,15 @@ class UsageLedger:
             "by_model": [{"backend": b, "model": m, **_row(by_model[(b, m)])} for b, m in sorted(by_model)],
             "total": _row(records),
         }
+
+
+def _ends_mid_line(path: Path) -> bool:
+    """Whether ``path`` is non-empty and its last byte is not a newline (read without reading the file)."""
+    with path.open("rb") as handle:
+        if handle.seek(0, os.SEEK_END) == 0:
+            return False
+        handle.seek(-1, os.SEEK_END)
+        return handle.read(1) != b"\n"
 
 
 def _row(records: list[UsageRecord]) -> dict[str, Any]:
