@@ -135,8 +135,8 @@ class RoleClient:
         if self.replies is not None and store_key is not None:
             stored = self.replies.get(store_key)
             if stored is not None:
-                self._record(request, model_served=stored.model, usage=stored.usage, latency_s=0.0,
-                             attempts=0, status="ok", cache_hit=True)
+                self._record(request.stage, request.tags, model_served=stored.model, usage=stored.usage,
+                             latency_s=0.0, attempts=0, status="ok", cache_hit=True)
                 return stored.model_copy(update={"cost_usd": 0.0, "attempts": 0})
         try:
             self.ledger.before_call()
@@ -164,26 +164,28 @@ class RoleClient:
             response, attempts = self.retrier.run(once, on_retry=on_retry)
         except BackendError as error:
             self._with_context(error, request)
-            self._record(request, model_served=None, usage=None, latency_s=0.0, attempts=error.attempts or 1,
-                         status="error", error_class=type(error).__name__)
+            self._record(request.stage, request.tags, model_served=None, usage=None, latency_s=0.0,
+                         attempts=error.attempts or 1, status="error", error_class=type(error).__name__)
             raise
         response = response.model_copy(update={"attempts": attempts, "backend": self.role.backend})
         if self.replies is not None and store_key is not None:
             # Kept before its usage line is written: a kill between the two must not pay for the call again.
             self.replies.put(store_key, response)
-        record = self._record(request, model_served=response.model, usage=response.usage,
+        record = self._record(request.stage, request.tags, model_served=response.model, usage=response.usage,
                               latency_s=response.latency_s, attempts=attempts, status="ok")
         return response.model_copy(update={"cost_usd": record.cost_usd})
 
-    def _record(self, request: ChatRequest, *, model_served: str | None, usage: Usage | None,
+    def _record(self, stage: str, tags: Mapping[str, Any], *, model_served: str | None, usage: Usage | None,
                 latency_s: float, attempts: int, status: Literal["ok", "error"],
-                error_class: str | None = None, cache_hit: bool = False) -> UsageRecord:
-        """The usage line of one call of this role for ``request`` (a stored reply, an error or a reply)."""
+                error_class: str | None = None, cache_hit: bool = False,
+                cost_usd: float | None = None) -> UsageRecord:
+        """The usage line of one call of this role at ``stage`` (a stored reply, an error, a reply or an exec
+        run; ``cost_usd`` is the cost an exec CLI reported itself)."""
         return self.ledger.record(
             role=self.role.role, backend=self.role.backend, model_requested=self.role.model,
-            model_served=model_served, stage=request.stage, usage=usage, latency_s=latency_s,
-            attempts=attempts, status=status, error_class=error_class, tags=request.tags,
-            cache_hit=cache_hit, price_model=self.role.price_model,
+            model_served=model_served, stage=stage, usage=usage, latency_s=latency_s,
+            attempts=attempts, status=status, error_class=error_class, tags=tags,
+            cache_hit=cache_hit, price_model=self.role.price_model, cost_usd=cost_usd,
         )
 
     def _with_context(self, error: BackendError, request: ChatRequest) -> BackendError:
@@ -337,27 +339,12 @@ class RoleClient:
             except BackendError as error:
                 error.role, error.backend, error.model = self.role.role, self.role.backend, self.role.model
                 error.stage = error.stage or "rollout"
-                self.ledger.record(
-                    role=self.role.role,
-                    backend=self.role.backend,
-                    model_requested=self.role.model,
-                    model_served=None,
-                    stage="rollout",
-                    usage=None,
-                    latency_s=0.0,
-                    attempts=error.attempts or 1,
-                    status="error",
-                    error_class=type(error).__name__,
-                    tags=task.tags,
-                    price_model=self.role.price_model,
-                )
+                self._record("rollout", task.tags, model_served=None, usage=None, latency_s=0.0,
+                             attempts=error.attempts or 1, status="error", error_class=type(error).__name__)
                 raise
-        self.ledger.record(
-            role=self.role.role, backend=self.role.backend, model_requested=self.role.model,
-            model_served=result.model, stage="rollout", usage=result.usage, latency_s=result.latency_s,
-            attempts=result.attempts, status="ok", tags=task.tags, price_model=self.role.price_model,
-            cost_usd=result.cost_usd,
-        )
+        self._record("rollout", task.tags, model_served=result.model, usage=result.usage,
+                     latency_s=result.latency_s, attempts=result.attempts, status="ok",
+                     cost_usd=result.cost_usd)
         return result
 
 
