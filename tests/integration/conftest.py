@@ -12,7 +12,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -75,3 +75,24 @@ def in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Run with the working directory in a fresh folder (runs/ and .skillopt/cache land there)."""
     monkeypatch.chdir(tmp_path)
     return tmp_path
+
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+
+
+@pytest.fixture
+def train_fixture(prefect_api: str) -> Callable[..., subprocess.CompletedProcess[str]]:
+    """Train a benchmark from its fixture as a user runs it, in a subprocess against the session's server:
+    ``skillopt train NAME --data tests/fixtures/NAME --backend scripted -o train.epochs=1 [-o OVERRIDE]
+    --run-name NAME`` in ``cwd``; the run lands in ``cwd/runs/NAME``."""
+
+    def train(name: str, cwd: Path, *overrides: str) -> subprocess.CompletedProcess[str]:
+        env = {**os.environ, "PREFECT_API_URL": prefect_api, "PREFECT_LOGGING_LEVEL": "WARNING"}
+        options = [arg for override in ("train.epochs=1", *overrides) for arg in ("-o", override)]
+        return subprocess.run(
+            [sys.executable, "-m", "skillopt.cli", "train", name, "--data", str(FIXTURES / name),
+             "--backend", "scripted", *options, "--run-name", name],
+            cwd=cwd, env=env, capture_output=True, text=True, timeout=600,
+        )
+
+    return train

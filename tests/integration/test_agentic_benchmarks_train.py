@@ -6,47 +6,19 @@ picked automatically and the run header says so."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 pytestmark = pytest.mark.slow
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
-
 
 @pytest.mark.parametrize(
     ("name", "solved_item"), [("alfworld", "train-0000"), ("swebench", "acme__widgets-101")]
 )
-def test_the_fixture_trains_with_the_scripted_backend_and_the_fakes(name, solved_item, prefect_api, tmp_path):
-    env = {**os.environ, "PREFECT_API_URL": prefect_api, "PREFECT_LOGGING_LEVEL": "WARNING"}
-    run = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "skillopt.cli",
-            "train",
-            name,
-            "--data",
-            str(FIXTURES / name),
-            "--backend",
-            "scripted",
-            "-o",
-            "train.epochs=1",
-            "-o",
-            "benchmark.max_steps=5" if name == "alfworld" else "benchmark.step_limit=5",
-            "--run-name",
-            name,
-        ],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+def test_the_fixture_trains_with_the_scripted_backend_and_the_fakes(name, solved_item, train_fixture,
+                                                                   tmp_path):
+    limit = "benchmark.max_steps=5" if name == "alfworld" else "benchmark.step_limit=5"
+    run = train_fixture(name, tmp_path, limit)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     assert f"{name}: the environment is simulated" in run.stdout
 

@@ -5,43 +5,15 @@ The judge benchmarks account their verdicts under the stage ``judge``; no run fi
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 pytestmark = pytest.mark.slow
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
-
 
 @pytest.mark.parametrize("name", ["docvqa", "babyvision", "mathverse", "mmrb"])
-def test_the_fixture_trains_with_the_scripted_backend(name, prefect_api, tmp_path):
-    env = {**os.environ, "PREFECT_API_URL": prefect_api, "PREFECT_LOGGING_LEVEL": "WARNING"}
-    run = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "skillopt.cli",
-            "train",
-            name,
-            "--data",
-            str(FIXTURES / name),
-            "--backend",
-            "scripted",
-            "-o",
-            "train.epochs=1",
-            "--run-name",
-            name,
-        ],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+def test_the_fixture_trains_with_the_scripted_backend(name, train_fixture, tmp_path):
+    run = train_fixture(name, tmp_path)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
 
     folder = tmp_path / "runs" / name
