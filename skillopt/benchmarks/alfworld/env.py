@@ -46,7 +46,6 @@ NOTHING_HAPPENS = "Nothing happens."
 #: The fake world's one winning command.
 FAKE_WINNING_COMMAND = "go to microwave 1"
 WIN_REWARD = 10.0
-ENV_MANAGERS = ("alfworld", "fake")
 INSTALL_HINT = "pip install 'skillopt[alfworld]'"
 DATA_VARIABLE = "ALFWORLD_DATA"
 

@@ -48,7 +48,6 @@ _ANSWER_FORMAT = (
     "Think step by step, then give the final answer in \\boxed{…}: the option label for a choice question, "
     "a short phrase for an open question."
 )
-_BOX_REMINDER = "Put your final answer in \\boxed{…}."
 _JUDGE_RUBRIC = (
     "You are a strict grader of answers to visual reasoning questions. Decide whether the extracted answer "
     "agrees in meaning with the ground truth, ignoring wording and format. Reject an answer that is wrong, "
