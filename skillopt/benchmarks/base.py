@@ -14,13 +14,14 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any, ClassVar, Generic, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from skillopt.benchmarks.answers import AnswerReading, last_tag, normalise_squad
 from skillopt.benchmarks.episode import EpisodeContext, EpisodeResult
 from skillopt.benchmarks.grading import GENERIC_RUBRIC, verdict_request
+from skillopt.benchmarks.rows import check_item_size, roots_of
 from skillopt.config import BenchmarkSection
-from skillopt.data import Item
+from skillopt.data import Item, SplitSpec, identity_normaliser, load_splits, read_records, split_output_dir
 from skillopt.errors import BenchmarkSetupError, ConfigError, SkillOptError
 from skillopt.llm.chat import ChatRequest, Message, system
 
@@ -166,12 +167,10 @@ class Benchmark(ABC, Generic[ConfigT]):
     def data_roots(self, cfg: ConfigT) -> list[Path]:
         """The folders a row's paths (images, documents, workbooks, game files) must resolve inside:
         ``data_root`` (the ``--data`` folder), the split folder, the folder of ``data_path``."""
-        from skillopt.benchmarks.rows import roots_of
-
         config = self.config(cfg)
         data_path = Path(config.data_path) if config.data_path else None
         source = data_path if data_path is None or data_path.is_dir() else data_path.parent
-        return roots_of(getattr(config, "data_root", None), config.split_dir, source)
+        return roots_of(config.data_root, config.split_dir, source)
 
     def load_split(self, cfg: ConfigT, split: str, *, run_dir: Path) -> list[Item]:
         """The items of ``train``, ``val`` or ``test`` (or an alias); bad data raises ``DataError``."""
@@ -185,8 +184,6 @@ class Benchmark(ABC, Generic[ConfigT]):
     def read_rows(self, path: Path, cfg: ConfigT) -> list[dict[str, Any]]:
         """The raw reader of one data file or folder (default: JSON array, ``{"data": [...]}``,
         a dict of items, JSONL, or a folder holding one such file)."""
-        from skillopt.data import read_records
-
         return read_records(path)
 
     @abstractmethod
@@ -273,9 +270,6 @@ def split_items(cfg: BaseModel, split: str, *, run_dir: Path, benchmark: str, de
     ``native_extensions``; ratio output goes to ``split_output_dir`` under the run directory. An
     item larger than ``benchmark.max_item_chars`` is an error naming its file and row.
     """
-    from skillopt.benchmarks.rows import check_item_size
-    from skillopt.data import SplitSpec, identity_normaliser, load_splits, split_output_dir
-
     spec = SplitSpec.from_benchmark_config(cfg, default_split_mode=default_split_mode)
     out_dir = split_output_dir(spec, run_dir=run_dir, benchmark=benchmark)
     normalise = loader.pop("normalise", identity_normaliser)
@@ -326,8 +320,6 @@ def load_benchmark(name: str) -> Benchmark[Any]:
 
 def benchmark_config(benchmark: Benchmark[Any], section: BaseModel) -> BaseModel:
     """Validate the ``benchmark:`` section (common keys plus extras) with the plug-in's own model."""
-    from pydantic import ValidationError
-
     data = section.model_dump()
     try:
         return benchmark.Config.model_validate(data)
