@@ -13,6 +13,7 @@ import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +62,7 @@ from skillopt.skill import (
 )
 from skillopt.step_buffer import StepBuffer, StepBufferEntry
 from skillopt.trajectory import format_trajectory
+from skillopt.update_modes import FullRewriteMode, Picked, SuggestionsMode, UpdateMode
 from tests.fakes.demo_world import INITIAL_SKILL, accuracy, ask, items, rollout
 
 SKILL = "# Skill\n\n- Answer briefly.\n\n<!-- SLOW_UPDATE_START -->\nBe careful.\n<!-- SLOW_UPDATE_END -->\n"
@@ -856,34 +858,44 @@ def assert_it_learned(run: Run) -> None:
     assert extract_block(run.skill, SLOW_UPDATE) == extract_block(GUIDED_SKILL, SLOW_UPDATE)
 
 
-def test_rewrite_from_suggestions_learns_the_conventions_through_the_rewrite_call(tmp_path):
+def mode_step(mode: UpdateMode, budget: int) -> Step:
+    """One step of ``mode`` through its strategy: analysts, hierarchical merge, the budget's ranking when
+    the mode has one, and the candidate (the rewrite call answering the selected suggestions)."""
+
     def step(skill: str, batch: list[ItemResult], seed: int, buffer: StepBuffer) -> Proposal | None:
         def analyse(kind: str, rows: list[ItemResult]) -> Patch:
-            request = rewrite_analyst_request(
-                mode="rewrite_from_suggestions",
-                kind=kind,
-                skill=skill,
-                budget=3,
-                rows=rows,
-                step_buffer=buffer.format(),
-            )
-            return patch_from_suggestion_reply(
-                ask(request, SuggestionAnalystReply), kind=kind, rows=rows, budget=3
-            )
+            request = mode.analyst_request(kind=kind, skill=skill, budget=budget, rows=rows,
+                                           step_buffer=buffer.format())
+            return mode.patch_from_analyst(ask(request, mode.analyst_reply), kind=kind, rows=rows,
+                                           budget=budget)
 
-        root = aggregate(reflect(skill, batch, seed, analyse), skill, merge_suggestions_request,
-                         SuggestionMergeReply, patch_from_suggestion_merge)
-        pool = root.suggestions if root else []
-        ranked = ask(suggestion_ranking_request(skill=skill, pool=pool, budget=3), RankingReply) \
-            if needs_ranking(pool, 3) else None
-        chosen = select_items(pool, 3, ranked).items
-        if not chosen:
+        def rewrite(suggestions: list[Suggestion]) -> RewriteReply:
+            request = rewrite_request(skill=skill, suggestions=suggestions, step_buffer=buffer.format())
+            return ask(request, RewriteReply)
+
+        root = aggregate(reflect(skill, batch, seed, analyse), skill,
+                         partial(mode.merge_request, meta_skill=""), mode.merge_reply, mode.patch_from_merge)
+        if root is None or mode.nothing_to_apply(root):
             return None
-        reply = ask(
-            rewrite_request(skill=skill, suggestions=chosen, step_buffer=buffer.format()), RewriteReply
-        )
-        candidate, restored = finish_rewrite(skill, reply.new_skill)
-        return Proposal(candidate, rewrite_as_edits(skill, candidate), restored, reply.change_summary)
+        picked = Picked()
+        if mode.budgeted:
+            pool = mode.pool(root)
+            ranked = ask(mode.ranking_request(skill=skill, pool=pool, budget=budget, meta_skill=""),
+                         RankingReply) if needs_ranking(pool, budget) else None
+            picked = mode.pick(pool, budget, ranked)
+            if not picked.count:
+                return None
+        update = mode.candidate(skill, root, picked, rewrite=rewrite)
+        if update is None:
+            return None
+        return Proposal(update.candidate, mode.proposed_edits(skill, picked, update),
+                        update.protected_restored, update.change_summary)
+
+    return step
+
+
+def test_rewrite_from_suggestions_learns_the_conventions_through_the_rewrite_call(tmp_path):
+    step = mode_step(SuggestionsMode(), budget=3)
 
     run = train(tmp_path, step)
     assert_it_learned(run)
@@ -893,18 +905,7 @@ def test_rewrite_from_suggestions_learns_the_conventions_through_the_rewrite_cal
 
 
 def test_full_rewrite_minibatch_learns_the_conventions_from_whole_skills_and_restores_the_blocks(tmp_path):
-    def step(skill: str, batch: list[ItemResult], seed: int, buffer: StepBuffer) -> Proposal | None:
-        def analyse(kind: str, rows: list[ItemResult]) -> Patch:
-            request = rewrite_analyst_request(mode="full_rewrite_minibatch", kind=kind, skill=skill, budget=0,
-                                              rows=rows, step_buffer=buffer.format())
-            return patch_from_full_rewrite_reply(ask(request, FullRewriteAnalystReply), kind=kind, rows=rows)
-
-        root = aggregate(reflect(skill, batch, seed, analyse), skill, merge_skills_request, SkillMergeReply,
-                         patch_from_skill_merge)
-        if root is None or root.skill is None:
-            return None
-        candidate, restored = finish_rewrite(skill, root.skill)
-        return Proposal(candidate, rewrite_as_edits(skill, candidate), restored)
+    step = mode_step(FullRewriteMode(), budget=0)
 
     run = train(tmp_path, step)
     assert_it_learned(run)
