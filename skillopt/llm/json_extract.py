@@ -33,6 +33,7 @@ earlier candidate is valid, the reply fails as truncated.
 from __future__ import annotations
 
 import bisect
+import functools
 import json
 import re
 from dataclasses import dataclass
@@ -555,8 +556,11 @@ def _allows_null(prop: dict[str, Any]) -> bool:
     return any(isinstance(b, dict) and _allows_null(b) for b in branches)
 
 
+@functools.lru_cache(maxsize=256)
 def schema_instruction(model: type[BaseModel]) -> str:
-    """The sentence that carries a response schema in the prompt, for servers without structured output."""
+    """The sentence that carries a response schema in the prompt, for servers without structured output.
+
+    Built once per schema class: a structured call sizes its prompt by it several times."""
     schema = json.dumps(strict_json_schema(model), ensure_ascii=False, separators=(",", ":"))
     return (
         "Reply with one JSON object and nothing else. It must match this JSON schema "
