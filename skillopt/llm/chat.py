@@ -10,6 +10,7 @@ output hit its cap.
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import json
 import mimetypes
@@ -196,7 +197,7 @@ class ChatRequest(BaseModel):
         replies under it and the task layer derives its Prefect cache keys from it, so editing any prompt
         text makes a new key for exactly the calls whose request it is part of.
         """
-        schema = self.response_schema.model_json_schema() if self.response_schema else None
+        schema = _json_schema(self.response_schema) if self.response_schema else None
         payload = {
             "role": role_fingerprint,
             "messages": [m.fingerprint() for m in self.messages],
@@ -207,6 +208,13 @@ class ChatRequest(BaseModel):
         }
         text = json.dumps(payload, sort_keys=True, default=str, ensure_ascii=False)
         return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+@functools.lru_cache(maxsize=256)
+def _json_schema(model: type[BaseModel]) -> dict[str, Any]:
+    """``model``'s JSON schema, generated once per class: every call's cache key holds it. Only read
+    (serialised into the key), never changed."""
+    return model.model_json_schema()
 
 
 class Usage(BaseModel):
