@@ -98,6 +98,12 @@ def _line(*parts: str) -> _Line:
 
 
 def _event_lines(event: Mapping[str, Any]) -> list[_Line]:
+    """The bulleted lines one non-evaluation event contributes; ``[]`` for the target's system message.
+
+    ``message`` → ``[<role>] <content>``; ``tool_call`` → ``[tool] <command> -> <observation>``;
+    ``env_step`` → ``[step k] <action> -> <observation>``, preceded by ``[reasoning] <text>`` when
+    the step recorded reasoning; any other type → ``[<type>] <content>`` (``feedback`` included).
+    """
     kind = str(event.get("type", "event"))
     if kind == "message":
         role = str(event.get("role", "message"))
@@ -117,17 +123,6 @@ def _event_lines(event: Mapping[str, Any]) -> list[_Line]:
     else:
         content = json.dumps({k: v for k, v in event.items() if k != "type"}, ensure_ascii=False, default=str)
     return [_line(f"- [{kind}] ", one_line(content))]
-
-
-def format_event(event: Mapping[str, Any]) -> list[str]:
-    """The lines (without the ``- `` bullet) one non-evaluation event contributes; ``[]`` for the
-    target's system message.
-
-    ``message`` → ``[<role>] <content>``; ``tool_call`` → ``[tool] <command> -> <observation>``;
-    ``env_step`` → ``[step k] <action> -> <observation>``, preceded by ``[reasoning] <text>`` when
-    the step recorded reasoning; any other type → ``[<type>] <content>`` (``feedback`` included).
-    """
-    return [line.render(None)[2:] for line in _event_lines(event)]
 
 
 @dataclass
