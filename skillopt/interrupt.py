@@ -32,14 +32,6 @@ INTERRUPTED_MESSAGE = f"interrupted — {RESUME_HINT}"
 DEFAULT_GRACE_S = 1.5
 
 
-class RunInterrupted(Exception):
-    """The run was stopped on purpose (Ctrl-C) or because its API server went away; ``reason`` says which."""
-
-    def __init__(self, reason: str | None) -> None:
-        super().__init__(reason or INTERRUPTED_MESSAGE)
-        self.reason = reason
-
-
 class InterruptGuard:
     """SIGINT handling for one run, as a context manager (installed only in the main thread).
 
