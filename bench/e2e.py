@@ -301,15 +301,15 @@ def kill_trials(config: Config, world: LatencyWorld, workdir: Path, *, home: Pat
     kill (the client may not have read it yet); the others are completed calls paid twice.
     """
     env = skillopt_env(home)
+
+    def train(label: str, cwd: Path, kill_after_answers: int | None = None, kill_delay_s: float = 0.0
+              ) -> Timeline:
+        """One ``skillopt train`` of the "kill" run in ``cwd``, killed as :func:`timed` says."""
+        return timed(label, train_argv(config, world, "kill"), world=world, latency=config.latency, env=env,
+                     cwd=cwd, kill_after_answers=kill_after_answers, kill_delay_s=kill_delay_s)
+
     reference_dir = workdir / "kill-reference"
-    reference = timed(
-        "kill-reference",
-        train_argv(config, world, "kill"),
-        world=world,
-        latency=config.latency,
-        env=env,
-        cwd=reference_dir,
-    )
+    reference = train("kill-reference", reference_dir)
     if reference.returncode != 0:
         raise RuntimeError(f"reference run exited {reference.returncode}; see {reference_dir}")
     total = reference.calls
@@ -319,26 +319,10 @@ def kill_trials(config: Config, world: LatencyWorld, workdir: Path, *, home: Pat
         cwd = workdir / f"kill-{trial}"
         after = rng.randint(1, max(1, total - 1))
         delay = rng.uniform(0, config.latency)
-        killed = timed(
-            f"kill-{trial}",
-            train_argv(config, world, "kill"),
-            world=world,
-            latency=config.latency,
-            env=env,
-            cwd=cwd,
-            kill_after_answers=after,
-            kill_delay_s=delay,
-        )
+        killed = train(f"kill-{trial}", cwd, kill_after_answers=after, kill_delay_s=delay)
         answered = {e.key: e for e in world.events() if e.outcome == "answer"}
         killed_wall = killed.killed_at_wall
-        resumed = timed(
-            f"resume-{trial}",
-            train_argv(config, world, "kill"),
-            world=world,
-            latency=config.latency,
-            env=env,
-            cwd=cwd,
-        )
+        resumed = train(f"resume-{trial}", cwd)
         asked_again = {e.key for e in world.events()}
         repeated = [answered[key] for key in answered if key in asked_again]
         in_flight = [e for e in repeated if killed_wall is not None and killed_wall - e.sent_at < IN_FLIGHT_S]
