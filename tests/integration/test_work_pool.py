@@ -19,6 +19,22 @@ pytestmark = pytest.mark.slow
 SMALL = ["train.epochs=1"]
 
 
+def _prefect(*args: str, cwd: Path, env: dict[str, str]) -> str:
+    """``prefect ARGS`` in ``cwd``; it must succeed. Returns its stdout."""
+    done = subprocess.run(
+        [sys.executable, "-m", "prefect", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, (
+        f"prefect {' '.join(args)}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    )
+    return done.stdout
+
+
 def test_prefect_yaml_registers_the_work_pool_deployments(prefect_api: str, tmp_path: Path):
     """`prefect deploy` from deployments/ (as docs/self-hosting.md says) against the real server, then a
     process worker runs one of the deployments.
@@ -28,21 +44,8 @@ def test_prefect_yaml_registers_the_work_pool_deployments(prefect_api: str, tmp_
     """
     env = {**os.environ, "PREFECT_API_URL": prefect_api, "SKILLOPT_WORKDIR": str(tmp_path)}
     folder = Path(__file__).resolve().parents[2] / "deployments"
-    for command in (
-        ["work-pool", "create", "skillopt", "--type", "process"],
-        ["deploy", "--name", "demo", "--name", "qa"],
-    ):
-        done = subprocess.run(
-            [sys.executable, "-m", "prefect", *command],
-            cwd=folder,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        assert done.returncode == 0, (
-            f"prefect {' '.join(command)}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
-        )
+    _prefect("work-pool", "create", "skillopt", "--type", "process", cwd=folder, env=env)
+    _prefect("deploy", "--name", "demo", "--name", "qa", cwd=folder, env=env)
 
     from prefect.client.orchestration import get_client
     from prefect.settings import PREFECT_API_URL, temporary_settings
@@ -61,22 +64,9 @@ def test_prefect_yaml_registers_the_work_pool_deployments(prefect_api: str, tmp_
         "directory": str(tmp_path)}}]
 
     # A process worker picks up a run of the demo deployment and runs it in SKILLOPT_WORKDIR.
-    def prefect(*args: str) -> str:
-        done = subprocess.run(
-            [sys.executable, "-m", "prefect", *args],
-            cwd=tmp_path,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        assert done.returncode == 0, (
-            f"prefect {' '.join(args)}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
-        )
-        return done.stdout
-
-    prefect("deployment", "run", "skill-train/demo", "--params", json.dumps({"overrides": SMALL}))
-    prefect("worker", "start", "--pool", "skillopt", "--run-once")
+    _prefect("deployment", "run", "skill-train/demo", "--params", json.dumps({"overrides": SMALL}),
+             cwd=tmp_path, env=env)
+    _prefect("worker", "start", "--pool", "skillopt", "--run-once", cwd=tmp_path, env=env)
     (run_dir,) = (tmp_path / "runs").iterdir()
     assert (run_dir / "best_skill.md").is_file() and (run_dir / "promotion.json").is_file()
     assert (tmp_path / "skills" / "demo" / "history.jsonl").is_file()
