@@ -52,19 +52,17 @@ def test_rollback_with_nothing_promoted_is_a_clear_error(tmp_path):
         SkillRegistry(tmp_path).rollback("demo")
 
 
+def _decide_against_the_initial_skill(registry: SkillRegistry, candidate: str, score: float,
+                                     run_name: str | None = None) -> RegistryEvent:
+    """A nightly decision for "demo" with nothing promoted yet: the initial skill "# init" scored 0.4."""
+    return registry.decide("demo", candidate=candidate, candidate_score=score,
+                           incumbent_sha=skill_hash("# init\n"), incumbent_score=0.4, incumbent_version=None,
+                           metric="hard", source="nightly", run_name=run_name)
+
+
 def test_decide_promotes_only_a_different_skill_that_scores_strictly_higher(tmp_path):
     registry = SkillRegistry(tmp_path)
-    first = registry.decide(
-        "demo",
-        candidate="# better\n",
-        candidate_score=0.6,
-        incumbent_sha=skill_hash("# init\n"),
-        incumbent_score=0.4,
-        incumbent_version=None,
-        metric="hard",
-        source="nightly",
-        run_name="r1",
-    )
+    first = _decide_against_the_initial_skill(registry, "# better\n", 0.6, run_name="r1")
     assert first.action == "promote" and first.version == 1
     assert "initial skill" in first.reason and "0.6000 vs 0.4000" in first.reason
     tie = registry.decide("demo", candidate="# other\n", candidate_score=0.6, incumbent_sha=first.skill_sha,
@@ -80,16 +78,7 @@ def test_decide_promotes_only_a_different_skill_that_scores_strictly_higher(tmp_
 
 def test_first_nightly_run_that_does_not_beat_the_initial_skill_promotes_nothing(tmp_path):
     registry = SkillRegistry(tmp_path)
-    event = registry.decide(
-        "demo",
-        candidate="# worse\n",
-        candidate_score=0.2,
-        incumbent_sha=skill_hash("# init\n"),
-        incumbent_score=0.4,
-        incumbent_version=None,
-        metric="hard",
-        source="nightly",
-    )
+    event = _decide_against_the_initial_skill(registry, "# worse\n", 0.2)
     assert event.action == "keep" and event.version is None
     assert registry.current("demo") is None
     assert not (tmp_path / "demo" / "current.md").exists()
