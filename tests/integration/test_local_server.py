@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -18,16 +17,12 @@ from pathlib import Path
 
 import pytest
 
+from bench.e2e import skillopt_env
+from bench.run import free_port
+
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[2]
 NOT_FINAL = ["SCHEDULED", "PENDING", "RUNNING", "PAUSED", "CANCELLING"]
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def _count(api: str, kind: str, states: list[str] | None = None) -> int:
@@ -49,14 +44,8 @@ def _alive(pid: int) -> bool:
 
 def test_server_start_status_a_run_that_uses_it_and_stop(tmp_path):
     home = tmp_path / "prefect-home"
-    port = _free_port()
-    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
-    env.update(
-        PREFECT_HOME=str(home),
-        PREFECT_SERVER_ANALYTICS_ENABLED="false",
-        PREFECT_LOGGING_LEVEL="WARNING",
-        PYTHONPATH=os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]),
-    )
+    port = free_port()
+    env = skillopt_env(home)  # a user's: no PREFECT_API_URL
 
     def skillopt(*argv: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
         return subprocess.run([sys.executable, "-m", "skillopt.cli", *argv], env=env, cwd=tmp_path,
