@@ -36,7 +36,7 @@ ROOT = BENCH.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench.run import prefect_server  # noqa: E402
+from bench.run import client_env, prefect_server  # noqa: E402
 
 #: The measuring flows, run in a subprocess (Dask's worker processes need a main module they can import).
 FLOWS = r'''
@@ -163,11 +163,9 @@ if __name__ == "__main__":
 def run_script(source: str, argv: list[str], *, api: str, cwd: Path, timeout: float = 900) -> dict[str, Any]:
     script = cwd / "bench_flow.py"
     script.write_text(source)
-    env = {**os.environ, "PREFECT_API_URL": api, "PREFECT_LOGGING_LEVEL": "WARNING",
-           "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PYTHONPATH": str(ROOT)}
     done = subprocess.run(
         [sys.executable, str(script), *argv],
-        env=env,
+        env=client_env(api),
         cwd=cwd,
         capture_output=True,
         text=True,

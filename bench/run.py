@@ -109,6 +109,13 @@ def prefect_server(workdir: Path, *, database_url: str | None = None) -> Iterato
             _stop_group(process)
 
 
+def client_env(api: str) -> dict[str, str]:
+    """The environment of a process run against the bench's server ``api``: quiet, and this checkout's
+    ``skillopt``, ``bench`` and ``tests`` importable."""
+    return {**os.environ, "PREFECT_API_URL": api, "PREFECT_LOGGING_LEVEL": "WARNING",
+            "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PYTHONPATH": str(ROOT)}
+
+
 def _stop_group(process: subprocess.Popen, timeout: float = 20) -> None:
     if process.poll() is not None:
         return
@@ -289,8 +296,7 @@ def launch(spec: Spec, *, world: LatencyWorld, api: str, cwd: Path, run_name: st
     argv = [sys.executable, "-m", "skillopt.cli", "train", "demo", "--run-name", run_name]
     for item in spec.overrides(world.base_url):
         argv += ["-o", item]
-    env = {**os.environ, "PREFECT_API_URL": api, "PREFECT_LOGGING_LEVEL": "WARNING",
-           "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PYTHONPATH": str(ROOT)}
+    env = client_env(api)
     log = cwd / f"{run_name}-{int(time.time() * 1000)}.log"
     started, started_epoch, clock = datetime.now().astimezone(), time.time(), time.monotonic()
     with log.open("w") as out:
@@ -533,10 +539,8 @@ def ingest_rate(api: str, workdir: Path, n: int) -> dict[str, Any]:
     script = workdir / "ingest_flow.py"
     script.write_text(INGEST_FLOW)
     since = datetime.now().astimezone()
-    env = {**os.environ, "PREFECT_API_URL": api, "PREFECT_LOGGING_LEVEL": "WARNING",
-           "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
-    done = subprocess.run([sys.executable, str(script), str(n)], env=env, capture_output=True, text=True,
-                          timeout=900, check=False)
+    done = subprocess.run([sys.executable, str(script), str(n)], env=client_env(api), capture_output=True,
+                          text=True, timeout=900, check=False)
     marker = [line for line in done.stdout.splitlines() if line.startswith("CLIENT_DONE")]
     if done.returncode != 0 or not marker:
         raise RuntimeError(f"ingest flow failed:\n{done.stdout[-1500:]}\n{done.stderr[-1500:]}")
