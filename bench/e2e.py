@@ -53,7 +53,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench.latency_world import LatencyWorld  # noqa: E402
-from bench.run import PROVIDER_KEY, read_jsonl, world_roles  # noqa: E402
+from bench.run import read_jsonl, train_overrides  # noqa: E402
 
 #: The end-to-end target: wall time at most the critical path plus this.
 E2E_SLACK_S = 3.0
@@ -74,14 +74,9 @@ class Config:
     seed: int = 42
 
     def overrides(self, url: str) -> list[str]:
-        return world_roles(url) + [
-            f"model.providers.{PROVIDER_KEY}.max_concurrency={self.workers}",
-            f"benchmark.workers={self.workers}", f"gradient.analyst_workers={self.workers}",
-            f"train.batch_size={self.batch}", f"benchmark.train_size={self.train}",
-            f"benchmark.val_size={self.val}", f"benchmark.test_size={self.test}",
-            f"train.epochs={self.epochs}", f"train.seed={self.seed}",
-            f"evaluation.eval_test={'true' if self.test else 'false'}",
-        ]
+        return train_overrides(url, workers=self.workers, batch=self.batch, train_size=self.train,
+                               val_size=self.val, epochs=self.epochs, seed=self.seed,
+                               eval_test=bool(self.test)) + [f"benchmark.test_size={self.test}"]
 
 
 TINY = Config("tiny", batch=8, workers=8, latency=0.2, train=16, val=8, test=8)

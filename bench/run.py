@@ -245,6 +245,18 @@ def world_roles(url: str) -> list[str]:
     return items
 
 
+def train_overrides(url: str, *, workers: int, batch: int, train_size: int, val_size: int, epochs: int,
+                    seed: int, eval_test: bool) -> list[str]:
+    """``world_roles`` plus the sizes of a demo run and ``workers`` calls, rollouts and analysts at a time."""
+    return world_roles(url) + [
+        f"model.providers.{PROVIDER_KEY}.max_concurrency={workers}",
+        f"benchmark.workers={workers}", f"gradient.analyst_workers={workers}",
+        f"train.batch_size={batch}", f"benchmark.train_size={train_size}", f"benchmark.val_size={val_size}",
+        f"train.epochs={epochs}", f"train.seed={seed}",
+        f"evaluation.eval_test={'true' if eval_test else 'false'}",
+    ]
+
+
 @dataclass(frozen=True)
 class Spec:
     """One ``skillopt train demo`` run against the latency world."""
@@ -262,17 +274,11 @@ class Spec:
     zero_latency: bool = True  # also run it at latency 0 (Prefect overhead per task)
 
     def overrides(self, url: str) -> list[str]:
-        items = world_roles(url)
-        if self.fault_rate:
+        items = train_overrides(url, workers=self.concurrency, batch=self.batch,
+                                train_size=self.train_size or self.batch, val_size=self.val_size,
+                                epochs=self.epochs, seed=self.seed, eval_test=self.eval_test)
+        if self.fault_rate:  # short timeouts and quick backoff so a soak does not spend minutes asleep
             items += [f"model.{role}.timeout_s=2" for role in ("target", "optimizer")]
-        items += [
-            f"model.providers.{PROVIDER_KEY}.max_concurrency={self.concurrency}",
-            f"benchmark.workers={self.concurrency}", f"gradient.analyst_workers={self.concurrency}",
-            f"train.batch_size={self.batch}", f"benchmark.train_size={self.train_size or self.batch}",
-            f"benchmark.val_size={self.val_size}", f"train.epochs={self.epochs}", f"train.seed={self.seed}",
-            f"evaluation.eval_test={'true' if self.eval_test else 'false'}",
-        ]
-        if self.fault_rate:  # quick backoff so a soak does not spend minutes asleep
             items += ["model.retry.base=0.2", "model.retry.cap=2"]
         return items
 
