@@ -1,11 +1,11 @@
 """Pytest fixtures for the loopback fakes; a conftest imports them (``from tests.fakes.fixtures import *``).
 
 - ``openai_server``: a started ``FakeOpenAIServer``, fresh for each test, stopped (threads joined) at
-teardown.
+  teardown.
 - ``anthropic_server``: the same for ``FakeAnthropicServer``.
 - ``socket_guard``: the test runs with non-loopback connections refused; yields the ``SocketGuard``.
 - ``editable_prompts``: skillopt reads a private copy of the shipped prompts and configs; yields its
-``prompts``.
+  ``prompts``.
 """
 
 from __future__ import annotations

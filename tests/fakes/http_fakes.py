@@ -42,8 +42,7 @@ Fault plans
     - ``slow(seconds, then=None)``: sleep before sending anything (late headers), then reply with ``then``
       (default ``ok()``).
     - ``drip(seconds, chunks=10, then=None)``: send headers at once, then trickle the body in ``chunks``
-    pieces
-      spread over ``seconds`` (an SSE stream is trickled one event at a time instead).
+      pieces spread over ``seconds`` (an SSE stream is trickled one event at a time instead).
     - ``malformed_body(kind="html"|"json")``: HTTP 200 with an HTML error page or cut-off JSON.
     - ``reset()``: read the request, send half a status line, then abort the connection (RST).
     - ``raw(status_code, body, headers=None, content_type=None)``: anything else, verbatim.
@@ -77,9 +76,8 @@ Authentication
 Example::
 
     with FakeOpenAIServer() as server:
-        server.plan("/v1/chat/completions", status(429, retry_after=2), ok(text="hi", usage={"prompt_tokens":
-        7,
-                    "completion_tokens": 2}))
+        server.plan("/v1/chat/completions", status(429, retry_after=2),
+                    ok(text="hi", usage={"prompt_tokens": 7, "completion_tokens": 2}))
         client = openai.OpenAI(base_url=server.openai_base_url, api_key="sk-test", max_retries=0)
         ...
         assert server.calls("/v1/chat/completions") == 2
