@@ -62,9 +62,8 @@ def run_item(
     if episode is not None:  # multi-step items drive the target themselves
         text, turn, answered = episode.response_text, episode.n_turns, episode.answered
     elif _is_exec(target):  # an agentic CLI: one run in a per-item workspace
-        task_messages = list(benchmark.build_messages(item, "", cfg))
-        if probe_instruction:
-            task_messages = _with_readout(task_messages, probe_instruction)
+        # The skill goes in as SKILL.md, so the task messages are the prompt without it.
+        task_messages = first_messages(benchmark, item, "", cfg, probe_instruction=probe_instruction)
         text = _exec_turn(target, item, target_text(skill), task_messages, trajectory, call_tags)
         turn, answered = 1, True
     else:
