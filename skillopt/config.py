@@ -238,8 +238,8 @@ class EvaluationSection(_Section):
     eval_test: Bool = True
     #: A split smaller than this gets a warning at the start of a run (0: never).
     min_split_items: int = Field(default=10, ge=0)
-    #: A gate where more than this share of the selection items are error rows skips the step instead of
-    # deciding.
+    #: A gate where more than this share of the selection items are error rows skips the step instead
+    #: of deciding.
     max_error_share: float = Field(default=0.1, ge=0, le=1)
 
 
@@ -285,25 +285,22 @@ class RunSection(_Section):
     refresh_cache: Bool = False
     #: Base URL under which the run directories are served (e.g. the compose `reports` server); the report
     #: link artifact points at <reports_url>/<run-name>/report.html. Unset: a file:// link to the run
-    # directory.
+    #: directory.
     reports_url: str | None = None
     #: The skill registry (skillopt.registry): promoted skills that nightly runs warm-start from.
     skills_dir: str = "skills"
-    #: Where the rollouts run: ``threads`` (a bounded pool in the flow's process, ``benchmark.workers`` wide)
-    # or
-    #: ``dask`` (prefect-dask's DaskTaskRunner on a Dask cluster; the ``dask`` extra).
+    #: Where the rollouts run: ``threads`` (a bounded pool in the flow's process, ``benchmark.workers``
+    #: wide) or ``dask`` (prefect-dask's DaskTaskRunner on a Dask cluster; the ``dask`` extra).
     task_runner: Literal["threads", "dask"] = "threads"
     #: With ``dask``: the scheduler of a running cluster (``tcp://host:8786``). Unset: a local cluster of
-    # worker
-    #: processes on this machine, started for the run and stopped after it.
+    #: worker processes on this machine, started for the run and stopped after it.
     dask_address: str | None = None
     #: The local cluster's worker processes and threads per worker (unset: Dask's defaults from the CPU
-    # count).
+    #: count).
     dask_n_workers: int | None = Field(default=None, ge=1)
     dask_threads_per_worker: int | None = Field(default=None, ge=1)
-    #: What goes to the cluster: ``rollouts`` (rollouts and their judge calls; the optimizer's few calls stay
-    # in
-    #: the flow's process) or ``rollouts_and_analysts`` (the analysts' reflections too).
+    #: What goes to the cluster: ``rollouts`` (rollouts and their judge calls; the optimizer's few calls
+    #: stay in the flow's process) or ``rollouts_and_analysts`` (the analysts' reflections too).
     dask_scope: Literal["rollouts", "rollouts_and_analysts"] = "rollouts"
 
     @model_validator(mode="after")

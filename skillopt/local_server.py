@@ -33,8 +33,8 @@ HOST = "127.0.0.1"
 DEFAULT_PORT = 4200
 RECORD = "skillopt-server.json"
 LOG = "skillopt-server.log"
-#: A new database takes ~19 s to become healthy on two cores (an existing one ~9 s); leave room for a busy
-# machine.
+#: A new database takes ~19 s to become healthy on two cores (an existing one ~9 s); leave room for a
+#: busy machine.
 START_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 20.0
 
