@@ -211,11 +211,12 @@ class SpreadsheetBenchBenchmark(Benchmark[SpreadsheetBenchConfig]):
         """The items of ``split`` (``train``, ``val``, ``test`` or an alias); bad rows raise ``DataError``."""
         config = self.config(cfg)
         deny = tuple(str(Path(root).resolve()) for root in (config.data_root, config.split_dir) if root)
+        roots = self.data_roots(config)
         return [
             Item(
                 {
                     **item,
-                    "task_dir": str(resolve_task_dir(item["spreadsheet_path"], self.data_roots(config))),
+                    "task_dir": str(resolve_task_dir(item["spreadsheet_path"], roots)),
                     "deny_read": deny,
                     "code_timeout": config.code_timeout,
                     "sandbox_mem_mb": config.sandbox_mem_mb,
