@@ -47,6 +47,7 @@ from skillopt.llm.chat import Usage
 from skillopt.llm.errors import BackendError, EmptyAnswer, ErrorContext, ExecError, ExecTimeout
 from skillopt.llm.http_common import WarnOnce, require_key, resolve_key
 from skillopt.llm.roles import ResolvedRole
+from skillopt.process_group import run_in_group
 from skillopt.redact import Redactor
 from skillopt.resources import load_prompt
 from skillopt.sandbox import SANDBOX_FIX, ProcessOutcome, limits_prefix, run_confined, sandbox_status
@@ -469,21 +470,21 @@ class ExecHarness(ABC):
         assert self._executable is not None
         with tempfile.TemporaryDirectory(prefix="skillopt-home-") as home:
             argv = [self._executable, *args]
-            try:
-                proc = subprocess.run(
-                    argv, cwd=home, env=self._child_env(Workspace(root=Path(home), home=Path(home))),
-                    stdin=subprocess.DEVNULL, capture_output=True, timeout=_PROBE_TIMEOUT_S, check=False,
+            try:  # in its own process group: a CLI that hangs leaves no child of its own behind
+                proc = run_in_group(
+                    argv, timeout_s=_PROBE_TIMEOUT_S, cwd=home, stdin=subprocess.DEVNULL, encoding="utf-8",
+                    errors="replace", env=self._child_env(Workspace(root=Path(home), home=Path(home))),
                 )
             except (OSError, subprocess.TimeoutExpired) as exc:
                 raise ConfigError(f"[{self.role.role}] {self.backend}: `{self.cli} {' '.join(args)}` failed: "
                                   f"{exc}") from None
         if proc.returncode != 0:
-            stderr = self.redactor(proc.stderr.decode("utf-8", errors="replace"))[-500:]
+            stderr = self.redactor(proc.stderr)[-500:]
             raise ConfigError(
                 f"[{self.role.role}] {self.backend}: `{self.cli} {' '.join(args)}` exited with status "
                 f"{proc.returncode}: {stderr.strip()}"
             )
-        return proc.stdout.decode("utf-8", errors="replace")
+        return proc.stdout
 
     # ---- runs
 
