@@ -29,6 +29,7 @@ EDITS = "edits"
 GATES = "gates"
 COST = "cost"
 REPORT = "report"
+PROMOTION = "promotion"
 
 #: How many characters of an edit's target the edits table shows.
 TARGET_WIDTH = 60

@@ -20,6 +20,13 @@ from prefect.artifacts import (
 )
 
 from skillopt.artifacts import (
+    COST,
+    EDITS,
+    GATES,
+    PROGRESS,
+    PROMOTION,
+    REPORT,
+    SKILL_DIFF,
     artifact_key,
     cost_table,
     edits_table,
@@ -60,10 +67,10 @@ def publish_progress(ctx: Run, step: int, total_steps: int, epoch: int, epochs: 
     description = progress_markdown(epoch, epochs, step, total_steps, current, best, finished=finished,
                                     last_step=last_step)
     if artifact_id is None:
-        created = _publish("progress", create_progress_artifact, progress=percent, key=_key(ctx, "progress"),
+        created = _publish(PROGRESS, create_progress_artifact, progress=percent, key=_key(ctx, PROGRESS),
                            description=description)
         return None if created is None else str(created)
-    _publish("progress", update_progress_artifact, artifact_id=UUID(artifact_id), progress=percent,
+    _publish(PROGRESS, update_progress_artifact, artifact_id=UUID(artifact_id), progress=percent,
              description=description)
     return artifact_id
 
@@ -71,9 +78,9 @@ def publish_progress(ctx: Run, step: int, total_steps: int, epoch: int, epochs: 
 def publish_cost(ctx: Run) -> None:
     """Usage per stage so far (calls, tokens, USD) with a total row."""
     _publish(
-        "cost",
+        COST,
         create_table_artifact,
-        key=_key(ctx, "cost"),
+        key=_key(ctx, COST),
         table=cost_table(ctx.clients.ledger.summary()),
         description=f"model calls, tokens and cost by stage of {ctx.run_name}",
     )
@@ -83,9 +90,9 @@ def publish_report_link(ctx: Run, report: Any) -> None:
     """A link to the run's HTML report: under ``run.reports_url`` when set, else a file:// URL."""
     url = report_url(report, run_name=ctx.run_name, reports_url=ctx.config.run.reports_url)
     _publish(
-        "report",
+        REPORT,
         create_link_artifact,
-        key=_key(ctx, "report"),
+        key=_key(ctx, REPORT),
         link=url,
         link_text=f"HTML report of {ctx.run_name}",
         description="plots, skill diffs and summary of the run",
@@ -95,14 +102,14 @@ def publish_report_link(ctx: Run, report: Any) -> None:
 def publish_step(ctx: Run, record: StepRecord, history: list[StepRecord], *, previous_skill: str,
                  current_skill: str) -> None:
     """The gate table, the step's edits and, for an accepted candidate, the skill diff."""
-    _publish("gates", create_table_artifact, key=_key(ctx, "gates"), table=gate_table(history),
+    _publish(GATES, create_table_artifact, key=_key(ctx, GATES), table=gate_table(history),
              description="gate decisions per step")
     if record.edits:
-        _publish("edits", create_table_artifact, key=_key(ctx, "edits"),
+        _publish(EDITS, create_table_artifact, key=_key(ctx, EDITS),
                  table=edits_table(record.edits, record.apply_report, record.decision),
                  description=f"edits of step {record.step}")
     if record.gate is not None and record.decision != "reject" and previous_skill != current_skill:
-        _publish("diff", create_markdown_artifact, key=_key(ctx, "skill-diff"),
+        _publish("diff", create_markdown_artifact, key=_key(ctx, SKILL_DIFF),
                  markdown=skill_diff_markdown(record.step, previous_skill, current_skill, record.gate),
                  description=f"accepted skill change at step {record.step}")
 
@@ -110,9 +117,9 @@ def publish_step(ctx: Run, record: StepRecord, history: list[StepRecord], *, pre
 def publish_promotion(ctx: Run, event: RegistryEvent) -> None:
     """A nightly run's promotion decision, with the scores it was made on."""
     _publish(
-        "promotion",
+        PROMOTION,
         create_markdown_artifact,
-        key=_key(ctx, "promotion"),
+        key=_key(ctx, PROMOTION),
         markdown=promotion_markdown(event),
         description=f"promotion decision of {ctx.run_name}",
     )
