@@ -25,7 +25,6 @@ from typing import Any
 from pydantic import Field
 
 from skillopt.benchmarks.answers import (
-    choice_label,
     clean_label,
     label_contradicts,
     last_line,
@@ -35,7 +34,7 @@ from skillopt.benchmarks.answers import (
     resolve_choice,
 )
 from skillopt.benchmarks.base import Benchmark, BenchmarkConfig, Judge, Score, with_reading
-from skillopt.benchmarks.choices import options_block, options_of, parse_options
+from skillopt.benchmarks.choices import labelled, options_block, options_of, parse_options
 from skillopt.benchmarks.grading import HIDDEN_REFERENCE_CHARS, hidden_reference_block
 from skillopt.data import DropRow, Item, read_records
 from skillopt.errors import DataError
@@ -180,7 +179,7 @@ def shuffled_view(item: Item, seed: int) -> Item:
     rng = random.Random(int(hashlib.sha256(f"{seed}:{item.id}".encode()).hexdigest()[:16], 16))
     order = list(item["choices"])
     rng.shuffle(order)
-    choices = [{"label": choice_label(index), "text": choice["text"]} for index, choice in enumerate(order)]
+    choices = labelled([choice["text"] for choice in order])
     new_label = {old["label"]: new["label"] for old, new in zip(order, choices, strict=True)}
     correct = {"label": new_label[item["correct_choice"]["label"]], "text": item["correct_choice"]["text"]}
     return Item({**item, "choices": choices, "correct_choice": correct})

@@ -34,7 +34,7 @@ from skillopt.benchmarks.answers import (
     resolve_choice,
 )
 from skillopt.benchmarks.base import Benchmark, BenchmarkConfig, Judge, Score, with_reading
-from skillopt.benchmarks.choices import labelled, options_of
+from skillopt.benchmarks.choices import labelled, options_block, options_of
 from skillopt.benchmarks.rows import hashed_id, read_table
 from skillopt.data import Item, read_records
 from skillopt.errors import BenchmarkSetupError, DataError
@@ -379,8 +379,7 @@ class QABenchmark(Benchmark[QAConfig]):
         sections.append(f"## Question\n{item['question']}")
         choices = item.get("choices") or []
         if choices:
-            options = "\n".join(f"{choice_label(i)}. {text}" for i, text in enumerate(choices))
-            sections.append(f"## Choices\n{options}")
+            sections.append(f"## Choices\n{options_block(labelled(choices))}")
         sections.append(_CHOICE_REMINDER if choices else _REMINDER)
         return [
             self.system_message(_SYSTEM_INTRO, skill, _ANSWER_FORMAT),
@@ -410,7 +409,7 @@ class QABenchmark(Benchmark[QAConfig]):
         choices = item.get("choices") or []
         question = item["question"]
         if choices:
-            question += "\n" + "\n".join(f"{choice_label(i)}. {text}" for i, text in enumerate(choices))
+            question += "\n" + options_block(labelled(choices))
         golds_block = "\n".join(f"- {gold}" for gold in golds)
         return ChatRequest(
             messages=[
