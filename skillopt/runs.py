@@ -41,6 +41,7 @@ from pydantic import BaseModel
 
 from skillopt.atomic import atomic_write_bytes, check_writable
 from skillopt.config import SkillOptConfig
+from skillopt.error_rows import answered_rows
 from skillopt.errors import ConfigError, SkillOptError, StorageError, storage_error
 from skillopt.gate import Scores, score_rows
 from skillopt.records import (
@@ -134,9 +135,7 @@ def per_task_type(rows: Iterable[ItemResult]) -> dict[str, dict[str, float | int
     """Mean hard and soft score and row count per ``task_type``, task types sorted by name; error rows (calls
     that failed after their retries) say nothing about the skill and are left out."""
     groups: dict[str, list[ItemResult]] = {}
-    for row in rows:
-        if row.is_error:
-            continue
+    for row in answered_rows(list(rows)):
         groups.setdefault(row.task_type, []).append(row)
     breakdown: dict[str, dict[str, float | int]] = {}
     for task_type in sorted(groups):
@@ -689,7 +688,7 @@ class RunDir:
         duplicates = sorted(item for item, count in Counter(row.id for row in rows).items() if count > 1)
         if duplicates:
             raise ValueError(f"evaluation {name!r} has duplicate item ids: {', '.join(duplicates[:10])}")
-        scores = score_rows([r for r in rows if not r.is_error] or rows) if scores is None else scores
+        scores = score_rows(answered_rows(rows) or rows) if scores is None else scores
         lines = [
             row.model_dump_json(exclude={"trajectory", "target_system_prompt", "target_user_prompt"}) + "\n"
             for row in rows
