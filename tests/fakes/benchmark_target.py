@@ -19,15 +19,24 @@ def fixture_rules(benchmark: Any) -> tuple[Any, ...]:
     return target_rules(benchmark.id, fixture_config_of(benchmark))
 
 
-class PluginScriptedTarget:
-    def __init__(self, benchmark: Any, rules: Any = None) -> None:
-        context = BackendContext(scripted_target_rules=fixture_rules(benchmark))
-        self.backend = ScriptedBackend(resolve_rule_set(rules, context, where="test"), role="target")
+class RecordingScriptedTarget:
+    """The target role served by the real scripted backend, recording every request it answers."""
+
+    def __init__(self, rules: Any = None, context: BackendContext | None = None) -> None:
+        rule_set = resolve_rule_set(rules, context or BackendContext(), where="test")
+        self.backend = ScriptedBackend(rule_set, role="target")
         self.requests: list[ChatRequest] = []
 
     def chat(self, request: ChatRequest) -> ChatResponse:
         self.requests.append(request)
         return self.backend.attempt(request, timeout_s=30)
+
+
+class PluginScriptedTarget(RecordingScriptedTarget):
+    """A recording scripted target that answers from the benchmark's fixture rules."""
+
+    def __init__(self, benchmark: Any, rules: Any = None) -> None:
+        super().__init__(rules, BackendContext(scripted_target_rules=fixture_rules(benchmark)))
 
 
 FIXTURES_ROOT = Path(__file__).resolve().parents[1] / "fixtures"

@@ -18,9 +18,8 @@ from skillopt.benchmarks.base import Benchmark, BenchmarkConfig, BenchmarkSetupE
 from skillopt.benchmarks.rows import required_text
 from skillopt.benchmarks.runner import run_item
 from skillopt.data import Item
-from skillopt.llm.base import BackendContext
-from skillopt.llm.chat import ChatRequest, ChatResponse, Message, user
-from skillopt.llm.scripted import ScriptedBackend, resolve_rule_set
+from skillopt.llm.chat import Message, user
+from tests.fakes.benchmark_target import RecordingScriptedTarget
 
 #: Every hook a plug-in may override; each must be declared (with its contract) in the base class.
 OPTIONAL_HOOKS = ("read_rows", "load_split", "data_roots", "batch_view", "run_episode", "extract_answer",
@@ -50,18 +49,6 @@ class Tiny(Benchmark[TinyConfig]):
         answer = last_tag(response_text, "answer") or ""
         hard = float(answer.lower() == item["answer"].lower())
         return Score(hard=hard, soft=hard, predicted_answer=answer, fail_reason="" if hard else "wrong: no")
-
-
-class Target:
-    """The target role served by the real scripted backend with inline rules, recording requests."""
-
-    def __init__(self, rules: list[dict[str, Any]]) -> None:
-        self.backend = ScriptedBackend(resolve_rule_set(rules, BackendContext(), where="test"), role="target")
-        self.requests: list[ChatRequest] = []
-
-    def chat(self, request: ChatRequest) -> ChatResponse:
-        self.requests.append(request)
-        return self.backend.attempt(request, timeout_s=30)
 
 
 def split_folder(tmp_path: Path) -> Path:
@@ -125,7 +112,7 @@ def test_max_turns_works_with_the_default_extract_answer(tmp_path):
     bench = Tiny()
     config = TinyConfig(split_mode="split_dir", split_dir=str(split_folder(tmp_path / "data")), max_turns=4)
     item = bench.load_split(config, "train", run_dir=tmp_path / "run")[0]
-    target = Target([
+    target = RecordingScriptedTarget([
         {"stage": "rollout", "user": "no answer in the required format", "text": "<answer>Rome</answer>"},
         {"stage": "rollout", "user": "Re-check your answer", "text": "Still <answer> rome </answer>"},
         {"stage": "rollout", "text": "I think it is Rome."},
