@@ -98,7 +98,7 @@ class Benchmark(ABC, Generic[ConfigT]):
     then fails and nothing is cached).
 
     **Class attributes.** ``id`` (the entry-point name); ``Config`` (the pydantic model of the
-    ``benchmark:`` section, a ``BenchmarkSection`` subclass with a default for every key);
+    ``benchmark:`` section, a ``BenchmarkConfig`` subclass with a default for every key);
     ``GOLD_FIELDS`` (the item keys that hold gold: prompt builders never read them); ``version``
     (bump it when scoring changes; prompts are hashed from the rendered request);
     ``default_split_mode``; ``default_task_type``; ``native_extensions`` (the data files a split
