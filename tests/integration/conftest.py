@@ -84,14 +84,15 @@ FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 def train_fixture(prefect_api: str) -> Callable[..., subprocess.CompletedProcess[str]]:
     """Train a benchmark from its fixture as a user runs it, in a subprocess against the session's server:
     ``skillopt train NAME --data tests/fixtures/NAME --backend scripted -o train.epochs=1 [-o OVERRIDE]
-    --run-name NAME`` in ``cwd``; the run lands in ``cwd/runs/NAME``."""
+    --run-name RUN_NAME`` in ``cwd`` (RUN_NAME defaults to NAME); the run lands in ``cwd/runs/RUN_NAME``."""
 
-    def train(name: str, cwd: Path, *overrides: str) -> subprocess.CompletedProcess[str]:
+    def train(name: str, cwd: Path, *overrides: str, run_name: str | None = None
+              ) -> subprocess.CompletedProcess[str]:
         env = {**os.environ, "PREFECT_API_URL": prefect_api, "PREFECT_LOGGING_LEVEL": "WARNING"}
         options = [arg for override in ("train.epochs=1", *overrides) for arg in ("-o", override)]
         return subprocess.run(
             [sys.executable, "-m", "skillopt.cli", "train", name, "--data", str(FIXTURES / name),
-             "--backend", "scripted", *options, "--run-name", name],
+             "--backend", "scripted", *options, "--run-name", run_name or name],
             cwd=cwd, env=env, capture_output=True, text=True, timeout=600,
         )
 
