@@ -43,6 +43,8 @@ from skillopt.runs import RunDir, config_hash, run_directory_name
 from skillopt.update_modes import UpdateMode, update_mode_for
 
 SPLITS = ("train", "val", "test")
+#: How a process picks the clients' provider limiter when it builds a run (None from it: the clients' own).
+LimiterFor = Callable[[SkillOptConfig], RateLimiter | None]
 progress = logging.getLogger("skillopt.progress")
 
 
@@ -120,7 +122,7 @@ class Run:
         self.error_streak = ErrorStreak(loaded.config.model.failfast_n)
         #: How another process picks the clients' provider limiter when it rebuilds this run (a module-level
         #: function of the task layer, pickled by reference); None: the clients' own.
-        self.limiter_for: Callable[[SkillOptConfig], RateLimiter | None] | None = None
+        self.limiter_for: LimiterFor | None = None
 
     def __reduce__(self) -> tuple[Any, ...]:
         """A run travels as its spec: a task sent to another process (a Dask worker) carries the small spec,
@@ -250,9 +252,6 @@ class _OpenRuns:
 _open_runs = _OpenRuns()
 
 
-LimiterFor = Callable[[SkillOptConfig], RateLimiter | None]
-
-
 def open_run(spec: RunSpec, *, limiter_for: LimiterFor | None = None) -> Run:
     """The run ``spec`` describes, built on first use in this process and shared afterwards.
 
@@ -261,15 +260,14 @@ def open_run(spec: RunSpec, *, limiter_for: LimiterFor | None = None) -> Run:
     return _open_runs.get(spec, lambda spec: _build(spec, limiter_for, joining=False))
 
 
-def join_run(spec: RunSpec, limiter_for: Callable[[SkillOptConfig], RateLimiter | None] | None = None) -> Run:
+def join_run(spec: RunSpec, limiter_for: LimiterFor | None = None) -> Run:
     """The run ``spec`` describes, in a process that received it from the run's flow (how a ``Run``
     unpickles): the flow's own run in the flow's process, else built once per process as a worker that joins
     the run."""
     return _open_runs.get(spec, lambda spec: _build(spec, limiter_for, joining=True))
 
 
-def _build(spec: RunSpec, limiter_for: Callable[[SkillOptConfig], RateLimiter | None] | None, *,
-           joining: bool) -> Run:
+def _build(spec: RunSpec, limiter_for: LimiterFor | None, *, joining: bool) -> Run:
     loaded = spec.loaded()
     run = Run.build(spec, loaded=loaded, limiter=limiter_for(loaded.config) if limiter_for else None,
                     joining=joining)
