@@ -428,7 +428,7 @@ def longitudinal_pairs(run: Run, epoch: int, before_skill: str, after_skill: str
         found = select_pairs(pair_by_id(before.rows, after.rows), policy)
         pairs = Pairs(**{group: [*getattr(pairs, group), *getattr(found, group)]
                          for group in Pairs.model_fields})
-        if policy == "mixed" or sum(len(getattr(pairs, g)) for g in Pairs.model_fields) >= wanted:
+        if policy == "mixed" or len(pairs.ids()) >= wanted:
             break
     return pairs
 
