@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from bench.e2e import skillopt_env
-from bench.run import free_port
+from bench.run import api_post, free_port
 
 pytestmark = pytest.mark.slow
 
@@ -27,10 +27,7 @@ NOT_FINAL = ["SCHEDULED", "PENDING", "RUNNING", "PAUSED", "CANCELLING"]
 
 def _count(api: str, kind: str, states: list[str] | None = None) -> int:
     body = {kind: {"state": {"type": {"any_": states}}}} if states else {}
-    request = urllib.request.Request(f"{api}/{kind}/count", data=json.dumps(body).encode(), method="POST",
-                                     headers={"content-type": "application/json"})
-    with urllib.request.urlopen(request, timeout=30) as response:
-        return int(json.loads(response.read()))
+    return int(api_post(api, f"/{kind}/count", body))
 
 
 def _alive(pid: int) -> bool:
