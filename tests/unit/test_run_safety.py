@@ -36,9 +36,11 @@ def record(step: int) -> StepRecord:
     return StepRecord(step=step, epoch=1, step_in_epoch=step, budget=2, decision="accept_new_best")
 
 
-def python(code: str, **kwargs) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                          cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=60, **kwargs)
+def python(code: str, *, under: list[str] | None = None) -> subprocess.CompletedProcess[str]:
+    """``code`` (dedented) run by a fresh interpreter from this checkout, inside the ``under`` command if
+    given."""
+    return subprocess.run([*(under or []), sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
+                          text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=60)
 
 
 def finished_run(tmp_path: Path) -> RunDir:
@@ -201,10 +203,8 @@ def test_a_read_only_folder_is_one_line_naming_it_and_the_setting(tmp_path: Path
 
 
 def bwrap_python(read_only: Path, code: str) -> subprocess.CompletedProcess[str]:
-    command = ["bwrap", "--dev-bind", "/", "/", "--ro-bind", str(read_only), str(read_only),
-               sys.executable, "-c", textwrap.dedent(code)]
-    return subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=60,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    """``python(code)`` with the folder ``read_only`` mounted read-only."""
+    return python(code, under=["bwrap", "--dev-bind", "/", "/", "--ro-bind", str(read_only), str(read_only)])
 
 
 def test_a_full_disk_is_one_line_naming_the_file(tmp_path: Path):
