@@ -97,6 +97,14 @@ def retry_only_retryable(task: Any, task_run: Any, state: Any) -> bool:
     return False
 
 
+#: The ``@task`` options every optimizer task shares: a JSON result kept under its request's key, the
+#: ``llm:optimizer`` concurrency tag, and retries only for errors the backends mark retryable.
+OPTIMIZER_TASK_OPTIONS: dict[str, Any] = {
+    "persist_result": True, "result_serializer": "json", "tags": ["llm:optimizer"],
+    "retry_condition_fn": retry_only_retryable,
+}
+
+
 def bound(run: Run, task: Any, **options: Any) -> Any:
     """``task`` with ``run``'s result storage, cache refresh setting and cache-hit accounting.
 

@@ -15,11 +15,9 @@ from skillopt.llm.chat import ChatRequest
 from skillopt.meta_skill import MetaSkillReply, meta_skill_request
 from skillopt.slow_update import Pairs, SlowUpdateReply, slow_update_request
 from skillopt.stage_call import structured_or_fallback
-from skillopt.tasks.cache import content_key, keyed, keyed_by_request, retry_only_retryable
+from skillopt.tasks.cache import OPTIMIZER_TASK_OPTIONS as _OPTIONS
+from skillopt.tasks.cache import content_key, keyed, keyed_by_request
 from skillopt.trajectory import trajectory_chars
-
-_OPTIONS: dict[str, Any] = {"persist_result": True, "result_serializer": "json", "tags": ["llm:optimizer"],
-                            "retry_condition_fn": retry_only_retryable}
 
 
 def _plan_key(p: dict[str, Any]) -> str:

@@ -25,13 +25,11 @@ from skillopt.rewrite import RewriteReply, rewrite_request
 from skillopt.select import RankingReply
 from skillopt.skill import Edit
 from skillopt.stage_call import structured_or_fallback
-from skillopt.tasks.cache import digest, keyed_by_request, retry_only_retryable
+from skillopt.tasks.cache import OPTIMIZER_TASK_OPTIONS as _OPTIONS
+from skillopt.tasks.cache import digest, keyed_by_request
 from skillopt.tasks.rollout import PartialEvaluation, rollout_key, run_rollouts
 from skillopt.trajectory import trajectory_chars
 from skillopt.update_modes import Picked
-
-_OPTIONS: dict[str, Any] = {"persist_result": True, "result_serializer": "json", "tags": ["llm:optimizer"],
-                            "retry_condition_fn": retry_only_retryable}
 
 
 def analyst_request(run: Run, kind: str, skill: str, rows: list[ItemResult], budget: int, step_buffer: str,
