@@ -52,6 +52,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench.latency_world import Faults, LatencyWorld  # noqa: E402
+from tests.fakes.demo_world_http import role_overrides  # noqa: E402
 
 PROVIDER_KEY = "latency-world"
 #: Stages of a step, in order, for the bound: (name in the report, ledger stage, rollout kind).
@@ -236,13 +237,9 @@ def _epoch(stamp: str) -> float:
 
 def world_roles(url: str) -> list[str]:
     """Overrides that put target and optimizer on the ``openai_compatible`` backend pointed at the latency
-    world at ``url``, in one provider bucket; no judge."""
-    items = ["model.judge=null"]
-    for role in ("target", "optimizer"):
-        items += [f"model.{role}.backend=openai_compatible", f"model.{role}.base_url={url}",
-                  f"model.{role}.model=demo-{role}", f"model.{role}.options={{}}",
-                  f"model.{role}.rate_limit_key={PROVIDER_KEY}"]
-    return items
+    world at ``url`` (the demo world fake's ``role_overrides``), in one provider bucket; no judge."""
+    return [*role_overrides(url),
+            *(f"model.{role}.rate_limit_key={PROVIDER_KEY}" for role in ("target", "optimizer"))]
 
 
 def train_overrides(url: str, *, workers: int, batch: int, train_size: int, val_size: int, epochs: int,
