@@ -17,15 +17,13 @@ import pytest
 from skillopt.errors import ConfigError
 from skillopt.llm import codex_exec
 from skillopt.llm.exec_harness import ExecTask, installation_paths
-from skillopt.sandbox import sandbox_status
 from tests.llm.test_exec_backends import fake_cli, make_backend  # noqa: F401 - fake_cli is a fixture
-from tests.security.test_sandbox_escapes import live_in_namespace
+from tests.security.test_sandbox_escapes import live_in_namespace, requires_sandbox
 
 SECRET = "SENTINEL-exec-jail-77aa"
 
 
-@pytest.mark.skipif(not sandbox_status().available and not os.environ.get("SKILLOPT_REQUIRE_SANDBOX"),
-                    reason=f"no OS sandbox on this host: {sandbox_status().detail}")
+@requires_sandbox
 def test_a_hostile_cli_sees_only_its_workspace_and_leaves_nothing_running(
         tmp_path_factory, tmp_path, fake_cli, monkeypatch):  # noqa: F811
     outside = tmp_path_factory.mktemp("outside")

@@ -25,10 +25,12 @@ import pytest
 
 from skillopt.sandbox import run_confined, run_sandboxed, sandbox_status
 
-# CI sets SKILLOPT_REQUIRE_SANDBOX=1: there a missing sandbox fails these tests instead of skipping them.
-pytestmark = pytest.mark.skipif(
+# CI sets SKILLOPT_REQUIRE_SANDBOX=1: there a missing sandbox fails the tests that need one instead of
+# skipping them (the other security modules import this mark).
+requires_sandbox = pytest.mark.skipif(
     not sandbox_status().available and not os.environ.get("SKILLOPT_REQUIRE_SANDBOX"),
     reason=f"no OS sandbox on this host: {sandbox_status().detail}")
+pytestmark = requires_sandbox
 
 SECRET = "SENTINEL-sandbox-4b1d-secret"
 NAMESPACE = re.compile(r"NS=(pid:\[\d+\])")

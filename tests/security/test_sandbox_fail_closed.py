@@ -20,6 +20,7 @@ from skillopt.benchmarks.swebench import plugin as swebench
 from skillopt.cli import main
 from skillopt.sandbox import SandboxUnavailable, run_sandboxed, sandbox_status
 from tests.fakes.benchmark_target import fixture_config_of
+from tests.security.test_sandbox_escapes import requires_sandbox
 
 
 @pytest.fixture
@@ -79,9 +80,8 @@ def test_skillopt_benchmarks_reports_the_sandbox_status(no_bwrap):
     assert "unavailable: bubblewrap (bwrap) is not installed" in line and "benchmark.sandbox: none" in line
 
 
+@requires_sandbox
 def test_skillopt_benchmarks_reports_a_working_sandbox():
-    if not sandbox_status().available:
-        pytest.skip(f"no OS sandbox on this host: {sandbox_status().detail}")
     out = io.StringIO()
     assert main(["benchmarks"], stdout=out, stderr=io.StringIO()) == 0
     assert f"sandbox for model-written code (spreadsheetbench, swebench's fake harness): bubblewrap " \
