@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 
@@ -40,10 +41,11 @@ def test_a_hostile_cli_sees_only_its_workspace_and_leaves_nothing_running(
     assert report["read"] == {str(secret): "FileNotFoundError", "/etc/shadow": "FileNotFoundError"}
     assert "wrote" not in report and not target.exists()
     assert SECRET not in report["pid1_environ"] and "OPENAI_API_KEY" not in report["pid1_environ"]
-    # Mount points of the binds, never the host's own folders.
-    allowed = {"bin", "dev", "etc", "lib", "lib32", "lib64", "proc", "root", "sbin", "tmp", "usr", "work",
-               "home", "opt", "var", "srv", "mnt", "run"}
-    assert set(report["root"]) <= allowed
+    # Mount points of the binds, never the host's own folders: the system's, and the top folder of each
+    # bound path (the CLI's installation and its interpreter's, wherever this checkout lives).
+    system = {"bin", "dev", "etc", "lib", "lib32", "lib64", "proc", "sbin", "tmp", "usr"}
+    bound = {Path(path).parts[1] for path in installation_paths(str(fake_cli.folder / "codex"))}
+    assert set(report["root"]) <= system | bound, set(report["root"]) - system - bound
     assert report["daemon_pid"] > 0
     assert live_in_namespace(report["pid_namespace"]) == []  # the daemon died with the namespace
     assert backend.preflight()["sandbox"] == "bwrap"
