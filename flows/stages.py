@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -19,6 +18,7 @@ from pydantic import BaseModel, Field
 from skillopt.appendix import with_execution_notes
 from skillopt.assembly import Run
 from skillopt.data import EpochPlan
+from skillopt.early_start import has_budget as budget_capped
 from skillopt.error_rows import answered_rows, paired_answered, too_many_errors
 from skillopt.gate import GateResult, Scores, decide, gate_score, score_rows
 from skillopt.llm.usage import Totals, check_budget, projection_from_history
@@ -26,6 +26,7 @@ from skillopt.merge import merge_groups
 from skillopt.records import ItemResult, Patch, StepRecord, unusable_replies_warning
 from skillopt.reflect import split_and_batch
 from skillopt.registry import PromotedSkill, SkillRegistry
+from skillopt.rollouts import Draws
 from skillopt.select import needs_ranking
 from skillopt.skill import Edit, skill_hash
 from skillopt.slow_update import Pairs, pair_by_id, select_pairs
@@ -83,31 +84,6 @@ class StepTimer:
             yield
         finally:
             self.seconds[stage] = self.seconds.get(stage, 0.0) + time.monotonic() - start
-
-
-class Draws:
-    """Which draw each training rollout of one epoch is (sampling vs caching).
-
-    With ``train.resample_each_epoch`` a training rollout is keyed by its epoch and by how often this epoch
-    has drawn the item before (its sample index), so every epoch samples the target afresh even for an
-    unchanged skill, and an item drawn twice in one epoch is two samples. Without it, ``epoch`` is None and
-    every sample index 0: an unchanged skill replays its cached rollouts. The counts follow the seeded plan,
-    so a resumed run asks for exactly the draws the killed one did.
-    """
-
-    def __init__(self, epoch: int, *, resample: bool) -> None:
-        self.epoch = epoch if resample else None
-        self._seen: Counter[str] = Counter()
-
-    def take(self, item_ids: list[str]) -> list[int]:
-        """The sample index of each of ``item_ids``, counting them as drawn."""
-        if self.epoch is None:
-            return [0] * len(item_ids)
-        samples = []
-        for item_id in item_ids:
-            samples.append(self._seen[item_id])
-            self._seen[item_id] += 1
-        return samples
 
 
 class Evidence(BaseModel):
@@ -438,8 +414,7 @@ def longitudinal_pairs(run: Run, epoch: int, before_skill: str, after_skill: str
 
 
 def has_budget(run: Run) -> bool:
-    budget = run.config.budget
-    return not (budget.max_usd is None and budget.max_tokens is None and budget.max_calls is None)
+    return budget_capped(run.config)
 
 
 def step_estimate(run: Run) -> Totals:

@@ -29,10 +29,10 @@ from skillopt import live
 from skillopt.assembly import Run, RunSpec
 from skillopt.config import load_config
 from skillopt.data import StepPlan
+from skillopt.early_start import epoch_plan, starting_skill
 from skillopt.flows.naming import config_overrides, train_run_name
 from skillopt.flows.run import PROGRESS_LOGGER
 from skillopt.flows.stages import (
-    Draws,
     Evidence,
     GateSkipped,
     StepOutcome,
@@ -61,8 +61,9 @@ from skillopt.llm.roles import CliRoleOptions
 from skillopt.probe import probe_record
 from skillopt.records import Patch, StepRecord, unusable_replies_warning
 from skillopt.registry import SkillRegistry
+from skillopt.rollouts import Draws
 from skillopt.schedule import EditBudgetSchedule
-from skillopt.skill import SLOW_UPDATE, inject_block, replace_block, skill_hash
+from skillopt.skill import SLOW_UPDATE, replace_block, skill_hash
 from skillopt.step_buffer import StepBuffer, StepBufferEntry, failure_patterns
 from skillopt.tasks.artifacts import (
     publish_cost,
@@ -71,7 +72,7 @@ from skillopt.tasks.artifacts import (
     publish_step,
 )
 from skillopt.tasks.cache import bound
-from skillopt.tasks.epoch import meta_skill, plan_epoch_task, slow_update
+from skillopt.tasks.epoch import meta_skill, slow_update
 from skillopt.tasks.optimize import deep_probe
 from skillopt.tasks.rollout import Evaluation, evaluate, evaluate_many
 from skillopt.tasks.run import started_run
@@ -152,11 +153,8 @@ def train(
 def baseline(run: Run) -> TrainState:
     """Score the initial skill on the selection split: it is both the current and the best skill."""
     cfg = run.config
-    skill = run.initial_skill
-    if cfg.optimizer.use_slow_update:
-        skill = inject_block(skill, SLOW_UPDATE, "")  # empty: invisible to the target and to the hash
-    first_epoch = plan_epoch_task(run.split_ids["train"], cfg.train.seed, 1, cfg.train.batch_size,
-                                  cfg.train.accumulation)
+    skill = starting_skill(run)  # with an empty slow-update block: invisible to the target and to the hash
+    first_epoch = epoch_plan(run, 1)
     first_rollouts = start_first_rollouts(run, skill, first_epoch)
     evaluation = evaluate(run, skill, "val")
     if first_rollouts is not None:
@@ -197,8 +195,7 @@ def skill_epoch(run: Any, state: TrainState, epoch: int) -> TrainState:
     cfg = run.config
     schedule = EditBudgetSchedule.from_config(cfg.optimizer.lr_scheduler, cfg.optimizer.learning_rate,
                                               cfg.optimizer.min_learning_rate, state.total_steps)
-    plan = plan_epoch_task(run.split_ids["train"], cfg.train.seed, epoch, cfg.train.batch_size,
-                           cfg.train.accumulation)
+    plan = epoch_plan(run, epoch)
     epoch_start_skill = state.current_skill
     buffer = StepBuffer()  # memory of this epoch only
     draws = Draws(epoch, resample=cfg.train.resample_each_epoch)

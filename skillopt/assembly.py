@@ -20,7 +20,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -45,6 +45,9 @@ from skillopt.update_modes import UpdateMode, update_mode_for
 SPLITS = ("train", "val", "test")
 #: How a process picks the clients' provider limiter when it builds a run (None from it: the clients' own).
 LimiterFor = Callable[[SkillOptConfig], RateLimiter | None]
+if TYPE_CHECKING:
+    from skillopt.early_start import EarlyRollouts
+
 progress = logging.getLogger("skillopt.progress")
 
 
@@ -123,6 +126,10 @@ class Run:
         #: How another process picks the clients' provider limiter when it rebuilds this run (a module-level
         #: function of the task layer, pickled by reference); None: the clients' own.
         self.limiter_for: LimiterFor | None = None
+        #: Rollouts started before the flow (``skillopt.early_start``), taken by the tasks that ask for them.
+        self.early: EarlyRollouts | None = None
+        #: Warnings the run's set-up found, for the flow to log when it adopts a run built before it.
+        self.setup_warnings: list[str] = []
 
     def __reduce__(self) -> tuple[Any, ...]:
         """A run travels as its spec: a task sent to another process (a Dask worker) carries the small spec,
@@ -165,13 +172,14 @@ class Run:
     @classmethod
     def build(cls, spec: RunSpec, *, env: Mapping[str, str] | None = None,
               registry: BackendRegistry | None = None, limiter: RateLimiter | None = None,
-              loaded: LoadedConfig | None = None, joining: bool = False) -> Run:
+              loaded: LoadedConfig | None = None, joining: bool = False, announce: bool = True) -> Run:
         """Resolve roles, load the benchmark and its splits, open the run directory, build the clients.
 
         ``limiter`` is the provider limiter shared by the clients (``model.rate_limit_mode: prefect`` needs
         one from the task layer); ``loaded`` saves re-validating the config when the caller has it already.
         ``joining``: this process is a worker of a run its flow holds, so it joins the run directory
-        (``RunDir.join``: no lock, no config written) instead of opening it.
+        (``RunDir.join``: no lock, no config written) instead of opening it. ``announce``: log set-up warnings
+        now (else they wait in ``setup_warnings`` for the flow that adopts the run).
         """
         env = os.environ if env is None else env
         loaded = loaded or spec.loaded()
@@ -203,8 +211,11 @@ class Run:
                                     split_ratio=config.benchmark.split_ratio,
                                     split_mode=getattr(bench_cfg, "split_mode", None)
                                     or benchmark.default_split_mode)
-        if small and not joining:  # the flow said it; its workers would only repeat it
-            progress.warning("%s", small)
+        # The flow says it; its workers would only repeat it.
+        warnings = [small] if small and not joining else []
+        if announce:
+            for warning in warnings:
+                progress.warning("%s", warning)
 
         context = BackendContext(
             run_id=spec.run_name,
@@ -224,9 +235,11 @@ class Run:
         guidance = {kind: read_prompt(prompts / f"analyst_{kind}.md") for kind in ("error", "success")}
         guidance["probe"] = read_prompt(prompts / "deep_probe.md")  # optional: the benchmark's probe guidance
         initial = read_initial_skill(config, prompts) if spec.initial_skill is None else spec.initial_skill
-        return cls(spec=spec, loaded=loaded, benchmark=benchmark, bench_cfg=bench_cfg, clients=clients,
-                   dir=run_dir, items=items, split_ids=split_ids, initial_skill=initial,
-                   benchmark_guidance=guidance)
+        run = cls(spec=spec, loaded=loaded, benchmark=benchmark, bench_cfg=bench_cfg, clients=clients,
+                  dir=run_dir, items=items, split_ids=split_ids, initial_skill=initial,
+                  benchmark_guidance=guidance)
+        run.setup_warnings = [] if announce else warnings
+        return run
 
 
 class _OpenRuns:
@@ -278,3 +291,31 @@ def _build(spec: RunSpec, limiter_for: LimiterFor | None, *, joining: bool) -> R
 def remember_run(run: Run) -> Run:
     """Make ``open_run(run.spec)`` in this process return ``run`` (the flow's own, already built run)."""
     return _open_runs.add(run)
+
+
+_handed_over: list[Run] = []
+_handed_over_lock = threading.Lock()
+
+
+def hand_over(run: Run) -> None:
+    """Leave ``run``, built before its flow started (``skillopt.early_start``), for the flow to adopt."""
+    with _handed_over_lock:
+        _handed_over.append(run)
+
+
+def take_handed_over(spec: RunSpec) -> Run | None:
+    """The run handed over for ``spec`` (same content key), once; None if there is none. A run handed over
+    for another spec is closed: its early rollouts are cancelled (those in flight still store their
+    replies)."""
+    with _handed_over_lock:
+        waiting = list(_handed_over)
+        _handed_over.clear()
+    found = None
+    for run in waiting:
+        if found is None and run.spec.key() == spec.key():
+            found = run
+        elif run.early is not None:
+            progress.warning("run %s was prepared for another configuration; its early calls are dropped",
+                             run.run_name)
+            run.early.close()
+    return found

@@ -5,7 +5,7 @@ text, images by content, the role's model identity and sampling parameters, the 
 through ``ChatRequest.cache_key``, the same function the reply store files replies under. A task's key is
 therefore ``skillopt-<stage>-<the reply store key of its request>``: editing a prompt makes new keys for
 exactly the calls whose request holds it, and nothing else (no version constant, no template hash).
-Rollout keys (``tasks.rollout.rollout_key``) add what decides the score and which draw it is; pure tasks
+Rollout keys (``skillopt.rollouts.rollout_key``) add what decides the score and which draw it is; pure tasks
 (the epoch plan) hash their inputs with the package version (``content_key``).
 
 Never the run id or the flow-run id: re-running a command, retrying a flow run or restarting after a crash
@@ -16,7 +16,6 @@ finds every finished call. Results are JSON files under the run's ``cache_dir``,
 from __future__ import annotations
 
 import hashlib
-import json
 import threading
 import weakref
 from collections.abc import Callable
@@ -25,27 +24,11 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from skillopt import __version__
 from skillopt.assembly import Run
+from skillopt.cache_keys import call_key
 from skillopt.llm.chat import ChatRequest
 from skillopt.llm.errors import BackendError
 from skillopt.tasks.cache_hits import cache_hit_hook
-
-
-def content_key(label: str, /, **parts: Any) -> str:
-    """``skillopt-<label>-<sha256 of the parts>``; parts are JSON-serialised with sorted keys."""
-    payload = json.dumps({"version": __version__, **parts}, sort_keys=True, default=_default,
-                         ensure_ascii=False)
-    return f"skillopt-{label}-{hashlib.sha256(payload.encode('utf-8')).hexdigest()[:40]}"
-
-
-def call_key(role_fingerprint: str, request: ChatRequest, schema: type[BaseModel] | None = None) -> str:
-    """``skillopt-<stage>-<request.cache_key(role_fingerprint)>``, with the response schema the call asks for
-    (``RoleClient.structured`` sets it), so the key names the reply store file of the task's first call."""
-    if schema is not None:
-        request = request.model_copy(update={"response_schema": schema})
-    return f"skillopt-{request.stage}-{request.cache_key(role_fingerprint)}"
-
 
 CacheKeyFn = Callable[[Any, dict[str, Any]], str]
 
@@ -61,20 +44,6 @@ def keyed_by_request(build: Callable[..., ChatRequest],
         return call_key(run.clients.roles.optimizer.fingerprint(), build(**parameters), reply)
 
     return cache_key_fn
-
-
-def digest(value: Any) -> str:
-    """A short hash of any JSON-able value (pydantic models included)."""
-    payload = json.dumps(value, sort_keys=True, default=_default, ensure_ascii=False)
-    return hashlib.sha256(payload.encode("utf-8")).hexdigest()[:24]
-
-
-def _default(value: Any) -> Any:
-    if hasattr(value, "model_dump"):
-        return value.model_dump(mode="json")
-    if isinstance(value, Path):
-        return str(value)
-    raise TypeError(f"cannot hash a {type(value).__name__} into a cache key")
 
 
 def keyed(fn: Callable[[dict[str, Any]], str]) -> Callable[[Any, dict[str, Any]], str]:

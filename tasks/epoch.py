@@ -10,26 +10,13 @@ from prefect import task
 from pydantic import BaseModel
 
 from skillopt.assembly import Run
-from skillopt.data import EpochPlan, plan_epoch
 from skillopt.llm.chat import ChatRequest
 from skillopt.meta_skill import MetaSkillReply, meta_skill_request
 from skillopt.slow_update import Pairs, SlowUpdateReply, slow_update_request
 from skillopt.stage_call import structured_or_fallback
 from skillopt.tasks.cache import OPTIMIZER_TASK_OPTIONS as _OPTIONS
-from skillopt.tasks.cache import content_key, keyed, keyed_by_request
+from skillopt.tasks.cache import keyed_by_request
 from skillopt.trajectory import trajectory_chars
-
-
-def _plan_key(p: dict[str, Any]) -> str:
-    return content_key("plan", train=p["train_ids"], seed=p["seed"], epoch=p["epoch"], batch=p["batch_size"],
-                       accumulation=p["accumulation"])
-
-
-@task(name="plan_epoch", cache_key_fn=keyed(_plan_key), persist_result=True, result_serializer="json")
-def plan_epoch_task(train_ids: list[str], seed: int, epoch: int, batch_size: int,
-                    accumulation: int) -> EpochPlan:
-    """The seeded batches of one epoch (pure)."""
-    return plan_epoch(train_ids, seed=seed, epoch=epoch, batch_size=batch_size, accumulation=accumulation)
 
 
 def _epoch_request(build: Callable[..., ChatRequest], schema: type[BaseModel]) -> Callable[..., ChatRequest]:

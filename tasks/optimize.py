@@ -17,17 +17,19 @@ from pydantic import BaseModel, Field
 from skillopt.assembly import Run
 from skillopt.autonomous import BudgetReply, budget_request, decide_budget
 from skillopt.benchmarks.images import item_image_paths
+from skillopt.cache_keys import digest
 from skillopt.llm.chat import ChatRequest
 from skillopt.probe import ProbeReply, pick_probe_items, probe_request
 from skillopt.records import ItemResult, Patch, Suggestion
 from skillopt.reflect import analyst_fallback, with_item_images
 from skillopt.rewrite import RewriteReply, rewrite_request
+from skillopt.rollouts import rollout_key
 from skillopt.select import RankingReply
 from skillopt.skill import Edit
 from skillopt.stage_call import structured_or_fallback
 from skillopt.tasks.cache import OPTIMIZER_TASK_OPTIONS as _OPTIONS
-from skillopt.tasks.cache import digest, keyed_by_request
-from skillopt.tasks.rollout import PartialEvaluation, rollout_key, run_rollouts
+from skillopt.tasks.cache import keyed_by_request
+from skillopt.tasks.rollout import PartialEvaluation, run_rollouts
 from skillopt.trajectory import trajectory_chars
 from skillopt.update_modes import Picked
 

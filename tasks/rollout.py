@@ -1,10 +1,7 @@
 """Rollout tasks: one item, one judge verdict, one whole evaluation of a skill on a split.
 
-A rollout's key (``rollout_key``) is the request the target gets first, hashed by ``ChatRequest.cache_key``
-with the target's identity and sampling parameters, plus the item's content, the benchmark's settings, the
-judge's rendered request and which draw it is: a training rollout carries its epoch and sample index
-(``train.resample_each_epoch``), an evaluation rollout neither, so the selection and test splits stay cached
-by skill while every epoch samples its training items afresh.
+A rollout's body and key are in the library (``skillopt.rollouts``: ``roll_out``, ``rollout_key``); each
+``rollout_item`` task is keyed by the rollout it makes, so a re-run finds every finished item.
 
 ``evaluate_skill`` is the selection cache: its key is the list of its items' rollout keys, so an unchanged
 skill costs one cached task, never one per item. Inside it, each item is its own cached ``rollout_item``
@@ -12,10 +9,8 @@ task, so a crash mid-evaluation repeats only the items that had not finished. An
 becomes an error row and keeps the evaluation from being cached (it raises ``PartialEvaluation`` carrying
 the rows), so a re-run retries exactly the failed items.
 """
-
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from prefect import task
@@ -23,15 +18,18 @@ from pydantic import BaseModel
 
 from skillopt import live
 from skillopt.assembly import Run
-from skillopt.benchmarks.runner import check_infrastructure, error_row, first_messages, run_item
+from skillopt.benchmarks.runner import check_infrastructure, error_row
+from skillopt.cache_keys import digest
 from skillopt.data import Item
+from skillopt.early_start import early_key
 from skillopt.error_rows import answered_rows
 from skillopt.errors import SkillOptError, StorageError
 from skillopt.gate import Scores, score_rows
 from skillopt.llm.chat import ChatRequest
 from skillopt.records import ItemResult
+from skillopt.rollouts import JudgeVerdict, judge_call_key, roll_out, rollout_key
 from skillopt.skill import skill_hash
-from skillopt.tasks.cache import bound, call_key, digest, keyed, retry_only_retryable
+from skillopt.tasks.cache import bound, keyed, retry_only_retryable
 from skillopt.tasks.runners import pool_for
 
 
@@ -50,39 +48,6 @@ class PartialEvaluation(SkillOptError):
         self.evaluation = evaluation
 
 
-class JudgeVerdict(BaseModel):
-    verdict: str
-    reason: str = ""
-
-
-#: Stands in for the prediction when a rollout key renders the judge's request (its prompt texts count).
-_OPEN_PREDICTION = "<prediction>"
-
-
-def rollout_key(run: Run, item: Item, skill: str, *, training: bool, probe_instruction: str | None = None,
-                sample: int = 0, epoch: int | None = None, view_seed: int | None = None) -> str:
-    """The cache key of one rollout: the request the target gets first (the benchmark's rendered prompt with
-    the skill, every prompt text and image in it, the target's identity and sampling parameters) through the
-    one key function ``ChatRequest.cache_key``, plus what decides the score (the item's content, the
-    benchmark's settings and scoring version, the judge's request with the prediction left open) and which
-    draw it is (training feedback, epoch and sample index). With ``view_seed`` the item is the benchmark's
-    view of that training batch (e.g. reshuffled choices), so the request and item hashed are that view."""
-    item = _viewed(run, item, view_seed, training)
-    first = ChatRequest(messages=first_messages(run.benchmark, item, skill, run.bench_cfg,
-                                                probe_instruction=probe_instruction), stage="rollout")
-    judge = run.clients.roles.judge if run.benchmark.needs_judge(run.bench_cfg) else None
-    parts = {
-        "request": first.cache_key(run.clients.roles.target.fingerprint()),
-        "item": item,
-        "settings": run.bench_cfg.model_dump(mode="json", exclude={"workers"}),
-        # The plug-in's declared scoring version: its author bumps it when score() changes.
-        "scoring": run.benchmark.version,
-        "judge": judge_call_key(run, run.benchmark.judge_request(item, _OPEN_PREDICTION)) if judge else None,
-        "training": training, "epoch": epoch, "sample": sample,
-    }
-    return f"skillopt-rollout-{digest(parts)}"
-
-
 def _rollout_item_key(p: dict[str, Any]) -> str:
     return rollout_key(p["run"], p["item"], p["skill"], training=p["training"],
                        probe_instruction=p.get("probe_instruction"), sample=p.get("sample", 0),
@@ -93,59 +58,16 @@ def _rollout_item_key(p: dict[str, Any]) -> str:
       result_serializer="json", tags=["llm:target"], retry_condition_fn=retry_only_retryable)
 def rollout_item(run: Run, item: Item, skill: str, *, training: bool, probe_instruction: str | None = None,
                  sample: int = 0, epoch: int | None = None, view_seed: int | None = None) -> ItemResult:
-    """The target runs one item with ``skill``; the benchmark scores it. A training rollout of a later epoch
-    (or a later sample of the same item) is a new draw: ``epoch`` and ``sample`` are in its requests' tags
-    and its seed. With ``view_seed`` (a training batch's seed) the item is shown as the benchmark's view of
-    that batch (e.g. reshuffled choices)."""
-    item = _viewed(run, item, view_seed, training)
+    """The target runs one item with ``skill``; the benchmark scores it (``skillopt.rollouts.roll_out``), or
+    the result of the same rollout started before the flow (``skillopt.early_start``)."""
+    if run.early is not None and probe_instruction is None:
+        early = run.early.take(early_key(skill, item.id, training=training, sample=sample, epoch=epoch,
+                                         view_seed=view_seed))
+        if early is not None:
+            return early
     judge = _judge_for(run) if run.benchmark.needs_judge(run.bench_cfg) else None
-    target: Any = run.clients.target
-    draw: dict[str, Any] = {}
-    if epoch is not None:
-        draw = {"epoch": epoch}
-        target = DrawTarget(target, draw_seed(run, epoch, sample))
-    row = run_item(run.benchmark, item, skill, run.bench_cfg, target=target, judge=judge,
-                   probe_instruction=probe_instruction, sample=sample,
-                   tags={"training": training, "skill_sha": skill_hash(skill)[:16], **draw})
-    return row.model_copy(update={"worker_pid": os.getpid()})
-
-
-def _viewed(run: Run, item: Item, view_seed: int | None, training: bool) -> Item:
-    if view_seed is None:
-        return item
-    return run.benchmark.batch_view(item, run.bench_cfg, seed=view_seed, training=training)
-
-
-def draw_seed(run: Run, epoch: int, sample: int) -> int:
-    """The sampling seed of one training draw: the target's configured seed (else ``train.seed``) moved on by
-    epoch and sample index, so each draw is its own reproducible request."""
-    base = run.clients.roles.target.seed
-    return (run.config.train.seed if base is None else base) + 1000 * epoch + sample
-
-
-class DrawTarget:
-    """The target client for one training draw: a request that sets no seed of its own gets the draw's seed.
-
-    A later epoch's rollout of an unchanged skill is then a different request from the same prompt (a backend
-    that honours seeds samples it reproducibly), and a provider, a proxy or a test sees it as a new call.
-    """
-
-    def __init__(self, client: Any, seed: int) -> None:
-        self._client = client
-        self._seed = seed
-
-    def chat(self, request: ChatRequest) -> Any:
-        if request.seed is None:
-            request = request.model_copy(update={"seed": self._seed})
-        return self._client.chat(request)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._client, name)
-
-
-def judge_call_key(run: Run, request: ChatRequest) -> str:
-    judge = run.clients.roles.judge
-    return call_key(judge.fingerprint() if judge else "", request, JudgeVerdict)
+    return roll_out(run, item, skill, training=training, judge=judge, probe_instruction=probe_instruction,
+                    sample=sample, epoch=epoch, view_seed=view_seed)
 
 
 @task(name="judge_item", cache_key_fn=lambda _context, p: judge_call_key(p["run"], p["request"]),

@@ -7,13 +7,16 @@ only the ``RunSpec``) the same run, built once per process. A ``Run`` sent to a 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from skillopt.assembly import Run, RunSpec, open_run, remember_run
+from skillopt.assembly import Run, RunSpec, open_run, remember_run, take_handed_over
 from skillopt.config import LoadedConfig, SkillOptConfig
 from skillopt.llm.limiter import RateLimiter
+
+progress = logging.getLogger("skillopt.progress")
 
 
 def limiter_for(config: SkillOptConfig, *, dask_client: Any = None) -> RateLimiter | None:
@@ -36,7 +39,13 @@ def start_run(spec: RunSpec, *, loaded: LoadedConfig | None = None, dask_client:
     """Build the run ``spec`` describes for a flow in this process (``loaded``: the config, already
     validated; ``dask_client``: the flow's Dask client with ``run.task_runner: dask``)."""
     loaded = loaded or spec.loaded()
-    run = Run.build(spec, loaded=loaded, limiter=limiter_for(loaded.config, dask_client=dask_client))
+    limiter = limiter_for(loaded.config, dask_client=dask_client)
+    run = take_handed_over(spec) if limiter is None else None
+    if run is not None:  # built by ``skillopt train`` before Prefect was imported (skillopt.early_start)
+        for warning in run.setup_warnings:
+            progress.warning("%s", warning)
+    else:
+        run = Run.build(spec, loaded=loaded, limiter=limiter)
     run.limiter_for = limiter_for
     return remember_run(run)
 
@@ -56,4 +65,8 @@ def started_run(spec: RunSpec, *, loaded: LoadedConfig | None = None) -> Iterato
     with TaskPools(loaded.config.run) as pools:
         run = start_run(spec, loaded=loaded, dask_client=pools.client())
         use_pools(run, pools)
-        yield run
+        try:
+            yield run
+        finally:
+            if run.early is not None:
+                run.early.close()

@@ -67,7 +67,7 @@ def test_fixture_items_roll_out_through_the_openai_sdk(name, openai_server, tmp_
         judge_client = clients.get("judge")
 
         def judge(item, prediction):
-            from skillopt.tasks.rollout import JudgeVerdict
+            from skillopt.rollouts import JudgeVerdict
 
             verdict, _ = judge_client.structured(benchmark.judge_request(item, prediction), JudgeVerdict)
             return verdict.verdict == "correct", verdict.reason

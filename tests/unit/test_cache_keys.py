@@ -9,16 +9,15 @@ import pytest
 
 import skillopt.benchmarks.demo as demo
 from skillopt.assembly import Run
+from skillopt.cache_keys import call_key
 from skillopt.config import load_config
-from skillopt.flows.stages import Draws
 from skillopt.llm.chat import ChatRequest, system, user
 from skillopt.llm.reply_store import ReplyStore
 from skillopt.records import ItemResult
+from skillopt.rollouts import Draws, DrawTarget, rollout_key
 from skillopt.slow_update import Pairs
-from skillopt.tasks.cache import call_key
 from skillopt.tasks.epoch import slow_update
 from skillopt.tasks.optimize import reflect_minibatch
-from skillopt.tasks.rollout import DrawTarget, rollout_key
 
 
 @pytest.fixture

@@ -1,0 +1,149 @@
+"""A training run's first model calls, started before Prefect is imported.
+
+Importing Prefect and starting the ``skill-train`` flow takes 2-4 s on a fast machine, and nothing of the
+first wave of work depends on it: the baseline (the initial skill on the selection split) and step 1's
+first batch of rollouts need only the run itself. So ``skillopt train`` builds the run in the library
+(``Run.build``, the same run the flow then adopts, see ``hand_over``) and starts those rollouts at once on a
+pool of the benchmark's ``workers`` threads, while Prefect loads.
+
+When the flow's ``rollout_item`` task for one of them runs, it takes the early result (``EarlyRollouts.take``,
+waiting for it while it is in flight) instead of calling again; a rollout the pool has not started yet when
+its task asks for it is cancelled here and made by the task. Each call is accounted once, when it is made;
+the flow's tasks, their cache entries and the Prefect UI are the same as without an early start.
+
+Only where the flow's rollouts run in this process under this process's limits (``run.task_runner:
+threads``, ``model.rate_limit_mode: local``); with a budget cap only the baseline starts early (a cap must be
+able to stop the run before step 1 spends anything).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+from skillopt.assembly import Run, RunSpec, hand_over
+from skillopt.config import LoadedConfig, SkillOptConfig
+from skillopt.data import EpochPlan, plan_epoch
+from skillopt.records import ItemResult
+from skillopt.rollouts import Draws, direct_judge, roll_out
+from skillopt.skill import SLOW_UPDATE, inject_block, skill_hash
+
+log = logging.getLogger(__name__)
+
+#: A rollout as the flow asks for it: skill hash, item id, training, sample, epoch, batch view seed.
+EarlyKey = tuple[str, str, bool, int, "int | None", "int | None"]
+
+
+def early_key(skill: str, item_id: str, *, training: bool, sample: int = 0, epoch: int | None = None,
+              view_seed: int | None = None) -> EarlyKey:
+    return (skill_hash(skill), item_id, training, sample, epoch, view_seed)
+
+
+class EarlyRollouts:
+    """Rollouts started ahead of their tasks, each taken once by the task that asks for it."""
+
+    def __init__(self, workers: int) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="skillopt-early")
+        self._futures: dict[EarlyKey, Future[ItemResult]] = {}
+        self._lock = threading.Lock()
+
+    def submit(self, key: EarlyKey, rollout: Callable[[], ItemResult]) -> None:
+        with self._lock:
+            self._futures[key] = self._pool.submit(rollout)
+
+    def take(self, key: EarlyKey) -> ItemResult | None:
+        """The early result of ``key`` (waiting for it while in flight; raising its call's error, as the
+        task's own call would have), or None: not started early, not yet begun (then cancelled, and the
+        caller makes it), or already taken."""
+        with self._lock:
+            future = self._futures.pop(key, None)
+        if future is None or future.cancel():
+            return None
+        return future.result()
+
+    def pending(self) -> int:
+        with self._lock:
+            return len(self._futures)
+
+    def close(self) -> None:
+        """Cancel what has not started; what is in flight finishes in the background (its reply is stored)."""
+        with self._lock:
+            left, self._futures = self._futures, {}
+        for future in left.values():
+            future.cancel()
+        if left:
+            log.debug("early start: %d rollouts were never asked for", len(left))
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def eligible(config: SkillOptConfig) -> bool:
+    """Whether the flow's rollouts run in this process under this process's limits."""
+    return config.run.task_runner == "threads" and config.model.rate_limit_mode == "local"
+
+
+def has_budget(config: SkillOptConfig) -> bool:
+    budget = config.budget
+    return not (budget.max_usd is None and budget.max_tokens is None and budget.max_calls is None)
+
+
+def starting_skill(run: Run) -> str:
+    """The skill the baseline scores: the initial skill, with the (empty, invisible) slow-update block when
+    the run uses one."""
+    if run.config.optimizer.use_slow_update:
+        return inject_block(run.initial_skill, SLOW_UPDATE, "")
+    return run.initial_skill
+
+
+def epoch_plan(run: Run, epoch: int) -> EpochPlan:
+    """The seeded batches of ``epoch`` of the run's train split."""
+    cfg = run.config.train
+    return plan_epoch(run.split_ids["train"], seed=cfg.seed, epoch=epoch, batch_size=cfg.batch_size,
+                      accumulation=cfg.accumulation)
+
+
+def start_training(loaded: LoadedConfig, *, cli_roles: Mapping[str, Any] | None,
+                   run_name: str | None) -> Run | None:
+    """Build the run ``skillopt train`` is about to start and begin its first rollouts; the flow adopts the
+    run (``take_handed_over``). None where the early start does not apply (see the module's docstring)."""
+    if not eligible(loaded.config):
+        return None
+    spec = RunSpec.create(loaded, cli_roles=cli_roles, run_name=run_name)
+    run = Run.build(spec, loaded=loaded, announce=False)
+    run.early = start(run)
+    hand_over(run)
+    return run
+
+
+def start(run: Run) -> EarlyRollouts:
+    """Submit the baseline's rollouts and, without a budget cap, step 1's first batch, in the order the flow
+    asks for them."""
+    cfg = run.config
+    skill = starting_skill(run)
+    judge = direct_judge(run) if run.benchmark.needs_judge(run.bench_cfg) else None
+    early = EarlyRollouts(int(getattr(run.bench_cfg, "workers", 4)))
+    for item_id in run.selection_ids("val"):
+        early.submit(early_key(skill, item_id, training=False),
+                     _rollout(run, item_id, skill, judge, training=False))
+    plan = epoch_plan(run, 1)
+    if has_budget(cfg) or not plan.steps:
+        return early
+    batch = plan.steps[0].batches[0]
+    draws = Draws(1, resample=cfg.train.resample_each_epoch)
+    for item_id, sample in zip(batch.item_ids, draws.take(batch.item_ids), strict=True):
+        early.submit(early_key(skill, item_id, training=True, sample=sample, epoch=draws.epoch,
+                               view_seed=batch.seed),
+                     _rollout(run, item_id, skill, judge, training=True, sample=sample, epoch=draws.epoch,
+                              view_seed=batch.seed))
+    return early
+
+
+def _rollout(run: Run, item_id: str, skill: str, judge: Any, *, training: bool, sample: int = 0,
+             epoch: int | None = None, view_seed: int | None = None) -> Callable[[], ItemResult]:
+    def rollout() -> ItemResult:
+        return roll_out(run, run.items[item_id], skill, training=training, judge=judge, sample=sample,
+                        epoch=epoch, view_seed=view_seed)
+
+    return rollout

@@ -1,0 +1,63 @@
+"""`skillopt train` starts the baseline's rollouts before Prefect is imported (``skillopt.early_start``),
+and the flow takes their results instead of calling again.
+
+The run goes through the loopback OpenAI-compatible fake playing the demo world, which records every
+request; the flow run's start time comes from the Prefect API.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from datetime import datetime
+from pathlib import Path
+
+from tests.fakes.demo_world_http import DemoWorldServer, role_overrides
+
+
+def _usage(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "usage.jsonl").read_text().splitlines()]
+
+
+def _flow_run(api: str, name: str):
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings(updates={PREFECT_API_URL: api}), get_client(sync_client=True) as client:
+        by_name = FlowRunFilter(name=FlowRunFilterName(any_=[name]))
+        (flow_run,) = client.read_flow_runs(flow_run_filter=by_name)
+    return flow_run
+
+
+def test_train_calls_the_baseline_before_the_flow_starts_and_makes_each_call_once(prefect_api, tmp_path):
+    world = DemoWorldServer()
+    with world.server:
+        overrides = [p for o in role_overrides(world.server.openai_base_url) for p in ("-o", o)]
+        env = {**os.environ, "PREFECT_API_URL": prefect_api, "PREFECT_LOGGING_LEVEL": "WARNING"}
+        command = [sys.executable, "-m", "skillopt.cli", "train", "demo", "--run-name", "early", *overrides]
+        done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        answered = list(world.answered)
+
+    run_dir = tmp_path / "runs" / "early"
+    usage = _usage(run_dir)
+    calls = [u for u in usage if not u.get("cache_hit")]
+    # Each request reached the model once, and the ledger holds each call once, early ones included.
+    assert len(set(answered)) == len(answered)
+    assert len(calls) == len(answered)
+
+    # The first calls were made before Prefect started the flow run: the baseline's rollouts.
+    flow_run = _flow_run(prefect_api, "early")
+    first = datetime.fromisoformat(calls[0]["ts"])
+    assert calls[0]["stage"] == "rollout"
+    assert flow_run.start_time is not None and first < flow_run.start_time
+
+    # The baseline's rows are the early rollouts' results, none an error.
+    rows = [json.loads(line) for line in
+            (run_dir / "eval" / "baseline_selection" / "results.jsonl").read_text().splitlines()]
+    early_rollouts = [u for u in calls if datetime.fromisoformat(u["ts"]) < flow_run.start_time]
+    assert rows and not [r for r in rows if r.get("error")]
+    assert len(early_rollouts) >= len(rows)
