@@ -114,7 +114,9 @@ def start(home: Path, env: Mapping[str, str], *, port: int | None = None,
         child_env.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
         with (home / LOG).open("ab") as log:
             process = subprocess.Popen(
-                [sys.executable, "-m", "prefect", "server", "start", "--host", HOST, "--port", str(port)],
+                # `prefect server start` with SQLite transactions begun IMMEDIATE (skillopt.prefect_server)
+                [sys.executable, "-m", "skillopt.prefect_server", "server", "start", "--host", HOST, "--port",
+                 str(port)],
                 env=child_env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 start_new_session=True,  # its own session: a terminal's Ctrl-C never reaches it
             )
@@ -194,7 +196,7 @@ def _is_prefect_server(pid: int) -> bool:
         argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except OSError:
         return True  # no /proc (macOS): trust the record
-    return b"prefect" in argv and b"server" in argv
+    return (b"prefect" in argv or b"skillopt.prefect_server" in argv) and b"server" in argv
 
 
 def _port_free(port: int) -> bool:

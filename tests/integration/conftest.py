@@ -25,17 +25,26 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="session")
-def prefect_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    home = tmp_path_factory.mktemp("prefect-home")
+def prefect_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The ``PREFECT_HOME`` of the session's server (its output is ``server.log`` there)."""
+    return tmp_path_factory.mktemp("prefect-home")
+
+
+@pytest.fixture(scope="session")
+def prefect_api(prefect_home: Path) -> Iterator[str]:
+    home = prefect_home
     port = _free_port()
     url = f"http://127.0.0.1:{port}/api"
     # PREFECT_UI_API_URL: the UI this server serves talks to this port (the browser tests open it).
     env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-           "PREFECT_LOGGING_LEVEL": "WARNING", "PREFECT_UI_API_URL": url}
+           "PREFECT_LOGGING_LEVEL": "WARNING", "PREFECT_UI_API_URL": url,
+           # A request the API answers 503 (e.g. SQLite refused a write) is logged with its exception.
+           "PREFECT_API_LOG_RETRYABLE_ERRORS": "true"}
     env.pop("PREFECT_API_URL", None)
     log = (home / "server.log").open("w")
     server = subprocess.Popen(
-        [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+        [sys.executable, "-m", "skillopt.prefect_server", "server", "start", "--host", "127.0.0.1", "--port",
+         str(port)],
         env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
     )
     try:
