@@ -80,6 +80,7 @@ def run_flow(kind: str, out: _Printer, guard: InterruptGuard | None = None,
     if the server dies.
     """
     from prefect.settings import (
+        PREFECT_FLOWS_HEARTBEAT_FREQUENCY,
         PREFECT_LOGGING_LEVEL,
         PREFECT_SERVER_ANALYTICS_ENABLED,
         PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS,
@@ -95,6 +96,7 @@ def run_flow(kind: str, out: _Printer, guard: InterruptGuard | None = None,
         # ends; its event recorder then logs a cancelled flush as an ERROR with a traceback, under a run
         # that finished correctly. Failures that matter reach the client and are reported there.
         PREFECT_SERVER_LOGGING_LEVEL: "CRITICAL",
+        PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None,
     }
     progress = logging.getLogger(PROGRESS_LOGGER)
     handler = _ProgressHandler(out)

@@ -66,7 +66,6 @@ class TrainState(BaseModel):
     stopped_by: str | None = None
     stopped_message: str | None = None
     #: The id of the run's Prefect progress artifact, updated in place after each step.
-    progress_artifact: str | None = None
     #: The dry-run estimate of one step's spend: the budget guard's projection until a step has finished.
     step_estimate: Totals | None = None
 

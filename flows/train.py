@@ -70,6 +70,7 @@ from skillopt.tasks.artifacts import (
     publish_progress,
     publish_report_link,
     publish_step,
+    published,
 )
 from skillopt.tasks.cache import bound
 from skillopt.tasks.epoch import meta_skill, slow_update
@@ -133,7 +134,7 @@ def train(
     incumbent = registry.current(benchmark) if mode == "nightly" else None
     spec = RunSpec.create(loaded, cli_roles=asdict(cli_roles) if cli_roles else None, run_name=run_name,
                           initial_skill=incumbent.text if incumbent else None)
-    with started_run(spec, loaded=loaded) as run:
+    with started_run(spec, loaded=loaded) as run, published(run):
         started = time.monotonic()
         progress.info("run directory: %s", run.dir.path)
         if incumbent:
@@ -145,8 +146,8 @@ def train(
             if state.stopped_by:
                 break
         summary = finish(run, state, wall_s=time.monotonic() - started)
-    if mode == "nightly":
-        summary["promotion"] = promote_if_better(run, state, registry, incumbent)
+        if mode == "nightly":
+            summary["promotion"] = promote_if_better(run, state, registry, incumbent)
     return summary
 
 
@@ -170,8 +171,8 @@ def baseline(run: Run) -> TrainState:
                        baseline=evaluation.scores)
     if has_budget(run):
         state.step_estimate = step_estimate(run)
-    state.progress_artifact = publish_progress(run, state.step, state.total_steps, 0, cfg.train.epochs,
-                                               state.current_score, state.best_score)
+    publish_progress(run, state.step, state.total_steps, 0, cfg.train.epochs, state.current_score,
+                     state.best_score)
     progress.info("baseline on the selection split: %.3f (%d items); %d steps to go", score,
                   len(evaluation.rows), state.total_steps)
     return state
@@ -181,6 +182,8 @@ def run_epoch(run: Run, state: TrainState, epoch: int) -> TrainState:
     """The ``skill-epoch`` subflow without flow-run heartbeats (the top-level flow keeps them): a sync
     subflow waits up to 1 s for its heartbeat thread to stop, which held the first step of every epoch after
     the first."""
+    if PREFECT_FLOWS_HEARTBEAT_FREQUENCY.value() is None:  # skillopt's CLI runs flows without heartbeats
+        return skill_epoch(run, state, epoch)
     with temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
         return skill_epoch(run, state, epoch)
 
@@ -234,9 +237,8 @@ def skill_epoch(run: Any, state: TrainState, epoch: int) -> TrainState:
         if replies_warning:
             progress.warning("step %d: %s", state.step, replies_warning)
         publish_step(run, record, state.history, previous_skill=before, current_skill=state.current_skill)
-        state.progress_artifact = publish_progress(run, state.step, state.total_steps, epoch,
-                                                   cfg.train.epochs, state.current_score, state.best_score,
-                                                   state.progress_artifact, last_step=record)
+        publish_progress(run, state.step, state.total_steps, epoch, cfg.train.epochs, state.current_score,
+                         state.best_score, last_step=record)
         publish_cost(run)
     state.epoch_last_skills.append(state.current_skill)
     if epoch >= 2 and not budget_stop(run, state, f"the epoch {epoch} boundary"):
@@ -469,17 +471,9 @@ def finish(run: Run, state: TrainState, *, wall_s: float) -> dict[str, Any]:
         stopped_message=state.stopped_message, best_skill_sha=skill_hash(state.best_skill), config=run.config,
     )
     run.dir.write_summary(summary)
-    state.progress_artifact = publish_progress(
-        run,
-        state.step,
-        state.total_steps,
-        state.history[-1].epoch if state.history else 0,
-        cfg.train.epochs,
-        gate_value(run, final_selection.scores),
-        gate_value(run, best_selection.scores),
-        state.progress_artifact,
-        finished=True,
-    )
+    publish_progress(run, state.step, state.total_steps, state.history[-1].epoch if state.history else 0,
+                     cfg.train.epochs, gate_value(run, final_selection.scores),
+                     gate_value(run, best_selection.scores), finished=True)
     story.info("%s", summary_line(summary_dict(summary)))
     progress.info("wrote %s", run.dir.summary_path)
     publish_cost(run)

@@ -3,11 +3,23 @@
 The content is built by ``skillopt.artifacts`` (pure); this module only hands it to Prefect under
 stable keys ``<bench>-<run>-<kind>``, so each key shows its latest version and its history.
 Artifacts are a view: failing to publish one is logged, never fatal to training.
+
+Each artifact is an API round trip, so a run's artifacts are sent by one background thread per run
+(``Publisher``), in the order they were made, and never hold the training loop: the content is built at
+once (it is a snapshot of that moment), the sending is queued. The thread runs in the context of the
+flow run that published first (the top-level ``skill-train``), so every artifact of a run is attached
+to that flow run. ``published(run)`` sends what is still queued before the flow returns.
 """
 
 from __future__ import annotations
 
+import contextvars
 import logging
+import queue
+import threading
+import weakref
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 from uuid import UUID
 
@@ -43,6 +55,10 @@ from skillopt.registry import RegistryEvent, promotion_markdown
 log = logging.getLogger("skillopt.artifacts")
 
 
+#: How long the end of a flow waits for its queued artifacts to reach the API.
+DRAIN_TIMEOUT_S = 30.0
+
+
 def _key(ctx: Run, kind: str) -> str:
     return artifact_key(ctx.benchmark.id, ctx.run_name, kind)
 
@@ -55,29 +71,80 @@ def _publish(kind: str, create: Any, **kwargs: Any) -> Any:
         return None
 
 
+class Publisher:
+    """One run's artifacts, sent in order from a background thread in the publishing flow run's context."""
+
+    def __init__(self) -> None:
+        self._context = contextvars.copy_context()
+        self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._work, name="skillopt-artifacts", daemon=True)
+        #: The run's progress artifact once created (it is then updated in place).
+        self.progress_id: UUID | None = None
+        self._thread.start()
+
+    def _work(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            self._context.run(job)
+
+    def send(self, kind: str, create: Any, **kwargs: Any) -> None:
+        self._jobs.put(lambda: _publish(kind, create, **kwargs))
+
+    def send_progress(self, progress: float, description: str, key: str) -> None:
+        def job() -> None:
+            if self.progress_id is None:
+                created = _publish(PROGRESS, create_progress_artifact, progress=progress, key=key,
+                                   description=description)
+                self.progress_id = None if created is None else UUID(str(created))
+            else:
+                _publish(PROGRESS, update_progress_artifact, artifact_id=self.progress_id, progress=progress,
+                         description=description)
+
+        self._jobs.put(job)
+
+    def close(self, timeout_s: float = DRAIN_TIMEOUT_S) -> None:
+        """Send what is queued (for up to ``timeout_s``), then stop the thread."""
+        self._jobs.put(None)
+        self._thread.join(timeout_s)
+        if self._thread.is_alive():
+            log.warning("artifacts still queued after %.0f s were not published", timeout_s)
+
+
+_publishers: weakref.WeakKeyDictionary[Run, Publisher] = weakref.WeakKeyDictionary()
+_publishers_lock = threading.Lock()
+
+
+def _publisher(ctx: Run) -> Publisher:
+    with _publishers_lock:
+        if ctx not in _publishers:
+            _publishers[ctx] = Publisher()
+        return _publishers[ctx]
+
+
+@contextmanager
+def published(ctx: Run) -> Iterator[None]:
+    """Around a flow's work on ``ctx``: its artifacts are all sent (or given up on) when the work ends."""
+    try:
+        yield
+    finally:
+        with _publishers_lock:
+            publisher = _publishers.pop(ctx, None)
+        if publisher is not None:
+            publisher.close()
+
+
 def publish_progress(ctx: Run, step: int, total_steps: int, epoch: int, epochs: int, current: float,
-                     best: float, artifact_id: str | None = None, *, finished: bool = False,
-                     last_step: StepRecord | None = None) -> str | None:
+                     best: float, *, finished: bool = False, last_step: StepRecord | None = None) -> None:
     """Prefect's progress artifact of the run, created once and then updated in place: the share of
     steps done, with the epoch, step and current/best gate scores as its description (``finished``:
-    the run's final figures), and the last step's optimizer replies and error rows.
-
-    Returns the artifact id to pass back on the next call (None if publishing failed)."""
-    percent = progress_percent(step, total_steps)
+    the run's final figures), and the last step's optimizer replies and error rows."""
     description = progress_markdown(epoch, epochs, step, total_steps, current, best, finished=finished,
                                     last_step=last_step)
-    if artifact_id is None:
-        created = _publish(PROGRESS, create_progress_artifact, progress=percent, key=_key(ctx, PROGRESS),
-                           description=description)
-        return None if created is None else str(created)
-    _publish(PROGRESS, update_progress_artifact, artifact_id=UUID(artifact_id), progress=percent,
-             description=description)
-    return artifact_id
+    _publisher(ctx).send_progress(progress_percent(step, total_steps), description, _key(ctx, PROGRESS))
 
 
 def publish_cost(ctx: Run) -> None:
     """Usage per stage so far (calls, tokens, USD) with a total row."""
-    _publish(
+    _publisher(ctx).send(
         COST,
         create_table_artifact,
         key=_key(ctx, COST),
@@ -89,7 +156,7 @@ def publish_cost(ctx: Run) -> None:
 def publish_report_link(ctx: Run, report: Any) -> None:
     """A link to the run's HTML report: under ``run.reports_url`` when set, else a file:// URL."""
     url = report_url(report, run_name=ctx.run_name, reports_url=ctx.config.run.reports_url)
-    _publish(
+    _publisher(ctx).send(
         REPORT,
         create_link_artifact,
         key=_key(ctx, REPORT),
@@ -102,21 +169,22 @@ def publish_report_link(ctx: Run, report: Any) -> None:
 def publish_step(ctx: Run, record: StepRecord, history: list[StepRecord], *, previous_skill: str,
                  current_skill: str) -> None:
     """The gate table, the step's edits and, for an accepted candidate, the skill diff."""
-    _publish(GATES, create_table_artifact, key=_key(ctx, GATES), table=gate_table(history),
-             description="gate decisions per step")
+    publisher = _publisher(ctx)
+    publisher.send(GATES, create_table_artifact, key=_key(ctx, GATES), table=gate_table(history),
+                   description="gate decisions per step")
     if record.edits:
-        _publish(EDITS, create_table_artifact, key=_key(ctx, EDITS),
-                 table=edits_table(record.edits, record.apply_report, record.decision),
-                 description=f"edits of step {record.step}")
+        publisher.send(EDITS, create_table_artifact, key=_key(ctx, EDITS),
+                       table=edits_table(record.edits, record.apply_report, record.decision),
+                       description=f"edits of step {record.step}")
     if record.gate is not None and record.decision != "reject" and previous_skill != current_skill:
-        _publish("diff", create_markdown_artifact, key=_key(ctx, SKILL_DIFF),
-                 markdown=skill_diff_markdown(record.step, previous_skill, current_skill, record.gate),
-                 description=f"accepted skill change at step {record.step}")
+        publisher.send("diff", create_markdown_artifact, key=_key(ctx, SKILL_DIFF),
+                       markdown=skill_diff_markdown(record.step, previous_skill, current_skill, record.gate),
+                       description=f"accepted skill change at step {record.step}")
 
 
 def publish_promotion(ctx: Run, event: RegistryEvent) -> None:
     """A nightly run's promotion decision, with the scores it was made on."""
-    _publish(
+    _publisher(ctx).send(
         PROMOTION,
         create_markdown_artifact,
         key=_key(ctx, PROMOTION),
