@@ -112,6 +112,14 @@ def start_training(loaded: LoadedConfig, *, cli_roles: Mapping[str, Any] | None,
         return None
     spec = RunSpec.create(loaded, cli_roles=cli_roles, run_name=run_name)
     run = Run.build(spec, loaded=loaded, announce=False)
+    # Imported here, in the main thread, before any early rollout runs, not while this thread imports
+    # Prefect: the backends' SDKs and httpx (Prefect imports it; the openai SDK looks it up in sys.modules
+    # on every request and failed on a half-imported one: "partially initialized module 'httpx'").
+    import httpx  # noqa: F401
+
+    run.clients.target.backend  # noqa: B018 - built for its imports
+    if run.benchmark.needs_judge(run.bench_cfg):
+        run.clients.get("judge").backend  # noqa: B018
     run.early = start(run)
     hand_over(run)
     return run
