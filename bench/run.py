@@ -9,7 +9,8 @@ definitions):
   ``sum over stages of ceil(calls / concurrency) * latency`` and actual / bound;
 - Prefect: task runs created per step, overhead per task (the same run with latency 0) and the share
   of wall time that is not model latency (an upper bound of Prefect's share);
-- the server's ingest rate (task runs per second) on SQLite and on PostgreSQL (a temporary cluster);
+- the server's ingest rate (task runs per second) on SQLite (as skillopt starts the server, and Prefect's own
+  `prefect server start`, `sqlite_deferred`) and on PostgreSQL (a temporary cluster);
 - peak memory of the training process;
 - scaling over batch sizes and concurrency;
 - resume cost: kill -9 at seeded random points, run again, count completed calls made twice;
@@ -86,8 +87,10 @@ def _wait_healthy(url: str, process: subprocess.Popen, log: Path, timeout: float
 
 
 @contextlib.contextmanager
-def prefect_server(workdir: Path, *, database_url: str | None = None) -> Iterator[str]:
-    """``prefect server start`` on 127.0.0.1 with its own PREFECT_HOME; yields the API URL."""
+def prefect_server(workdir: Path, *, database_url: str | None = None,
+                   server_module: str = "skillopt.prefect_server") -> Iterator[str]:
+    """``prefect server start`` on 127.0.0.1 with its own PREFECT_HOME, as skillopt starts it (SQLite
+    transactions begun IMMEDIATE; ``server_module="prefect"``: Prefect's own); yields the API URL."""
     home = workdir / "prefect-home"
     home.mkdir(parents=True, exist_ok=True)
     port = free_port()
@@ -100,7 +103,8 @@ def prefect_server(workdir: Path, *, database_url: str | None = None) -> Iterato
     log_path = workdir / f"prefect-server-{port}.log"
     with log_path.open("w") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+            [sys.executable, "-m", server_module, "server", "start", "--host", "127.0.0.1", "--port",
+             str(port)],
             env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )
         try:
@@ -212,16 +216,19 @@ def task_runs_since(api: str, since: datetime) -> list[dict[str, Any]]:
         offset += 200
 
 
-def settled_task_runs(api: str, since: datetime, *, quiet_s: float = 3.0, timeout_s: float = 120.0
-                      ) -> list[dict[str, Any]]:
-    """Task runs after ``since``, read once the count has stopped growing (the server ingests
-    asynchronously)."""
+def settled_task_runs(api: str, since: datetime, *, at_least: int = 0, quiet_s: float = 3.0,
+                      timeout_s: float = 120.0) -> list[dict[str, Any]]:
+    """Task runs after ``since``, read once there are ``at_least`` and the count has stopped growing (the
+    server ingests asynchronously, in batches: 400 task runs reached the database 13-15 s after the client had
+    finished them, with pauses longer than ``quiet_s`` between batches)."""
     deadline = time.monotonic() + timeout_s
     runs = task_runs_since(api, since)
     while time.monotonic() < deadline:
         time.sleep(quiet_s)
         again = task_runs_since(api, since)
-        if len(again) == len(runs) and all(r["state"] not in (None, "PENDING", "RUNNING") for r in again):
+        final = all(r["state"] not in (None, "PENDING", "RUNNING") for r in again)
+        settled = len(again) == len(runs) and final
+        if settled and len(again) >= at_least:
             return again
         runs = again
     return runs
@@ -369,7 +376,9 @@ def analyse(spec: Spec, launch_: Launch, *, api: str | None) -> dict[str, Any]:
     usage = [r for r in read_jsonl(run_dir / "usage.jsonl") if not r.get("cache_hit")]
     for record in usage:
         record["at"] = _epoch(record["ts"])
-    task_runs = settled_task_runs(api, launch_.started) if api else []
+    # Each rollout call of the demo (one turn per item) was made by a rollout_item task run of its own.
+    rollout_calls = sum(r["stage"] == "rollout" for r in usage)
+    task_runs = settled_task_runs(api, launch_.started, at_least=rollout_calls) if api else []
     windows = step_windows(run_dir)
     steps = []
     for step, start, end in windows:
@@ -573,6 +582,8 @@ def ingest_both(workdir: Path, n: int) -> dict[str, Any]:
     results: dict[str, Any] = {}
     with prefect_server(workdir / "ingest-sqlite") as api:
         results["sqlite"] = ingest_rate(api, workdir / "ingest-sqlite", n)
+    with prefect_server(workdir / "ingest-sqlite-prefect", server_module="prefect") as api:
+        results["sqlite_deferred"] = ingest_rate(api, workdir / "ingest-sqlite-prefect", n)
     try:
         with postgres_cluster(workdir) as database_url, \
                 prefect_server(workdir / "ingest-postgres", database_url=database_url) as api:
@@ -863,7 +874,7 @@ def table(results: dict[str, Any]) -> str:
         ]
     ingest = results.get("ingest") or {}
     lines.append(_error_line("server ingest", ingest) or "")
-    for name in ("sqlite", "postgresql"):
+    for name in ("sqlite", "sqlite_deferred", "postgresql"):
         row = ingest.get(name) if isinstance(ingest, dict) else None
         if row:
             value = (

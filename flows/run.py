@@ -155,6 +155,7 @@ def _server_watched(server: Any, guard: InterruptGuard | None) -> Iterator[None]
         yield
     finally:
         watching.set()
+        server.end_without_waiting()  # the command ends now: do not wait for the server's shutdown
 
 
 def _api_choice(out: _Printer) -> dict[Any, Any]:

@@ -12,8 +12,9 @@ its task asks for it is cancelled here and made by the task. Each call is accoun
 the flow's tasks, their cache entries and the Prefect UI are the same as without an early start.
 
 Only where the flow's rollouts run in this process under this process's limits (``run.task_runner:
-threads``, ``model.rate_limit_mode: local``); with a budget cap only the baseline starts early (a cap must be
-able to stop the run before step 1 spends anything).
+threads``, ``model.rate_limit_mode: local``) and the target's replies are stored the moment they arrive (every
+backend but ``scripted``), so a run killed after an early call resumes without making it again; with a budget
+cap only the baseline starts early (a cap must be able to stop the run before step 1 spends anything).
 """
 
 from __future__ import annotations
@@ -112,6 +113,11 @@ def start_training(loaded: LoadedConfig, *, cli_roles: Mapping[str, Any] | None,
         return None
     spec = RunSpec.create(loaded, cli_roles=cli_roles, run_name=run_name)
     run = Run.build(spec, loaded=loaded, announce=False)
+    if run.clients.target.replies is None:
+        # No reply store (the scripted backend): a run stopped after an early call and before its task
+        # finished would make that call again. Its calls are instant anyway: the flow adopts the run alone.
+        hand_over(run)
+        return run
     # Imported here, in the main thread, before any early rollout runs, not while this thread imports
     # Prefect: the backends' SDKs and httpx (Prefect imports it; the openai SDK looks it up in sys.modules
     # on every request and failed on a half-imported one: "partially initialized module 'httpx'").
