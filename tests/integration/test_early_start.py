@@ -48,7 +48,8 @@ def test_train_calls_the_baseline_before_the_flow_starts_and_makes_each_call_onc
     # Each request reached the model once, and the ledger holds each call once, early ones included.
     assert len(set(answered)) == len(answered)
     assert len(calls) == len(answered)
-    assert [u for u in calls if u["status"] != "ok"] == []  # an early call racing Prefect's import failed once
+    # An early call once failed while Prefect was importing httpx in the main thread: none may.
+    assert [u for u in calls if u["status"] != "ok"] == []
 
     # The first calls were made before Prefect started the flow run: the baseline's rollouts.
     flow_run = _flow_run(prefect_api, "early")
