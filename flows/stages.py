@@ -39,7 +39,7 @@ from skillopt.tasks.optimize import (
     reflect_minibatch,
     rewrite_skill,
 )
-from skillopt.tasks.rollout import evaluate, evaluate_many, submit_evaluation
+from skillopt.tasks.rollout import evaluate, evaluate_many, evaluate_skill
 from skillopt.tasks.runners import pool_for
 from skillopt.update_modes import Picked, Update
 
@@ -129,8 +129,9 @@ def start_first_rollouts(run: Run, skill: str, first_epoch: EpochPlan) -> Any:
     batch = first_epoch.steps[0].batches[0]
     # Exactly the call step 1 makes: the first draws of epoch 1, in the batch's view.
     draws = Draws(1, resample=run.config.train.resample_each_epoch)
-    return submit_evaluation(run, skill, "train", batch.item_ids, training=True, epoch=draws.epoch,
-                             samples=draws.take(batch.item_ids), view_seed=batch.seed)
+    return bound(run, evaluate_skill).submit(run, skill, "train", batch.item_ids, training=True,
+                                             epoch=draws.epoch, samples=draws.take(batch.item_ids),
+                                             view_seed=batch.seed)
 
 
 # --------------------------------------------------------------------------------------------

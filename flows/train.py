@@ -159,7 +159,7 @@ def baseline(run: Run) -> TrainState:
     first_rollouts = start_first_rollouts(run, skill, first_epoch)
     evaluation = evaluate(run, skill, "val")
     if first_rollouts is not None:
-        first_rollouts.result()
+        first_rollouts.wait()
     score = gate_value(run, evaluation.scores)
     run.dir.write_skill_snapshot(0, skill)
     run.dir.write_best_skill(skill)

@@ -26,23 +26,21 @@ EVALUATION_TASK = "evaluate_skill"
 def cache_hit_hook(ctx: Any) -> Callable[[Any, Any, Any], None]:
     """A Prefect ``on_completion`` hook that records the cache hits of one run's tasks in its ledger."""
 
-    def record_cached_task(task: Any, task_run: Any, state: Any) -> None:
+    def record_cache_hits(task: Any, task_run: Any, state: Any) -> None:
         if state.name != "Cached":
             return
         if task.name == EVALUATION_TASK:
-            record_cache_hits(ctx, "rollout", len(state.result().rows))
+            stage, count = "rollout", len(state.result().rows)
         elif task.name in STAGE_OF_TASK:
-            record_cache_hits(ctx, STAGE_OF_TASK[task.name], 1)
+            stage, count = STAGE_OF_TASK[task.name], 1
+        else:
+            return
+        role = ctx.clients.roles.get(ROLE_OF_STAGE[stage])
+        if role is None:
+            return
+        for _ in range(count):
+            ctx.clients.ledger.record(role=role.role, backend=role.backend, model_requested=role.model,
+                                      model_served=None, stage=stage, usage=None, latency_s=0.0, attempts=0,
+                                      status="ok", price_model=role.price_model, cache_hit=True)
 
-    return record_cached_task
-
-
-def record_cache_hits(ctx: Any, stage: str, count: int) -> None:
-    """``count`` cache-hit lines (cost 0, no tokens) of ``stage`` in the run's ledger."""
-    role = ctx.clients.roles.get(ROLE_OF_STAGE[stage])
-    if role is None:
-        return
-    for _ in range(count):
-        ctx.clients.ledger.record(role=role.role, backend=role.backend, model_requested=role.model,
-                                  model_served=None, stage=stage, usage=None, latency_s=0.0, attempts=0,
-                                  status="ok", price_model=role.price_model, cache_hit=True)
+    return record_cache_hits

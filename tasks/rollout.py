@@ -11,8 +11,6 @@ the rows), so a re-run retries exactly the failed items.
 """
 from __future__ import annotations
 
-import threading
-import weakref
 from typing import Any
 
 from prefect import task
@@ -32,7 +30,6 @@ from skillopt.records import ItemResult
 from skillopt.rollouts import JudgeVerdict, judge_call_key, roll_out, rollout_key
 from skillopt.skill import skill_hash
 from skillopt.tasks.cache import bound, keyed, retry_only_retryable
-from skillopt.tasks.cache_hits import record_cache_hits
 from skillopt.tasks.runners import pool_for
 
 
@@ -149,93 +146,31 @@ def run_rollouts(run: Run, skill: str, split: str, item_ids: list[str], *, train
     return evaluation
 
 
-#: A whole evaluation as the flow asks for it: skill hash, split, item ids, training, epoch, samples, view.
-EvaluationKey = tuple[str, str, tuple[str, ...], bool, "int | None", tuple[int, ...], "int | None"]
-
-_done: weakref.WeakKeyDictionary[Run, dict[EvaluationKey, Evaluation]] = weakref.WeakKeyDictionary()
-_done_lock = threading.Lock()
-
-
-def _evaluation_id(skill: str, split: str, ids: list[str], *, training: bool, epoch: int | None,
-                   samples: list[int] | None, view_seed: int | None) -> EvaluationKey:
-    draws = tuple(samples or [0] * len(ids))
-    return (skill_hash(skill), split, tuple(ids), training, epoch, draws, view_seed)
-
-
-def _known(run: Run, key: EvaluationKey) -> Evaluation | None:
-    """An evaluation this process has already completed for ``run``: the gate's current and best skills and
-    the final checks ask for them again, and Prefect's cache would answer each with a task run and a result
-    read. Counted as cache hits, as a cached task would be."""
-    with _done_lock:
-        found = _done.get(run, {}).get(key)
-    if found is not None:
-        record_cache_hits(run, "rollout", len(found.rows))
-    return found
-
-
-def _remember(run: Run, key: EvaluationKey, evaluation: Evaluation) -> Evaluation:
-    with _done_lock:
-        _done.setdefault(run, {})[key] = evaluation
-    return evaluation
-
-
-class PendingEvaluation:
-    """A submitted (or already known) evaluation; ``result()`` gives it, error rows included."""
-
-    def __init__(self, run: Run, key: EvaluationKey, future: Any = None,
-                 known: Evaluation | None = None) -> None:
-        self._run, self._key, self._future, self._known = run, key, future, known
-
-    def result(self) -> Evaluation:
-        if self._known is not None:
-            return self._known
-        try:
-            evaluation = self._future.result()
-        except PartialEvaluation as partial:
-            return partial.evaluation  # not complete: asked again, it runs its failed items again
-        self._known = _remember(self._run, self._key, evaluation)
-        return evaluation
-
-
-def submit_evaluation(run: Run, skill: str, split: str, item_ids: list[str], *, training: bool = False,
-                      epoch: int | None = None, samples: list[int] | None = None,
-                      view_seed: int | None = None) -> PendingEvaluation:
-    """Start the evaluation of ``skill`` on ``item_ids`` (an ``evaluate_skill`` task), unless this process has
-    completed the same one already."""
-    key = _evaluation_id(skill, split, item_ids, training=training, epoch=epoch, samples=samples,
-                         view_seed=view_seed)
-    known = _known(run, key)
-    if known is not None:
-        return PendingEvaluation(run, key, known=known)
-    future = bound(run, evaluate_skill).submit(run, skill, split, list(item_ids), training=training,
-                                               epoch=epoch, samples=samples, view_seed=view_seed)
-    return PendingEvaluation(run, key, future)
-
-
 def evaluate(run: Run, skill: str, split: str, item_ids: list[str] | None = None, *, training: bool = False,
              epoch: int | None = None, samples: list[int] | None = None,
              view_seed: int | None = None) -> Evaluation:
     """Scores of ``skill`` on ``item_ids``, by default the whole split (val and test cut to their configured
     sizes). Items that failed are error rows in the result; the evaluation is then not cached. ``epoch`` and
     ``samples`` (training rollouts) say which draw each rollout is; ``view_seed`` is the training batch's
-    seed the benchmark may show its items by. An evaluation this process has completed is not run again."""
+    seed the benchmark may show its items by."""
     ids = run.selection_ids(split) if item_ids is None else list(item_ids)
-    key = _evaluation_id(skill, split, ids, training=training, epoch=epoch, samples=samples,
-                         view_seed=view_seed)
-    known = _known(run, key)
-    if known is not None:
-        return known
     try:
-        evaluation = bound(run, evaluate_skill)(run, skill, split, ids, training=training, epoch=epoch,
-                                                samples=samples, view_seed=view_seed)
+        return bound(run, evaluate_skill)(run, skill, split, ids, training=training, epoch=epoch,
+                                          samples=samples, view_seed=view_seed)
     except PartialEvaluation as partial:
         return partial.evaluation
-    return _remember(run, key, evaluation)
 
 
 def evaluate_many(run: Run, jobs: list[tuple[str, str, list[str]]], *, training: bool = False,
                   epoch: int | None = None) -> list[Evaluation]:
     """Several evaluations at once, in parallel: ``(skill, split, item_ids)`` each, results in order."""
-    pending = [submit_evaluation(run, skill, split, list(ids), training=training, epoch=epoch)
+    task = bound(run, evaluate_skill)
+    futures = [task.submit(run, skill, split, list(ids), training=training, epoch=epoch)
                for skill, split, ids in jobs]
-    return [p.result() for p in pending]
+    results = []
+    for future in futures:
+        try:
+            results.append(future.result())
+        except PartialEvaluation as partial:
+            results.append(partial.evaluation)
+    return results
