@@ -128,8 +128,9 @@ class Run:
         self.limiter_for: LimiterFor | None = None
         #: Rollouts started before the flow (``skillopt.early_start``), taken by the tasks that ask for them.
         self.early: EarlyRollouts | None = None
-        #: Warnings the run's set-up found, for the flow to log when it adopts a run built before it.
-        self.setup_warnings: list[str] = []
+        #: What the run's set-up logged (level, message) when it was built before its flow, for the flow to
+        #: log when it adopts the run (``skillopt.early_start``).
+        self.setup_messages: list[tuple[int, str]] = []
 
     def __reduce__(self) -> tuple[Any, ...]:
         """A run travels as its spec: a task sent to another process (a Dask worker) carries the small spec,
@@ -172,14 +173,13 @@ class Run:
     @classmethod
     def build(cls, spec: RunSpec, *, env: Mapping[str, str] | None = None,
               registry: BackendRegistry | None = None, limiter: RateLimiter | None = None,
-              loaded: LoadedConfig | None = None, joining: bool = False, announce: bool = True) -> Run:
+              loaded: LoadedConfig | None = None, joining: bool = False) -> Run:
         """Resolve roles, load the benchmark and its splits, open the run directory, build the clients.
 
         ``limiter`` is the provider limiter shared by the clients (``model.rate_limit_mode: prefect`` needs
         one from the task layer); ``loaded`` saves re-validating the config when the caller has it already.
         ``joining``: this process is a worker of a run its flow holds, so it joins the run directory
-        (``RunDir.join``: no lock, no config written) instead of opening it. ``announce``: log set-up warnings
-        now (else they wait in ``setup_warnings`` for the flow that adopts the run).
+        (``RunDir.join``: no lock, no config written) instead of opening it.
         """
         env = os.environ if env is None else env
         loaded = loaded or spec.loaded()
@@ -211,11 +211,8 @@ class Run:
                                     split_ratio=config.benchmark.split_ratio,
                                     split_mode=getattr(bench_cfg, "split_mode", None)
                                     or benchmark.default_split_mode)
-        # The flow says it; its workers would only repeat it.
-        warnings = [small] if small and not joining else []
-        if announce:
-            for warning in warnings:
-                progress.warning("%s", warning)
+        if small and not joining:  # the flow said it; its workers would only repeat it
+            progress.warning("%s", small)
 
         context = BackendContext(
             run_id=spec.run_name,
@@ -235,11 +232,9 @@ class Run:
         guidance = {kind: read_prompt(prompts / f"analyst_{kind}.md") for kind in ("error", "success")}
         guidance["probe"] = read_prompt(prompts / "deep_probe.md")  # optional: the benchmark's probe guidance
         initial = read_initial_skill(config, prompts) if spec.initial_skill is None else spec.initial_skill
-        run = cls(spec=spec, loaded=loaded, benchmark=benchmark, bench_cfg=bench_cfg, clients=clients,
-                  dir=run_dir, items=items, split_ids=split_ids, initial_skill=initial,
-                  benchmark_guidance=guidance)
-        run.setup_warnings = [] if announce else warnings
-        return run
+        return cls(spec=spec, loaded=loaded, benchmark=benchmark, bench_cfg=bench_cfg, clients=clients,
+                   dir=run_dir, items=items, split_ids=split_ids, initial_skill=initial,
+                   benchmark_guidance=guidance)
 
 
 class _OpenRuns:

@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from typing import Any
 
 from skillopt.assembly import Run, RunSpec, hand_over
@@ -112,7 +113,9 @@ def start_training(loaded: LoadedConfig, *, cli_roles: Mapping[str, Any] | None,
     if not eligible(loaded.config):
         return None
     spec = RunSpec.create(loaded, cli_roles=cli_roles, run_name=run_name)
-    run = Run.build(spec, loaded=loaded, announce=False)
+    with _held_progress() as held:  # said by the flow when it adopts the run, in its logs and on the console
+        run = Run.build(spec, loaded=loaded)
+    run.setup_messages = [(record.levelno, record.getMessage()) for record in held]
     if run.clients.target.replies is None:
         # No reply store (the scripted backend): a run stopped after an early call and before its task
         # finished would make that call again. Its calls are instant anyway: the flow adopts the run alone.
@@ -129,6 +132,29 @@ def start_training(loaded: LoadedConfig, *, cli_roles: Mapping[str, Any] | None,
     run.early = start(run)
     hand_over(run)
     return run
+
+
+@contextmanager
+def _held_progress() -> Iterator[list[logging.LogRecord]]:
+    """The progress lines logged inside, kept instead of emitted: before Prefect is loaded they have no
+    handler (an INFO line would be lost, a warning printed bare on stderr)."""
+    held: list[logging.LogRecord] = []
+
+    class Hold(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            held.append(record)
+
+    progress = logging.getLogger("skillopt.progress")
+    handler, propagate, level = Hold(logging.INFO), progress.propagate, progress.level
+    progress.addHandler(handler)
+    progress.propagate = False
+    progress.setLevel(logging.INFO)
+    try:
+        yield held
+    finally:
+        progress.removeHandler(handler)
+        progress.propagate = propagate
+        progress.setLevel(level)
 
 
 def start(run: Run) -> EarlyRollouts:

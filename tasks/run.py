@@ -42,8 +42,8 @@ def start_run(spec: RunSpec, *, loaded: LoadedConfig | None = None, dask_client:
     limiter = limiter_for(loaded.config, dask_client=dask_client)
     run = take_handed_over(spec) if limiter is None else None
     if run is not None:  # built by ``skillopt train`` before Prefect was imported (skillopt.early_start)
-        for warning in run.setup_warnings:
-            progress.warning("%s", warning)
+        for level, message in run.setup_messages:
+            progress.log(level, "%s", message)
     else:
         run = Run.build(spec, loaded=loaded, limiter=limiter)
     run.limiter_for = limiter_for
