@@ -18,7 +18,6 @@ from pydantic import BaseModel, Field
 from skillopt.appendix import with_execution_notes
 from skillopt.assembly import Run
 from skillopt.data import EpochPlan
-from skillopt.early_start import has_budget as budget_capped
 from skillopt.error_rows import answered_rows, paired_answered, too_many_errors
 from skillopt.gate import GateResult, Scores, decide, gate_score, score_rows
 from skillopt.llm.usage import Totals, check_budget, projection_from_history
@@ -124,7 +123,7 @@ def start_first_rollouts(run: Run, skill: str, first_epoch: EpochPlan) -> Any:
     """Step 1 rolls out the initial skill on the first batch: start those calls with the baseline's, as one
     wave instead of two (step 1 then finds them in the cache). Not with budget caps, which must be able to
     stop the run before step 1 spends anything, nor with the cache refreshed (step 1 would not find them)."""
-    if has_budget(run) or run.config.run.refresh_cache or not first_epoch.steps:
+    if run.config.budget.capped or run.config.run.refresh_cache or not first_epoch.steps:
         return None
     batch = first_epoch.steps[0].batches[0]
     # Exactly the call step 1 makes: the first draws of epoch 1, in the batch's view.
@@ -412,10 +411,6 @@ def longitudinal_pairs(run: Run, epoch: int, before_skill: str, after_skill: str
 # Budget guard
 
 
-def has_budget(run: Run) -> bool:
-    return budget_capped(run.config)
-
-
 def step_estimate(run: Run) -> Totals:
     """The dry-run estimate of one step's spend (``skillopt.estimate``), from this run's data and roles."""
     from skillopt.estimate import estimate_benchmark_run
@@ -430,7 +425,7 @@ def budget_stop(run: Run, state: TrainState, where: str) -> bool:
     """The budget guard before a step or an epoch boundary (``where``): stop cleanly, saying why.
 
     The projection of the next step is the mean of the last three steps, else the dry-run estimate."""
-    if not has_budget(run):
+    if not run.config.budget.capped:
         return False
     verdict = check_budget(run.config.budget, run.clients.ledger.totals(),
                            projection_from_history(state.step_totals, state.step_estimate), where)

@@ -29,7 +29,6 @@ from skillopt import live
 from skillopt.assembly import Run, RunSpec
 from skillopt.config import load_config
 from skillopt.data import StepPlan
-from skillopt.early_start import epoch_plan, starting_skill
 from skillopt.flows.naming import config_overrides, train_run_name
 from skillopt.flows.run import PROGRESS_LOGGER
 from skillopt.flows.stages import (
@@ -46,7 +45,6 @@ from skillopt.flows.stages import (
     build_candidate,
     gate_candidate,
     gate_value,
-    has_budget,
     longitudinal_pairs,
     promote_if_better,
     reflect,
@@ -154,8 +152,8 @@ def train(
 def baseline(run: Run) -> TrainState:
     """Score the initial skill on the selection split: it is both the current and the best skill."""
     cfg = run.config
-    skill = starting_skill(run)  # with an empty slow-update block: invisible to the target and to the hash
-    first_epoch = epoch_plan(run, 1)
+    skill = run.starting_skill()
+    first_epoch = run.epoch_plan(1)
     first_rollouts = start_first_rollouts(run, skill, first_epoch)
     evaluation = evaluate(run, skill, "val")
     if first_rollouts is not None:
@@ -169,7 +167,7 @@ def baseline(run: Run) -> TrainState:
     state = TrainState(initial_skill=skill, current_skill=skill, current_score=score, best_skill=skill,
                        best_score=score, total_steps=cfg.train.epochs * steps_per_epoch,
                        baseline=evaluation.scores)
-    if has_budget(run):
+    if run.config.budget.capped:
         state.step_estimate = step_estimate(run)
     publish_progress(run, state.step, state.total_steps, 0, cfg.train.epochs, state.current_score,
                      state.best_score)
@@ -198,7 +196,7 @@ def skill_epoch(run: Any, state: TrainState, epoch: int) -> TrainState:
     cfg = run.config
     schedule = EditBudgetSchedule.from_config(cfg.optimizer.lr_scheduler, cfg.optimizer.learning_rate,
                                               cfg.optimizer.min_learning_rate, state.total_steps)
-    plan = epoch_plan(run, epoch)
+    plan = run.epoch_plan(epoch)
     epoch_start_skill = state.current_skill
     buffer = StepBuffer()  # memory of this epoch only
     draws = Draws(epoch, resample=cfg.train.resample_each_epoch)

@@ -30,7 +30,7 @@ from skillopt.benchmarks.resolve import initial_skill as read_initial_skill
 from skillopt.benchmarks.resolve import read_prompt, resolve_benchmark
 from skillopt.benchmarks.scripted_target import target_rules
 from skillopt.config import LoadedConfig, SkillOptConfig
-from skillopt.data import Item, check_train_size, small_split_warning
+from skillopt.data import EpochPlan, Item, check_train_size, plan_epoch, small_split_warning
 from skillopt.error_rows import ErrorStreak
 from skillopt.llm.base import BackendContext, BackendRegistry, EnvSecrets
 from skillopt.llm.clients import ModelClients
@@ -40,6 +40,7 @@ from skillopt.llm.roles import CliRoleOptions
 from skillopt.llm.usage import check_startable
 from skillopt.run_checks import check_image_support
 from skillopt.runs import RunDir, config_hash, run_directory_name
+from skillopt.skill import SLOW_UPDATE, inject_block
 from skillopt.update_modes import UpdateMode, update_mode_for
 
 SPLITS = ("train", "val", "test")
@@ -153,6 +154,19 @@ class Run:
     def cache_dir(self) -> Path:
         """Where task results and stored replies live (``run.cache_dir``)."""
         return self.spec.path(self.config.run.cache_dir)
+
+    def starting_skill(self) -> str:
+        """The skill the baseline scores: the initial skill, with the (empty, invisible to the target and to
+        the hash) slow-update block when the run uses one."""
+        if self.config.optimizer.use_slow_update:
+            return inject_block(self.initial_skill, SLOW_UPDATE, "")
+        return self.initial_skill
+
+    def epoch_plan(self, epoch: int) -> EpochPlan:
+        """The seeded batches of ``epoch`` of the run's train split."""
+        train = self.config.train
+        return plan_epoch(self.split_ids["train"], seed=train.seed, epoch=epoch, batch_size=train.batch_size,
+                          accumulation=train.accumulation)
 
     def rows_of(self, ids: Sequence[str]) -> list[Item]:
         return [self.items[i] for i in ids]

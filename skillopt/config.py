@@ -250,6 +250,11 @@ class BudgetSection(_Section):
     allow_unpriced: Bool = False
     hard_factor: float = Field(default=1.2, ge=1)
 
+    @property
+    def capped(self) -> bool:
+        """Whether any cap (USD, tokens, calls) is set."""
+        return not (self.max_usd is None and self.max_tokens is None and self.max_calls is None)
+
 
 class BenchmarkSection(_Section):
     """Keys every benchmark shares.

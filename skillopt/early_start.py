@@ -28,10 +28,9 @@ from typing import Any
 
 from skillopt.assembly import Run, RunSpec, hand_over
 from skillopt.config import LoadedConfig, SkillOptConfig
-from skillopt.data import EpochPlan, plan_epoch
 from skillopt.records import ItemResult
 from skillopt.rollouts import Draws, direct_judge, roll_out
-from skillopt.skill import SLOW_UPDATE, inject_block, skill_hash
+from skillopt.skill import skill_hash
 
 log = logging.getLogger(__name__)
 
@@ -84,26 +83,6 @@ class EarlyRollouts:
 def eligible(config: SkillOptConfig) -> bool:
     """Whether the flow's rollouts run in this process under this process's limits."""
     return config.run.task_runner == "threads" and config.model.rate_limit_mode == "local"
-
-
-def has_budget(config: SkillOptConfig) -> bool:
-    budget = config.budget
-    return not (budget.max_usd is None and budget.max_tokens is None and budget.max_calls is None)
-
-
-def starting_skill(run: Run) -> str:
-    """The skill the baseline scores: the initial skill, with the (empty, invisible) slow-update block when
-    the run uses one."""
-    if run.config.optimizer.use_slow_update:
-        return inject_block(run.initial_skill, SLOW_UPDATE, "")
-    return run.initial_skill
-
-
-def epoch_plan(run: Run, epoch: int) -> EpochPlan:
-    """The seeded batches of ``epoch`` of the run's train split."""
-    cfg = run.config.train
-    return plan_epoch(run.split_ids["train"], seed=cfg.seed, epoch=epoch, batch_size=cfg.batch_size,
-                      accumulation=cfg.accumulation)
 
 
 def start_training(loaded: LoadedConfig, *, cli_roles: Mapping[str, Any] | None,
@@ -161,14 +140,14 @@ def start(run: Run) -> EarlyRollouts:
     """Submit the baseline's rollouts and, without a budget cap, step 1's first batch, in the order the flow
     asks for them."""
     cfg = run.config
-    skill = starting_skill(run)
+    skill = run.starting_skill()
     judge = direct_judge(run) if run.benchmark.needs_judge(run.bench_cfg) else None
     early = EarlyRollouts(int(getattr(run.bench_cfg, "workers", 4)))
     for item_id in run.selection_ids("val"):
         early.submit(early_key(skill, item_id, training=False),
                      _rollout(run, item_id, skill, judge, training=False))
-    plan = epoch_plan(run, 1)
-    if has_budget(cfg) or not plan.steps:
+    plan = run.epoch_plan(1)
+    if cfg.budget.capped or not plan.steps:
         return early
     batch = plan.steps[0].batches[0]
     draws = Draws(1, resample=cfg.train.resample_each_epoch)
