@@ -84,8 +84,9 @@ class Served:
         runs = self.workdir / "runs"
         return set(runs.iterdir()) if runs.is_dir() else set()
 
-    def task_runs(self, flow_run_id: str) -> list[Any]:
-        """Task runs of the flow run and of its subflow runs (the epochs)."""
+    def task_runs(self, flow_run_id: str, settled: bool = True) -> list[Any]:
+        """Task runs of the flow run and of its subflow runs (the epochs); with ``settled``, waits (up to a
+        minute) until each is in a final state, as it is once the server has ingested its events."""
         from prefect.client.schemas.filters import (
             FlowRunFilter,
             FlowRunFilterId,
@@ -96,7 +97,7 @@ class Served:
             children = client.read_flow_runs(flow_run_filter=FlowRunFilter(
                 parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[flow_run_id])))
             ids = [flow_run_id, *(str(child.id) for child in children)]
-            deadline = time.monotonic() + 30
+            deadline = time.monotonic() + 60
             while True:
                 found: list[Any] = []
                 while True:  # the API returns at most 200 per page
@@ -105,8 +106,11 @@ class Served:
                     found += page
                     if len(page) < 200:
                         break
-                # The server records task runs from client events: one may be listed before its first state.
-                if all(t.state is not None for t in found) or time.monotonic() > deadline:
+                # The server records task runs from client events, ingested after the flow run's own
+                # state (set through the API) is final: a task run may be listed before its first state,
+                # or still show an earlier one, for a while on a busy machine.
+                if all(t.state is not None and (not settled or t.state.type.value in FINAL) for t in found) \
+                        or time.monotonic() > deadline:
                     return found
                 time.sleep(0.5)
 
@@ -233,7 +237,8 @@ def test_a_cancelled_run_retried_from_the_cli_reuses_every_finished_task(served:
             f"the run never reached the hold:\n{served.log.read_text()[-3000:]}"
         )
         time.sleep(2.0)  # the answered calls' task runs finish and report their states
-        finished = {t.cache_key for t in served.task_runs(run_id) if t.state and t.state.name == "Completed"}
+        finished = {t.cache_key for t in served.task_runs(run_id, settled=False)
+                    if t.state and t.state.name == "Completed"}
         assert finished, "no task had finished before the cancel"
 
         with served.settings(), served.client() as client:
@@ -251,7 +256,15 @@ def test_a_cancelled_run_retried_from_the_cli_reuses_every_finished_task(served:
         answered_after = set(world.answered)
 
     assert answered_before & answered_after == set(), "a call answered before the cancel was made again"
-    cached = {t.cache_key for t in served.task_runs(run_id) if t.state and t.state.name == "Cached"}
+    # Task runs in flight at the cancel stay Running (Prefect's runner killed their process), so this waits
+    # for the reused ones to be recorded as Cached rather than for every task run to settle.
+    deadline = time.monotonic() + 60
+    while True:
+        cached = {t.cache_key for t in served.task_runs(run_id, settled=False)
+                  if t.state and t.state.name == "Cached"}
+        if finished <= cached or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
     assert finished <= cached, f"{len(finished - cached)} finished tasks were not reused"
 
 
