@@ -24,6 +24,7 @@ import prefect
 from prefect.server.api.server import SubprocessASGIServer
 from prefect.settings import get_current_settings
 
+from skillopt.local_server import warm_up
 from skillopt.process_group import own_group
 
 #: The temporary server's output, under ``PREFECT_HOME``.
@@ -105,6 +106,7 @@ def start_temporary_server() -> OwnSessionServer | None:
     SubprocessASGIServer._instances.pop(None, None)
     server = OwnSessionServer()
     server.start()
+    warm_up(server.api_url)  # in the start-up thread, overlapped with the flow's imports like the start
     return server
 
 
