@@ -133,6 +133,17 @@ def start_first_rollouts(run: Run, skill: str, first_epoch: EpochPlan) -> Any:
                                              view_seed=batch.seed)
 
 
+def start_baseline_test(run: Run, skill: str) -> Any:
+    """Score the starting skill on the test split in the background, from the baseline on: the final stage
+    then finds that evaluation cached and waits only for the best skill's (``Run.baseline_test_ids``). Not
+    with the cache refreshed (the final stage would not find it)."""
+    ids = run.baseline_test_ids()
+    if not ids or run.config.run.refresh_cache:
+        return None
+    # Exactly the evaluation the final stage asks for (flows/train.finish).
+    return bound(run, evaluate_skill).submit(run, skill, "test", ids, training=False, epoch=None)
+
+
 # --------------------------------------------------------------------------------------------
 # Reflect and aggregate
 

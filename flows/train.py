@@ -50,6 +50,7 @@ from skillopt.flows.stages import (
     reflect,
     rescore,
     select,
+    start_baseline_test,
     start_first_rollouts,
     step_estimate,
     step_record,
@@ -155,6 +156,7 @@ def baseline(run: Run) -> TrainState:
     skill = run.starting_skill()
     first_epoch = run.epoch_plan(1)
     first_rollouts = start_first_rollouts(run, skill, first_epoch)
+    run.baseline_test = start_baseline_test(run, skill)
     evaluation = evaluate(run, skill, "val")
     if first_rollouts is not None:
         first_rollouts.wait()
@@ -427,6 +429,8 @@ def finish(run: Run, state: TrainState, *, wall_s: float) -> dict[str, Any]:
     # split, and the best skill's when the final check cannot change it (the last skill is the best).
     # One evaluation per distinct skill: two identical ones at once would both make every call.
     settled = skill_hash(state.current_skill) == skill_hash(state.best_skill)
+    if run.baseline_test is not None:  # the starting skill's test split, begun with the baseline
+        run.baseline_test.wait()
     early = [("baseline", state.initial_skill)] + ([("best", state.best_skill)] if settled else [])
     early_skills = {skill_hash(skill): skill for _, skill in early} if with_test else {}
     final_selection, *early_tests = evaluate_many(

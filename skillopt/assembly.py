@@ -132,6 +132,9 @@ class Run:
         #: What the run's set-up logged (level, message) when it was built before its flow, for the flow to
         #: log when it adopts the run (``skillopt.early_start``).
         self.setup_messages: list[tuple[int, str]] = []
+        #: The starting skill's test evaluation, submitted with the baseline (a Prefect future of the run's
+        #: flow, see ``flows/stages.start_baseline_test``); the final stage waits for it.
+        self.baseline_test: Any = None
 
     def __reduce__(self) -> tuple[Any, ...]:
         """A run travels as its spec: a task sent to another process (a Dask worker) carries the small spec,
@@ -167,6 +170,15 @@ class Run:
         train = self.config.train
         return plan_epoch(self.split_ids["train"], seed=train.seed, epoch=epoch, batch_size=train.batch_size,
                           accumulation=train.accumulation)
+
+    def baseline_test_ids(self) -> list[str]:
+        """The test items the starting skill is scored on while training begins, not at the end: that
+        evaluation needs nothing of the training, and left to the end it added its rounds of calls to the
+        run's last stage. None when the run skips the test split, or has a budget cap (a cap must be able to
+        stop the run, and then skips the test split, before anything is spent on it)."""
+        if not self.config.evaluation.eval_test or self.config.budget.capped:
+            return []
+        return self.selection_ids("test")
 
     def rows_of(self, ids: Sequence[str]) -> list[Item]:
         return [self.items[i] for i in ids]

@@ -137,8 +137,8 @@ def _held_progress() -> Iterator[list[logging.LogRecord]]:
 
 
 def start(run: Run) -> EarlyRollouts:
-    """Submit the baseline's rollouts and, without a budget cap, step 1's first batch, in the order the flow
-    asks for them."""
+    """Submit the baseline's rollouts and, without a budget cap, step 1's first batch and the starting skill's
+    test split (``Run.baseline_test_ids``), in the order the flow needs them."""
     cfg = run.config
     skill = run.starting_skill()
     judge = direct_judge(run) if run.benchmark.needs_judge(run.bench_cfg) else None
@@ -147,15 +147,19 @@ def start(run: Run) -> EarlyRollouts:
         early.submit(early_key(skill, item_id, training=False),
                      _rollout(run, item_id, skill, judge, training=False))
     plan = run.epoch_plan(1)
-    if cfg.budget.capped or not plan.steps:
+    if cfg.budget.capped:
         return early
-    batch = plan.steps[0].batches[0]
-    draws = Draws(1, resample=cfg.train.resample_each_epoch)
-    for item_id, sample in zip(batch.item_ids, draws.take(batch.item_ids), strict=True):
-        early.submit(early_key(skill, item_id, training=True, sample=sample, epoch=draws.epoch,
-                               view_seed=batch.seed),
-                     _rollout(run, item_id, skill, judge, training=True, sample=sample, epoch=draws.epoch,
-                              view_seed=batch.seed))
+    if plan.steps:
+        batch = plan.steps[0].batches[0]
+        draws = Draws(1, resample=cfg.train.resample_each_epoch)
+        for item_id, sample in zip(batch.item_ids, draws.take(batch.item_ids), strict=True):
+            early.submit(early_key(skill, item_id, training=True, sample=sample, epoch=draws.epoch,
+                                   view_seed=batch.seed),
+                         _rollout(run, item_id, skill, judge, training=True, sample=sample, epoch=draws.epoch,
+                                  view_seed=batch.seed))
+    for item_id in run.baseline_test_ids():
+        early.submit(early_key(skill, item_id, training=False),
+                     _rollout(run, item_id, skill, judge, training=False))
     return early
 
 
