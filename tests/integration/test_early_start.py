@@ -63,3 +63,14 @@ def test_train_calls_the_baseline_before_the_flow_starts_and_makes_each_call_onc
     early_rollouts = [u for u in calls if datetime.fromisoformat(u["ts"]) < flow_run.start_time]
     assert rows and not [r for r in rows if r.get("error")]
     assert len(early_rollouts) >= len(rows)
+
+    # The initial skill's test split starts with the baseline, not after training: each of its calls comes
+    # before the first optimizer call, and the final stage did not call for it again.
+    test_ids = {json.loads(line)["id"] for line in
+                (run_dir / "eval" / "baseline_test" / "results.jsonl").read_text().splitlines()}
+    initial_sha = calls[0]["tags"]["skill_sha"]
+    test_calls = [u for u in calls if u["stage"] == "rollout" and not u["tags"].get("training")
+                  and u["tags"]["item_id"] in test_ids and u["tags"]["skill_sha"] == initial_sha]
+    first_optimizer = min(datetime.fromisoformat(u["ts"]) for u in calls if u["role"] == "optimizer")
+    assert test_ids and len(test_calls) == len(test_ids)
+    assert max(datetime.fromisoformat(u["ts"]) for u in test_calls) < first_optimizer
