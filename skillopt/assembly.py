@@ -174,7 +174,7 @@ class Run:
     def baseline_test_ids(self) -> list[str]:
         """The test items the starting skill is scored on while training begins, not at the end: that
         evaluation needs nothing of the training, and left to the end it added its rounds of calls to the
-        run's last stage. None when the run skips the test split, or has a budget cap (a cap must be able to
+        run's last stage. Empty when the run skips the test split, or has a budget cap (a cap must be able to
         stop the run, and then skips the test split, before anything is spent on it)."""
         if not self.config.evaluation.eval_test or self.config.budget.capped:
             return []

@@ -75,7 +75,7 @@ def warm_up(api_url: str, timeout_s: float = 30.0) -> None:
     """Make the server do its first-request work now, not during a run's start.
 
     The server's web framework builds the request handling of every API route on the first request that
-    is routed through them (0.4 s on an idle two-core machine, 0.9-4 s on a busy one); a health check does
+    is routed through them (0.4-0.8 s on an idle two-core machine, more on a busy one); a health check does
     not get that far. One request for a path no route matches walks every route. Best effort: a failure
     here only leaves that work to the first run.
     """
