@@ -64,7 +64,6 @@ class TrainState(BaseModel):
     step_totals: list[Totals] = Field(default_factory=list)
     stopped_by: str | None = None
     stopped_message: str | None = None
-    #: The id of the run's Prefect progress artifact, updated in place after each step.
     #: The dry-run estimate of one step's spend: the budget guard's projection until a step has finished.
     step_estimate: Totals | None = None
 

@@ -18,13 +18,10 @@ hook, the server runs unchanged and says so in its log.
 
 from __future__ import annotations
 
-import logging
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
-
-log = logging.getLogger("skillopt.prefect_server")
 
 
 def immediate_sqlite_transactions() -> bool:
