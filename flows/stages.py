@@ -17,7 +17,6 @@ from pydantic import BaseModel, Field
 
 from skillopt.appendix import with_execution_notes
 from skillopt.assembly import Run
-from skillopt.data import EpochPlan
 from skillopt.error_rows import answered_rows, paired_answered, too_many_errors
 from skillopt.gate import GateResult, Scores, decide, gate_score, score_rows
 from skillopt.llm.usage import Totals, check_budget, projection_from_history
@@ -25,7 +24,7 @@ from skillopt.merge import merge_groups
 from skillopt.records import ItemResult, Patch, StepRecord, unusable_replies_warning
 from skillopt.reflect import split_and_batch
 from skillopt.registry import PromotedSkill, SkillRegistry
-from skillopt.rollouts import Draws
+from skillopt.rollouts import Draws, first_batch
 from skillopt.select import needs_ranking
 from skillopt.skill import Edit, skill_hash
 from skillopt.slow_update import Pairs, pair_by_id, select_pairs
@@ -118,15 +117,15 @@ class StepOutcome(BaseModel):
 # Rollout
 
 
-def start_first_rollouts(run: Run, skill: str, first_epoch: EpochPlan) -> Any:
+def start_first_rollouts(run: Run, skill: str) -> Any:
     """Step 1 rolls out the initial skill on the first batch: start those calls with the baseline's, as one
     wave instead of two (step 1 then finds them in the cache). Not with budget caps, which must be able to
     stop the run before step 1 spends anything, nor with the cache refreshed (step 1 would not find them)."""
-    if run.config.budget.capped or run.config.run.refresh_cache or not first_epoch.steps:
+    first = first_batch(run)
+    if first is None or run.config.run.refresh_cache:
         return None
-    batch = first_epoch.steps[0].batches[0]
     # Exactly the call step 1 makes: the first draws of epoch 1, in the batch's view.
-    draws = Draws(1, resample=run.config.train.resample_each_epoch)
+    batch, draws = first
     return bound(run, evaluate_skill).submit(run, skill, "train", batch.item_ids, training=True,
                                              epoch=draws.epoch, samples=draws.take(batch.item_ids),
                                              view_seed=batch.seed)

@@ -155,7 +155,7 @@ def baseline(run: Run) -> TrainState:
     cfg = run.config
     skill = run.starting_skill()
     first_epoch = run.epoch_plan(1)
-    first_rollouts = start_first_rollouts(run, skill, first_epoch)
+    first_rollouts = start_first_rollouts(run, skill)
     run.baseline_test = start_baseline_test(run, skill)
     evaluation = evaluate(run, skill, "val")
     if first_rollouts is not None:

@@ -29,7 +29,7 @@ from typing import Any
 from skillopt.assembly import Run, RunSpec, hand_over
 from skillopt.config import LoadedConfig, SkillOptConfig
 from skillopt.records import ItemResult
-from skillopt.rollouts import Draws, direct_judge, roll_out
+from skillopt.rollouts import direct_judge, first_batch, roll_out
 from skillopt.skill import skill_hash
 
 log = logging.getLogger(__name__)
@@ -137,21 +137,16 @@ def _held_progress() -> Iterator[list[logging.LogRecord]]:
 
 
 def start(run: Run) -> EarlyRollouts:
-    """Submit the baseline's rollouts and, without a budget cap, step 1's first batch and the starting skill's
-    test split (``Run.baseline_test_ids``), in the order the flow needs them."""
-    cfg = run.config
+    """Submit the baseline's rollouts and, without a budget cap, step 1's first batch (``first_batch``) and
+    the starting skill's test split (``Run.baseline_test_ids``), in the order the flow needs them."""
     skill = run.starting_skill()
     judge = direct_judge(run) if run.benchmark.needs_judge(run.bench_cfg) else None
     early = EarlyRollouts(int(getattr(run.bench_cfg, "workers", 4)))
     for item_id in run.selection_ids("val"):
         early.submit(early_key(skill, item_id, training=False),
                      _rollout(run, item_id, skill, judge, training=False))
-    plan = run.epoch_plan(1)
-    if cfg.budget.capped:
-        return early
-    if plan.steps:
-        batch = plan.steps[0].batches[0]
-        draws = Draws(1, resample=cfg.train.resample_each_epoch)
+    if (first := first_batch(run)) is not None:
+        batch, draws = first
         for item_id, sample in zip(batch.item_ids, draws.take(batch.item_ids), strict=True):
             early.submit(early_key(skill, item_id, training=True, sample=sample, epoch=draws.epoch,
                                    view_seed=batch.seed),

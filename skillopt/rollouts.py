@@ -22,7 +22,7 @@ from pydantic import BaseModel
 from skillopt.benchmarks.base import Judge
 from skillopt.benchmarks.runner import first_messages, run_item
 from skillopt.cache_keys import call_key, digest
-from skillopt.data import Item
+from skillopt.data import BatchPlan, Item
 from skillopt.llm.chat import ChatRequest
 from skillopt.records import ItemResult
 from skillopt.skill import skill_hash
@@ -156,3 +156,13 @@ class Draws:
             samples.append(self._seen[item_id])
             self._seen[item_id] += 1
         return samples
+
+
+def first_batch(run: Run) -> tuple[BatchPlan, Draws] | None:
+    """Step 1's first batch and its draws (the first of epoch 1): the training rollouts that may start with
+    the baseline, the same for the early start and the flow. None with a budget cap (a cap must be able to
+    stop the run before step 1 spends anything) or no step."""
+    plan = run.epoch_plan(1)
+    if run.config.budget.capped or not plan.steps:
+        return None
+    return plan.steps[0].batches[0], Draws(1, resample=run.config.train.resample_each_epoch)
