@@ -5,8 +5,8 @@ through them, so the first run after a server start paid for it inside its own s
 request, the client's API version check). ``skillopt server start`` and the temporary server now send
 one warm-up request (``skillopt.local_server.warm_up``) before a run needs the server.
 
-Per trial, a new server (``python -m skillopt.prefect_server server start`` on a free port, a new
-``PREFECT_HOME``) is started and, once healthy:
+Per trial, a new server (``bench.run.prefect_server``: ``python -m skillopt.prefect_server server start`` on a
+free port, a new ``PREFECT_HOME``) is started and, once healthy:
 
 - **cold**: the time of its first ``GET /api/admin/version``;
 - **warmed**: ``warm_up`` first (its own time is reported too), then the same request.
@@ -20,9 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -32,8 +30,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.run import free_port  # noqa: E402
-from skillopt.local_server import healthy, warm_up  # noqa: E402
+from bench.run import prefect_server  # noqa: E402
+from skillopt.local_server import warm_up  # noqa: E402
 
 
 def _timed_get(url: str) -> float:
@@ -44,31 +42,15 @@ def _timed_get(url: str) -> float:
 
 
 def trial(warmed: bool) -> dict[str, float]:
-    with tempfile.TemporaryDirectory(prefix="skillopt-warm-up-") as home:
-        port = free_port()
-        api = f"http://127.0.0.1:{port}/api"
-        env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
-        env.update(PREFECT_HOME=home, PREFECT_SERVER_ANALYTICS_ENABLED="false")
-        process = subprocess.Popen(
-            [sys.executable, "-m", "skillopt.prefect_server", "server", "start", "--host", "127.0.0.1",
-             "--port", str(port)],
-            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-        try:
-            deadline = time.monotonic() + 180
-            while not healthy(api):
-                if process.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("the Prefect server did not start")
-                time.sleep(0.25)
-            figures: dict[str, float] = {}
-            if warmed:
-                start = time.perf_counter()
-                warm_up(api)
-                figures["warm_up_s"] = time.perf_counter() - start
-            figures["first_request_s"] = _timed_get(f"{api}/admin/version")
-            return figures
-        finally:
-            os.killpg(process.pid, 15)
-            process.wait(timeout=30)
+    with tempfile.TemporaryDirectory(prefix="skillopt-warm-up-") as workdir, \
+            prefect_server(Path(workdir)) as api:  # healthy: it has answered GET /api/health
+        figures: dict[str, float] = {}
+        if warmed:
+            start = time.perf_counter()
+            warm_up(api)
+            figures["warm_up_s"] = time.perf_counter() - start
+        figures["first_request_s"] = _timed_get(f"{api}/admin/version")
+        return figures
 
 
 def main() -> None:
