@@ -135,7 +135,8 @@ def skillopt_env(home: Path) -> dict[str, str]:
         PREFECT_HOME=str(home),
         PREFECT_SERVER_ANALYTICS_ENABLED="false",
         PREFECT_LOGGING_LEVEL="WARNING",
-        PYTHONPATH=os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]),
+        # no empty entry: it would put each process's working directory on its path
+        PYTHONPATH=os.pathsep.join(p for p in [str(ROOT), env.get("PYTHONPATH", "")] if p),
     )
     return env
 

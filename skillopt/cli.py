@@ -26,6 +26,8 @@ from skillopt.interrupt import EXIT_INTERRUPTED, INTERRUPTED_MESSAGE, InterruptG
 from skillopt.redact import Redactor
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from skillopt.config import LoadedConfig
 
 EXIT_OK = 0
@@ -657,7 +659,19 @@ def _cmd_server_start(args: argparse.Namespace, out: _Output) -> int:
     out.print(f"  UI:  {server.ui_url}")
     out.print(f"  API: {server.api_url}  (skillopt train/eval/demo use it while PREFECT_API_URL is unset)")
     out.print(f"  log: {server.log_path}; stop it with `skillopt server stop`")
+    out.print(_preload_line(home))
     return EXIT_OK
+
+
+def _preload_line(home: Path) -> str:
+    from skillopt import preload
+
+    pid = preload.recorded_process(home)
+    if pid is None:
+        return (f"  runs: each starts in its own process (the preloaded process is not running; see "
+                f"{home / preload.LOG})")
+    return (f"  runs: train, demo and eval start in a preloaded process (pid {pid}), without their imports; "
+            f"log: {home / preload.LOG}")
 
 
 def _cmd_server_stop(args: argparse.Namespace, out: _Output) -> int:
@@ -680,6 +694,7 @@ def _cmd_server_status(args: argparse.Namespace, out: _Output) -> int:
         return EXIT_FAILURE
     state = "running" if local_server.healthy(server.api_url) else "starting or not answering"
     out.print(f"{state}: UI {server.ui_url}, API {server.api_url} (pid {server.pid}), database under {home}")
+    out.print(_preload_line(home))
     return EXIT_OK
 
 
@@ -858,14 +873,24 @@ def main(
         return EXIT_OK
 
 
-def entry() -> NoReturn:
+def entry(*, hand_over: bool = True) -> NoReturn:
     """The console command: ``main``, the exit handlers, then leave at once.
+
+    A run command is first offered to the preloaded process of ``skillopt server start``
+    (``skillopt.preload``), which runs it without this process's start-up imports; this process then only
+    waits for it (``hand_over=False`` is that process's own call).
 
     Tearing the interpreter down after a run (freeing Prefect's, SQLAlchemy's and pydantic's objects, with
     no Python code left to run) took 3-6 s on a busy two-core machine. Nothing is lost by skipping it: the
     outputs are written and flushed, Prefect's queues were drained when the flow returned, and the exit
     handlers (Prefect's own clean-ups among them) still run here.
     """
+    if hand_over:
+        from skillopt.preload import run_preloaded
+
+        handed = run_preloaded(sys.argv[1:])
+        if handed is not None:
+            os._exit(handed)
     code = main()
     atexit._run_exitfuncs()
     logging.shutdown()

@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from skillopt import preload
 from skillopt.atomic import atomic_write_bytes, exclusive_lock
 from skillopt.errors import SkillOptError
 
@@ -115,6 +116,7 @@ def start(home: Path, env: Mapping[str, str], *, port: int | None = None,
         found = recorded(home)
         if found is not None:
             if _wait_healthy(found, None, timeout_s):
+                preload.start_process(home, env)
                 return found, False
             raise SkillOptError(f"the Prefect server of {home / RECORD} (pid {found.pid}) is alive but does "
                                 f"not answer at {found.api_url}; see {found.log_path}, or `skillopt server "
@@ -145,6 +147,7 @@ def start(home: Path, env: Mapping[str, str], *, port: int | None = None,
         warm_up(api_url)
         # The server outlives this process on purpose; Popen must not warn that it is still running.
         process.returncode = 0
+        preload.start_process(home, env)
         return server, True
 
 
@@ -153,6 +156,7 @@ def stop(home: Path, timeout_s: float = STOP_TIMEOUT_S) -> LocalServer | None:
     if not home.is_dir():
         return None
     with _locked(home):
+        preload.stop_process(home)
         server = recorded(home)
         (home / RECORD).unlink(missing_ok=True)
         if server is not None:

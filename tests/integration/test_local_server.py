@@ -50,7 +50,7 @@ def test_server_start_status_a_run_that_uses_it_and_stop(tmp_path):
 
     assert skillopt("server", "status").returncode == 1
     started = skillopt("server", "start", "--port", str(port))
-    pid = None
+    pid = preloaded = None
     try:
         assert started.returncode == 0, started.stdout + started.stderr
         pid = json.loads((home / "skillopt-server.json").read_text())["pid"]
@@ -62,8 +62,14 @@ def test_server_start_status_a_run_that_uses_it_and_stop(tmp_path):
             assert json.loads(response.read())["api_url"] == api  # the UI finds its API on this port
         assert (home / "prefect.db").exists()  # Prefect's own database under PREFECT_HOME
 
+        # and the preloaded process that runs train/demo/eval without their start-up imports
+        preloaded = json.loads((home / "skillopt-runner.json").read_text())["pid"]
+        assert f"start in a preloaded process (pid {preloaded})" in started.stdout
+        assert os.getsid(preloaded) == preloaded != os.getsid(0)
+
         status = skillopt("server", "status")
         assert status.returncode == 0 and f"running: UI {ui}" in status.stdout
+        assert f"preloaded process (pid {preloaded})" in status.stdout
         again = skillopt("server", "start")
         assert again.returncode == 0 and f"already running: Prefect server (pid {pid})" in again.stdout
 
@@ -71,6 +77,9 @@ def test_server_start_status_a_run_that_uses_it_and_stop(tmp_path):
         assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
         assert f"Prefect: the local server at {ui}" in run.stdout
         assert "temporary Prefect server" not in run.stdout + run.stderr
+        runner_log = (home / "skillopt-runner.log").read_text()
+        assert "started pid" in runner_log and "skillopt demo" in runner_log, runner_log  # ran preloaded
+        assert runner_log.rstrip().endswith("ended: exit 0"), runner_log
         assert _count(api, "flow_runs") >= 2 and _count(api, "task_runs") > 0
         # The server records task runs from the run's events, seconds behind on a busy machine: a task run's
         # row may not exist yet while the rows that do are all final. Settled = nothing non-final and no new
@@ -92,5 +101,6 @@ def test_server_start_status_a_run_that_uses_it_and_stop(tmp_path):
     assert stopped.returncode == 0, stopped.stderr
     assert pid is not None and f"(pid {pid})" in stopped.stdout
     assert not _alive(pid)
+    assert not _alive(preloaded) and not (home / "skillopt-runner.sock").exists()
     assert skillopt("server", "status").returncode == 1
     assert "no local Prefect server was running" in skillopt("server", "stop").stdout

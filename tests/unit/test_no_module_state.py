@@ -34,10 +34,23 @@ def test_model_layer_has_no_module_level_mutable_state():
     assert offenders == []
 
 
+def _exempt_lines(path: Path, tree: ast.Module) -> set[int]:
+    """The one place that sets the environment: the preloaded process's forked child takes on the environment
+    of the command it runs in place of (``skillopt.preload._child``), as that command's own process has it."""
+    if path.name != "preload.py":
+        return set()
+    return {line for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == "_child"
+            for line in range(node.lineno, (node.end_lineno or node.lineno) + 1)}
+
+
 def test_nothing_writes_to_os_environ():
     offenders = []
     for path in sorted((ROOT / "skillopt").rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        exempt = _exempt_lines(path, tree)
+        for node in ast.walk(tree):
+            if getattr(node, "lineno", None) in exempt:
+                continue
             if isinstance(node, (ast.Assign, ast.AugAssign, ast.Delete)):
                 targets = node.targets if isinstance(node, (ast.Assign, ast.Delete)) else [node.target]
                 for target in targets:

@@ -1,0 +1,189 @@
+"""The preloaded process of ``skillopt server start`` (``skillopt.preload``), run as users run it: the real
+``python -m skillopt.preload HOME`` process and the real ``skillopt`` command as its client, in separate
+processes. No Prefect server is needed: the commands used here stop before a flow starts (a dry run, an
+input error, an endpoint that never answers).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from bench.e2e import skillopt_env
+from skillopt import preload
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat")
+    return not (stat.exists() and stat.read_text().split(") ", 1)[1].startswith("Z"))
+
+
+def _wait(predicate, timeout_s: float = 60.0) -> bool:  # noqa: ANN001
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, dict[str, str]]]:
+    """A preloaded process for a temporary PREFECT_HOME, started as ``skillopt server start`` starts it."""
+    home = tmp_path_factory.mktemp("home")
+    env = skillopt_env(home)
+    env.pop(preload.DISABLE_ENV, None)
+    pid = preload.start_process(home, env)
+    assert pid is not None, (home / preload.LOG).read_text()
+    assert preload.recorded_process(home) == pid
+    yield home, env
+    assert preload.stop_process(home) == pid
+    assert _wait(lambda: not _alive(pid), 10)
+    assert not preload.socket_path(home).exists()
+
+
+def _log(home: Path) -> str:
+    return (home / preload.LOG).read_text()
+
+
+def _served_pids(home: Path) -> list[int]:
+    return [int(pid) for pid in re.findall(r"started pid (\d+): skillopt", _log(home))]
+
+
+def _skillopt(env: dict[str, str], cwd: Path, *argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "skillopt.cli", *argv], env=env, cwd=cwd,
+                          capture_output=True, text=True, timeout=120, check=False)
+
+
+def test_a_command_runs_in_the_preloaded_process_with_this_process_stdio_cwd_and_exit_code(served, tmp_path):
+    home, env = served
+    (tmp_path / "here").mkdir()
+    before = len(_served_pids(home))
+    (tmp_path / "here" / "mine.yaml").write_text("train:\n  epochs: 1\n")  # found from this folder only
+    argv = ("train", "demo", "--dry-run", "--config", "mine.yaml")
+    handed = _skillopt(env, tmp_path / "here", *argv)
+    assert len(_served_pids(home)) == before + 1  # it ran there ...
+    alone = _skillopt({**env, preload.DISABLE_ENV: "1"}, tmp_path / "here", *argv)
+    assert len(_served_pids(home)) == before + 1  # ... and this one here
+    assert handed.returncode == alone.returncode == 0
+    assert handed.stdout == alone.stdout and "calls" in handed.stdout  # the same estimate, on this stdout
+
+    # An input error: its message on this stderr, and its exit code.
+    bad = _skillopt(env, tmp_path / "here", "train", "demo", "--data", "missing-folder")
+    assert len(_served_pids(home)) == before + 2
+    assert bad.returncode == 2
+    assert bad.stderr == "error: --data: nothing at missing-folder\n"
+    assert re.search(rf"pid {_served_pids(home)[-1]} ended: exit 2", _log(home))
+
+
+def test_another_prefect_environment_runs_in_its_own_process(served, tmp_path):
+    home, env = served
+    before = len(_served_pids(home))
+    result = _skillopt({**env, "PREFECT_LOGGING_LEVEL": "ERROR"}, tmp_path, "train", "demo", "--dry-run")
+    assert result.returncode == 0 and "calls" in result.stdout
+    assert len(_served_pids(home)) == before
+    assert "refused a command: another PREFECT_* environment" in _log(home)
+
+
+class _SilentEndpoint:
+    """A TCP server that accepts connections and never answers: a command's endpoint check waits on it."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.conns: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.sock.getsockname()[1]}/v1"
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.conns.append(conn)
+
+    def close(self) -> None:
+        self.sock.close()
+        for conn in self.conns:
+            conn.close()
+
+
+def _start_hanging(env: dict[str, str], cwd: Path, endpoint: _SilentEndpoint) -> subprocess.Popen[str]:
+    argv = [sys.executable, "-m", "skillopt.cli", "train", "demo", "--backend", "openai_compatible",
+            "-o", f"model.target.base_url={endpoint.url}", "-o", f"model.optimizer.base_url={endpoint.url}",
+            "-o", "model.target.model=m", "-o", "model.optimizer.model=m"]
+    return subprocess.Popen(argv, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+
+
+def test_ctrl_c_reaches_the_run_and_a_killed_command_takes_its_run_with_it(served, tmp_path):
+    home, env = served
+    endpoint = _SilentEndpoint()
+    try:
+        # Ctrl-C: the command forwards SIGINT; the run stops as it would in this process (exit 130).
+        before = len(_served_pids(home))
+        command = _start_hanging(env, tmp_path, endpoint)
+        assert _wait(lambda: len(_served_pids(home)) > before and len(endpoint.conns) > 0)
+        child = _served_pids(home)[-1]
+        command.send_signal(signal.SIGINT)
+        _out, err = command.communicate(timeout=30)
+        assert command.returncode == 130, err
+        assert "interrupted" in err
+        assert _wait(lambda: not _alive(child), 10)
+
+        # kill -9 of the command: its run ends too, at once.
+        before = len(_served_pids(home))
+        command = _start_hanging(env, tmp_path, endpoint)
+        assert _wait(lambda: len(_served_pids(home)) > before)
+        child = _served_pids(home)[-1]
+        assert _alive(child)
+        os.killpg(command.pid, signal.SIGKILL)
+        command.wait(timeout=10)
+        assert _wait(lambda: not _alive(child), 10)
+        assert _wait(lambda: f"pid {child} ended: signal {int(signal.SIGKILL)}" in _log(home), 10)
+    finally:
+        endpoint.close()
+
+
+def test_a_connection_that_sends_nothing_does_not_stop_the_server(served, tmp_path):
+    home, env = served
+    with socket.socket(socket.AF_UNIX) as conn:
+        conn.connect(str(preload.socket_path(home)))
+    assert _wait(lambda: "dropped a connection" in _log(home), 10)
+    before = len(_served_pids(home))
+    result = _skillopt(env, tmp_path, "train", "demo", "--dry-run")
+    assert result.returncode == 0 and "calls" in result.stdout
+    assert len(_served_pids(home)) == before + 1
+
+
+def test_commands_that_run_no_flow_are_not_handed_over():
+    assert preload.command_of(["--version"]) is None
+    assert preload.command_of(["train", "demo"]) == "train"
+    assert preload.run_preloaded(["config", "show", "demo"], {"PREFECT_HOME": "/nonexistent"}) is None
+    # with PREFECT_API_URL set the user chose their own API: a run stays in its own process
+    assert preload.run_preloaded(["train", "demo"], {"PREFECT_API_URL": "http://x/api"}) is None
+
+
+def test_the_record_names_a_live_preloaded_process_only(tmp_path):
+    (tmp_path / preload.RECORD).write_text(json.dumps({"pid": os.getpid()}))
+    assert preload.recorded_process(tmp_path) is None  # this process is not `python -m skillopt.preload`
