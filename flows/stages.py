@@ -25,9 +25,11 @@ from skillopt.records import ItemResult, Patch, StepRecord, unusable_replies_war
 from skillopt.reflect import split_and_batch
 from skillopt.registry import PromotedSkill, SkillRegistry
 from skillopt.rollouts import Draws, first_batch
+from skillopt.schedule import EditBudgetSchedule
 from skillopt.select import needs_ranking
 from skillopt.skill import Edit, skill_hash
 from skillopt.slow_update import Pairs, pair_by_id, select_pairs
+from skillopt.step_buffer import StepBuffer
 from skillopt.tasks.artifacts import publish_promotion
 from skillopt.tasks.cache import bound
 from skillopt.tasks.optimize import (
@@ -231,6 +233,39 @@ def build_candidate(run: Run, skill: str, merged: Patch, picked: Picked, *, buff
             return bound(run, rewrite_skill)(run, skill, suggestions, buffer, meta_skill)
 
     return run.update_mode.candidate(skill, merged, picked, rewrite=rewrite)
+
+
+def step_one_ahead(run: Run, rows: list[ItemResult], seed: int) -> None:
+    """Step 1's optimizer calls and its candidate's selection rollouts, made ahead of the flow.
+
+    Called by ``skillopt.early_start`` in an ``AHEAD`` context (the tasks are plain calls, each reply kept for
+    the flow's task that asks for it), with the rows of step 1's first batch, while the flow starts: the
+    calls ``train_step`` and ``update_and_gate`` make for step 1, which starts from the starting skill with an
+    empty step buffer and no optimizer memory. A step of several batches, a deep probe or an optimizer-decided
+    budget is left to the flow. Writes nothing; decides nothing the flow does not decide again.
+    """
+    cfg = run.config
+    plan = run.epoch_plan(1)
+    if not plan.steps or len(plan.steps[0].batches) != 1 or cfg.gradient.deep_probe:
+        return
+    skill, mode, buffer = run.starting_skill(), run.update_mode, StepBuffer().format()
+    total_steps = cfg.train.epochs * len(plan.steps)  # TrainState.total_steps
+    budget = EditBudgetSchedule.from_config(cfg.optimizer.lr_scheduler, cfg.optimizer.learning_rate,
+                                            cfg.optimizer.min_learning_rate, total_steps).budget(1)
+    failures, successes = reflect(run, skill, rows, seed=seed, budget=budget, buffer=buffer, meta_skill="")
+    merged = aggregate(run, skill, failures, successes, meta_skill="")
+    if mode.nothing_to_apply(merged):
+        return
+    picked = Picked()
+    if mode.budgeted:
+        if cfg.optimizer.lr_control_mode == "autonomous":
+            return
+        picked = select(run, skill, mode.pool(merged), budget, "")
+        if not picked.count:
+            return
+    update = build_candidate(run, skill, merged, picked, buffer=buffer, meta_skill="", timer=StepTimer())
+    if update is not None and skill_hash(update.candidate) != skill_hash(skill):
+        evaluate(run, update.candidate, "val")
 
 
 # --------------------------------------------------------------------------------------------

@@ -28,6 +28,7 @@ from typing import Any
 
 from skillopt.assembly import Run, RunSpec, hand_over
 from skillopt.config import LoadedConfig, SkillOptConfig
+from skillopt.llm.reply_store import AHEAD
 from skillopt.records import ItemResult
 from skillopt.rollouts import direct_judge, first_batch, roll_out
 from skillopt.skill import skill_hash
@@ -50,10 +51,23 @@ class EarlyRollouts:
         self._pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="skillopt-early")
         self._futures: dict[EarlyKey, Future[ItemResult]] = {}
         self._lock = threading.Lock()
+        #: Set when the flow adopts the run (True) or the run is closed unadopted (False).
+        self._flow = threading.Event()
+        self._adopted = False
 
-    def submit(self, key: EarlyKey, rollout: Callable[[], ItemResult]) -> None:
+    def submit(self, key: EarlyKey, rollout: Callable[[], ItemResult]) -> Future[ItemResult]:
         with self._lock:
-            self._futures[key] = self._pool.submit(rollout)
+            future = self._futures[key] = self._pool.submit(rollout)
+        return future
+
+    def adopted(self) -> None:
+        """The flow took the run over (its modules, Prefect's among them, are loaded)."""
+        self._adopted = True
+        self._flow.set()
+
+    def wait_adopted(self) -> bool:
+        self._flow.wait()
+        return self._adopted
 
     def take(self, key: EarlyKey) -> ItemResult | None:
         """The early result of ``key`` (waiting for it while in flight; raising its call's error, as the
@@ -71,6 +85,7 @@ class EarlyRollouts:
 
     def close(self) -> None:
         """Cancel what has not started; what is in flight finishes in the background (its reply is stored)."""
+        self._flow.set()  # a look ahead still waiting for the flow gives up
         with self._lock:
             left, self._futures = self._futures, {}
         for future in left.values():
@@ -145,17 +160,41 @@ def start(run: Run) -> EarlyRollouts:
     for item_id in run.selection_ids("val"):
         early.submit(early_key(skill, item_id, training=False),
                      _rollout(run, item_id, skill, judge, training=False))
+    batch_rows: list[Future[ItemResult]] = []
     if (first := first_batch(run)) is not None:
         batch, draws = first
+        epoch, seed = draws.epoch, batch.seed
         for item_id, sample in zip(batch.item_ids, draws.take(batch.item_ids), strict=True):
-            early.submit(early_key(skill, item_id, training=True, sample=sample, epoch=draws.epoch,
-                                   view_seed=batch.seed),
-                         _rollout(run, item_id, skill, judge, training=True, sample=sample, epoch=draws.epoch,
-                                  view_seed=batch.seed))
+            key = early_key(skill, item_id, training=True, sample=sample, epoch=epoch, view_seed=seed)
+            batch_rows.append(early.submit(key, _rollout(run, item_id, skill, judge, training=True,
+                                                         sample=sample, epoch=epoch, view_seed=seed)))
     for item_id in run.baseline_test_ids():
         early.submit(early_key(skill, item_id, training=False),
                      _rollout(run, item_id, skill, judge, training=False))
+    if first is not None and run.clients.optimizer.replies is not None:
+        threading.Thread(target=_step_one_ahead, args=(run, early, batch_rows, first[0].seed),
+                         name="skillopt-step-one-ahead", daemon=True).start()
     return early
+
+
+def _step_one_ahead(run: Run, early: EarlyRollouts, batch_rows: list[Future[ItemResult]], seed: int) -> None:
+    """Once step 1's first batch is rolled out and the flow has the run, make step 1's optimizer calls and its
+    candidate's rollouts ahead of the flow's tasks (``flows.stages.step_one_ahead``): the flow's start (the
+    baseline's tasks, the epoch subflow) no longer delays them. Best effort: on any error the flow makes the
+    calls itself, as it would have."""
+    try:
+        rows = [future.result() for future in batch_rows]
+        if not early.wait_adopted():
+            return
+        from skillopt.flows.stages import step_one_ahead  # loaded with the flow by now
+
+        token = AHEAD.set(True)
+        try:
+            step_one_ahead(run, rows, seed)
+        finally:
+            AHEAD.reset(token)
+    except Exception as error:  # noqa: BLE001 - the flow makes these calls itself
+        log.debug("step 1 ahead of the flow stopped: %r", error)
 
 
 def _rollout(run: Run, item_id: str, skill: str, judge: Any, *, training: bool, sample: int = 0,

@@ -28,6 +28,7 @@ from skillopt.assembly import Run
 from skillopt.cache_keys import call_key
 from skillopt.llm.chat import ChatRequest
 from skillopt.llm.errors import BackendError
+from skillopt.tasks.ahead import AheadTask, ahead
 from skillopt.tasks.cache_hits import cache_hit_hook
 
 CacheKeyFn = Callable[[Any, dict[str, Any]], str]
@@ -83,6 +84,8 @@ def bound(run: Run, task: Any, **options: Any) -> Any:
     2-2.5 s (``bench/run.py``: batch 40, concurrency 16, latency 0.5 s, SQLite). In ``prefect`` mode the
     user has chosen Prefect-side limits, and the tags let them add tag limits per role too.
     """
+    if ahead():  # work done ahead of the flow (skillopt.early_start): the function itself
+        return AheadTask(task)
     if run.config.model.rate_limit_mode != "prefect" and "tags" not in options:
         options["tags"] = set()
     return task.with_options(result_storage=_storage_of(run), refresh_cache=run.config.run.refresh_cache,

@@ -29,6 +29,7 @@ from skillopt.llm.chat import ChatRequest
 from skillopt.records import ItemResult
 from skillopt.rollouts import JudgeVerdict, judge_call_key, roll_out, rollout_key
 from skillopt.skill import skill_hash
+from skillopt.tasks.ahead import ahead
 from skillopt.tasks.cache import bound, keyed, retry_only_retryable
 from skillopt.tasks.runners import pool_for
 
@@ -60,7 +61,7 @@ def rollout_item(run: Run, item: Item, skill: str, *, training: bool, probe_inst
                  sample: int = 0, epoch: int | None = None, view_seed: int | None = None) -> ItemResult:
     """The target runs one item with ``skill``; the benchmark scores it (``skillopt.rollouts.roll_out``), or
     the result of the same rollout started before the flow (``skillopt.early_start``)."""
-    if run.early is not None and probe_instruction is None:
+    if run.early is not None and probe_instruction is None and not ahead():  # the flow's task takes it
         early = run.early.take(early_key(skill, item.id, training=training, sample=sample, epoch=epoch,
                                          view_seed=view_seed))
         if early is not None:
@@ -119,7 +120,9 @@ def run_rollouts(run: Run, skill: str, split: str, item_ids: list[str], *, train
     workers = max(1, int(getattr(run.bench_cfg, "workers", 4)))
     rollout = bound(run, rollout_item)
     rows: list[ItemResult] = []
-    live.emit("stage", name=f"rollout {split}", total=len(item_ids))
+    shown = not ahead()  # work ahead of the flow (skillopt.early_start) is the flow's to show and count
+    if shown:
+        live.emit("stage", name=f"rollout {split}", total=len(item_ids))
     with pool_for(run, "rollouts", workers) as runner:
         common = {"run": run, "skill": skill, "training": training, "probe_instruction": probe_instruction,
                   "epoch": epoch, "view_seed": view_seed}
@@ -134,9 +137,11 @@ def run_rollouts(run: Run, skill: str, split: str, item_ids: list[str], *, train
             except Exception as error:  # noqa: BLE001 - recorded as an error row, never as a score
                 errors.append(error)
                 rows.append(error_row(run.items[item_id], error))
-            live.emit("item")
+            if shown:
+                live.emit("item")
     check_infrastructure(rows, role_label=run.clients.roles.target.label())
-    run.error_streak.observe(rows)
+    if shown:
+        run.error_streak.observe(rows)
     # Error rows say nothing about the skill: the scores are those of the items that answered.
     scores = score_rows(answered_rows(rows))
     evaluation = Evaluation(split=split, skill_sha=skill_hash(skill), rows=rows, scores=scores)

@@ -44,6 +44,8 @@ def start_run(spec: RunSpec, *, loaded: LoadedConfig | None = None, dask_client:
     if run is not None:  # built by ``skillopt train`` before Prefect was imported (skillopt.early_start)
         for level, message in run.setup_messages:
             progress.log(level, "%s", message)
+        if run.early is not None:
+            run.early.adopted()
     else:
         run = Run.build(spec, loaded=loaded, limiter=limiter)
     run.limiter_for = limiter_for

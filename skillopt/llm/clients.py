@@ -34,7 +34,7 @@ from skillopt.llm.errors import BackendError, ContextLengthExceeded, ErrorContex
 from skillopt.llm.json_extract import extract_json, schema_instruction
 from skillopt.llm.limiter import LocalRateLimiter, NoLimits, RateLimiter
 from skillopt.llm.pricing import PriceTable
-from skillopt.llm.reply_store import ReplyStore
+from skillopt.llm.reply_store import AHEAD, ReplyStore
 from skillopt.llm.retry import Retrier
 from skillopt.llm.roles import CliRoleOptions, ResolvedRole, ResolvedRoles, resolve_roles
 from skillopt.llm.usage import UsageLedger, UsageRecord
@@ -131,13 +131,29 @@ class RoleClient:
         timeout_s = request.timeout_s or self.role.timeout_s
         cap = request.max_tokens or self.role.max_tokens or 1024
         estimate = request.prompt_chars() // 4 + cap
-        store_key = ReplyStore.key(self.role.fingerprint(), request) if self.replies else None
-        if self.replies is not None and store_key is not None:
+        if self.replies is None:
+            return self._call(request, backend, timeout_s, estimate, None)
+        store_key = ReplyStore.key(self.role.fingerprint(), request)
+        # One call per request at a time in this process: a call made ahead of its task (skillopt.early_start)
+        # and the task's own are one call.
+        with self.replies.claim(store_key):
+            ahead = AHEAD.get()
+            taken = None if ahead else self.replies.take_ahead(store_key)
+            if taken is not None:
+                return taken
             stored = self.replies.get(store_key)
             if stored is not None:
-                self._record(request.stage, request.tags, model_served=stored.model, usage=stored.usage,
-                             latency_s=0.0, attempts=0, status="ok", cache_hit=True)
+                if not ahead:  # a look ahead finding a reply is no call of the run's, not even a cached one
+                    self._record(request.stage, request.tags, model_served=stored.model, usage=stored.usage,
+                                 latency_s=0.0, attempts=0, status="ok", cache_hit=True)
                 return stored.model_copy(update={"cost_usd": 0.0, "attempts": 0})
+            response = self._call(request, backend, timeout_s, estimate, store_key)
+            if ahead:
+                self.replies.keep_ahead(store_key, response)
+            return response
+
+    def _call(self, request: ChatRequest, backend: Any, timeout_s: float, estimate: int,
+              store_key: str | None) -> ChatResponse:
         try:
             self.ledger.before_call()
         except BackendError as error:

@@ -21,9 +21,12 @@ temporary file named after its host and pid; opening the store removes those who
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import os
 import socket
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from skillopt.atomic import atomic_write_bytes
@@ -31,13 +34,46 @@ from skillopt.llm.chat import ChatRequest, ChatResponse
 
 #: A temporary reply file older than this is an orphan whoever wrote it (a write takes milliseconds).
 ORPHAN_AGE_S = 3600.0
+#: True while this context makes calls ahead of the tasks that will ask for them (``skillopt.early_start``):
+#: each reply is then also kept for the first task that asks, which takes it as its own call.
+AHEAD = contextvars.ContextVar("skillopt_calls_ahead", default=False)
 
 
 class ReplyStore:
     def __init__(self, folder: Path, *, refresh: bool = False) -> None:
         self.folder = folder
         self.refresh = refresh
+        self._guard = threading.Lock()
+        self._claims: dict[str, tuple[threading.Lock, list[int]]] = {}
+        self._ahead: dict[str, ChatResponse] = {}
         self.sweep_orphans()
+
+    @contextlib.contextmanager
+    def claim(self, key: str) -> Iterator[None]:
+        """Hold ``key`` while its request is answered: the same request asked meanwhile in this process waits
+        for that answer (then finds it here) instead of paying for it a second time."""
+        with self._guard:
+            lock, users = self._claims.setdefault(key, (threading.Lock(), [0]))
+            users[0] += 1
+        try:
+            with lock:
+                yield
+        finally:
+            with self._guard:
+                users[0] -= 1
+                if not users[0]:
+                    del self._claims[key]
+
+    def keep_ahead(self, key: str, response: ChatResponse) -> None:
+        """A reply of a call made ahead of its task (``AHEAD``), for the task's own call (``take_ahead``)."""
+        with self._guard:
+            self._ahead[key] = response
+
+    def take_ahead(self, key: str) -> ChatResponse | None:
+        """The reply a call made ahead of this one got, once: that call was made and accounted already, so
+        this one is not a cache hit but the same call."""
+        with self._guard:
+            return self._ahead.pop(key, None)
 
     @staticmethod
     def key(fingerprint: str, request: ChatRequest) -> str:

@@ -32,6 +32,18 @@ def _flow_run(api: str, name: str):
     return flow_run
 
 
+def _subflow(api: str, parent_id, name: str):  # noqa: ANN001
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName, FlowRunFilterParentFlowRunId
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings(updates={PREFECT_API_URL: api}), get_client(sync_client=True) as client:
+        under = FlowRunFilterParentFlowRunId(any_=[parent_id])
+        (flow_run,) = client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=[name]),
+                                                                          parent_flow_run_id=under))
+    return flow_run
+
+
 def test_train_calls_the_baseline_before_the_flow_starts_and_makes_each_call_once(prefect_api, tmp_path):
     world = DemoWorldServer()
     with world.server:
@@ -74,3 +86,12 @@ def test_train_calls_the_baseline_before_the_flow_starts_and_makes_each_call_onc
     first_optimizer = min(datetime.fromisoformat(u["ts"]) for u in calls if u["role"] == "optimizer")
     assert test_ids and len(test_calls) == len(test_ids)
     assert max(datetime.fromisoformat(u["ts"]) for u in test_calls) < first_optimizer
+
+    # Step 1's optimizer calls are made ahead of the flow, once it has the run: the first one is answered
+    # before the epoch's subflow has started (the flow reaches step 1 only after it). Each was still made once
+    # and recorded once (above), the flow's tasks taking the replies.
+    epoch_one = _subflow(prefect_api, flow_run.id, "epoch-1")
+    assert epoch_one.start_time is not None and first_optimizer < epoch_one.start_time
+    # and the flow's tasks took those replies as their own calls: nothing came from the reply store (a reply
+    # store hit carries its request's tags; the untagged hits are evaluations Prefect found in its cache)
+    assert not [u for u in usage if u.get("cache_hit") and u["tags"]]

@@ -1,0 +1,90 @@
+"""The stages' tasks as plain calls, for work done ahead of the flow (``skillopt.early_start``).
+
+While ``AHEAD`` is set in a context, ``bound`` gives a task's function itself instead of the Prefect task,
+and ``pool_for`` a plain thread pool: the stage functions of ``flows/stages.py`` then make their model calls
+without a task run, and each reply is kept for the flow's own task that asks for it later (``ReplyStore.
+take_ahead``). Nothing else of the run changes: no run file is written, no Prefect run is created, no live
+line is shown, and the error streak is left to the flow.
+"""
+
+from __future__ import annotations
+
+import contextvars
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
+from typing import Any
+
+from skillopt.llm.reply_store import AHEAD
+
+
+def ahead() -> bool:
+    """Whether this context works ahead of the flow."""
+    return AHEAD.get()
+
+
+class AheadTask:
+    """A task's function, called directly (``task(...)``) or in a thread (``task.submit(...)``)."""
+
+    def __init__(self, task: Any) -> None:
+        self.fn = task.fn
+        self.name = getattr(task, "name", self.fn.__name__)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.fn(*args, **kwargs)
+
+    def submit(self, *args: Any, **kwargs: Any) -> AheadFuture:
+        return AheadFuture(_in_thread(self.fn, *args, **kwargs))
+
+
+class AheadFuture:
+    """The ``result``/``wait`` of a Prefect future, over a thread's future."""
+
+    def __init__(self, future: Future[Any]) -> None:
+        self._future = future
+
+    def result(self) -> Any:
+        return self._future.result()
+
+    def wait(self) -> None:
+        self._future.exception()
+
+
+class AheadPool:
+    """``runner.submit(task, parameters)`` of a Prefect task runner, on a plain pool ``workers`` wide."""
+
+    def __init__(self, workers: int) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="skillopt-ahead")
+
+    def submit(self, task: Any, parameters: dict[str, Any]) -> AheadFuture:
+        call = task if isinstance(task, AheadTask) else AheadTask(task)
+        context = contextvars.copy_context()  # AHEAD holds in the pool's threads too
+        return AheadFuture(self._pool.submit(lambda: context.run(call, **parameters)))
+
+
+@contextmanager
+def ahead_pool(workers: int) -> Iterator[AheadPool]:
+    pool = AheadPool(workers)
+    try:
+        yield pool
+    finally:
+        pool._pool.shutdown(wait=True)
+
+
+def _in_thread(fn: Any, *args: Any, **kwargs: Any) -> Future[Any]:
+    """``fn`` in a thread of its own, in this context (``AHEAD`` holds there too)."""
+    future: Future[Any] = Future()
+    context = contextvars.copy_context()
+
+    def run() -> None:
+        if not future.set_running_or_notify_cancel():
+            return
+        try:
+            future.set_result(context.run(fn, *args, **kwargs))
+        except BaseException as error:  # noqa: BLE001 - handed to whoever asks for the result
+            future.set_exception(error)
+
+    import threading
+
+    threading.Thread(target=run, name="skillopt-ahead", daemon=True).start()
+    return future
