@@ -192,7 +192,9 @@ def rounds_of(run_dir: Path) -> list[tuple[str, int]]:
 
     A round is a set of calls that could all be in flight at once: the calls of one stage of one step (a
     merge per level), of the baseline, of the epoch boundary's stages, of the final check and of the test
-    evaluations. Steps are told apart by the skill snapshots' times; cache hits cost no round.
+    evaluations. Steps are told apart by the skill snapshots' times; cache hits cost no round. Step 1's calls
+    made ahead of the flow (its optimizer calls, and its candidate's rollouts: a skill other than the initial
+    one) come before the baseline's snapshot and still belong to step 1.
     """
     usage = [
         r for r in read_jsonl(run_dir / "usage.jsonl") if not r.get("cache_hit") and r.get("status") == "ok"
@@ -200,6 +202,7 @@ def rounds_of(run_dir: Path) -> list[tuple[str, int]]:
     snapshots = sorted((run_dir / "skills").glob("step_*.md"))
     ends = [p.stat().st_mtime for p in snapshots]
     rounds: Counter[tuple[int, int, str]] = Counter()
+    initial = next((r["tags"].get("skill_sha") for r in usage if r["stage"] == "rollout"), None)
     order = {"rollout": 0, "analyst": 1, "merge": 2, "ranking": 3, "lr": 3, "rewrite": 3, "deep_probe": 1,
              "gate": 4, "slow_update": 5, "meta_skill": 6, "final": 7, "test": 8}
     for record in usage:
@@ -207,6 +210,8 @@ def rounds_of(run_dir: Path) -> list[tuple[str, int]]:
         # 0 = baseline, k = step k, len(ends) = after the last step
         window = sum(1 for end in ends if end < at)
         stage, tags = record["stage"], record.get("tags") or {}
+        if window == 0 and len(ends) > 1 and (stage != "rollout" or tags.get("skill_sha") != initial):
+            window = 1  # step 1, ahead of the flow
         if stage == "rollout":
             stage = "rollout" if tags.get("training") else ("gate" if 0 < window < len(ends) else "eval")
         level = int(tags.get("level") or 0) if stage == "merge" else 0

@@ -11,6 +11,13 @@ waiting for it while it is in flight) instead of calling again; a rollout the po
 its task asks for it is cancelled here and made by the task. Each call is accounted once, when it is made;
 the flow's tasks, their cache entries and the Prefect UI are the same as without an early start.
 
+Step 1 goes further ahead: once its first batch is rolled out and the flow's modules are loaded, its analyst,
+merge and ranking calls and its candidate's selection rollouts are made as plain calls
+(``flows.stages.step_one_ahead``, in an ``AHEAD`` context), while the flow still creates its baseline's task
+runs and the epoch subflow. The reply store answers each request once in this process: the flow's task that
+asks for a request made ahead waits for it if it is in flight and takes its reply as its own call
+(``ReplyStore.take_ahead``), so the call is made, paid and recorded once and is no cache hit.
+
 Only where the flow's rollouts run in this process under this process's limits (``run.task_runner:
 threads``, ``model.rate_limit_mode: local``) and the target's replies are stored the moment they arrive (every
 backend but ``scripted``), so a run killed after an early call resumes without making it again; with a budget
@@ -20,6 +27,7 @@ cap only the baseline starts early (a cap must be able to stop the run before st
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -172,19 +180,23 @@ def start(run: Run) -> EarlyRollouts:
         early.submit(early_key(skill, item_id, training=False),
                      _rollout(run, item_id, skill, judge, training=False))
     if first is not None and run.clients.optimizer.replies is not None:
-        threading.Thread(target=_step_one_ahead, args=(run, early, batch_rows, first[0].seed),
+        # Its stage functions import Prefect: wait for the flow to have loaded them, unless they were loaded
+        # before this process started its work (the preloaded process of `skillopt server start`).
+        loaded = "skillopt.flows.stages" in sys.modules
+        threading.Thread(target=_step_one_ahead, args=(run, early, batch_rows, first[0].seed, loaded),
                          name="skillopt-step-one-ahead", daemon=True).start()
     return early
 
 
-def _step_one_ahead(run: Run, early: EarlyRollouts, batch_rows: list[Future[ItemResult]], seed: int) -> None:
-    """Once step 1's first batch is rolled out and the flow has the run, make step 1's optimizer calls and its
-    candidate's rollouts ahead of the flow's tasks (``flows.stages.step_one_ahead``): the flow's start (the
-    baseline's tasks, the epoch subflow) no longer delays them. Best effort: on any error the flow makes the
-    calls itself, as it would have."""
+def _step_one_ahead(run: Run, early: EarlyRollouts, batch_rows: list[Future[ItemResult]], seed: int,
+                    loaded: bool) -> None:
+    """Once step 1's first batch is rolled out and the flow's modules are loaded, make step 1's optimizer
+    calls and its candidate's rollouts ahead of the flow's tasks (``flows.stages.step_one_ahead``): the flow's
+    start (the baseline's tasks, the epoch subflow) no longer delays them. Best effort: on any error the flow
+    makes the calls itself, as it would have."""
     try:
         rows = [future.result() for future in batch_rows]
-        if not early.wait_adopted():
+        if not loaded and not early.wait_adopted():
             return
         from skillopt.flows.stages import step_one_ahead  # loaded with the flow by now
 
