@@ -43,6 +43,8 @@ DISABLE_ENV = "SKILLOPT_NO_PRELOAD"
 RUN_COMMANDS = frozenset({"train", "demo", "eval"})
 #: Packages whose upgrade makes the preloaded process stale (besides skillopt's own sources).
 PACKAGES = ("prefect", "openai", "httpx", "pydantic", "pydantic_core", "anthropic")
+#: How long a command waits for the preloaded process to take it (its own work is milliseconds).
+HANDSHAKE_TIMEOUT_S = 30.0
 #: Longest Unix socket path (``sun_path`` is 108 bytes on Linux, 104 on macOS).
 MAX_SOCKET_PATH = 100
 _HEADER = struct.Struct("!I")
@@ -88,6 +90,9 @@ def run_preloaded(argv: Sequence[str], env: Mapping[str, str] | None = None) -> 
     if not path.exists():
         return None
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    # A preloaded process that does not answer in time (stopped, swapped out) is not waited for: closing the
+    # connection ends a child it may have started meanwhile (``_watch_client``), and the command runs here.
+    conn.settimeout(HANDSHAKE_TIMEOUT_S)
     try:
         conn.connect(str(path))
         umask = os.umask(0)
@@ -109,6 +114,7 @@ def run_preloaded(argv: Sequence[str], env: Mapping[str, str] | None = None) -> 
         if reply and reply.get("note"):
             sys.stderr.write(f"note: {reply['note']}\n")
         return None
+    conn.settimeout(None)  # the run takes as long as it takes
     return _follow(conn, int(reply["pid"]))
 
 
