@@ -71,24 +71,19 @@ class _ProgressHandler(logging.Handler):
         self.out.print(f"  {record.getMessage()}")
 
 
-def run_flow(kind: str, out: _Printer, guard: InterruptGuard | None = None,
-             **parameters: Any) -> dict[str, Any]:
-    """Run ``skill-train`` (``kind="train"``) or ``skill-eval`` (``"eval"``) in this process.
-
-    With no ``PREFECT_API_URL`` the temporary API server is started here, in its own session, so the
-    terminal's Ctrl-C reaches only this process; ``guard`` then stops it on exit and stops the run
-    if the server dies.
-    """
+def command_line_defaults() -> dict[Any, Any]:
+    """The Prefect settings a run from the command line has unless the user set them. Prefect configures its
+    logging from them when its flow module is first imported: that import happens under them too (here, and
+    in the preloaded process of ``skillopt.preload``)."""
     from prefect.settings import (
         PREFECT_FLOWS_HEARTBEAT_FREQUENCY,
         PREFECT_LOGGING_LEVEL,
         PREFECT_SERVER_ANALYTICS_ENABLED,
         PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS,
         PREFECT_SERVER_LOGGING_LEVEL,
-        temporary_settings,
     )
 
-    defaults = {
+    return {
         PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS: 120,
         PREFECT_LOGGING_LEVEL: "WARNING",
         PREFECT_SERVER_ANALYTICS_ENABLED: False,
@@ -98,6 +93,19 @@ def run_flow(kind: str, out: _Printer, guard: InterruptGuard | None = None,
         PREFECT_SERVER_LOGGING_LEVEL: "CRITICAL",
         PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None,
     }
+
+
+def run_flow(kind: str, out: _Printer, guard: InterruptGuard | None = None,
+             **parameters: Any) -> dict[str, Any]:
+    """Run ``skill-train`` (``kind="train"``) or ``skill-eval`` (``"eval"``) in this process.
+
+    With no ``PREFECT_API_URL`` the temporary API server is started here, in its own session, so the
+    terminal's Ctrl-C reaches only this process; ``guard`` then stops it on exit and stops the run
+    if the server dies.
+    """
+    from prefect.settings import temporary_settings
+
+    defaults = command_line_defaults()
     progress = logging.getLogger(PROGRESS_LOGGER)
     handler = _ProgressHandler(out)
     progress.addHandler(handler)

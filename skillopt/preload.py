@@ -519,8 +519,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if len(str(path)) > MAX_SOCKET_PATH:
         _log(f"not started: the socket path {path} is longer than {MAX_SOCKET_PATH} characters")
         return 1
-    for module in PRELOAD:
-        importlib.import_module(module)
+    from prefect.settings import temporary_settings  # imports no flow machinery, configures no logging
+
+    from skillopt.flows.run import command_line_defaults
+
+    # Imported under the settings a command's run has (as `run_flow` imports the flow): Prefect configures its
+    # logging from them on this first import, once for every child.
+    with temporary_settings(set_defaults=command_line_defaults()):
+        for module in PRELOAD:
+            importlib.import_module(module)
     if threading.active_count() != 1:  # a fork copies no thread but every lock one holds
         _log(f"not started: importing started threads {[t.name for t in threading.enumerate()]}")
         return 1

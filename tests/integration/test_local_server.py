@@ -42,7 +42,8 @@ def _alive(pid: int) -> bool:
 def test_server_start_status_a_run_that_uses_it_and_stop(tmp_path):
     home = tmp_path / "prefect-home"
     port = free_port()
-    env = skillopt_env(home)  # a user's: no PREFECT_API_URL
+    env = skillopt_env(home)  # a user's: no PREFECT_API_URL, and no Prefect logging level of their own
+    env.pop("PREFECT_LOGGING_LEVEL", None)
 
     def skillopt(*argv: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
         return subprocess.run([sys.executable, "-m", "skillopt.cli", *argv], env=env, cwd=tmp_path,
@@ -80,6 +81,9 @@ def test_server_start_status_a_run_that_uses_it_and_stop(tmp_path):
         runner_log = (home / "skillopt-runner.log").read_text()
         assert "started pid" in runner_log and "skillopt demo" in runner_log, runner_log  # ran preloaded
         assert runner_log.rstrip().endswith("ended: exit 0"), runner_log
+        # with the output of a run in its own process: Prefect's INFO lines stay quiet (its logging is set up
+        # under the command's Prefect defaults there too)
+        assert "| INFO    |" not in run.stdout + run.stderr
         assert _count(api, "flow_runs") >= 2 and _count(api, "task_runs") > 0
         # The server records task runs from the run's events, seconds behind on a busy machine: a task run's
         # row may not exist yet while the rows that do are all final. Settled = nothing non-final and no new
