@@ -549,6 +549,54 @@ def test_a_reply_is_in_the_store_before_its_usage_line_so_a_kill_between_them_pa
     assert openai_server.calls(CHAT) == 1
 
 
+def test_a_request_in_flight_is_asked_once_and_a_reply_made_ahead_is_the_asking_task_s_own_call(
+    openai_server, tmp_path
+):
+    from skillopt.llm.reply_store import AHEAD, ReplyStore
+
+    env = {"OPENAI_API_KEY": KEY}
+    loaded = load_config(None, overrides=[f"model.target.base_url={openai_server.openai_base_url}",
+                                          "model.target.options.api=chat_completions"], env=env)
+    clients = ModelClients.from_config(loaded, env=env, registry=REGISTRY, replies=ReplyStore(tmp_path / "r"))
+
+    # Made ahead (skillopt.early_start) while the task asks for the same request: one call, one usage line,
+    # and the task's answer is that call's, not a cache hit.
+    openai_server.plan(CHAT, slow(0.5, ok(text="made ahead", usage={"prompt_tokens": 10,
+                                                                     "completion_tokens": 2})))
+    answers: dict[str, str] = {}
+
+    def ahead() -> None:
+        token = AHEAD.set(True)
+        try:
+            answers["ahead"] = clients.target.chat(ask()).text
+        finally:
+            AHEAD.reset(token)
+
+    worker = threading.Thread(target=ahead)
+    worker.start()
+    time.sleep(0.15)  # the call ahead is in flight
+    asked = clients.target.chat(ask())
+    worker.join()
+    assert answers["ahead"] == asked.text == "made ahead"
+    assert openai_server.calls(CHAT) == 1
+    assert [r.cache_hit for r in clients.ledger.records()] == [False]
+    assert asked.cost_usd == clients.ledger.records()[0].cost_usd
+
+    # Asked again later: the reply was taken once; from now on it is a cache hit, as any stored reply.
+    assert clients.target.chat(ask()).text == "made ahead"
+    assert [r.cache_hit for r in clients.ledger.records()] == [False, True]
+
+    # The flow got there first: a look ahead finds the stored reply and records nothing.
+    openai_server.plan(CHAT, ok(text="by the task"))
+    assert clients.target.chat(ask("another question")).text == "by the task"
+    token = AHEAD.set(True)
+    try:
+        assert clients.target.chat(ask("another question")).text == "by the task"
+    finally:
+        AHEAD.reset(token)
+    assert openai_server.calls(CHAT) == 2 and len(clients.ledger.records()) == 3
+
+
 def test_opening_the_reply_store_removes_temporary_files_of_writers_that_are_gone(tmp_path):
     import os
     import socket
