@@ -52,7 +52,8 @@ class _UserErrorsWithoutTraceback(logging.Filter):
 
 
 class _QuietAfterInterrupt(logging.Filter):
-    """After Ctrl-C, drop Prefect's "Crash detected" lines of every run and task: the CLI says it once."""
+    """After Ctrl-C, drop Prefect's "Crash detected" lines of every run and task (and of its engine): the CLI
+    says it once."""
 
     def __init__(self, guard: InterruptGuard) -> None:
         super().__init__()
@@ -114,7 +115,10 @@ def run_flow(kind: str, out: _Printer, guard: InterruptGuard | None = None,
     filters: list[logging.Filter] = [_UserErrorsWithoutTraceback()]
     if guard is not None:
         filters.append(_QuietAfterInterrupt(guard))
-    run_loggers = [logging.getLogger(name) for name in ("prefect.flow_runs", "prefect.task_runs")]
+    # A run's engine logs on prefect.engine until the run's own logger exists (an interrupt while a subflow
+    # is being created is reported there).
+    run_loggers = [logging.getLogger(name) for name in ("prefect.flow_runs", "prefect.task_runs",
+                                                        "prefect.engine")]
     for logger in run_loggers:
         for log_filter in filters:
             logger.addFilter(log_filter)

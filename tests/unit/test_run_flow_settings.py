@@ -79,3 +79,40 @@ def test_a_users_own_api_url_is_never_replaced(monkeypatch, tmp_path):
     api, printed = _api_url_inside_a_run(monkeypatch, tmp_path)
     assert api == "http://127.0.0.1:9/api"
     assert "skillopt server" not in printed
+
+
+def test_after_ctrl_c_prefect_s_crash_lines_are_dropped_from_every_run_logger_the_engine_s_too(monkeypatch):
+    """The engine reports a crash on ``prefect.engine`` while a (sub)flow run's own logger does not exist yet;
+    after Ctrl-C the command says it once, so that line goes too."""
+    import logging
+
+    from skillopt.interrupt import InterruptGuard
+
+    guard = InterruptGuard(io.StringIO())
+    seen: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            seen.append(f"{record.name}: {record.getMessage()}")
+
+    keep = Keep()
+    names = ("prefect.engine", "prefect.flow_runs", "prefect.task_runs")
+
+    def interrupted_train(**parameters):
+        guard.signals = 1  # what the first Ctrl-C does
+        for name in names:
+            logging.getLogger(name).error("Crash detected! Execution was aborted by an interrupt signal.")
+        return {}
+
+    for name in names:
+        logging.getLogger(name).addHandler(keep)
+    try:
+        monkeypatch.setattr(skillopt.flows.train, "skill_train", interrupted_train)
+        no_server = classmethod(lambda cls: None)
+        monkeypatch.setattr(skillopt.flows.run._TemporaryServerStart, "if_needed", no_server)
+        run_flow("train", Printer(), guard, benchmark="demo")
+        logging.getLogger("prefect.engine").error("after the command: kept")
+    finally:
+        for name in names:
+            logging.getLogger(name).removeHandler(keep)
+    assert seen == ["prefect.engine: after the command: kept"]
