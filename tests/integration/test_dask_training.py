@@ -109,6 +109,13 @@ def paid_calls(folder: Path) -> list[tuple]:
             if r["status"] == "ok" and not r["cache_hit"]]
 
 
+def reply_store_hits(folder: Path) -> list[tuple]:
+    """Calls answered from the reply store (a hit there carries its request's tags), by what they asked."""
+    records = [json.loads(line) for line in (folder / "usage.jsonl").read_text().splitlines() if line.strip()]
+    return [(r["role"], r["stage"], json.dumps(r["tags"], sort_keys=True)) for r in records
+            if r["status"] == "ok" and r["cache_hit"] and r["tags"]]
+
+
 @pytest.fixture(scope="module")
 def reference(prefect_api: str, data: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The same training on the thread pool."""
@@ -186,5 +193,9 @@ def test_a_worker_killed_mid_run_costs_only_its_in_flight_calls(prefect_api, dat
     assert outcome(folder) == outcome(reference)
     paid = Counter(paid_calls(folder))
     assert [call for call, n in paid.items() if n > 1] == [], "a completed call was paid twice"
-    assert set(paid) == set(paid_calls(reference))
+    assert set(paid) <= set(paid_calls(reference))
+    # The killed worker's one call in flight may have had its reply stored and not yet its usage line (the
+    # store is written first, so that a kill never pays twice): its retry is then served from the reply store.
+    missing = set(paid_calls(reference)) - set(paid)
+    assert len(missing) <= 1 and missing <= set(reply_store_hits(folder)), missing
     assert process.pid not in set(rollout_pids(folder))
