@@ -208,6 +208,7 @@ def start_process(home: Path, env: Mapping[str, str], *, timeout_s: float = STAR
         return None
     child_env = {k: v for k, v in env.items() if k != "PREFECT_API_URL"}
     child_env["PREFECT_HOME"] = str(home)
+    socket_path(home).unlink(missing_ok=True)  # left by one that died: its presence below means "listening"
     with (home / LOG).open("ab") as log:
         process = subprocess.Popen(
             [sys.executable, "-m", "skillopt.preload", str(home)], cwd=home, env=child_env,

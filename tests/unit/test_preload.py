@@ -48,9 +48,13 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, dic
     home = tmp_path_factory.mktemp("home")
     env = skillopt_env(home)
     env.pop(preload.DISABLE_ENV, None)
+    with socket.socket(socket.AF_UNIX) as dead:  # the socket file of a preloaded process that was killed
+        dead.bind(str(preload.socket_path(home)))
     pid = preload.start_process(home, env)
     assert pid is not None, (home / preload.LOG).read_text()
     assert preload.recorded_process(home) == pid
+    with socket.socket(socket.AF_UNIX) as probe:  # started means listening, not a leftover file
+        probe.connect(str(preload.socket_path(home)))
     yield home, env
     assert preload.stop_process(home) == pid
     assert _wait(lambda: not _alive(pid), 10)
@@ -167,9 +171,10 @@ def test_ctrl_c_reaches_the_run_and_a_killed_command_takes_its_run_with_it(serve
 
 def test_a_connection_that_sends_nothing_does_not_stop_the_server(served, tmp_path):
     home, env = served
+    dropped = _log(home).count("dropped a connection")
     with socket.socket(socket.AF_UNIX) as conn:
         conn.connect(str(preload.socket_path(home)))
-    assert _wait(lambda: "dropped a connection" in _log(home), 10)
+    assert _wait(lambda: _log(home).count("dropped a connection") == dropped + 1, 10)
     before = len(_served_pids(home))
     result = _skillopt(env, tmp_path, "train", "demo", "--dry-run")
     assert result.returncode == 0 and "calls" in result.stdout
