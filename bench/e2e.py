@@ -53,7 +53,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench.latency_world import LatencyWorld  # noqa: E402
-from bench.run import read_jsonl, train_overrides  # noqa: E402
+from bench.run import initial_skill_sha, made_ahead, read_jsonl, train_overrides  # noqa: E402
 
 #: The end-to-end target: wall time at most the critical path plus this.
 E2E_SLACK_S = 3.0
@@ -202,7 +202,7 @@ def rounds_of(run_dir: Path) -> list[tuple[str, int]]:
     snapshots = sorted((run_dir / "skills").glob("step_*.md"))
     ends = [p.stat().st_mtime for p in snapshots]
     rounds: Counter[tuple[int, int, str]] = Counter()
-    initial = next((r["tags"].get("skill_sha") for r in usage if r["stage"] == "rollout"), None)
+    initial = initial_skill_sha(usage)
     order = {"rollout": 0, "analyst": 1, "merge": 2, "ranking": 3, "lr": 3, "rewrite": 3, "deep_probe": 1,
              "gate": 4, "slow_update": 5, "meta_skill": 6, "final": 7, "test": 8}
     for record in usage:
@@ -210,7 +210,7 @@ def rounds_of(run_dir: Path) -> list[tuple[str, int]]:
         # 0 = baseline, k = step k, len(ends) = after the last step
         window = sum(1 for end in ends if end < at)
         stage, tags = record["stage"], record.get("tags") or {}
-        if window == 0 and len(ends) > 1 and (stage != "rollout" or tags.get("skill_sha") != initial):
+        if window == 0 and len(ends) > 1 and made_ahead(record, initial):
             window = 1  # step 1, ahead of the flow
         if stage == "rollout":
             stage = "rollout" if tags.get("training") else ("gate" if 0 < window < len(ends) else "eval")

@@ -363,6 +363,18 @@ def step_windows(run_dir: Path) -> list[tuple[int, float, float]]:
     return [(step, ends[i - 1][1], end) for i, (step, end) in enumerate(ends) if i > 0]
 
 
+def initial_skill_sha(usage: list[dict[str, Any]]) -> str | None:
+    """The skill the run started from: that of its first rollout (the baseline's)."""
+    return next((r.get("tags", {}).get("skill_sha") for r in usage if r["stage"] == "rollout"), None)
+
+
+def made_ahead(record: dict[str, Any], initial_sha: str | None) -> bool:
+    """Of a call answered before the baseline's snapshot: one of step 1's, made ahead of the flow
+    (``skillopt.early_start``) — an optimizer call, or a rollout of another skill than the initial one (step
+    1's candidate). The baseline's own calls and step 1's first batch roll out the initial skill."""
+    return record["stage"] != "rollout" or record.get("tags", {}).get("skill_sha") != initial_sha
+
+
 def stage_of(record: dict[str, Any]) -> str:
     if record["stage"] == "rollout":
         return "rollout" if record.get("tags", {}).get("training") else "gate"
@@ -380,9 +392,12 @@ def analyse(spec: Spec, launch_: Launch, *, api: str | None) -> dict[str, Any]:
     rollout_calls = sum(r["stage"] == "rollout" for r in usage)
     task_runs = settled_task_runs(api, launch_.started, at_least=rollout_calls) if api else []
     windows = step_windows(run_dir)
+    initial = initial_skill_sha(usage)
     steps = []
     for step, start, end in windows:
         calls = [r for r in usage if start < r["at"] <= end]
+        if step == windows[0][0]:  # step 1's calls made ahead of the flow came before the baseline's snapshot
+            calls += [r for r in usage if r["at"] <= start and made_ahead(r, initial)]
         record = next((h for h in history if h["step"] == step), {})
         by_stage: dict[str, dict[str, int]] = {}
         for call in calls:
