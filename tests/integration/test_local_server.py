@@ -13,12 +13,12 @@ import subprocess
 import sys
 import time
 import urllib.request
-from pathlib import Path
 
 import pytest
 
 from bench.e2e import skillopt_env
 from bench.run import api_post, free_port
+from tests.processes import alive
 
 pytestmark = pytest.mark.slow
 
@@ -28,15 +28,6 @@ NOT_FINAL = ["SCHEDULED", "PENDING", "RUNNING", "PAUSED", "CANCELLING"]
 def _count(api: str, kind: str, states: list[str] | None = None) -> int:
     body = {kind: {"state": {"type": {"any_": states}}}} if states else {}
     return int(api_post(api, f"/{kind}/count", body))
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    stat = Path(f"/proc/{pid}/stat")
-    return not (stat.exists() and stat.read_text().split(") ", 1)[1].startswith("Z"))
 
 
 def test_server_start_status_a_run_that_uses_it_and_stop(tmp_path):
@@ -104,7 +95,7 @@ def test_server_start_status_a_run_that_uses_it_and_stop(tmp_path):
         stopped = skillopt("server", "stop")
     assert stopped.returncode == 0, stopped.stderr
     assert pid is not None and f"(pid {pid})" in stopped.stdout
-    assert not _alive(pid)
-    assert not _alive(preloaded) and not (home / "skillopt-runner.sock").exists()
+    assert not alive(pid)
+    assert not alive(preloaded) and not (home / "skillopt-runner.sock").exists()
     assert skillopt("server", "status").returncode == 1
     assert "no local Prefect server was running" in skillopt("server", "stop").stdout

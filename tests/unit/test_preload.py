@@ -22,15 +22,7 @@ import pytest
 
 from bench.e2e import skillopt_env
 from skillopt import preload
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    stat = Path(f"/proc/{pid}/stat")
-    return not (stat.exists() and stat.read_text().split(") ", 1)[1].startswith("Z"))
+from tests.processes import alive
 
 
 def _wait(predicate, timeout_s: float = 60.0) -> bool:  # noqa: ANN001
@@ -57,7 +49,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, dic
         probe.connect(str(preload.socket_path(home)))
     yield home, env
     assert preload.stop_process(home) == pid
-    assert _wait(lambda: not _alive(pid), 10)
+    assert _wait(lambda: not alive(pid), 10)
     assert not preload.socket_path(home).exists()
 
 
@@ -153,17 +145,17 @@ def test_ctrl_c_reaches_the_run_and_a_killed_command_takes_its_run_with_it(serve
         _out, err = command.communicate(timeout=30)
         assert command.returncode == 130, err
         assert "interrupted" in err
-        assert _wait(lambda: not _alive(child), 10)
+        assert _wait(lambda: not alive(child), 10)
 
         # kill -9 of the command: its run ends too, at once.
         before = len(_served_pids(home))
         command = _start_hanging(env, tmp_path, endpoint)
         assert _wait(lambda: len(_served_pids(home)) > before)
         child = _served_pids(home)[-1]
-        assert _alive(child)
+        assert alive(child)
         os.killpg(command.pid, signal.SIGKILL)
         command.wait(timeout=10)
-        assert _wait(lambda: not _alive(child), 10)
+        assert _wait(lambda: not alive(child), 10)
         assert _wait(lambda: f"pid {child} ended: signal {int(signal.SIGKILL)}" in _log(home), 10)
     finally:
         endpoint.close()

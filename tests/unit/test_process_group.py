@@ -10,6 +10,7 @@ import time
 import pytest
 
 from skillopt.process_group import end_group, own_group, run_in_group
+from tests.processes import alive
 
 pytestmark = pytest.mark.skipif(os.name == "nt", reason="POSIX process groups")
 
@@ -19,31 +20,18 @@ PARENT = ("import subprocess, sys, time; "
           "print(child.pid, flush=True); time.sleep(120)")
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # A killed grandchild is reparented and reaped by init; until then it is a zombie, which is not running.
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().split(") ", 1)[1][0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
 def _gone_soon(pid: int) -> bool:
     deadline = time.monotonic() + 10
-    while _alive(pid) and time.monotonic() < deadline:
+    while alive(pid) and time.monotonic() < deadline:
         time.sleep(0.05)
-    return not _alive(pid)
+    return not alive(pid)
 
 
 def test_ending_the_group_stops_the_leader_and_its_grandchild():
     process = subprocess.Popen([sys.executable, "-c", PARENT], stdout=subprocess.PIPE, text=True,
                                **own_group())
     grandchild = int(process.stdout.readline())
-    assert _alive(grandchild)
+    assert alive(grandchild)
     code = end_group(process, grace_s=1.0)
     assert code != 0  # stopped by a signal, not finished
     assert _gone_soon(grandchild)
