@@ -140,7 +140,7 @@ def start(home: Path, env: Mapping[str, str], *, port: int | None = None,
         server = LocalServer(pid=process.pid, port=port, home=home)
         atomic_write_bytes(home / RECORD, json.dumps({"pid": server.pid, "port": port}).encode("utf-8"))
         if not _wait_healthy(server, process, timeout_s):
-            _stop_group(server.pid)
+            stop_group(server.pid)
             (home / RECORD).unlink(missing_ok=True)
             raise SkillOptError(f"the Prefect server did not answer at {api_url} within {timeout_s:.0f} s; "
                                 f"its output: {server.log_path}\n{_tail(server.log_path)}")
@@ -160,7 +160,7 @@ def stop(home: Path, timeout_s: float = STOP_TIMEOUT_S) -> LocalServer | None:
         server = recorded(home)
         (home / RECORD).unlink(missing_ok=True)
         if server is not None:
-            _stop_group(server.pid, timeout_s)
+            stop_group(server.pid, timeout_s)
         return server
 
 
@@ -175,9 +175,9 @@ def _wait_healthy(server: LocalServer, process: subprocess.Popen | None, timeout
     return False
 
 
-def _stop_group(pid: int, timeout_s: float = STOP_TIMEOUT_S) -> None:
-    """SIGTERM to the server's process group (the server and its uvicorn workers), SIGKILL after
-    ``timeout_s``."""
+def stop_group(pid: int, timeout_s: float = STOP_TIMEOUT_S) -> None:
+    """SIGTERM to the process group ``pid`` leads (the server and its uvicorn workers; the preloaded process
+    and its runs), SIGKILL after ``timeout_s``."""
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout_s

@@ -201,6 +201,8 @@ def start_process(home: Path, env: Mapping[str, str], *, timeout_s: float = STAR
     import subprocess
     import time
 
+    from skillopt.local_server import stop_group
+
     found = recorded_process(home)
     if found is not None:
         return found
@@ -223,7 +225,7 @@ def start_process(home: Path, env: Mapping[str, str], *, timeout_s: float = STAR
             return process.pid
         time.sleep(0.05)
     if process.poll() is None:
-        _stop_group(process.pid)
+        stop_group(process.pid)
     (home / RECORD).unlink(missing_ok=True)
     return None
 
@@ -231,10 +233,12 @@ def start_process(home: Path, env: Mapping[str, str], *, timeout_s: float = STAR
 def stop_process(home: Path) -> int | None:
     """Stop the preloaded process of ``home`` and the runs it is running (their API server is stopping
     with it); its pid, or None if none was running."""
+    from skillopt.local_server import stop_group
+
     pid = recorded_process(home)
     (home / RECORD).unlink(missing_ok=True)
     if pid is not None:
-        _stop_group(pid)
+        stop_group(pid)
     return pid
 
 
@@ -247,22 +251,6 @@ def _is_preload(pid: int) -> bool:
     except OSError:
         return True  # no /proc (macOS): trust the record
     return b"skillopt.preload" in argv
-
-
-def _stop_group(pid: int, timeout_s: float = 10.0) -> None:
-    import time
-
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(pid, os.WNOHANG)
-        if not _is_preload(pid):
-            return
-        time.sleep(0.05)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pid, signal.SIGKILL)
 
 
 # --------------------------------------------------------------------------------------------
