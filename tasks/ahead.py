@@ -10,6 +10,7 @@ line is shown, and the error streak is left to the flow.
 from __future__ import annotations
 
 import contextvars
+import threading
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
@@ -28,7 +29,6 @@ class AheadTask:
 
     def __init__(self, task: Any) -> None:
         self.fn = task.fn
-        self.name = getattr(task, "name", self.fn.__name__)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.fn(*args, **kwargs)
@@ -51,10 +51,10 @@ class AheadFuture:
 
 
 class AheadPool:
-    """``runner.submit(task, parameters)`` of a Prefect task runner, on a plain pool ``workers`` wide."""
+    """``runner.submit(task, parameters)`` of a Prefect task runner, on a plain thread pool."""
 
-    def __init__(self, workers: int) -> None:
-        self._pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="skillopt-ahead")
+    def __init__(self, pool: ThreadPoolExecutor) -> None:
+        self._pool = pool
 
     def submit(self, task: Any, parameters: dict[str, Any]) -> AheadFuture:
         call = task if isinstance(task, AheadTask) else AheadTask(task)
@@ -64,11 +64,9 @@ class AheadPool:
 
 @contextmanager
 def ahead_pool(workers: int) -> Iterator[AheadPool]:
-    pool = AheadPool(workers)
-    try:
-        yield pool
-    finally:
-        pool._pool.shutdown(wait=True)
+    """A plain pool ``workers`` wide, shut down (its calls finished) when the stage leaves it."""
+    with ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="skillopt-ahead") as pool:
+        yield AheadPool(pool)
 
 
 def _in_thread(fn: Any, *args: Any, **kwargs: Any) -> Future[Any]:
@@ -83,8 +81,6 @@ def _in_thread(fn: Any, *args: Any, **kwargs: Any) -> Future[Any]:
             future.set_result(context.run(fn, *args, **kwargs))
         except BaseException as error:  # noqa: BLE001 - handed to whoever asks for the result
             future.set_exception(error)
-
-    import threading
 
     threading.Thread(target=run, name="skillopt-ahead", daemon=True).start()
     return future
