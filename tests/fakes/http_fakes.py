@@ -496,6 +496,9 @@ def _status_headers(entry: Status) -> dict[str, str]:
 
 class _HTTPServer(http.server.ThreadingHTTPServer):
     daemon_threads = True
+    # Connections waiting to be accepted, as a real server's backlog allows (socketserver's default is 5: a
+    # wave of 10-16 new connections lost some and their clients waited a second for TCP to try again).
+    request_queue_size = 128
 
     def __init__(self, fake: _FakeServer) -> None:
         self.fake = fake
