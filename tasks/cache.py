@@ -9,13 +9,12 @@ Rollout keys (``skillopt.rollouts.rollout_key``) add what decides the score and 
 (the epoch plan) hash their inputs with the package version (``content_key``).
 
 Never the run id or the flow-run id: re-running a command, retrying a flow run or restarting after a crash
-finds every finished call. Results are JSON files under the run's ``cache_dir``, in a Prefect
-``LocalFileSystem`` block saved under a name derived from its path.
+finds every finished call. Results are JSON files under the run's ``cache_dir`` (Prefect's local file
+system on that folder).
 """
 
 from __future__ import annotations
 
-import hashlib
 import threading
 import weakref
 from collections.abc import Callable
@@ -92,25 +91,25 @@ def bound(run: Run, task: Any, **options: Any) -> Any:
                              on_completion=[cache_hit_hook(run)], **options)
 
 
-_storages: weakref.WeakKeyDictionary[Run, Any] = weakref.WeakKeyDictionary()
+_storages: weakref.WeakKeyDictionary[Run, Path] = weakref.WeakKeyDictionary()
 _storages_lock = threading.Lock()
 
 
-def _storage_of(run: Run) -> Any:
-    """The run's result storage, saved once per run (saving a block is a round trip to the API)."""
+def _storage_of(run: Run) -> Path:
+    """The run's result storage: its cache folder, created once per run.
+
+    A folder, not a saved ``LocalFileSystem`` block: Prefect builds the same local file system from a path
+    itself, where saving a block cost three API round trips at the start of every run (0.1-0.15 s ahead of the
+    baseline's first task on a busy local server)."""
     with _storages_lock:
         if run not in _storages:
-            _storages[run] = result_storage(run.cache_dir)
+            resolved = run.cache_dir.resolve()
+            resolved.mkdir(parents=True, exist_ok=True)
+            _storages[run] = resolved
         return _storages[run]
 
 
-def result_storage(cache_dir: Path) -> Any:
-    """A saved ``LocalFileSystem`` block for ``cache_dir`` (Prefect needs result storage persisted)."""
-    from prefect.filesystems import LocalFileSystem
-
-    resolved = cache_dir.resolve()
-    resolved.mkdir(parents=True, exist_ok=True)
-    name = f"skillopt-cache-{hashlib.sha256(str(resolved).encode()).hexdigest()[:12]}"
-    storage = LocalFileSystem(basepath=str(resolved))
-    storage.save(name, overwrite=True)
-    return storage
+def served_from_cache(run: Run, key: str) -> bool:
+    """Whether a task keyed ``key`` would be served from the cache: its result is stored and the run does not
+    refresh the cache."""
+    return not run.config.run.refresh_cache and (_storage_of(run) / key).exists()
