@@ -18,6 +18,10 @@ runs and the epoch subflow. The reply store answers each request once in this pr
 asks for a request made ahead waits for it if it is in flight and takes its reply as its own call
 (``ReplyStore.take_ahead``), so the call is made, paid and recorded once and is no cache hit.
 
+The flow uses the same pool for every later wave of rollouts (``tasks/rollout.run_rollouts``, in
+deployment runs too, where ``tasks/run.start_run`` makes it): a wave's calls are started here together, and
+each ``rollout_item`` task takes its result once Prefect has started it.
+
 Only where the flow's rollouts run in this process under this process's limits (``run.task_runner:
 threads``, ``model.rate_limit_mode: local``) and the target's replies are stored the moment they arrive (every
 backend but ``scripted``), so a run killed after an early call resumes without making it again; with a budget
@@ -56,7 +60,9 @@ class EarlyRollouts:
     """Rollouts started ahead of their tasks, each taken once by the task that asks for it."""
 
     def __init__(self, workers: int) -> None:
-        self._pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="skillopt-early")
+        #: Rollouts in flight at most (the pool's threads).
+        self.workers = max(1, workers)
+        self._pool = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="skillopt-early")
         self._futures: dict[EarlyKey, Future[ItemResult]] = {}
         self._lock = threading.Lock()
         #: Set when the flow adopts the run (True) or the run is closed unadopted (False).
@@ -67,6 +73,14 @@ class EarlyRollouts:
         with self._lock:
             future = self._futures[key] = self._pool.submit(rollout)
         return future
+
+    def submit_new(self, key: EarlyKey, rollout: Callable[[], ItemResult]) -> bool:
+        """Start ``rollout`` unless ``key`` is started and not yet taken; whether it was started."""
+        with self._lock:
+            if key in self._futures:
+                return False
+            self._futures[key] = self._pool.submit(rollout)
+        return True
 
     def adopted(self) -> None:
         """The flow took the run over (its modules, Prefect's among them, are loaded)."""
@@ -160,25 +174,26 @@ def _held_progress() -> Iterator[list[logging.LogRecord]]:
 
 
 def start(run: Run) -> EarlyRollouts:
-    """Submit the baseline's rollouts and, without a budget cap, step 1's first batch (``first_batch``) and
-    the starting skill's test split (``Run.baseline_test_ids``), in the order the flow needs them."""
+    """Submit, without a budget cap, step 1's first batch (``first_batch``), then the baseline's rollouts,
+    then the starting skill's test split (``Run.baseline_test_ids``). The batch goes first: step 1's
+    optimizer calls, made ahead of the flow, need only its rows."""
     skill = run.starting_skill()
     judge = direct_judge(run) if run.benchmark.needs_judge(run.bench_cfg) else None
     early = EarlyRollouts(int(getattr(run.bench_cfg, "workers", 4)))
-    for item_id in run.selection_ids("val"):
-        early.submit(early_key(skill, item_id, training=False),
-                     _rollout(run, item_id, skill, judge, training=False))
     batch_rows: list[Future[ItemResult]] = []
     if (first := first_batch(run)) is not None:
         batch, draws = first
         epoch, seed = draws.epoch, batch.seed
         for item_id, sample in zip(batch.item_ids, draws.take(batch.item_ids), strict=True):
             key = early_key(skill, item_id, training=True, sample=sample, epoch=epoch, view_seed=seed)
-            batch_rows.append(early.submit(key, _rollout(run, item_id, skill, judge, training=True,
-                                                         sample=sample, epoch=epoch, view_seed=seed)))
+            batch_rows.append(early.submit(key, rollout_call(run, item_id, skill, judge, training=True,
+                                                             sample=sample, epoch=epoch, view_seed=seed)))
+    for item_id in run.selection_ids("val"):
+        early.submit(early_key(skill, item_id, training=False),
+                     rollout_call(run, item_id, skill, judge, training=False))
     for item_id in run.baseline_test_ids():
         early.submit(early_key(skill, item_id, training=False),
-                     _rollout(run, item_id, skill, judge, training=False))
+                     rollout_call(run, item_id, skill, judge, training=False))
     if first is not None and run.clients.optimizer.replies is not None:
         # Its stage functions import Prefect: wait for the flow to have loaded them, unless they were loaded
         # before this process started its work (the preloaded process of `skillopt server start`).
@@ -195,6 +210,10 @@ def _step_one_ahead(run: Run, early: EarlyRollouts, batch_rows: list[Future[Item
     start (the baseline's tasks, the epoch subflow) no longer delays them. Best effort: on any error the flow
     makes the calls itself, as it would have."""
     try:
+        # Found while the batch is in flight, not once it is in: the optimizer's backend (its SDK client, an
+        # SSL context) and its context window (a server may be asked for it) took 0.15-0.25 s of this thread
+        # before its first call while the flow was starting.
+        run.clients.optimizer.context_window()
         rows = [future.result() for future in batch_rows]
         if not loaded and not early.wait_adopted():
             return
@@ -209,8 +228,10 @@ def _step_one_ahead(run: Run, early: EarlyRollouts, batch_rows: list[Future[Item
         log.debug("step 1 ahead of the flow stopped: %r", error)
 
 
-def _rollout(run: Run, item_id: str, skill: str, judge: Any, *, training: bool, sample: int = 0,
-             epoch: int | None = None, view_seed: int | None = None) -> Callable[[], ItemResult]:
+def rollout_call(run: Run, item_id: str, skill: str, judge: Any, *, training: bool, sample: int = 0,
+                 epoch: int | None = None, view_seed: int | None = None) -> Callable[[], ItemResult]:
+    """The rollout of ``item_id`` with ``skill`` as a plain call, for ``EarlyRollouts``."""
+
     def rollout() -> ItemResult:
         return roll_out(run, run.items[item_id], skill, training=training, judge=judge, sample=sample,
                         epoch=epoch, view_seed=view_seed)

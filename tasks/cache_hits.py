@@ -30,17 +30,19 @@ def cache_hit_hook(ctx: Any) -> Callable[[Any, Any, Any], None]:
         if state.name != "Cached":
             return
         if task.name == EVALUATION_TASK:
-            stage, count = "rollout", len(state.result().rows)
+            record_hits(ctx, "rollout", len(state.result().rows))
         elif task.name in STAGE_OF_TASK:
-            stage, count = STAGE_OF_TASK[task.name], 1
-        else:
-            return
-        role = ctx.clients.roles.get(ROLE_OF_STAGE[stage])
-        if role is None:
-            return
-        for _ in range(count):
-            ctx.clients.ledger.record(role=role.role, backend=role.backend, model_requested=role.model,
-                                      model_served=None, stage=stage, usage=None, latency_s=0.0, attempts=0,
-                                      status="ok", price_model=role.price_model, cache_hit=True)
+            record_hits(ctx, STAGE_OF_TASK[task.name], 1)
 
     return record_cache_hits
+
+
+def record_hits(ctx: Any, stage: str, count: int) -> None:
+    """``count`` cache-hit lines of ``stage`` (cost 0, no tokens) in the run's ledger."""
+    role = ctx.clients.roles.get(ROLE_OF_STAGE[stage])
+    if role is None:
+        return
+    for _ in range(count):
+        ctx.clients.ledger.record(role=role.role, backend=role.backend, model_requested=role.model,
+                                  model_served=None, stage=stage, usage=None, latency_s=0.0, attempts=0,
+                                  status="ok", price_model=role.price_model, cache_hit=True)

@@ -11,6 +11,8 @@ the rows), so a re-run retries exactly the failed items.
 """
 from __future__ import annotations
 
+import threading
+import weakref
 from typing import Any
 
 from prefect import task
@@ -21,7 +23,7 @@ from skillopt.assembly import Run
 from skillopt.benchmarks.runner import check_infrastructure, error_row
 from skillopt.cache_keys import digest
 from skillopt.data import Item
-from skillopt.early_start import early_key
+from skillopt.early_start import early_key, rollout_call
 from skillopt.error_rows import answered_rows
 from skillopt.errors import SkillOptError, StorageError
 from skillopt.gate import Scores, score_rows
@@ -30,7 +32,8 @@ from skillopt.records import ItemResult
 from skillopt.rollouts import JudgeVerdict, judge_call_key, roll_out, rollout_key
 from skillopt.skill import skill_hash
 from skillopt.tasks.ahead import ahead
-from skillopt.tasks.cache import bound, keyed, retry_only_retryable
+from skillopt.tasks.cache import bound, keyed, retry_only_retryable, served_from_cache
+from skillopt.tasks.cache_hits import record_hits
 from skillopt.tasks.runners import pool_for
 
 
@@ -126,8 +129,11 @@ def run_rollouts(run: Run, skill: str, split: str, item_ids: list[str], *, train
     with pool_for(run, "rollouts", workers) as runner:
         common = {"run": run, "skill": skill, "training": training, "probe_instruction": probe_instruction,
                   "epoch": epoch, "view_seed": view_seed}
-        futures = [runner.submit(rollout, {**common, "item": run.items[i], "sample": sample})
-                   for i, sample in zip(item_ids, samples or [0] * len(item_ids), strict=True)]
+        jobs = [{**common, "item": run.items[i], "sample": sample}
+                for i, sample in zip(item_ids, samples or [0] * len(item_ids), strict=True)]
+        if shown:
+            _start_calls(run, jobs)
+        futures = [runner.submit(rollout, job) for job in jobs]
         errors = []
         for item_id, future in zip(item_ids, futures, strict=True):
             try:
@@ -151,6 +157,39 @@ def run_rollouts(run: Run, skill: str, split: str, item_ids: list[str], *, train
     return evaluation
 
 
+#: How long a wave's tasks wait at most for the wave's early calls to leave (``_start_calls``).
+WAVE_SEND_WAIT_S = 0.05
+
+
+def _start_calls(run: Run, jobs: list[dict[str, Any]]) -> None:
+    """Begin the model calls of a wave's rollouts at once, each taken by its ``rollout_item`` task when
+    it runs (``skillopt.early_start.EarlyRollouts``). A task's start (its run, its states, its cache key)
+    takes 5-10 ms of the interpreter, so the tenth call of a wave of ten left 0.05-0.1 s after the first;
+    the calls now leave together and the tasks start while they are in flight.
+
+    Only where the run has early rollouts (its rollouts run in this process under its limits, with the
+    target's replies stored), for rollouts without a probe or a judge (a judged rollout's verdict is its own
+    cached task), and never for a rollout whose task would be served from the cache (it would never take
+    the call)."""
+    early = run.early
+    if early is None or run.benchmark.needs_judge(run.bench_cfg):
+        return
+    target = run.clients.target
+    sent, started = target.requests_sent(), 0
+    for job in jobs:
+        if job["probe_instruction"] is not None or served_from_cache(run, _rollout_item_key(job)):
+            continue
+        item, skill = job["item"], job["skill"]
+        options = {"training": job["training"], "sample": job["sample"], "epoch": job["epoch"],
+                   "view_seed": job["view_seed"]}
+        started += early.submit_new(early_key(skill, item.id, **options),
+                                    rollout_call(run, item.id, skill, None, **options))
+    if started:
+        # Let the first of them leave before the tasks start: ten task starts took the interpreter from the
+        # threads building the requests, and the wave's calls left over 0.06-0.1 s instead of 0.02-0.04 s.
+        target.wait_requests_sent(sent + min(started, early.workers), timeout_s=WAVE_SEND_WAIT_S)
+
+
 def evaluate(run: Run, skill: str, split: str, item_ids: list[str] | None = None, *, training: bool = False,
              epoch: int | None = None, samples: list[int] | None = None,
              view_seed: int | None = None) -> Evaluation:
@@ -159,23 +198,67 @@ def evaluate(run: Run, skill: str, split: str, item_ids: list[str] | None = None
     ``samples`` (training rollouts) say which draw each rollout is; ``view_seed`` is the training batch's
     seed the benchmark may show its items by."""
     ids = run.selection_ids(split) if item_ids is None else list(item_ids)
+    job = {"run": run, "skill": skill, "split": split, "item_ids": ids, "training": training, "epoch": epoch,
+           "samples": samples, "view_seed": view_seed}
+    key = _evaluation_key(job)
+    finished = _finished_evaluation(run, key)
+    if finished is not None:
+        return finished
     try:
-        return bound(run, evaluate_skill)(run, skill, split, ids, training=training, epoch=epoch,
-                                          samples=samples, view_seed=view_seed)
+        evaluation = bound(run, evaluate_skill)(**job)
     except PartialEvaluation as partial:
         return partial.evaluation
+    _keep_evaluation(run, key, evaluation)
+    return evaluation
 
 
 def evaluate_many(run: Run, jobs: list[tuple[str, str, list[str]]], *, training: bool = False,
                   epoch: int | None = None) -> list[Evaluation]:
     """Several evaluations at once, in parallel: ``(skill, split, item_ids)`` each, results in order."""
     task = bound(run, evaluate_skill)
-    futures = [task.submit(run, skill, split, list(ids), training=training, epoch=epoch)
-               for skill, split, ids in jobs]
+    keyed_jobs = [(_evaluation_key({"run": run, "skill": skill, "split": split, "item_ids": list(ids),
+                                    "training": training, "epoch": epoch}), skill, split, list(ids))
+                  for skill, split, ids in jobs]
+    finished = {key: _finished_evaluation(run, key) for key, *_ in keyed_jobs}
+    futures = {key: task.submit(run, skill, split, ids, training=training, epoch=epoch)
+               for key, skill, split, ids in keyed_jobs if finished[key] is None}
     results = []
-    for future in futures:
+    for key, *_ in keyed_jobs:
+        known = finished[key]
+        if known is not None:
+            results.append(known)
+            continue
         try:
-            results.append(future.result())
+            evaluation = futures[key].result()
         except PartialEvaluation as partial:
             results.append(partial.evaluation)
+            continue
+        _keep_evaluation(run, key, evaluation)
+        results.append(evaluation)
     return results
+
+
+# Whole evaluations this process finished, by run and evaluation key. Asked for again (the current skill at
+# every gate, the final stage's selection checks), one is answered here as a cache hit without a task run:
+# each such task run, served from Prefect's cache, cost 0.02-0.06 s of the step's or the run's end on a busy
+# two-core machine. Work ahead of the flow (``skillopt.early_start``) neither reads nor fills it: the flow's
+# own tasks take what was made ahead.
+_finished: weakref.WeakKeyDictionary[Run, dict[str, Evaluation]] = weakref.WeakKeyDictionary()
+_finished_lock = threading.Lock()
+
+
+def _finished_evaluation(run: Run, key: str) -> Evaluation | None:
+    if ahead():
+        return None
+    with _finished_lock:
+        evaluation = _finished.get(run, {}).get(key)
+    if evaluation is not None:
+        record_hits(run, "rollout", len(evaluation.rows))  # as a cached evaluate_skill records them
+    return evaluation
+
+
+def _keep_evaluation(run: Run, key: str, evaluation: Evaluation) -> None:
+    if ahead():
+        return
+    with _finished_lock:
+        _finished.setdefault(run, {})[key] = evaluation

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from skillopt import early_start
 from skillopt.assembly import Run, RunSpec, open_run, remember_run, take_handed_over
 from skillopt.config import LoadedConfig, SkillOptConfig
 from skillopt.llm.limiter import RateLimiter
@@ -48,6 +49,9 @@ def start_run(spec: RunSpec, *, loaded: LoadedConfig | None = None, dask_client:
             run.early.adopted()
     else:
         run = Run.build(spec, loaded=loaded, limiter=limiter)
+    if run.early is None and early_start.eligible(loaded.config) and run.clients.target.replies is not None:
+        # The flow's rollouts start their calls ahead of their tasks (tasks/rollout.run_rollouts).
+        run.early = early_start.EarlyRollouts(int(getattr(run.bench_cfg, "workers", 4)))
     run.limiter_for = limiter_for
     return remember_run(run)
 

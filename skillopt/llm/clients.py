@@ -114,6 +114,8 @@ class RoleClient:
         self._lock = threading.Lock()
         self._window: int | None = None
         self._window_lock = threading.Lock()
+        self._sent = 0  # requests handed to the backend so far (every attempt)
+        self._sent_changed = threading.Condition()
 
     @property
     def backend(self) -> Any:
@@ -152,6 +154,16 @@ class RoleClient:
                 self.replies.keep_ahead(store_key, response)
             return response
 
+    def requests_sent(self) -> int:
+        """How many requests this role has handed to its backend so far (each attempt counts)."""
+        with self._sent_changed:
+            return self._sent
+
+    def wait_requests_sent(self, count: int, timeout_s: float) -> bool:
+        """Wait until ``requests_sent()`` reaches ``count``, for at most ``timeout_s``; whether it did."""
+        with self._sent_changed:
+            return self._sent_changed.wait_for(lambda: self._sent >= count, timeout=timeout_s)
+
     def _call(self, request: ChatRequest, backend: Any, timeout_s: float, estimate: int,
               store_key: str | None) -> ChatResponse:
         try:
@@ -161,6 +173,9 @@ class RoleClient:
 
         def once(attempt: int) -> ChatResponse:
             with self.limiter.acquire(self.role.rate_limit_key, tokens=estimate):
+                with self._sent_changed:
+                    self._sent += 1
+                    self._sent_changed.notify_all()
                 return backend.attempt(request, timeout_s=timeout_s)
 
         def on_retry(error: BackendError, wait: float) -> None:

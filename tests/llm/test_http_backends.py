@@ -289,6 +289,24 @@ def test_concurrent_calls_respect_max_concurrency(openai_server):
     assert peak == 2
 
 
+def test_requests_sent_counts_each_request_once_it_has_room_under_the_provider_limit(openai_server):
+    openai_server.default = slow(0.3, then=ok(text="x"))
+    key = f"openai:127.0.0.1:{openai_server.port}"
+    bundle = openai_chat(openai_server, f"model.providers={{'{key}': {{max_concurrency: 2}}}}")
+    target = bundle.target
+    assert target.requests_sent() == 0
+    threads = [threading.Thread(target=target.chat, args=(ask(f"question {n}"),)) for n in range(3)]
+    for t in threads:
+        t.start()
+    # Two requests have room at once; the third waits for one of them to finish.
+    assert target.wait_requests_sent(2, timeout_s=5)
+    assert not target.wait_requests_sent(3, timeout_s=0.1)
+    assert target.wait_requests_sent(3, timeout_s=5)
+    for t in threads:
+        t.join()
+    assert target.requests_sent() == openai_server.calls(CHAT) == 3
+
+
 # ---- Anthropic --------------------------------------------------------------------------------
 
 
