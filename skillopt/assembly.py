@@ -158,6 +158,11 @@ class Run:
         """Where task results and stored replies live (``run.cache_dir``)."""
         return self.spec.path(self.config.run.cache_dir)
 
+    def served_from_cache(self, key: str) -> bool:
+        """Whether the task keyed ``key`` will be served from the result cache: a result is stored under its
+        key in ``cache_dir`` (Prefect's local file system there) and the run does not refresh the cache."""
+        return not self.config.run.refresh_cache and (self.cache_dir / key).exists()
+
     def starting_skill(self) -> str:
         """The skill the baseline scores: the initial skill, with the (empty, invisible to the target and to
         the hash) slow-update block when the run uses one."""

@@ -42,7 +42,7 @@ from skillopt.assembly import Run, RunSpec, hand_over
 from skillopt.config import LoadedConfig, SkillOptConfig
 from skillopt.llm.reply_store import AHEAD
 from skillopt.records import ItemResult
-from skillopt.rollouts import direct_judge, first_batch, roll_out
+from skillopt.rollouts import direct_judge, first_batch, roll_out, rollout_key
 from skillopt.skill import skill_hash
 
 log = logging.getLogger(__name__)
@@ -180,25 +180,33 @@ def start(run: Run) -> EarlyRollouts:
     skill = run.starting_skill()
     judge = direct_judge(run) if run.benchmark.needs_judge(run.bench_cfg) else None
     early = EarlyRollouts(int(getattr(run.bench_cfg, "workers", 4)))
-    batch_rows: list[Future[ItemResult]] = []
+
+    def submit(item_id: str, *, training: bool, sample: int = 0, epoch: int | None = None,
+               view_seed: int | None = None) -> Future[ItemResult] | None:
+        """Start one rollout, unless its task will be served from the cache (a re-run): the task would never
+        take it, and the call would find its reply stored."""
+        item = run.items[item_id]
+        if run.served_from_cache(rollout_key(run, item, skill, training=training, sample=sample, epoch=epoch,
+                                             view_seed=view_seed)):
+            return None
+        return early.submit(early_key(skill, item_id, training=training, sample=sample, epoch=epoch,
+                                      view_seed=view_seed),
+                            rollout_call(run, item_id, skill, judge, training=training, sample=sample,
+                                         epoch=epoch, view_seed=view_seed))
+
+    batch_rows: list[Future[ItemResult] | None] = []
     if (first := first_batch(run)) is not None:
         batch, draws = first
-        epoch, seed = draws.epoch, batch.seed
-        for item_id, sample in zip(batch.item_ids, draws.take(batch.item_ids), strict=True):
-            key = early_key(skill, item_id, training=True, sample=sample, epoch=epoch, view_seed=seed)
-            batch_rows.append(early.submit(key, rollout_call(run, item_id, skill, judge, training=True,
-                                                             sample=sample, epoch=epoch, view_seed=seed)))
-    for item_id in run.selection_ids("val"):
-        early.submit(early_key(skill, item_id, training=False),
-                     rollout_call(run, item_id, skill, judge, training=False))
-    for item_id in run.baseline_test_ids():
-        early.submit(early_key(skill, item_id, training=False),
-                     rollout_call(run, item_id, skill, judge, training=False))
-    if first is not None and run.clients.optimizer.replies is not None:
+        batch_rows = [submit(item_id, training=True, sample=sample, epoch=draws.epoch, view_seed=batch.seed)
+                      for item_id, sample in zip(batch.item_ids, draws.take(batch.item_ids), strict=True)]
+    for item_id in [*run.selection_ids("val"), *run.baseline_test_ids()]:
+        submit(item_id, training=False)
+    started = [future for future in batch_rows if future is not None]
+    if first is not None and len(started) == len(batch_rows) and run.clients.optimizer.replies is not None:
         # Its stage functions import Prefect: wait for the flow to have loaded them, unless they were loaded
         # before this process started its work (the preloaded process of `skillopt server start`).
         loaded = "skillopt.flows.stages" in sys.modules
-        threading.Thread(target=_step_one_ahead, args=(run, early, batch_rows, first[0].seed, loaded),
+        threading.Thread(target=_step_one_ahead, args=(run, early, started, first[0].seed, loaded),
                          name="skillopt-step-one-ahead", daemon=True).start()
     return early
 

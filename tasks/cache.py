@@ -108,8 +108,3 @@ def _storage_of(run: Run) -> Path:
             _storages[run] = resolved
         return _storages[run]
 
-
-def served_from_cache(run: Run, key: str) -> bool:
-    """Whether a task keyed ``key`` would be served from the cache: its result is stored and the run does not
-    refresh the cache."""
-    return not run.config.run.refresh_cache and (_storage_of(run) / key).exists()

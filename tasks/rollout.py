@@ -32,7 +32,7 @@ from skillopt.records import ItemResult
 from skillopt.rollouts import JudgeVerdict, judge_call_key, roll_out, rollout_key
 from skillopt.skill import skill_hash
 from skillopt.tasks.ahead import ahead
-from skillopt.tasks.cache import bound, keyed, retry_only_retryable, served_from_cache
+from skillopt.tasks.cache import bound, keyed, retry_only_retryable
 from skillopt.tasks.cache_hits import record_hits
 from skillopt.tasks.runners import pool_for
 
@@ -177,7 +177,7 @@ def _start_calls(run: Run, jobs: list[dict[str, Any]]) -> None:
     target = run.clients.target
     sent, started = target.requests_sent(), 0
     for job in jobs:
-        if job["probe_instruction"] is not None or served_from_cache(run, _rollout_item_key(job)):
+        if job["probe_instruction"] is not None or run.served_from_cache(_rollout_item_key(job)):
             continue
         item, skill = job["item"], job["skill"]
         options = {"training": job["training"], "sample": job["sample"], "epoch": job["epoch"],

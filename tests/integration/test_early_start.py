@@ -28,8 +28,8 @@ def _flow_run(api: str, name: str):
 
     with temporary_settings(updates={PREFECT_API_URL: api}), get_client(sync_client=True) as client:
         by_name = FlowRunFilter(name=FlowRunFilterName(any_=[name]))
-        (flow_run,) = client.read_flow_runs(flow_run_filter=by_name)
-    return flow_run
+        runs = client.read_flow_runs(flow_run_filter=by_name)
+    return min(runs, key=lambda run: run.created)  # the first run of that name (a re-run makes another)
 
 
 def _subflow(api: str, parent_id, name: str):  # noqa: ANN001
@@ -53,9 +53,14 @@ def test_train_calls_the_baseline_before_the_flow_starts_and_makes_each_call_onc
         done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
         answered = list(world.answered)
+        lines_before = len(_usage(tmp_path / "runs" / "early"))
+        # The same command again: every task is served from Prefect's cache.
+        again = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+        assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+        answered_again = list(world.answered)[len(answered):]
 
     run_dir = tmp_path / "runs" / "early"
-    usage = _usage(run_dir)
+    usage = _usage(run_dir)[:lines_before]  # the first run's
     calls = [u for u in usage if not u.get("cache_hit")]
     # Each request reached the model once, and the ledger holds each call once, early ones included.
     assert len(set(answered)) == len(answered)
@@ -95,3 +100,10 @@ def test_train_calls_the_baseline_before_the_flow_starts_and_makes_each_call_onc
     # and the flow's tasks took those replies as their own calls: nothing came from the reply store (a reply
     # store hit carries its request's tags; the untagged hits are evaluations Prefect found in its cache)
     assert not [u for u in usage if u.get("cache_hit") and u["tags"]]
+
+    # The re-run called no model, and no rollout was started ahead of a task the cache served (it would have
+    # found its reply stored, a reply-store hit with its request's tags).
+    assert answered_again == []
+    rerun = _usage(run_dir)[lines_before:]
+    assert rerun and all(u.get("cache_hit") for u in rerun)
+    assert not [u for u in rerun if u["tags"]]
