@@ -871,6 +871,13 @@ def main(
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return EXIT_OK
+    except Exception:
+        # An error raised while a Ctrl-C unwinds the run is the interrupt's, not one of its own: Prefect's
+        # crash handling of a task run it had not finished creating raised "Task run is not set" in place of
+        # the KeyboardInterrupt, and the command printed that traceback.
+        if guard is not None and guard.interrupted:
+            return _interrupted(out, guard)
+        raise
 
 
 def entry(*, hand_over: bool = True) -> NoReturn:

@@ -85,3 +85,26 @@ def test_stop_because_reports_the_reason_and_exits_1(tmp_path: Path):
                             timeout=30, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert result.returncode == 1
     assert result.stderr.strip() == "error: the API server exited"
+
+
+def test_an_error_raised_while_ctrl_c_unwinds_a_run_is_reported_as_the_interrupt(tmp_path: Path):
+    # A run command whose unwinding after Ctrl-C raises another error (as Prefect's crash handling did for a
+    # task run it was still creating): one line and exit 130, no traceback.
+    script = textwrap.dedent("""
+        import os, signal, time
+        import skillopt.cli as cli
+
+        def train(args, out):
+            try:
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(30)
+            except KeyboardInterrupt:
+                raise ValueError("Task run is not set") from None
+
+        cli._cmd_train = train
+        cli.entry(hand_over=False)
+    """)
+    process = subprocess.run([sys.executable, "-c", script, "train", "demo"], cwd=tmp_path, text=True,
+                             capture_output=True, timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert process.returncode == 130, process.stderr
+    assert process.stderr.strip().splitlines() == [INTERRUPTED_MESSAGE]
