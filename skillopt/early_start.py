@@ -74,13 +74,21 @@ class EarlyRollouts:
             future = self._futures[key] = self._pool.submit(rollout)
         return future
 
-    def submit_new(self, key: EarlyKey, rollout: Callable[[], ItemResult]) -> bool:
-        """Start ``rollout`` unless ``key`` is started and not yet taken; whether it was started."""
+    def start(self, run: Run, item_id: str, skill: str, judge: Any, *, training: bool, sample: int = 0,
+              epoch: int | None = None, view_seed: int | None = None) -> Future[ItemResult] | None:
+        """Start the rollout of ``item_id`` with ``skill`` that its ``rollout_item`` task will ask for; None
+        if it is started and not yet taken, or if its task will be served from the cache (a re-run: the task
+        would never take it, and the call would find its reply stored)."""
+        draw: dict[str, Any] = {"training": training, "sample": sample, "epoch": epoch,
+                                "view_seed": view_seed}
+        if run.served_from_cache(rollout_key(run, run.items[item_id], skill, **draw)):
+            return None
+        key = early_key(skill, item_id, **draw)
         with self._lock:
             if key in self._futures:
-                return False
-            self._futures[key] = self._pool.submit(rollout)
-        return True
+                return None
+            future = self._futures[key] = self._pool.submit(_rollout(run, item_id, skill, judge, **draw))
+        return future
 
     def adopted(self) -> None:
         """The flow took the run over (its modules, Prefect's among them, are loaded)."""
@@ -180,27 +188,14 @@ def start(run: Run) -> EarlyRollouts:
     skill = run.starting_skill()
     judge = direct_judge(run) if run.benchmark.needs_judge(run.bench_cfg) else None
     early = EarlyRollouts(int(getattr(run.bench_cfg, "workers", 4)))
-
-    def submit(item_id: str, *, training: bool, sample: int = 0, epoch: int | None = None,
-               view_seed: int | None = None) -> Future[ItemResult] | None:
-        """Start one rollout, unless its task will be served from the cache (a re-run): the task would never
-        take it, and the call would find its reply stored."""
-        item = run.items[item_id]
-        if run.served_from_cache(rollout_key(run, item, skill, training=training, sample=sample, epoch=epoch,
-                                             view_seed=view_seed)):
-            return None
-        return early.submit(early_key(skill, item_id, training=training, sample=sample, epoch=epoch,
-                                      view_seed=view_seed),
-                            rollout_call(run, item_id, skill, judge, training=training, sample=sample,
-                                         epoch=epoch, view_seed=view_seed))
-
     batch_rows: list[Future[ItemResult] | None] = []
     if (first := first_batch(run)) is not None:
         batch, draws = first
-        batch_rows = [submit(item_id, training=True, sample=sample, epoch=draws.epoch, view_seed=batch.seed)
+        batch_rows = [early.start(run, item_id, skill, judge, training=True, sample=sample, epoch=draws.epoch,
+                                  view_seed=batch.seed)
                       for item_id, sample in zip(batch.item_ids, draws.take(batch.item_ids), strict=True)]
     for item_id in [*run.selection_ids("val"), *run.baseline_test_ids()]:
-        submit(item_id, training=False)
+        early.start(run, item_id, skill, judge, training=False)
     started = [future for future in batch_rows if future is not None]
     if first is not None and len(started) == len(batch_rows) and run.clients.optimizer.replies is not None:
         # Its stage functions import Prefect: wait for the flow to have loaded them, unless they were loaded
@@ -236,10 +231,8 @@ def _step_one_ahead(run: Run, early: EarlyRollouts, batch_rows: list[Future[Item
         log.debug("step 1 ahead of the flow stopped: %r", error)
 
 
-def rollout_call(run: Run, item_id: str, skill: str, judge: Any, *, training: bool, sample: int = 0,
-                 epoch: int | None = None, view_seed: int | None = None) -> Callable[[], ItemResult]:
-    """The rollout of ``item_id`` with ``skill`` as a plain call, for ``EarlyRollouts``."""
-
+def _rollout(run: Run, item_id: str, skill: str, judge: Any, *, training: bool, sample: int = 0,
+             epoch: int | None = None, view_seed: int | None = None) -> Callable[[], ItemResult]:
     def rollout() -> ItemResult:
         return roll_out(run, run.items[item_id], skill, training=training, judge=judge, sample=sample,
                         epoch=epoch, view_seed=view_seed)

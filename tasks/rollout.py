@@ -23,7 +23,7 @@ from skillopt.assembly import Run
 from skillopt.benchmarks.runner import check_infrastructure, error_row
 from skillopt.cache_keys import digest
 from skillopt.data import Item
-from skillopt.early_start import early_key, rollout_call
+from skillopt.early_start import early_key
 from skillopt.error_rows import answered_rows
 from skillopt.errors import SkillOptError, StorageError
 from skillopt.gate import Scores, score_rows
@@ -177,13 +177,10 @@ def _start_calls(run: Run, jobs: list[dict[str, Any]]) -> None:
     target = run.clients.target
     sent, started = target.requests_sent(), 0
     for job in jobs:
-        if job["probe_instruction"] is not None or run.served_from_cache(_rollout_item_key(job)):
-            continue
-        item, skill = job["item"], job["skill"]
-        options = {"training": job["training"], "sample": job["sample"], "epoch": job["epoch"],
-                   "view_seed": job["view_seed"]}
-        started += early.submit_new(early_key(skill, item.id, **options),
-                                    rollout_call(run, item.id, skill, None, **options))
+        if job["probe_instruction"] is None:
+            started += early.start(run, job["item"].id, job["skill"], None, training=job["training"],
+                                   sample=job["sample"], epoch=job["epoch"],
+                                   view_seed=job["view_seed"]) is not None
     if started:
         # Let the first of them leave before the tasks start: ten task starts took the interpreter from the
         # threads building the requests, and the wave's calls left over 0.06-0.1 s instead of 0.02-0.04 s.
