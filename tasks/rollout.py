@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import threading
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 from prefect import task
@@ -201,38 +202,30 @@ def evaluate(run: Run, skill: str, split: str, item_ids: list[str] | None = None
     finished = _finished_evaluation(run, key)
     if finished is not None:
         return finished
-    try:
-        evaluation = bound(run, evaluate_skill)(**job)
-    except PartialEvaluation as partial:
-        return partial.evaluation
-    _keep_evaluation(run, key, evaluation)
-    return evaluation
+    return _settled(run, key, lambda: bound(run, evaluate_skill)(**job))
 
 
 def evaluate_many(run: Run, jobs: list[tuple[str, str, list[str]]], *, training: bool = False,
                   epoch: int | None = None) -> list[Evaluation]:
     """Several evaluations at once, in parallel: ``(skill, split, item_ids)`` each, results in order."""
     task = bound(run, evaluate_skill)
-    keyed_jobs = [(_evaluation_key({"run": run, "skill": skill, "split": split, "item_ids": list(ids),
-                                    "training": training, "epoch": epoch}), skill, split, list(ids))
-                  for skill, split, ids in jobs]
-    finished = {key: _finished_evaluation(run, key) for key, *_ in keyed_jobs}
-    futures = {key: task.submit(run, skill, split, ids, training=training, epoch=epoch)
-               for key, skill, split, ids in keyed_jobs if finished[key] is None}
-    results = []
-    for key, *_ in keyed_jobs:
-        known = finished[key]
-        if known is not None:
-            results.append(known)
-            continue
-        try:
-            evaluation = futures[key].result()
-        except PartialEvaluation as partial:
-            results.append(partial.evaluation)
-            continue
-        _keep_evaluation(run, key, evaluation)
-        results.append(evaluation)
-    return results
+    keys = [_evaluation_key({"run": run, "skill": skill, "split": split, "item_ids": list(ids),
+                             "training": training, "epoch": epoch}) for skill, split, ids in jobs]
+    finished = {key: _finished_evaluation(run, key) for key in keys}
+    futures = {key: task.submit(run, skill, split, list(ids), training=training, epoch=epoch)
+               for key, (skill, split, ids) in zip(keys, jobs, strict=True) if finished[key] is None}
+    return [known if (known := finished[key]) is not None else _settled(run, key, futures[key].result)
+            for key in keys]
+
+
+def _settled(run: Run, key: str, result: Callable[[], Evaluation]) -> Evaluation:
+    """The evaluation ``result`` gives, kept for the run if it is whole; with failed items, its rows."""
+    try:
+        evaluation = result()
+    except PartialEvaluation as partial:
+        return partial.evaluation
+    _keep_evaluation(run, key, evaluation)
+    return evaluation
 
 
 # Whole evaluations this process finished, by run and evaluation key. Asked for again (the current skill at
