@@ -871,13 +871,25 @@ def main(
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return EXIT_OK
-    except Exception:
-        # An error raised while a Ctrl-C unwinds the run is the interrupt's, not one of its own: Prefect's
-        # crash handling of a task run it had not finished creating raised "Task run is not set" in place of
-        # the KeyboardInterrupt, and the command printed that traceback.
-        if guard is not None and guard.interrupted:
+    except Exception as exc:
+        # An error raised while a Ctrl-C was being handled is the interrupt's: Prefect's crash handling of a
+        # task run it had not finished creating raised "Task run is not set" in place of the
+        # KeyboardInterrupt, and the command printed that traceback. Any other error is reported as it is.
+        if guard is not None and guard.interrupted and _while_interrupted(exc):
             return _interrupted(out, guard)
         raise
+
+
+def _while_interrupted(error: BaseException) -> bool:
+    """Whether ``error`` was raised while a ``KeyboardInterrupt`` was being handled."""
+    seen: set[int] = set()
+    cause: BaseException | None = error.__context__
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, KeyboardInterrupt):
+            return True
+        seen.add(id(cause))
+        cause = cause.__context__
+    return False
 
 
 def entry(*, hand_over: bool = True) -> NoReturn:
