@@ -15,6 +15,8 @@ system on that folder).
 
 from __future__ import annotations
 
+import threading
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -83,10 +85,28 @@ def bound(run: Run, task: Any, **options: Any) -> Any:
     """
     if ahead():  # work done ahead of the flow (skillopt.early_start): the function itself
         return AheadTask(task)
+    if options:
+        return _bind(run, task, options)
+    # Bound once per run and task: Prefect builds a new task (its signature, its checks) for every
+    # ``with_options``, about 1 ms of the interpreter ahead of each stage's first call.
+    with _bound_lock:
+        known = _bound.setdefault(run, {}).get(task)
+    if known is None:
+        known = _bind(run, task, {})
+        with _bound_lock:
+            known = _bound[run].setdefault(task, known)
+    return known
+
+
+def _bind(run: Run, task: Any, options: dict[str, Any]) -> Any:
     if run.config.model.rate_limit_mode != "prefect" and "tags" not in options:
         options["tags"] = set()
     return task.with_options(result_storage=_storage_of(run), refresh_cache=run.config.run.refresh_cache,
                              on_completion=[cache_hit_hook(run)], **options)
+
+
+_bound: weakref.WeakKeyDictionary[Run, dict[Any, Any]] = weakref.WeakKeyDictionary()
+_bound_lock = threading.Lock()
 
 
 def _storage_of(run: Run) -> Path:
