@@ -109,6 +109,11 @@ class EarlyRollouts:
             return None
         return future.result()
 
+    def waiting(self, key: EarlyKey) -> Future[ItemResult] | None:
+        """The rollout of ``key`` if it is started and not yet taken (its task still takes it)."""
+        with self._lock:
+            return self._futures.get(key)
+
     def pending(self) -> int:
         with self._lock:
             return len(self._futures)

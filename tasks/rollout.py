@@ -14,6 +14,7 @@ from __future__ import annotations
 import threading
 import weakref
 from collections.abc import Callable
+from concurrent.futures import CancelledError, Future
 from typing import Any
 
 from prefect import task
@@ -113,26 +114,29 @@ def evaluate_skill(run: Run, skill: str, split: str, item_ids: list[str], *, tra
                    view_seed: int | None = None) -> Evaluation:
     """Roll out every item of ``item_ids`` with ``skill`` (one cached task per item) and score the split.
     ``epoch`` and ``samples`` (one per id) make training rollouts new draws; evaluations leave them out."""
+    key = _evaluation_key({"run": run, "skill": skill, "split": split, "item_ids": item_ids,
+                           "training": training, "epoch": epoch, "samples": samples, "view_seed": view_seed})
     return run_rollouts(run, skill, split, item_ids, training=training, epoch=epoch, samples=samples,
-                        view_seed=view_seed)
+                        view_seed=view_seed, shown=not _shown_by_flow(run, key))
 
 
 def run_rollouts(run: Run, skill: str, split: str, item_ids: list[str], *, training: bool,
                  probe_instruction: str | None = None, epoch: int | None = None,
-                 samples: list[int] | None = None, view_seed: int | None = None) -> Evaluation:
-    """Submit one ``rollout_item`` per id (bounded pool), in id order; raise on outages and failures."""
+                 samples: list[int] | None = None, view_seed: int | None = None,
+                 shown: bool = True) -> Evaluation:
+    """Submit one ``rollout_item`` per id (bounded pool), in id order; raise on outages and failures.
+    ``shown``: report the progress and count error streaks (False where the flow does it itself)."""
     workers = max(1, int(getattr(run.bench_cfg, "workers", 4)))
     rollout = bound(run, rollout_item)
     rows: list[ItemResult] = []
-    shown = not ahead()  # work ahead of the flow (skillopt.early_start) is the flow's to show and count
+    # Work ahead of the flow (skillopt.early_start) is the flow's to show and count.
+    shown = shown and not ahead()
     if shown:
         live.emit("stage", name=f"rollout {split}", total=len(item_ids))
     with pool_for(run, "rollouts", workers) as runner:
-        common = {"run": run, "skill": skill, "training": training, "probe_instruction": probe_instruction,
-                  "epoch": epoch, "view_seed": view_seed}
-        jobs = [{**common, "item": run.items[i], "sample": sample}
-                for i, sample in zip(item_ids, samples or [0] * len(item_ids), strict=True)]
-        if shown:
+        jobs = _rollout_jobs(run, skill, item_ids, training=training, probe_instruction=probe_instruction,
+                             epoch=epoch, samples=samples, view_seed=view_seed)
+        if not ahead():
             _start_calls(run, jobs)
         futures = [runner.submit(rollout, job) for job in jobs]
         errors = []
@@ -149,20 +153,34 @@ def run_rollouts(run: Run, skill: str, split: str, item_ids: list[str], *, train
     check_infrastructure(rows, role_label=run.clients.roles.target.label())
     if shown:
         run.error_streak.observe(rows)
-    # Error rows say nothing about the skill: the scores are those of the items that answered.
-    scores = score_rows(answered_rows(rows))
-    evaluation = Evaluation(split=split, skill_sha=skill_hash(skill), rows=rows, scores=scores)
+    evaluation = _scored(skill, split, rows)
     if errors:
         raise PartialEvaluation(f"{len(errors)} of {len(rows)} {split} items failed; first: {errors[0]}",
                                 evaluation)
     return evaluation
 
 
+def _rollout_jobs(run: Run, skill: str, item_ids: list[str], *, training: bool,
+                  probe_instruction: str | None, epoch: int | None, samples: list[int] | None,
+                  view_seed: int | None) -> list[dict[str, Any]]:
+    """The parameters of the ``rollout_item`` task of each of ``item_ids``, in order."""
+    common = {"run": run, "skill": skill, "training": training, "probe_instruction": probe_instruction,
+              "epoch": epoch, "view_seed": view_seed}
+    return [{**common, "item": run.items[i], "sample": sample}
+            for i, sample in zip(item_ids, samples or [0] * len(item_ids), strict=True)]
+
+
+def _scored(skill: str, split: str, rows: list[ItemResult]) -> Evaluation:
+    # Error rows say nothing about the skill: the scores are those of the items that answered.
+    return Evaluation(split=split, skill_sha=skill_hash(skill), rows=rows,
+                      scores=score_rows(answered_rows(rows)))
+
+
 #: How long a wave's tasks wait at most for the wave's early calls to leave (``_start_calls``).
 WAVE_SEND_WAIT_S = 0.05
 
 
-def _start_calls(run: Run, jobs: list[dict[str, Any]]) -> None:
+def _start_calls(run: Run, jobs: list[dict[str, Any]]) -> list[Future[ItemResult]] | None:
     """Begin the model calls of a wave's rollouts at once, each taken by its ``rollout_item`` task when
     it runs (``skillopt.early_start.EarlyRollouts``). A task's start (its run, its states, its cache key)
     takes 5-10 ms of the interpreter, so the tenth call of a wave of ten left 0.05-0.1 s after the first;
@@ -171,10 +189,12 @@ def _start_calls(run: Run, jobs: list[dict[str, Any]]) -> None:
     Only where the run has early rollouts (its rollouts run in this process under its limits, with the
     target's replies stored), for rollouts without a probe or a judge (a judged rollout's verdict is its own
     cached task), and never for a rollout whose task would be served from the cache (it would never take
-    the call)."""
+    the call).
+
+    Returns each job's call, or None unless every job's call is started early and not yet taken."""
     early = run.early
     if early is None or run.benchmark.needs_judge(run.bench_cfg):
-        return
+        return None
     target = run.clients.target
     sent, started = target.requests_sent(), 0
     for job in jobs:
@@ -186,6 +206,12 @@ def _start_calls(run: Run, jobs: list[dict[str, Any]]) -> None:
         # Let the first of them leave before the tasks start: ten task starts took the interpreter from the
         # threads building the requests, and the wave's calls left over 0.06-0.1 s instead of 0.02-0.04 s.
         target.wait_requests_sent(sent + min(started, early.workers), timeout_s=WAVE_SEND_WAIT_S)
+    calls = [early.waiting(early_key(job["skill"], job["item"].id, training=job["training"],
+                                     sample=job["sample"], epoch=job["epoch"], view_seed=job["view_seed"]))
+             for job in jobs if job["probe_instruction"] is None]
+    if len(calls) < len(jobs) or any(call is None for call in calls):
+        return None
+    return calls  # type: ignore[return-value]  # no None left
 
 
 def evaluate(run: Run, skill: str, split: str, item_ids: list[str] | None = None, *, training: bool = False,
@@ -202,7 +228,83 @@ def evaluate(run: Run, skill: str, split: str, item_ids: list[str] | None = None
     finished = _finished_evaluation(run, key)
     if finished is not None:
         return finished
+    if not ahead():
+        calls = _start_calls(run, _rollout_jobs(run, skill, ids, training=training, probe_instruction=None,
+                                                epoch=epoch, samples=samples, view_seed=view_seed))
+        if calls is not None:
+            return _ahead_of_its_task(run, key, job, calls)
     return _settled(run, key, lambda: bound(run, evaluate_skill)(**job))
+
+
+def _ahead_of_its_task(run: Run, key: str, job: dict[str, Any],
+                       calls: list[Future[ItemResult]]) -> Evaluation:
+    """The evaluation ``job`` from its calls, all started early (``_start_calls``), as soon as they are in.
+
+    Its ``evaluate_skill`` task still runs (one task per item in the UI, each result cached) and finishes in
+    the background: ten task runs ending (their results written, their states reported) held every stage
+    0.03-0.05 s after its last reply on a two-core machine. The flow shows this evaluation's progress and
+    counts its error streak; the run waits for the task before it ends (``settle_evaluations``). If a call
+    failed, or an item's task made its call itself, the evaluation is its task's, as without this path."""
+    split = job["split"]
+    _flow_shows(run, key, True)
+    live.emit("stage", name=f"rollout {split}", total=len(calls))
+    submitted = bound(run, evaluate_skill).submit(**job)
+    rows: list[ItemResult] = []
+    for call in calls:
+        try:
+            rows.append(call.result())
+        except (Exception, CancelledError):  # noqa: BLE001 - the task's own row for it decides
+            break
+        live.emit("item")
+    if len(rows) == len(calls) and not any(row.is_error for row in rows):
+        check_infrastructure(rows, role_label=run.clients.roles.target.label())
+        run.error_streak.observe(rows)
+        evaluation = _scored(job["skill"], split, rows)
+        _keep_evaluation(run, key, evaluation)
+        with _flow_lock:
+            _in_background.setdefault(run, []).append((key, submitted))
+        return evaluation
+    try:
+        evaluation = _settled(run, key, submitted.result)
+    finally:
+        _flow_shows(run, key, False)
+    for _ in range(len(calls) - len(rows)):
+        live.emit("item")
+    run.error_streak.observe(evaluation.rows)
+    return evaluation
+
+
+# Evaluations whose progress the flow shows itself (``_ahead_of_its_task``), and their tasks left finishing in
+# the background, by run.
+_flow_shown: weakref.WeakKeyDictionary[Run, set[str]] = weakref.WeakKeyDictionary()
+_in_background: weakref.WeakKeyDictionary[Run, list[tuple[str, Any]]] = weakref.WeakKeyDictionary()
+_flow_lock = threading.Lock()
+
+
+def _flow_shows(run: Run, key: str, shows: bool) -> None:
+    with _flow_lock:
+        shown = _flow_shown.setdefault(run, set())
+        if shows:
+            shown.add(key)
+        else:
+            shown.discard(key)
+
+
+def _shown_by_flow(run: Run, key: str) -> bool:
+    with _flow_lock:
+        return key in _flow_shown.get(run, ())
+
+
+def settle_evaluations(run: Run) -> None:
+    """Wait for the ``evaluate_skill`` tasks left finishing in the background (``_ahead_of_its_task``); raise
+    the first one's error (their rows were whole: none is expected)."""
+    with _flow_lock:
+        left = _in_background.pop(run, [])
+    for _, submitted in left:
+        submitted.wait()
+    for key, submitted in left:
+        _flow_shows(run, key, False)
+        submitted.result()
 
 
 def evaluate_many(run: Run, jobs: list[tuple[str, str, list[str]]], *, training: bool = False,

@@ -65,6 +65,7 @@ def run_of(spec: RunSpec) -> Run:
 def started_run(spec: RunSpec, *, loaded: LoadedConfig | None = None) -> Iterator[Run]:
     """The flow's run with its task pools (``run.task_runner``) started around the flow's work, and stopped
     after it (a local Dask cluster with them)."""
+    from skillopt.tasks.rollout import settle_evaluations
     from skillopt.tasks.runners import TaskPools, use_pools
 
     loaded = loaded or spec.loaded()
@@ -73,6 +74,7 @@ def started_run(spec: RunSpec, *, loaded: LoadedConfig | None = None) -> Iterato
         use_pools(run, pools)
         try:
             yield run
+            settle_evaluations(run)
         finally:
             if run.early is not None:
                 run.early.close()
