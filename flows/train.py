@@ -74,7 +74,7 @@ from skillopt.tasks.artifacts import (
 from skillopt.tasks.cache import bound
 from skillopt.tasks.epoch import meta_skill, slow_update
 from skillopt.tasks.optimize import deep_probe
-from skillopt.tasks.rollout import Evaluation, evaluate, evaluate_many
+from skillopt.tasks.rollout import Evaluation, evaluate, evaluate_many, start_rollouts
 from skillopt.tasks.run import started_run
 from skillopt.update_modes import Picked
 
@@ -202,7 +202,7 @@ def skill_epoch(run: Any, state: TrainState, epoch: int) -> TrainState:
     epoch_start_skill = state.current_skill
     buffer = StepBuffer()  # memory of this epoch only
     draws = Draws(epoch, resample=cfg.train.resample_each_epoch)
-    for step_plan in plan.steps:
+    for step_plan, next_plan in zip(plan.steps, [*plan.steps[1:], None], strict=True):
         if budget_stop(run, state, f"epoch {epoch} step {step_plan.index + 1}"):
             return state
         state.step += 1
@@ -210,6 +210,12 @@ def skill_epoch(run: Any, state: TrainState, epoch: int) -> TrainState:
         before = state.current_skill
         record = train_step(run, state, buffer, draws, epoch=epoch, step_plan=step_plan,
                             budget=schedule.budget(state.step))
+        if next_plan is not None and not cfg.budget.capped:
+            # The next step's first rollouts leave now, with the skill this step ends on; the step's records,
+            # lines and artifacts below are written while they are in flight.
+            batch = next_plan.batches[0]
+            start_rollouts(run, state.current_skill, batch.item_ids, training=True, epoch=draws.epoch,
+                           samples=draws.peek(batch.item_ids), view_seed=batch.seed)
         state.history.append(record)
         run.dir.record_step(record)
         run.dir.write_skill_snapshot(state.step, state.current_skill)

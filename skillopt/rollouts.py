@@ -149,12 +149,20 @@ class Draws:
 
     def take(self, item_ids: list[str]) -> list[int]:
         """The sample index of each of ``item_ids``, counting them as drawn."""
+        samples = self.peek(item_ids)
+        if self.epoch is not None:
+            self._seen.update(item_ids)
+        return samples
+
+    def peek(self, item_ids: list[str]) -> list[int]:
+        """The sample indices ``take`` would give ``item_ids`` now, without counting them."""
         if self.epoch is None:
             return [0] * len(item_ids)
+        seen: Counter[str] = Counter()
         samples = []
         for item_id in item_ids:
-            samples.append(self._seen[item_id])
-            self._seen[item_id] += 1
+            samples.append(self._seen[item_id] + seen[item_id])
+            seen[item_id] += 1
         return samples
 
 

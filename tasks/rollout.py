@@ -307,6 +307,15 @@ def settle_evaluations(run: Run) -> None:
         submitted.result()
 
 
+def start_rollouts(run: Run, skill: str, item_ids: list[str], *, training: bool, epoch: int | None = None,
+                   samples: list[int] | None = None, view_seed: int | None = None) -> None:
+    """Begin the calls of the evaluation the flow will ask for next (``evaluate`` with the same arguments),
+    while it finishes its current work; ``evaluate`` then takes them (see ``_start_calls``)."""
+    if not ahead():
+        _start_calls(run, _rollout_jobs(run, skill, item_ids, training=training, probe_instruction=None,
+                                        epoch=epoch, samples=samples, view_seed=view_seed))
+
+
 def evaluate_many(run: Run, jobs: list[tuple[str, str, list[str]]], *, training: bool = False,
                   epoch: int | None = None) -> list[Evaluation]:
     """Several evaluations at once, in parallel: ``(skill, split, item_ids)`` each, results in order."""
