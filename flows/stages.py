@@ -30,6 +30,7 @@ from skillopt.select import needs_ranking
 from skillopt.skill import Edit, skill_hash
 from skillopt.slow_update import Pairs, pair_by_id, select_pairs
 from skillopt.step_buffer import StepBuffer
+from skillopt.tasks.ahead import calls_first
 from skillopt.tasks.artifacts import publish_promotion
 from skillopt.tasks.cache import bound
 from skillopt.tasks.optimize import (
@@ -156,11 +157,12 @@ def reflect(run: Run, skill: str, rows: list[ItemResult], *, seed: int, budget: 
     failures, successes = split_and_batch(rows, size=cfg.gradient.minibatch_size, seed=seed,
                                           failure_only=cfg.gradient.failure_only)
     task = bound(run, reflect_minibatch)
+    common = {"run": run, "skill": skill, "budget": budget, "step_buffer": buffer, "meta_skill": meta_skill}
+    jobs = [(kind, {**common, "kind": kind, "rows": batch})
+            for kind, groups in (("failure", failures), ("success", successes)) for batch in groups]
+    calls_first(run, reflect_minibatch, [((), job) for _, job in jobs], workers=cfg.gradient.analyst_workers)
     with pool_for(run, "analysts", cfg.gradient.analyst_workers) as runner:
-        common = {"run": run, "skill": skill, "budget": budget, "step_buffer": buffer,
-                  "meta_skill": meta_skill}
-        futures = [(kind, runner.submit(task, {**common, "kind": kind, "rows": batch}))
-                   for kind, groups in (("failure", failures), ("success", successes)) for batch in groups]
+        futures = [(kind, runner.submit(task, job)) for kind, job in jobs]
         patches = [(kind, future.result()) for kind, future in futures]
     return [p for k, p in patches if k == "failure"], [p for k, p in patches if k == "success"]
 
@@ -175,7 +177,9 @@ def aggregate(run: Run, skill: str, failures: list[Patch], successes: list[Patch
     if len(trees) == 1:
         return trees[0]
     level = max(t.merge_level for t in trees) + 1
-    return bound(run, merge_patches)(run, "final", skill, trees, level, meta_skill)
+    arguments = (run, "final", skill, trees, level, meta_skill)
+    calls_first(run, merge_patches, [(arguments, {})], workers=1)
+    return bound(run, merge_patches)(*arguments)
 
 
 def merge_trees(run: Run, skill: str, trees: dict[str, list[Patch]], *, meta_skill: str) -> dict[str, Patch]:
@@ -188,6 +192,10 @@ def merge_trees(run: Run, skill: str, trees: dict[str, list[Patch]], *, meta_ski
     task = bound(run, merge_patches)
     while any(len(patches) > 1 for patches in pending.values()):
         level += 1
+        merges: list[tuple[tuple[Any, ...], dict[str, Any]]] = [
+            ((run, kind, skill, g, level, meta_skill), {}) for kind, patches in pending.items()
+            for g in merge_groups(patches, run.config.gradient.merge_batch_size) if len(g) > 1]
+        calls_first(run, merge_patches, merges, workers=len(merges))
         futures = {
             kind: [task.submit(run, kind, skill, g, level, meta_skill) if len(g) > 1 else g[0]
                    for g in merge_groups(patches, run.config.gradient.merge_batch_size)]
@@ -220,6 +228,7 @@ def autonomous_budget(run: Run, state: TrainState, skill: str, pool: list[Any], 
 def select(run: Run, skill: str, pool: list[Any], budget: int, meta_skill: str) -> Picked:
     """Gradient clipping: at most ``budget`` of ``pool``, ranked by one optimizer call when it must choose."""
     if needs_ranking(pool, budget):
+        calls_first(run, rank_edits, [((run, skill, pool, budget, meta_skill), {})], workers=1)
         return bound(run, rank_edits)(run, skill, pool, budget, meta_skill)
     return run.update_mode.pick(pool, budget, None)
 
@@ -230,6 +239,7 @@ def build_candidate(run: Run, skill: str, merged: Patch, picked: Picked, *, buff
 
     def rewrite(suggestions: list[Any]) -> Any:
         with timer("rewrite"):
+            calls_first(run, rewrite_skill, [((run, skill, suggestions, buffer, meta_skill), {})], workers=1)
             return bound(run, rewrite_skill)(run, skill, suggestions, buffer, meta_skill)
 
     return run.update_mode.candidate(skill, merged, picked, rewrite=rewrite)
