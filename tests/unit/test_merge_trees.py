@@ -45,7 +45,8 @@ def patches(kind: str, n: int) -> list[Patch]:
 
 def context(task: MergeTask, monkeypatch):
     monkeypatch.setattr(stages, "bound", lambda _run, _task: task)
-    return SimpleNamespace(config=SimpleNamespace(gradient=SimpleNamespace(merge_batch_size=2)))
+    # early=None: no calls made ahead of the tasks (tasks/ahead.calls_first)
+    return SimpleNamespace(config=SimpleNamespace(gradient=SimpleNamespace(merge_batch_size=2)), early=None)
 
 
 def test_both_trees_submit_each_level_before_waiting(monkeypatch):
