@@ -63,7 +63,8 @@ def side_by_side(config: e2e.Config, trees: list[Path], repeat: int, workdir: Pa
                     timeline = e2e.timed(config.label, e2e.train_argv(config, world, "e2e"), world=world,
                                          latency=config.latency, env=env, cwd=cwd)
                     if timeline.returncode != 0:
-                        raise RuntimeError(f"{trees[index]}: skillopt exited {timeline.returncode}; see {cwd}")
+                        raise RuntimeError(f"{trees[index]}: skillopt exited {timeline.returncode}; "
+                                           f"see {cwd}")
                     row = e2e.with_path(timeline, cwd / "runs" / "e2e", config).row()
                     rows[index].append(row)
                     print(f"{trees[index]}: phase {row['phase_ratio']}x, exit after last call "
