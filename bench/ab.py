@@ -50,8 +50,16 @@ def server(env: dict[str, str], command: str) -> None:
         raise RuntimeError(f"skillopt server start failed:\n{done.stdout}\n{done.stderr}")
 
 
+def label(tree: Path) -> str:
+    """The tree's commit (``git describe``), so results name no folder of this machine."""
+    described = subprocess.run(["git", "-C", str(tree), "describe", "--always", "--dirty"],
+                               capture_output=True, text=True, check=False).stdout.strip()
+    return described or tree.name
+
+
 def side_by_side(config: e2e.Config, trees: list[Path], repeat: int, workdir: Path) -> dict[str, Any]:
     envs = [tree_env(tree, workdir / f"home-{index}") for index, tree in enumerate(trees)]
+    names = [f"{'AB'[index] if index < 2 else index}: {label(tree)}" for index, tree in enumerate(trees)]
     rows: list[list[dict[str, Any]]] = [[] for _ in trees]
     with LatencyWorld(latency_s=config.latency) as world:
         try:
@@ -63,11 +71,11 @@ def side_by_side(config: e2e.Config, trees: list[Path], repeat: int, workdir: Pa
                     timeline = e2e.timed(config.label, e2e.train_argv(config, world, "e2e"), world=world,
                                          latency=config.latency, env=env, cwd=cwd)
                     if timeline.returncode != 0:
-                        raise RuntimeError(f"{trees[index]}: skillopt exited {timeline.returncode}; "
+                        raise RuntimeError(f"{names[index]}: skillopt exited {timeline.returncode}; "
                                            f"see {cwd}")
                     row = e2e.with_path(timeline, cwd / "runs" / "e2e", config).row()
                     rows[index].append(row)
-                    print(f"{trees[index]}: phase {row['phase_ratio']}x, exit after last call "
+                    print(f"{names[index]}: phase {row['phase_ratio']}x, exit after last call "
                           f"{row['exit_after_last_call_s']} s, end to end {row['exit_s']} s", flush=True)
         finally:
             for env in envs:
@@ -77,7 +85,7 @@ def side_by_side(config: e2e.Config, trees: list[Path], repeat: int, workdir: Pa
         keys = ("phase_ratio", "exit_after_last_call_s", "exit_s", "first_call_s")
         return {"runs": runs, "median": {k: round(statistics.median(r[k] for r in runs), 3) for k in keys}}
 
-    result: dict[str, Any] = {str(tree): summary(runs) for tree, runs in zip(trees, rows, strict=True)}
+    result: dict[str, Any] = {name: summary(runs) for name, runs in zip(names, rows, strict=True)}
     if len(trees) == 2:
         pairs = [b["phase_ratio"] / a["phase_ratio"] for a, b in zip(rows[0], rows[1], strict=True)]
         result["phase_b_over_a"] = {"pairs": [round(p, 3) for p in pairs],
@@ -102,8 +110,9 @@ def main(argv: list[str] | None = None) -> int:
         result = side_by_side(ROWS[args.row], trees, args.repeat, Path(tmp))
     result["row"], result["when"] = args.row, datetime.now().isoformat(timespec="seconds")
     result["load_before"] = load_before
-    for tree in trees:
-        print(f"{tree}: median {result[str(tree)]['median']}")
+    for name, value in result.items():
+        if isinstance(value, dict) and "median" in value and "runs" in value:
+            print(f"{name}: median {value['median']}")
     if "phase_b_over_a" in result:
         print(f"phase B / A: {result['phase_b_over_a']}")
     if args.out:
