@@ -12,6 +12,7 @@ the rows), so a re-run retries exactly the failed items.
 from __future__ import annotations
 
 import threading
+import time
 import weakref
 from collections.abc import Callable
 from concurrent.futures import CancelledError, Future
@@ -295,16 +296,20 @@ def _shown_by_flow(run: Run, key: str) -> bool:
         return key in _flow_shown.get(run, ())
 
 
-def settle_evaluations(run: Run) -> None:
-    """Wait for the ``evaluate_skill`` tasks left finishing in the background (``_ahead_of_its_task``); raise
-    the first one's error (their rows were whole: none is expected)."""
+def settle_evaluations(run: Run, *, wait_s: float | None = None) -> None:
+    """Wait for the ``evaluate_skill`` tasks left finishing in the background (``_ahead_of_its_task``) and
+    raise the first one's error (their rows were whole: none is expected). With ``wait_s`` (a run ending on
+    an error or Ctrl-C): wait that long at most and raise nothing, so the run's own error is the one told."""
     with _flow_lock:
         left = _in_background.pop(run, [])
+    deadline = None if wait_s is None else time.monotonic() + wait_s
     for _, submitted in left:
-        submitted.wait()
-    for key, submitted in left:
-        _flow_shows(run, key, False)
-        submitted.result()
+        submitted.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
+    with _flow_lock:
+        _flow_shown.pop(run, None)
+    if deadline is None:
+        for _, submitted in left:
+            submitted.result()
 
 
 def start_rollouts(run: Run, skill: str, item_ids: list[str], *, training: bool, epoch: int | None = None,

@@ -74,6 +74,10 @@ def started_run(spec: RunSpec, *, loaded: LoadedConfig | None = None) -> Iterato
         use_pools(run, pools)
         try:
             yield run
+        except BaseException:
+            settle_evaluations(run, wait_s=2.0)
+            raise
+        else:
             settle_evaluations(run)
         finally:
             if run.early is not None:
