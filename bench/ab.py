@@ -9,7 +9,7 @@ and end to end, their medians, and B's phase ratio over A's per pair.
 
     python bench/ab.py --row batch10 --repeat 7 <tree A> <tree B> [--out bench/results/ab.json]
 
-A tree is a source checkout (``git worktree add /tmp/old <commit>``, or a clone) run with this Python; its own
+A tree is a source checkout (``git worktree add <folder> <commit>``, or a clone) run with this Python; its own
 ``bench/`` is not used.
 """
 
