@@ -75,20 +75,22 @@ class EarlyRollouts:
         return future
 
     def start(self, run: Run, item_id: str, skill: str, judge: Any, *, training: bool, sample: int = 0,
-              epoch: int | None = None, view_seed: int | None = None) -> Future[ItemResult] | None:
-        """Start the rollout of ``item_id`` with ``skill`` that its ``rollout_item`` task will ask for; None
-        if it is started and not yet taken, or if its task will be served from the cache (a re-run: the task
-        would never take it, and the call would find its reply stored)."""
+              epoch: int | None = None,
+              view_seed: int | None = None) -> tuple[Future[ItemResult] | None, bool]:
+        """The rollout of ``item_id`` with ``skill`` that its ``rollout_item`` task will ask for, started now
+        unless it is started and not yet taken, and whether it was started now. None if its task will be
+        served from the cache (a re-run: the task would never take it, and the call would find its reply
+        stored)."""
         draw: dict[str, Any] = {"training": training, "sample": sample, "epoch": epoch,
                                 "view_seed": view_seed}
         if run.served_from_cache(rollout_key(run, run.items[item_id], skill, **draw)):
-            return None
+            return None, False
         key = early_key(skill, item_id, **draw)
         with self._lock:
             if key in self._futures:
-                return None
+                return self._futures[key], False
             future = self._futures[key] = self._pool.submit(_rollout(run, item_id, skill, judge, **draw))
-        return future
+        return future, True
 
     def adopted(self) -> None:
         """The flow took the run over (its modules, Prefect's among them, are loaded)."""
@@ -108,11 +110,6 @@ class EarlyRollouts:
         if future is None or future.cancel():
             return None
         return future.result()
-
-    def waiting(self, key: EarlyKey) -> Future[ItemResult] | None:
-        """The rollout of ``key`` if it is started and not yet taken (its task still takes it)."""
-        with self._lock:
-            return self._futures.get(key)
 
     def pending(self) -> int:
         with self._lock:
@@ -197,7 +194,7 @@ def start(run: Run) -> EarlyRollouts:
     if (first := first_batch(run)) is not None:
         batch, draws = first
         batch_rows = [early.start(run, item_id, skill, judge, training=True, sample=sample, epoch=draws.epoch,
-                                  view_seed=batch.seed)
+                                  view_seed=batch.seed)[0]
                       for item_id, sample in zip(batch.item_ids, draws.take(batch.item_ids), strict=True)]
     for item_id in [*run.selection_ids("val"), *run.baseline_test_ids()]:
         early.start(run, item_id, skill, judge, training=False)

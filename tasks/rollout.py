@@ -197,19 +197,17 @@ def _start_calls(run: Run, jobs: list[dict[str, Any]]) -> list[Future[ItemResult
     if early is None or run.benchmark.needs_judge(run.bench_cfg):
         return None
     target = run.clients.target
-    sent, started = target.requests_sent(), 0
+    sent, started, calls = target.requests_sent(), 0, []
     for job in jobs:
         if job["probe_instruction"] is None:
-            started += early.start(run, job["item"].id, job["skill"], None, training=job["training"],
-                                   sample=job["sample"], epoch=job["epoch"],
-                                   view_seed=job["view_seed"]) is not None
+            call, new = early.start(run, job["item"].id, job["skill"], None, training=job["training"],
+                                    sample=job["sample"], epoch=job["epoch"], view_seed=job["view_seed"])
+            started += new
+            calls.append(call)
     if started:
         # Let the first of them leave before the tasks start: ten task starts took the interpreter from the
         # threads building the requests, and the wave's calls left over 0.06-0.1 s instead of 0.02-0.04 s.
         target.wait_requests_sent(sent + min(started, early.workers), timeout_s=WAVE_SEND_WAIT_S)
-    calls = [early.waiting(early_key(job["skill"], job["item"].id, training=job["training"],
-                                     sample=job["sample"], epoch=job["epoch"], view_seed=job["view_seed"]))
-             for job in jobs if job["probe_instruction"] is None]
     if len(calls) < len(jobs) or any(call is None for call in calls):
         return None
     return calls  # type: ignore[return-value]  # no None left
