@@ -115,10 +115,11 @@ def evaluate_skill(run: Run, skill: str, split: str, item_ids: list[str], *, tra
                    view_seed: int | None = None) -> Evaluation:
     """Roll out every item of ``item_ids`` with ``skill`` (one cached task per item) and score the split.
     ``epoch`` and ``samples`` (one per id) make training rollouts new draws; evaluations leave them out."""
-    key = _evaluation_key({"run": run, "skill": skill, "split": split, "item_ids": item_ids,
-                           "training": training, "epoch": epoch, "samples": samples, "view_seed": view_seed})
+    shown_by_flow = _shown_by_flow(run, _flow_key({"skill": skill, "split": split, "item_ids": item_ids,
+                                                   "training": training, "epoch": epoch, "samples": samples,
+                                                   "view_seed": view_seed}))
     return run_rollouts(run, skill, split, item_ids, training=training, epoch=epoch, samples=samples,
-                        view_seed=view_seed, shown=not _shown_by_flow(run, key))
+                        view_seed=view_seed, shown=not shown_by_flow)
 
 
 def run_rollouts(run: Run, skill: str, split: str, item_ids: list[str], *, training: bool,
@@ -244,8 +245,8 @@ def _ahead_of_its_task(run: Run, key: str, job: dict[str, Any],
     0.03-0.05 s after its last reply on a two-core machine. The flow shows this evaluation's progress and
     counts its error streak; the run waits for the task before it ends (``settle_evaluations``). If a call
     failed, or an item's task made its call itself, the evaluation is its task's, as without this path."""
-    split = job["split"]
-    _flow_shows(run, key, True)
+    split, shown = job["split"], _flow_key(job)
+    _flow_shows(run, shown, True)
     live.emit("stage", name=f"rollout {split}", total=len(calls))
     submitted = bound(run, evaluate_skill).submit(**job)
     rows: list[ItemResult] = []
@@ -261,12 +262,12 @@ def _ahead_of_its_task(run: Run, key: str, job: dict[str, Any],
         evaluation = _scored(job["skill"], split, rows)
         _keep_evaluation(run, key, evaluation)
         with _flow_lock:
-            _in_background.setdefault(run, []).append((key, submitted))
+            _in_background.setdefault(run, []).append(submitted)
         return evaluation
     try:
         evaluation = _settled(run, key, submitted.result)
     finally:
-        _flow_shows(run, key, False)
+        _flow_shows(run, shown, False)
     for _ in range(len(calls) - len(rows)):
         live.emit("item")
     run.error_streak.observe(evaluation.rows)
@@ -275,12 +276,20 @@ def _ahead_of_its_task(run: Run, key: str, job: dict[str, Any],
 
 # Evaluations whose progress the flow shows itself (``_ahead_of_its_task``), and their tasks left finishing in
 # the background, by run.
-_flow_shown: weakref.WeakKeyDictionary[Run, set[str]] = weakref.WeakKeyDictionary()
-_in_background: weakref.WeakKeyDictionary[Run, list[tuple[str, Any]]] = weakref.WeakKeyDictionary()
+_flow_shown: weakref.WeakKeyDictionary[Run, set[tuple[Any, ...]]] = weakref.WeakKeyDictionary()
+_in_background: weakref.WeakKeyDictionary[Run, list[Any]] = weakref.WeakKeyDictionary()
 _flow_lock = threading.Lock()
 
 
-def _flow_shows(run: Run, key: str, shows: bool) -> None:
+def _flow_key(parameters: dict[str, Any]) -> tuple[Any, ...]:
+    """An evaluation's ``evaluate_skill`` parameters, as the task finds itself by: its arguments as they are,
+    not its cache key (rendering each item's request again in the task)."""
+    return (parameters["skill"], parameters["split"], tuple(parameters["item_ids"]),
+            parameters.get("training", False), parameters.get("epoch"),
+            tuple(parameters["samples"]) if parameters.get("samples") else None, parameters.get("view_seed"))
+
+
+def _flow_shows(run: Run, key: tuple[Any, ...], shows: bool) -> None:
     with _flow_lock:
         shown = _flow_shown.setdefault(run, set())
         if shows:
@@ -289,7 +298,7 @@ def _flow_shows(run: Run, key: str, shows: bool) -> None:
             shown.discard(key)
 
 
-def _shown_by_flow(run: Run, key: str) -> bool:
+def _shown_by_flow(run: Run, key: tuple[Any, ...]) -> bool:
     with _flow_lock:
         return key in _flow_shown.get(run, ())
 
@@ -301,12 +310,12 @@ def settle_evaluations(run: Run, *, wait_s: float | None = None) -> None:
     with _flow_lock:
         left = _in_background.pop(run, [])
     deadline = None if wait_s is None else time.monotonic() + wait_s
-    for _, submitted in left:
+    for submitted in left:
         submitted.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
     with _flow_lock:
         _flow_shown.pop(run, None)
     if deadline is None:
-        for _, submitted in left:
+        for submitted in left:
             submitted.result()
 
 

@@ -29,8 +29,8 @@ class Submitted:
 
 
 def _left(run: StandInRun, *submitted: Submitted) -> None:
-    rollout._in_background[run] = [(f"key-{i}", s) for i, s in enumerate(submitted)]
-    rollout._flow_shown[run] = {f"key-{i}" for i in range(len(submitted))}
+    rollout._in_background[run] = list(submitted)
+    rollout._flow_shown[run] = {(f"skill-{i}", "val") for i in range(len(submitted))}
 
 
 def test_a_normal_end_waits_for_every_task_and_raises_the_first_error():
