@@ -177,9 +177,14 @@ def aggregate(run: Run, skill: str, failures: list[Patch], successes: list[Patch
     if len(trees) == 1:
         return trees[0]
     level = max(t.merge_level for t in trees) + 1
-    arguments = (run, "final", skill, trees, level, meta_skill)
-    calls_first(run, merge_patches, [(arguments, {})], workers=1)
-    return bound(run, merge_patches)(*arguments)
+    return _called_first(run, merge_patches, run, "final", skill, trees, level, meta_skill)
+
+
+def _called_first(run: Run, task: Any, *args: Any) -> Any:
+    """``bound(run, task)(*args)``, its model call started before Prefect creates the task run
+    (``calls_first``)."""
+    calls_first(run, task, [(args, {})], workers=1)
+    return bound(run, task)(*args)
 
 
 def merge_trees(run: Run, skill: str, trees: dict[str, list[Patch]], *, meta_skill: str) -> dict[str, Patch]:
@@ -192,15 +197,15 @@ def merge_trees(run: Run, skill: str, trees: dict[str, list[Patch]], *, meta_ski
     task = bound(run, merge_patches)
     while any(len(patches) > 1 for patches in pending.values()):
         level += 1
+        groups = {kind: merge_groups(patches, run.config.gradient.merge_batch_size)
+                  for kind, patches in pending.items() if len(patches) > 1}
         merges: list[tuple[tuple[Any, ...], dict[str, Any]]] = [
-            ((run, kind, skill, g, level, meta_skill), {}) for kind, patches in pending.items()
-            for g in merge_groups(patches, run.config.gradient.merge_batch_size) if len(g) > 1]
+            ((run, kind, skill, g, level, meta_skill), {})
+            for kind, gs in groups.items() for g in gs if len(g) > 1]
         calls_first(run, merge_patches, merges, workers=len(merges))
-        futures = {
-            kind: [task.submit(run, kind, skill, g, level, meta_skill) if len(g) > 1 else g[0]
-                   for g in merge_groups(patches, run.config.gradient.merge_batch_size)]
-            for kind, patches in pending.items() if len(patches) > 1
-        }
+        futures = {kind: [task.submit(run, kind, skill, g, level, meta_skill) if len(g) > 1 else g[0]
+                          for g in gs]
+                   for kind, gs in groups.items()}
         for kind, level_futures in futures.items():
             pending[kind] = [f if isinstance(f, Patch) else f.result() for f in level_futures]
     return {kind: patches[0] for kind, patches in pending.items()}
@@ -228,8 +233,7 @@ def autonomous_budget(run: Run, state: TrainState, skill: str, pool: list[Any], 
 def select(run: Run, skill: str, pool: list[Any], budget: int, meta_skill: str) -> Picked:
     """Gradient clipping: at most ``budget`` of ``pool``, ranked by one optimizer call when it must choose."""
     if needs_ranking(pool, budget):
-        calls_first(run, rank_edits, [((run, skill, pool, budget, meta_skill), {})], workers=1)
-        return bound(run, rank_edits)(run, skill, pool, budget, meta_skill)
+        return _called_first(run, rank_edits, run, skill, pool, budget, meta_skill)
     return run.update_mode.pick(pool, budget, None)
 
 
@@ -239,8 +243,7 @@ def build_candidate(run: Run, skill: str, merged: Patch, picked: Picked, *, buff
 
     def rewrite(suggestions: list[Any]) -> Any:
         with timer("rewrite"):
-            calls_first(run, rewrite_skill, [((run, skill, suggestions, buffer, meta_skill), {})], workers=1)
-            return bound(run, rewrite_skill)(run, skill, suggestions, buffer, meta_skill)
+            return _called_first(run, rewrite_skill, run, skill, suggestions, buffer, meta_skill)
 
     return run.update_mode.candidate(skill, merged, picked, rewrite=rewrite)
 
