@@ -24,7 +24,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 from pathlib import Path
@@ -199,8 +199,10 @@ def build_deployments(benchmarks: Sequence[str], defaults: RunDefaults, *, cron:
 
 
 def serve_benchmarks(benchmarks: Sequence[str], defaults: RunDefaults, *, cron: str | None = DEFAULT_CRON,
-                     timezone: str = DEFAULT_TIMEZONE, grace_s: float = STOP_GRACE_S) -> int:
-    """Register the deployments with the Prefect server and execute their runs until SIGTERM or SIGINT.
+                     timezone: str = DEFAULT_TIMEZONE, grace_s: float = STOP_GRACE_S,
+                     registered: Callable[[], None] | None = None) -> int:
+    """Register the deployments with the Prefect server (then call ``registered``) and execute their runs
+    until SIGTERM or SIGINT.
 
     Stopping leaves the deployments and their schedules as they are (Prefect's default would pause every
     one of them): the next ``skillopt serve`` picks the schedules up again. Returns 0 after a clean stop
@@ -221,6 +223,8 @@ def serve_benchmarks(benchmarks: Sequence[str], defaults: RunDefaults, *, cron: 
     runner = _PromptRunner(pause_on_shutdown=False)
     for deployment in build_deployments(benchmarks, defaults, cron=cron, timezone=timezone):
         runner.add_deployment(deployment)
+    if registered is not None:
+        registered()
     # Ctrl-C takes the same way out as SIGTERM; asyncio.run then leaves SIGINT to this handler.
     signal.signal(signal.SIGINT, runner.handle_sigterm)
     with contextlib.suppress(KeyboardInterrupt):

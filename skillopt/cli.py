@@ -644,9 +644,13 @@ def _cmd_serve(args: argparse.Namespace, out: _Output) -> int:
     }
     if parameters:
         out.print("  default parameters: " + ", ".join(f"{k}={v}" for k, v in parameters.items()))
-    out.print(f"  start a run: prefect deployment run skill-train/{benchmarks[0]}   (stop serving: Ctrl-C)")
     with temporary_settings(set_defaults={PREFECT_SERVER_ANALYTICS_ENABLED: False}):
-        return serve_benchmarks(benchmarks, defaults, cron=cron, timezone=args.timezone or DEFAULT_TIMEZONE)
+        # Said once the deployments exist on the server: printed before, the command it names failed with
+        # "Deployment ... not found" for the 2-3 s the registration took.
+        return serve_benchmarks(benchmarks, defaults, cron=cron, timezone=args.timezone or DEFAULT_TIMEZONE,
+                                registered=lambda: out.print(f"  start a run: prefect deployment run "
+                                                             f"skill-train/{benchmarks[0]}   (stop serving: "
+                                                             "Ctrl-C)"))
 
 
 def _cmd_server_start(args: argparse.Namespace, out: _Output) -> int:
