@@ -27,6 +27,7 @@ from skillopt.llm.http_common import (
     require_key,
     resolve_key,
     sdk_errors,
+    sdk_http_client,
     split_sdk_kwargs,
 )
 from skillopt.llm.json_extract import schema_instruction, strict_json_schema
@@ -153,7 +154,8 @@ def _factory(role: ResolvedRole, secrets: SecretSource, context: BackendContext)
 
     options = AnthropicOptions.model_validate(role.options)
     key = require_key(role, resolve_key(role, secrets))
-    client = anthropic.Anthropic(api_key=key, base_url=role.base_url, max_retries=0)
+    client = anthropic.Anthropic(api_key=key, base_url=role.base_url, max_retries=0,
+                                 http_client=sdk_http_client(anthropic))
     return AnthropicBackend(role, client, options, Redactor([key]))
 
 

@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from skillopt.errors import ConfigError, SecurityError
 from skillopt.llm.base import BackendContext, BackendInfo, SecretSource
+from skillopt.llm.http_common import sdk_http_client
 from skillopt.llm.openai import OpenAIWire, import_openai
 from skillopt.llm.roles import ResolvedRole
 from skillopt.redact import Redactor
@@ -155,7 +156,8 @@ def _factory(role: ResolvedRole, secrets: SecretSource, context: BackendContext)
                           f"model.{role.role}.base_url")
     key, provider = token_provider(role, options, secrets)
     client = openai.AzureOpenAI(azure_endpoint=role.base_url, api_version=options.api_version, api_key=key,
-                                azure_ad_token_provider=provider, max_retries=0)
+                                azure_ad_token_provider=provider, max_retries=0,
+                                http_client=sdk_http_client(openai))
     api = options.api
     if api == "auto":
         api = "responses" if role.capabilities.get("api") == "responses" else "chat_completions"

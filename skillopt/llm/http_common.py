@@ -1,4 +1,4 @@
-"""Pieces the HTTP backends share: error classification, deadline-bound reads, warn-once.
+"""Pieces the HTTP backends share: error classification, deadline-bound reads, warn-once, one TLS context.
 
 Provider bodies appear in errors only redacted and cut to 500 characters.
 """
@@ -8,10 +8,14 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import os
+import ssl
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
+from types import ModuleType
 from typing import Any
 from urllib.parse import urlparse
 
@@ -257,3 +261,48 @@ def resolve_key(role: ResolvedRole, secrets) -> str | None:  # noqa: ANN001 - Se
     if role.api_key_env:
         return secrets.get(role.api_key_env)
     return None
+
+
+# --------------------------------------------------------------------------------------------
+# One TLS context per process
+
+
+_tls_contexts: dict[tuple[str, str | None, str | None], ssl.SSLContext] = {}
+_tls_lock = threading.Lock()
+
+
+def http_library(sdk: ModuleType) -> ModuleType | None:
+    """The HTTP library an SDK's client is built on (``httpx``, or ``httpx2`` in later releases): the package
+    of the first class in ``sdk.DefaultHttpxClient``'s ancestry that builds TLS contexts; None if none
+    does."""
+    for cls in getattr(sdk, "DefaultHttpxClient", type(None)).__mro__:
+        package = sys.modules.get(cls.__module__.partition(".")[0])
+        builds = callable(getattr(package, "create_ssl_context", None))
+        if package is not None and package is not sdk and builds:
+            return package
+    return None
+
+
+def shared_tls_context(library: ModuleType) -> ssl.SSLContext:
+    """The verified TLS context ``library`` gives every client by default, built once per process (and per
+    ``SSL_CERT_FILE`` / ``SSL_CERT_DIR``, which that default reads).
+
+    Building one loads the whole certificate store: 50-150 ms of a core on a two-core machine, and each SDK
+    client, each context-window probe and the credential check built their own, five times in a run. A
+    context is safe to share between clients and threads, and the one built here is exactly the default
+    each would have built."""
+    key = (library.__name__, os.environ.get("SSL_CERT_FILE"), os.environ.get("SSL_CERT_DIR"))
+    with _tls_lock:
+        context = _tls_contexts.get(key)
+        if context is None:
+            context = _tls_contexts[key] = library.create_ssl_context()
+        return context
+
+
+def sdk_http_client(sdk: ModuleType, **options: Any) -> Any:
+    """``sdk.DefaultHttpxClient`` (the SDK's own timeouts, limits and redirects) on the process's shared TLS
+    context; None where the SDK's HTTP library is not recognised (the SDK then builds its own)."""
+    library = http_library(sdk)
+    if library is None:
+        return None
+    return sdk.DefaultHttpxClient(verify=shared_tls_context(library), **options)

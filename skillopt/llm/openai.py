@@ -29,6 +29,7 @@ from skillopt.llm.http_common import (
     require_key,
     resolve_key,
     sdk_errors,
+    sdk_http_client,
     split_sdk_kwargs,
 )
 from skillopt.llm.json_extract import schema_instruction, strict_json_schema
@@ -324,7 +325,7 @@ def _factory(role: ResolvedRole, secrets: SecretSource, context: BackendContext)
     options = OpenAIOptions.model_validate(role.options)
     key = require_key(role, resolve_key(role, secrets))
     client = openai.OpenAI(api_key=key, base_url=role.base_url, organization=options.organization,
-                           project=options.project, max_retries=0)
+                           project=options.project, max_retries=0, http_client=sdk_http_client(openai))
     api = options.api
     if api == "auto":
         responses = capabilities_for(role.price_model, role.capabilities).api == "responses"

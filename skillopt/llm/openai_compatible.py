@@ -23,6 +23,7 @@ from skillopt.llm.base import BackendContext, BackendInfo, SecretSource
 from skillopt.llm.capabilities import Capabilities
 from skillopt.llm.chat import ChatRequest, ChatResponse, Usage
 from skillopt.llm.errors import CallTimeout, ServerError
+from skillopt.llm.http_common import http_library, sdk_http_client, shared_tls_context
 from skillopt.llm.openai import OpenAIWire, import_openai, sdk_timeout, split_think_tags
 from skillopt.llm.roles import ResolvedRole
 from skillopt.redact import Redactor
@@ -136,21 +137,24 @@ class CompatibleWire(OpenAIWire):
 
         ``GET /models`` first (vLLM ``max_model_len``, llama.cpp ``meta.n_ctx``, gateways'
         ``context_length``), then llama.cpp's ``GET /props`` (``default_generation_settings.n_ctx``).
-        A server that answers neither is not an error: the caller falls back to the table.
+        A server that answers neither is not an error: the caller falls back to the table. Asked with the
+        SDK's HTTP library, on the process's shared TLS context.
         """
         import httpx
 
+        library = http_library(import_openai()) or httpx
         base = str(self.client.base_url).rstrip("/")
         headers = {"Authorization": f"Bearer {self.client.api_key}"}
-        for url, read in ((f"{base}/models", self._window_in_models),
-                          (f"{base.removesuffix('/v1')}/props", _window_in_props)):
-            try:
-                reply = httpx.get(url, headers=headers, timeout=5.0)
-                window = read(reply.json()) if reply.status_code == 200 else None
-            except (httpx.HTTPError, ValueError):
-                window = None
-            if window:
-                return window
+        with library.Client(verify=shared_tls_context(library), timeout=5.0) as http:
+            for url, read in ((f"{base}/models", self._window_in_models),
+                              (f"{base.removesuffix('/v1')}/props", _window_in_props)):
+                try:
+                    reply = http.get(url, headers=headers)
+                    window = read(reply.json()) if reply.status_code == 200 else None
+                except (library.HTTPError, ValueError):
+                    window = None
+                if window:
+                    return window
         return None
 
     def _window_in_models(self, listing: Any) -> int | None:
@@ -261,7 +265,7 @@ def _factory(role: ResolvedRole, secrets: SecretSource, context: BackendContext)
         raise ConfigError(f"[{role.role}] {role.label()}: no credential; export {role.api_key_env} or set "
                           f"model.{role.role}.api_key_env")
     client = openai.OpenAI(api_key=key or PLACEHOLDER_KEY, base_url=role.base_url, max_retries=0,
-                           timeout=sdk_timeout(role.timeout_s))
+                           timeout=sdk_timeout(role.timeout_s), http_client=sdk_http_client(openai))
     return CompatibleWire(role, client, options, Redactor([key] if key else []))
 
 
