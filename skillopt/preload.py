@@ -42,7 +42,7 @@ DISABLE_ENV = "SKILLOPT_NO_PRELOAD"
 #: The commands worth handing over: the ones that import Prefect and run a flow.
 RUN_COMMANDS = frozenset({"train", "demo", "eval"})
 #: Packages whose upgrade makes the preloaded process stale (besides skillopt's own sources).
-PACKAGES = ("prefect", "openai", "httpx", "pydantic", "pydantic_core", "anthropic")
+PACKAGES = ("prefect", "openai", "httpx", "httpx2", "httpcore2", "pydantic", "pydantic_core", "anthropic")
 #: How long a command waits for the preloaded process to take it (its own work is milliseconds).
 HANDSHAKE_TIMEOUT_S = 30.0
 #: Longest Unix socket path (``sun_path`` is 108 bytes on Linux, 104 on macOS).
@@ -260,9 +260,22 @@ def _is_preload(pid: int) -> bool:
 PRELOAD = (
     "skillopt.cli", "skillopt.run_checks", "skillopt.early_start", "skillopt.flows.run",
     "skillopt.flows.train", "skillopt.flows.evaluate", "skillopt.llm.openai_compatible", "skillopt.report",
-    "skillopt.runs", "skillopt.estimate", "skillopt.live_display", "openai", "httpx", "fastapi.encoders",
-    "prefect.events.worker", "prefect.logging.handlers",
+    "skillopt.runs", "skillopt.estimate", "skillopt.live_display", "skillopt.local_server", "openai", "httpx",
+    "fastapi.encoders", "prefect.events.worker", "prefect.logging.handlers",
 )
+#: Imported too where installed: what every run imported on first use, 130 modules (0.1-0.4 s of a run's CPU
+#: on two cores): Prefect's flow and task engines, the HTTP clients' transports, the SDK's lazily loaded
+#: resources, rich's emoji table (read by every console log line). Each built-in backend and benchmark module
+#: is imported as well (``_warm``).
+PRELOAD_IF_PRESENT = (
+    "prefect.flow_engine", "prefect.task_engine", "prefect.utilities.visualization",
+    "anyio._backends._asyncio", "openai.resources.chat.chat", "openai.resources.chat.completions.completions",
+    "jiter", "httpcore2", "rich._emoji_codes", "encodings.idna", "skillopt.llm.preflight",
+    "skillopt.process_group", "skillopt.sandbox",
+)
+#: Modules whose pydantic models are built on first use (their packages defer it): built here once, not in
+#: every run (Prefect's client and event schemas, the Chat Completions reply types; 0.3 s in all).
+DEFERRED_MODELS = ("prefect.", "openai.types.chat", "openai.types.completion")
 
 
 def code_fingerprint() -> list[list[Any]]:
@@ -494,6 +507,45 @@ def _log(message: str) -> None:
     sys.stderr.flush()
 
 
+def _warm() -> None:
+    """Import what a run would import on first use (``PRELOAD_IF_PRESENT``, every built-in backend and
+    benchmark), and build the shared TLS context of the SDKs' HTTP library: each child then finds it built
+    (``http_common.shared_tls_context``; loading the certificate store took 50-150 ms of a core)."""
+    import importlib
+    from importlib.metadata import entry_points
+
+    from skillopt.llm.base import builtin_backend_modules
+    from skillopt.llm.http_common import http_library, shared_tls_context
+
+    builtin_benchmarks = [entry.module for entry in entry_points(group="skillopt.benchmarks")
+                          if entry.module.startswith("skillopt.benchmarks.")]
+    for module in [*PRELOAD_IF_PRESENT, *builtin_backend_modules(), *builtin_benchmarks]:
+        try:
+            importlib.import_module(module)
+        except ImportError:  # an optional package this installation does not have
+            continue
+    library = http_library(sys.modules["openai"])
+    if library is not None:
+        shared_tls_context(library)
+    for model in _deferred_models(DEFERRED_MODELS):
+        with contextlib.suppress(Exception):  # built on first use then, as without this
+            model.model_rebuild(raise_errors=False)
+
+
+def _deferred_models(prefixes: tuple[str, ...]) -> list[Any]:
+    """The pydantic models of modules starting with ``prefixes`` that are not built yet."""
+    from pydantic import BaseModel
+
+    found, stack = [], [BaseModel]
+    while stack:
+        for model in stack.pop().__subclasses__():
+            stack.append(model)
+            built = model.__dict__.get("__pydantic_complete__", True)
+            if model.__module__.startswith(prefixes) and not built:
+                found.append(model)
+    return found
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     import gc
     import importlib
@@ -517,6 +569,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     with temporary_settings(set_defaults=command_line_defaults()):
         for module in PRELOAD:
             importlib.import_module(module)
+        _warm()
     if threading.active_count() != 1:  # a fork copies no thread but every lock one holds
         _log(f"not started: importing started threads {[t.name for t in threading.enumerate()]}")
         return 1

@@ -125,6 +125,11 @@ _BUILTIN_MODULES = {
 }
 
 
+def builtin_backend_modules() -> list[str]:
+    """The modules of the built-in backends."""
+    return list(_BUILTIN_MODULES.values())
+
+
 class BackendRegistry:
     """An explicit registry object, handed to the resolver; no global state."""
 

@@ -184,3 +184,50 @@ def test_commands_that_run_no_flow_are_not_handed_over():
 def test_the_record_names_a_live_preloaded_process_only(tmp_path):
     (tmp_path / preload.RECORD).write_text(json.dumps({"pid": os.getpid()}))
     assert preload.recorded_process(tmp_path) is None  # this process is not `python -m skillopt.preload`
+
+
+def test_the_preloaded_process_holds_what_a_run_would_load_on_first_use():
+    """What ``main`` loads before it forks any command: the run's lazily imported modules, every built-in
+    backend and benchmark, the pydantic models Prefect and the SDK build on first use, and the SDKs' TLS
+    context; and still no thread (a fork copies none)."""
+    script = """
+import importlib, json, sys, threading
+from importlib.metadata import entry_points
+from prefect.settings import temporary_settings
+from skillopt import preload
+from skillopt.flows.run import command_line_defaults
+from skillopt.llm import http_common
+from skillopt.llm.base import builtin_backend_modules
+with temporary_settings(set_defaults=command_line_defaults()):
+    for module in preload.PRELOAD:
+        importlib.import_module(module)
+    preload._warm()
+benchmarks = [e.module for e in entry_points(group="skillopt.benchmarks") if e.module.startswith("skillopt.")]
+print(json.dumps({
+    "threads": threading.active_count(),
+    "deferred": [m.__qualname__ for m in preload._deferred_models(preload.DEFERRED_MODELS)],
+    "missing": [m for m in [*builtin_backend_modules(), *benchmarks, "prefect.task_engine",
+                            "prefect.flow_engine"] if m not in sys.modules],
+    "benchmarks": len(benchmarks),
+    "tls": [key[0] for key in http_common._tls_contexts],
+}))
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                          check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    assert found["threads"] == 1
+    assert found["deferred"] == []
+    assert found["missing"] == []
+    assert found["benchmarks"] >= 11
+    import openai
+
+    assert found["tls"] == [_library_name(openai)]
+
+
+def _library_name(sdk) -> str:  # noqa: ANN001
+    from skillopt.llm.http_common import http_library
+
+    library = http_library(sdk)
+    assert library is not None
+    return library.__name__
