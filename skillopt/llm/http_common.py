@@ -267,10 +267,6 @@ def resolve_key(role: ResolvedRole, secrets) -> str | None:  # noqa: ANN001 - Se
 # One TLS context per process
 
 
-_tls_contexts: dict[tuple[str, str | None, str | None], ssl.SSLContext] = {}
-_tls_lock = threading.Lock()
-
-
 def http_library(sdk: ModuleType) -> ModuleType | None:
     """The HTTP library an SDK's client is built on (``httpx``, or ``httpx2`` in later releases): the package
     of the first class in ``sdk.DefaultHttpxClient``'s ancestry that builds TLS contexts; None if none
@@ -291,12 +287,13 @@ def shared_tls_context(library: ModuleType) -> ssl.SSLContext:
     client, each context-window probe and the credential check built their own, five times in a run. A
     context is safe to share between clients and threads, and the one built here is exactly the default
     each would have built."""
-    key = (library.__name__, os.environ.get("SSL_CERT_FILE"), os.environ.get("SSL_CERT_DIR"))
-    with _tls_lock:
-        context = _tls_contexts.get(key)
-        if context is None:
-            context = _tls_contexts[key] = library.create_ssl_context()
-        return context
+    return _tls_context(library, os.environ.get("SSL_CERT_FILE"), os.environ.get("SSL_CERT_DIR"))
+
+
+@functools.cache
+def _tls_context(library: ModuleType, cert_file: str | None, cert_dir: str | None) -> ssl.SSLContext:
+    """``library``'s default context while ``SSL_CERT_FILE`` and ``SSL_CERT_DIR`` hold these values."""
+    return library.create_ssl_context()
 
 
 def sdk_http_client(sdk: ModuleType, **options: Any) -> Any:

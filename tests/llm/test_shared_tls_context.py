@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import ssl
+from collections.abc import Iterator
 
 import openai
 import pytest
@@ -26,7 +27,7 @@ MODELS = "/v1/models"
 
 
 @pytest.fixture
-def loads(monkeypatch) -> list[object]:
+def loads(monkeypatch) -> Iterator[list[object]]:
     """Each certificate store load from here on (``SSLContext.load_verify_locations``, which every verified
     context's build makes), in a fresh process's state: no context shared yet."""
     made: list[object] = []
@@ -37,10 +38,11 @@ def loads(monkeypatch) -> list[object]:
         return original(self, *args, **kwargs)
 
     monkeypatch.setattr(ssl.SSLContext, "load_verify_locations", counted)
-    monkeypatch.setattr(http_common, "_tls_contexts", {})
     monkeypatch.delenv("SSL_CERT_FILE", raising=False)
     monkeypatch.delenv("SSL_CERT_DIR", raising=False)
-    return made
+    http_common._tls_context.cache_clear()
+    yield made
+    http_common._tls_context.cache_clear()  # none of these contexts outlives the test
 
 
 def clients(server) -> ModelClients:
