@@ -127,3 +127,19 @@ def role_overrides(url: str) -> list[str]:
         overrides += [f"model.{role}.backend=openai_compatible", f"model.{role}.base_url={url}",
                       f"model.{role}.model=demo-{role}", f"model.{role}.options={{}}"]
     return [*overrides, "model.judge=null"]
+
+
+#: The smallest demo run with a second step: two steps of four items, four selection items, one epoch, no test
+#: split.
+TWO_STEPS = ["benchmark.train_size=8", "train.batch_size=4", "benchmark.val_size=4", "train.epochs=1",
+             "evaluation.eval_test=false"]
+
+
+def train_two_steps(world: DemoWorldServer, run_name: str, *overrides: str) -> None:
+    """``skill-train`` in this process on the demo (``TWO_STEPS``, plus ``overrides``), against ``world``."""
+    from skillopt.flows import train as train_flow
+
+    with world.server:
+        url = world.server.openai_base_url
+        train_flow.skill_train(benchmark="demo", run_name=run_name,
+                               overrides=[*role_overrides(url), *TWO_STEPS, *overrides])

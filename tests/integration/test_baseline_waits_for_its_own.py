@@ -15,7 +15,7 @@ import threading
 
 import pytest
 
-from tests.fakes.demo_world_http import DemoWorldServer, role_overrides
+from tests.fakes.demo_world_http import DemoWorldServer, train_two_steps
 
 pytestmark = pytest.mark.slow
 
@@ -69,12 +69,7 @@ def test_the_baseline_is_written_while_step_ones_first_batch_is_still_in_flight(
 
     monkeypatch.setattr(train_flow, "start_first_rollouts", holding_the_first_batch)
     monkeypatch.setattr(RunDir, "write_evaluation", noting_the_hold)
-    with world.server:
-        train_flow.skill_train(
-            benchmark="demo", run_name="baseline-own",
-            overrides=[*role_overrides(world.server.openai_base_url), "benchmark.train_size=8",
-                       "train.batch_size=4", "benchmark.val_size=4", "train.epochs=1",
-                       "evaluation.eval_test=false"])
+    train_two_steps(world, "baseline-own")
     assert runs and runs[0].early is not None, "the run has its rollout pool"
     assert still_held == [True], "the baseline was written while step 1's first batch was held"
     assert len(set(world.answered)) == len(world.answered), "each request reached the model once"

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from tests.fakes.demo_world_http import DemoWorldServer, role_overrides
+from tests.fakes.demo_world_http import DemoWorldServer, train_two_steps
 
 pytestmark = pytest.mark.slow
 
@@ -43,12 +43,7 @@ def test_the_next_steps_rollouts_are_answered_while_a_step_is_recorded(prefect_s
 
     monkeypatch.setattr(train_flow, "train_step", keeping_the_run)
     monkeypatch.setattr(RunDir, "record_step", recording_after_step_two_is_answered)
-    with world.server:
-        train_flow.skill_train(
-            benchmark="demo", run_name="next-step-ahead",
-            overrides=[*role_overrides(world.server.openai_base_url), "benchmark.train_size=8",
-                       "train.batch_size=4", "benchmark.val_size=4", "train.epochs=1",
-                       "evaluation.eval_test=false"])
+    train_two_steps(world, "next-step-ahead")
     assert runs[0].early is not None, "the run starts its rollouts early"
     assert answered_ahead == [True], "step 2's rollouts were answered while step 1 was being recorded"
     assert len(runs) == 2, "two steps"
@@ -73,10 +68,5 @@ def test_a_capped_budget_starts_nothing_ahead(prefect_settings, in_tmp, monkeypa
     monkeypatch.setattr(train_flow, "start_rollouts",
                         lambda *args, **kwargs: (started.append(args), original(*args, **kwargs)))
     world = DemoWorldServer()
-    with world.server:
-        train_flow.skill_train(
-            benchmark="demo", run_name="capped",
-            overrides=[*role_overrides(world.server.openai_base_url), "benchmark.train_size=8",
-                       "train.batch_size=4", "benchmark.val_size=4", "train.epochs=1",
-                       "evaluation.eval_test=false", "budget.max_calls=1000"])
+    train_two_steps(world, "capped", "budget.max_calls=1000")
     assert started == [], "a capped run decides before each step whether it may spend"
