@@ -194,7 +194,8 @@ def rounds_of(run_dir: Path) -> list[tuple[str, int]]:
     merge per level), of the baseline, of the epoch boundary's stages, of the final check and of the test
     evaluations. Steps are told apart by the skill snapshots' times; cache hits cost no round. Step 1's calls
     made ahead of the flow (its optimizer calls, and its candidate's rollouts: a skill other than the initial
-    one) come before the baseline's snapshot and still belong to step 1.
+    one) come before the baseline's snapshot and still belong to step 1, as do its first batch's rollouts
+    (training rollouts), which start with the baseline's and may be answered on either side of its snapshot.
     """
     usage = [
         r for r in read_jsonl(run_dir / "usage.jsonl") if not r.get("cache_hit") and r.get("status") == "ok"
@@ -210,8 +211,8 @@ def rounds_of(run_dir: Path) -> list[tuple[str, int]]:
         # 0 = baseline, k = step k, len(ends) = after the last step
         window = sum(1 for end in ends if end < at)
         stage, tags = record["stage"], record.get("tags") or {}
-        if window == 0 and len(ends) > 1 and made_ahead(record, initial):
-            window = 1  # step 1, ahead of the flow
+        if window == 0 and len(ends) > 1 and (made_ahead(record, initial) or tags.get("training")):
+            window = 1  # step 1: ahead of the flow, or its first batch
         if stage == "rollout":
             stage = "rollout" if tags.get("training") else ("gate" if 0 < window < len(ends) else "eval")
         level = int(tags.get("level") or 0) if stage == "merge" else 0

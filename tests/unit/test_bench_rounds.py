@@ -1,6 +1,6 @@
 """How ``bench/`` reads a finished run's rounds from ``usage.jsonl`` and the skill snapshots: step 1's calls
-made ahead of the flow (``skillopt.early_start``) come before the baseline's snapshot and still count as step
-1's."""
+made ahead of the flow (``skillopt.early_start``) and its first batch's rollouts come before the baseline's
+snapshot, or on both sides of it, and still count as step 1's."""
 
 from __future__ import annotations
 
@@ -44,8 +44,23 @@ def test_step_one_calls_made_before_the_baseline_snapshot_are_step_one_rounds(tm
     )
     run_dir = _run(tmp_path, calls, snapshots=[t + 4, t + 5, t + 8])  # baseline, step 1, step 2
     rounds = dict(rounds_of(run_dir))
-    assert rounds == {"baseline rollout": 4, "baseline eval": 4, "step 1 analyst": 2, "step 1 gate": 4,
+    assert rounds == {"step 1 rollout": 4, "baseline eval": 4, "step 1 analyst": 2, "step 1 gate": 4,
                       "step 2 rollout": 4, "step 2 analyst": 1}
     assert critical_path(list(rounds.items()), workers=4, latency=0.5) == 3.0
     assert made_ahead(calls[8], INITIAL) and made_ahead(calls[10], INITIAL)
     assert not made_ahead(calls[0], INITIAL) and not made_ahead(calls[4], INITIAL)
+
+
+def test_step_ones_first_batch_answered_on_both_sides_of_the_baseline_snapshot_is_one_round(tmp_path):
+    """The baseline no longer waits for step 1's first batch: its snapshot may fall among those replies."""
+    t = 1_000_000.0
+    calls = (
+        [_call(t + 1, "rollout", skill_sha=INITIAL, item_id=f"v{i}") for i in range(4)]  # baseline
+        + [_call(t + 1, "rollout", skill_sha=INITIAL, item_id=f"t{i}", training=True) for i in range(5)]
+        + [_call(t + 3, "rollout", skill_sha=INITIAL, item_id=f"t{i}", training=True) for i in range(5, 8)]
+        + [_call(t + 4, "analyst")]
+    )
+    run_dir = _run(tmp_path, calls, snapshots=[t + 2, t + 5])  # baseline, step 1
+    rounds = dict(rounds_of(run_dir))
+    assert rounds == {"baseline eval": 4, "step 1 rollout": 8, "step 1 analyst": 1}
+    assert critical_path(list(rounds.items()), workers=8, latency=0.5) == 1.5
