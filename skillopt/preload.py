@@ -509,8 +509,9 @@ def _log(message: str) -> None:
 
 def _warm() -> None:
     """Import what a run would import on first use (``PRELOAD_IF_PRESENT``, every built-in backend and
-    benchmark), and build the shared TLS context of the SDKs' HTTP library: each child then finds it built
-    (``http_common.shared_tls_context``; loading the certificate store took 50-150 ms of a core)."""
+    benchmark), build the shared TLS context of the SDKs' HTTP library (``http_common.shared_tls_context``;
+    loading the certificate store took 50-150 ms of a core) and the pydantic models of ``DEFERRED_MODELS``:
+    each child then finds them built."""
     import importlib
     from importlib.metadata import entry_points
 

@@ -273,8 +273,9 @@ def http_library(sdk: ModuleType) -> ModuleType | None:
     does."""
     for cls in getattr(sdk, "DefaultHttpxClient", type(None)).__mro__:
         package = sys.modules.get(cls.__module__.partition(".")[0])
-        builds = callable(getattr(package, "create_ssl_context", None))
-        if package is not None and package is not sdk and builds:
+        if package is None or package is sdk:
+            continue
+        if callable(getattr(package, "create_ssl_context", None)):
             return package
     return None
 
