@@ -99,7 +99,8 @@ def test_train_calls_the_baseline_before_the_flow_starts_and_makes_each_call_onc
     assert epoch_one.start_time is not None and first_optimizer < epoch_one.start_time
     # and the flow's tasks took those replies as their own calls: nothing came from the reply store (a reply
     # store hit carries its request's tags; the untagged hits are evaluations Prefect found in its cache)
-    assert not [u for u in usage if u.get("cache_hit") and u["tags"]]
+    store_hits = [(u["stage"], u["tags"], u["ts"]) for u in usage if u.get("cache_hit") and u["tags"]]
+    assert not store_hits, f"calls answered from the reply store: {store_hits}"
 
     # The re-run called no model, and no rollout was started ahead of a task the cache served (it would have
     # found its reply stored, a reply-store hit with its request's tags).
