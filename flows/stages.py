@@ -125,10 +125,10 @@ def start_first_rollouts(run: Run, skill: str) -> Any:
     wave instead of two. Not with budget caps, which must be able to stop the run before step 1 spends
     anything, nor with the cache refreshed (step 1 would not find them).
 
-    Where the run has its rollout pool (``Run.early``) and the rollouts no judge, the calls start there (if
-    ``skillopt train`` has not started them already) and step 1's evaluation takes them (``start_rollouts``):
-    nothing to wait for. Else they are step 1's evaluation task, submitted now: the baseline waits for it
-    (the returned future), and step 1 finds it cached. Waiting for it held the baseline 0.1-0.3 s on two
+    Where the calls can start in the run's rollout pool (``start_rollouts``: a pool, no judge, nothing cached;
+    ``skillopt train`` may have started them already), step 1's evaluation takes them: nothing to wait for.
+    Else they are step 1's evaluation task, submitted now: the baseline waits for it (the returned future),
+    and step 1 finds it cached. Waiting for it held the baseline 0.1-0.3 s on two
     cores after its own replies were in (eleven task runs ending)."""
     first = first_batch(run)
     if first is None or run.config.run.refresh_cache:
@@ -136,9 +136,8 @@ def start_first_rollouts(run: Run, skill: str) -> Any:
     # Exactly the call step 1 makes: the first draws of epoch 1, in the batch's view.
     batch, draws = first
     samples = draws.take(batch.item_ids)
-    if run.early is not None and not run.benchmark.needs_judge(run.bench_cfg):
-        start_rollouts(run, skill, batch.item_ids, training=True, epoch=draws.epoch, samples=samples,
-                       view_seed=batch.seed)
+    if start_rollouts(run, skill, batch.item_ids, training=True, epoch=draws.epoch, samples=samples,
+                      view_seed=batch.seed):
         return None
     return bound(run, evaluate_skill).submit(run, skill, "train", batch.item_ids, training=True,
                                              epoch=draws.epoch, samples=samples, view_seed=batch.seed)
@@ -300,8 +299,11 @@ def step_one_ahead(run: Run, rows: list[ItemResult], seed: int) -> None:
     # after the gate.
     gate = gate_skills(run, update.candidate, current=skill, best=skill, step=1)
     accepted = isinstance(gate, GateResult) and gate.decision != "reject"
-    draws = Draws(1, resample=cfg.train.resample_each_epoch)
-    draws.take(plan.steps[0].batches[0].item_ids)
+    first = first_batch(run)
+    if first is None:
+        return
+    step_one, draws = first
+    draws.take(step_one.item_ids)  # as step 1 did
     batch = plan.steps[1].batches[0]
     evaluate(run, update.candidate if accepted else skill, "train", batch.item_ids, training=True,
              epoch=draws.epoch, samples=draws.peek(batch.item_ids), view_seed=batch.seed)

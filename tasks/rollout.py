@@ -320,12 +320,14 @@ def settle_evaluations(run: Run, *, wait_s: float | None = None) -> None:
 
 
 def start_rollouts(run: Run, skill: str, item_ids: list[str], *, training: bool, epoch: int | None = None,
-                   samples: list[int] | None = None, view_seed: int | None = None) -> None:
+                   samples: list[int] | None = None, view_seed: int | None = None) -> bool:
     """Begin the calls of the evaluation the flow will ask for next (``evaluate`` with the same arguments),
-    while it finishes its current work; ``evaluate`` then takes them (see ``_start_calls``)."""
-    if not ahead():
-        _start_calls(run, _rollout_jobs(run, skill, item_ids, training=training, probe_instruction=None,
-                                        epoch=epoch, samples=samples, view_seed=view_seed))
+    while it finishes its current work; ``evaluate`` then takes them (see ``_start_calls``). Whether every
+    one of them is in flight that way."""
+    if ahead():
+        return False
+    return _start_calls(run, _rollout_jobs(run, skill, item_ids, training=training, probe_instruction=None,
+                                           epoch=epoch, samples=samples, view_seed=view_seed)) is not None
 
 
 def evaluate_many(run: Run, jobs: list[tuple[str, str, list[str]]], *, training: bool = False,

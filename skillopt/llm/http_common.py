@@ -285,7 +285,7 @@ def shared_tls_context(library: ModuleType) -> ssl.SSLContext:
     ``SSL_CERT_FILE`` / ``SSL_CERT_DIR``, which that default reads).
 
     Building one loads the whole certificate store: 50-150 ms of a core on a two-core machine, and each SDK
-    client, each context-window probe and the credential check built their own, five times in a run. A
+    client, each context-window probe and the credential check built their own, six times in a run. A
     context is safe to share between clients and threads, and the one built here is exactly the default
     each would have built."""
     return _tls_context(library, os.environ.get("SSL_CERT_FILE"), os.environ.get("SSL_CERT_DIR"))
