@@ -28,7 +28,7 @@ from skillopt.llm.http_common import (
     resolve_key,
     sdk_errors,
     sdk_http_client,
-    split_sdk_kwargs,
+    sdk_post,
 )
 from skillopt.llm.json_extract import schema_instruction, strict_json_schema
 from skillopt.llm.roles import ResolvedRole
@@ -107,10 +107,9 @@ class AnthropicBackend:
     def attempt(self, request: ChatRequest, *, timeout_s: float) -> ChatResponse:
         anthropic = self.anthropic
         body = self.body(request)
-        kwargs = split_sdk_kwargs(self.client.messages.create, body)
         started = time.monotonic()
         with sdk_errors(anthropic, role=self.role, redactor=self.redactor, timeout_s=timeout_s), \
-                self.client.messages.with_streaming_response.create(**kwargs, timeout=timeout_s) as response:
+                sdk_post(anthropic, self.client, "/v1/messages", body, timeout_s=timeout_s) as response:
             raw = read_with_deadline(response.iter_bytes(), deadline=started + timeout_s, timeout_s=timeout_s)
             headers = response.headers
         latency = time.monotonic() - started

@@ -30,7 +30,7 @@ from skillopt.llm.http_common import (
     resolve_key,
     sdk_errors,
     sdk_http_client,
-    split_sdk_kwargs,
+    sdk_post,
 )
 from skillopt.llm.json_extract import schema_instruction, strict_json_schema
 from skillopt.llm.roles import ResolvedRole
@@ -181,13 +181,11 @@ class OpenAIWire:
 
     def attempt(self, request: ChatRequest, *, timeout_s: float) -> ChatResponse:
         if self.api == "responses":
-            body = self.responses_body(request)
-            endpoint = self.client.responses.with_streaming_response.create
+            body, path = self.responses_body(request), "/responses"
         else:
-            body = self.chat_body(request)
-            endpoint = self.client.chat.completions.with_streaming_response.create
+            body, path = self.chat_body(request), "/chat/completions"
         started = time.monotonic()
-        raw, headers = self.post(endpoint, body, timeout_s=timeout_s, started=started)
+        raw, headers = self.post(path, body, timeout_s=timeout_s, started=started)
         latency = time.monotonic() - started
         response = self.parse_responses(raw) if self.api == "responses" else self.parse_chat(raw)
         response.latency_s = latency
@@ -195,12 +193,11 @@ class OpenAIWire:
         return response
 
     def post(
-        self, endpoint: Any, body: dict[str, Any], *, timeout_s: float, started: float
+        self, path: str, body: dict[str, Any], *, timeout_s: float, started: float
     ) -> tuple[bytes, Mapping]:
-        """Send ``body`` and read the whole reply within the deadline; errors are classified."""
-        kwargs = split_sdk_kwargs(endpoint, body)
+        """Send ``body`` to ``path`` and read the whole reply within the deadline; errors are classified."""
         with sdk_errors(self.openai, role=self.role, redactor=self.redactor, timeout_s=timeout_s), \
-                endpoint(**kwargs, timeout=sdk_timeout(timeout_s)) as response:
+                sdk_post(self.openai, self.client, path, body, timeout_s=sdk_timeout(timeout_s)) as response:
             raw = read_with_deadline(response.iter_bytes(), deadline=started + timeout_s, timeout_s=timeout_s)
             return raw, response.headers
 

@@ -185,7 +185,7 @@ class CompatibleWire(OpenAIWire):
         body["stream"] = True
         body["stream_options"] = {"include_usage": True}
         started = time.monotonic()
-        raw, headers = self.post(self.client.chat.completions.with_streaming_response.create, body,
+        raw, headers = self.post("/chat/completions", body,
                                  timeout_s=timeout_s, started=started)
         texts, thoughts, usage, model, finish = [], [], None, None, None
         for line in raw.decode("utf-8", "replace").splitlines():

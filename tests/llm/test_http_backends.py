@@ -640,3 +640,54 @@ def test_opening_the_reply_store_removes_temporary_files_of_writers_that_are_gon
     os.utime(stale, (old, old))  # another host's, but far older than any write takes
     ReplyStore(tmp_path / "replies")
     assert sorted(p.name for p in shard.iterdir()) == sorted([in_flight.name, reply.name])
+
+
+# ---- The request path -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("api", ["chat", "responses", "anthropic"])
+def test_the_wire_body_is_the_body_the_backend_built_and_no_endpoint_method_walks_it(
+        api, openai_server, anthropic_server, monkeypatch):
+    """Requests go through the SDK client's own POST (its base URL, key, headers and error classes), not
+    through ``chat.completions.create`` and the like, whose walk of every body against the API's typed
+    parameters cost more of a core than the rest of a call: the body on the wire is exactly the one the
+    backend built, a field no SDK release names (``extra_body``) included, at the top level."""
+    from anthropic.resources.messages import Messages
+    from openai.resources.chat.completions import Completions
+    from openai.resources.responses import Responses
+
+    def refused(*_args, **_kwargs):
+        raise AssertionError("an SDK endpoint method was called")
+
+    for resource in (Completions, Responses, Messages):
+        monkeypatch.setattr(resource, "create", refused)
+    extra = ("model.target.extra_body.vendor_field={\"nested\": [1, 2]}",)
+    if api == "anthropic":
+        server, path = anthropic_server, "/v1/messages"
+        bundle = anthropic_clients(server, *extra)
+        wire_type = anthropic.AnthropicBackend
+    elif api == "responses":
+        server, path = openai_server, "/v1/responses"
+        bundle = clients(f"model.target.base_url={server.openai_base_url}", "model.target.model=gpt-4.1-mini",
+                         *extra)
+        wire_type = openai.OpenAIWire
+    else:
+        server, path = openai_server, CHAT
+        bundle = openai_chat(server, *extra)
+        wire_type = openai.OpenAIWire
+    server.plan(path, ok(text="4"))
+    built: list[dict] = []
+    body_of = wire_type.body if api == "anthropic" else (
+        wire_type.responses_body if api == "responses" else wire_type.chat_body)
+
+    def keep(self, request):
+        body = body_of(self, request)
+        built.append(json.loads(json.dumps(body)))
+        return body
+
+    monkeypatch.setattr(wire_type, body_of.__name__, keep)
+    assert bundle.target.chat(ask()).text == "4"
+    wire = server.last(path)
+    assert wire.api_key == KEY
+    assert built and wire.body == built[0]
+    assert wire.body["vendor_field"] == {"nested": [1, 2]}
