@@ -14,7 +14,11 @@ Per run (times from the world's clock, in seconds after the process started):
   dependent rounds of ``ceil(calls in the round / workers) x latency`` (rounds in order of the algorithm:
   baseline, then per step rollout, analysts, each merge level, ranking, gate; the epoch boundary's slow
   update and meta skill; the final check and the test evaluations); ratio = model phase / critical path;
-- **end to end** = exit, against critical path + 3 s.
+- **end to end** = exit, against critical path + 3 s;
+- **CPU** (rows with a running local server): the processor time the run's own process used (the preloaded
+  process's forked child, or the command itself) and the time the Prefect server used from the run's start
+  until ``CPU_SETTLE_S`` after its exit (the server still records the run's last events then); read from
+  ``/proc``, so on Linux only.
 
 ``--compare 'CMD'`` runs any second command against the same world in the same bench run, interleaved with
 skillopt's runs, and reports the ratio of the wall times (``{url}`` in CMD is replaced by the world's base
@@ -34,6 +38,7 @@ import json
 import math
 import os
 import random
+import resource
 import shlex
 import signal
 import statistics
@@ -96,6 +101,8 @@ class Timeline:
     rounds: list[dict[str, Any]] = field(default_factory=list)
     killed_at_s: float | None = None
     killed_at_wall: float | None = None
+    run_cpu_s: float | None = None
+    server_cpu_s: float | None = None
 
     @property
     def model_phase_s(self) -> float | None:
@@ -117,6 +124,8 @@ class Timeline:
             "critical_path_s": _r(path),
             "phase_ratio": _r(phase / path) if phase and path else None,
             "e2e_minus_critical_path_s": _r(self.exit_s - path) if path else None,
+            "run_cpu_s": _r(self.run_cpu_s),
+            "server_cpu_s": _r(self.server_cpu_s),
         }
 
 
@@ -181,6 +190,53 @@ def timed(label: str, argv: list[str], *, world: LatencyWorld, latency: float, e
                     None if last is None else last - started, ended - started,
                     calls=sum(e.outcome == "answer" for e in events),
                     killed_at_s=None if killed_at is None else killed_at - started, killed_at_wall=killed_at)
+
+
+#: How long after a run's exit the server's processor time still counts as the run's.
+CPU_SETTLE_S = 1.0
+
+
+def cpu_seconds(pid: int, *, children: bool = False) -> float | None:
+    """User plus system time of process ``pid`` (or of its children it has waited for), from ``/proc``."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    first = 13 if children else 11  # cutime, cstime / utime, stime (fields 16-17 / 14-15 of proc(5))
+    return (int(fields[first]) + int(fields[first + 1])) / os.sysconf("SC_CLK_TCK")
+
+
+class CpuMeter:
+    """The processor time of a run: its own process (the command, or the preloaded process's forked child
+    that runs it) and the local server of ``home``; None where there is no running server."""
+
+    def __init__(self, home: Path) -> None:
+        from skillopt import local_server, preload
+
+        server = local_server.running(home)
+        self.server = server.pid if server else None
+        self.preload = preload.recorded_process(home)
+
+    def read(self) -> tuple[float, float] | None:
+        if self.server is None:
+            return None
+        server = cpu_seconds(self.server)
+        if server is None:
+            return None
+        own = resource.getrusage(resource.RUSAGE_CHILDREN)
+        run = own.ru_utime + own.ru_stime
+        forked = cpu_seconds(self.preload, children=True) if self.preload else None
+        return run + (forked or 0.0), server
+
+    def since(self, before: tuple[float, float] | None) -> tuple[float | None, float | None]:
+        """(run, server) processor seconds since ``before``, after waiting ``CPU_SETTLE_S``."""
+        if before is None:
+            return None, None
+        time.sleep(CPU_SETTLE_S)
+        after = self.read()
+        if after is None:
+            return None, None
+        return after[0] - before[0], after[1] - before[1]
 
 
 # --------------------------------------------------------------------------------------------
@@ -255,12 +311,15 @@ def end_to_end(config: Config, world: LatencyWorld, workdir: Path, *, home: Path
     """``repeat`` runs of ``config`` (a fresh run folder each, so no call is cached), interleaved with
     ``compare`` when given; the median of each figure."""
     env = skillopt_env(home)
+    meter = CpuMeter(home)
     ours, theirs = [], []
     for index in range(repeat):
         cwd = workdir / f"{label}-{index}"
+        before = meter.read()
         timeline = timed(
             label, train_argv(config, world, "e2e"), world=world, latency=config.latency, env=env, cwd=cwd
         )
+        timeline.run_cpu_s, timeline.server_cpu_s = meter.since(before)
         if timeline.returncode != 0:
             raise RuntimeError(f"{label}: skillopt exited {timeline.returncode}; see {cwd}")
         ours.append(with_path(timeline, cwd / "runs" / "e2e", config).row())
@@ -437,8 +496,8 @@ def table(results: dict[str, Any]) -> str:
         f"after {[round(x, 2) for x in results.get('load_after', [])]}",
         "",
         "| row | first call s | last call s | exit s | exit after last call s | model phase s | "
-        "critical path s | phase / path | exit - path s | calls |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "critical path s | phase / path | exit - path s | calls | run CPU s | server CPU s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for key in ("tiny_with_server", "tiny_without_server", "batch10", "batch40"):
         section = results.get(key)
@@ -448,15 +507,16 @@ def table(results: dict[str, Any]) -> str:
         lines.append(f"| {key} | {m.get('first_call_s')} | {m.get('last_call_s')} | {m.get('exit_s')} | "
                      f"{m.get('exit_after_last_call_s')} | {m.get('model_phase_s')} | "
                      f"{m.get('critical_path_s')} | {m.get('phase_ratio')} | "
-                     f"{m.get('e2e_minus_critical_path_s')} | {m.get('calls')} |")
+                     f"{m.get('e2e_minus_critical_path_s')} | {m.get('calls')} | {m.get('run_cpu_s')} | "
+                     f"{m.get('server_cpu_s')} |")
         compare = section.get("compare")
         if compare:
             c = compare["median"]
             lines.append(f"| compare: `{compare['command']}` | {c.get('first_call_s')} | "
                          f"{c.get('last_call_s')} | {c.get('exit_s')} | {c.get('exit_after_last_call_s')} | "
-                         f"{c.get('model_phase_s')} | | | | {c.get('calls')} |")
+                         f"{c.get('model_phase_s')} | | | | {c.get('calls')} | | |")
             lines.append(f"| wall ratio skillopt / compared | {compare['wall_ratio_skillopt_over_other']} | "
-                         "| | | | | | | |")
+                         "| | | | | | | | | |")
     kill = results.get("kill")
     if kill:
         lines += ["", f"kill -9 trials without held replies: {len(kill['trials'])}; completed calls repeated "
