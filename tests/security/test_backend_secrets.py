@@ -56,7 +56,10 @@ def test_sentinel_keys_appear_only_in_requests_the_fakes_received(
         texts.append(str(info.value))
         texts.append(repr(info.value))
 
-    received = " ".join(r.headers.get("authorization", "") + r.headers.get("api-key", "")
+    # Where each API takes its key: Authorization (OpenAI-style), api-key (Azure), x-api-key (Anthropic; some
+    # SDK releases send Authorization instead).
+    key_headers = ("authorization", "api-key", "x-api-key")
+    received = " ".join(" ".join(r.headers.get(name, "") for name in key_headers)
                         for server in (openai_server, anthropic_server) for r in server.requests)
     assert SENTINELS["OPENAI_COMPATIBLE_API_KEY"] in received  # the keys did go where they belong
     assert SENTINELS["ANTHROPIC_API_KEY"] in received
