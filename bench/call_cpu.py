@@ -98,12 +98,6 @@ def run_tree(tree: Path, calls: int) -> dict[str, Any]:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def label(tree: Path) -> str:
-    found = subprocess.run(["git", "-C", str(tree), "describe", "--always", "--dirty"], capture_output=True,
-                           text=True, check=False)
-    return found.stdout.strip() or str(tree)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="interpreter time per model call of skillopt's client")
     parser.add_argument("trees", nargs="*", type=Path, help="source checkouts (default: this one)")
@@ -116,6 +110,9 @@ def main(argv: list[str] | None = None) -> int:
         sys.path.insert(0, str(args.child))
         print(json.dumps(measure(args.calls)))
         return 0
+    sys.path.insert(1, str(ROOT))  # here, not at import: a measuring process imports skillopt from its tree
+    from bench.ab import label  # a tree's commit, never its folder
+
     trees = [tree.resolve() for tree in args.trees] or [ROOT]
     rows: dict[str, list[dict[str, Any]]] = {str(tree): [] for tree in trees}
     for number in range(args.rounds):

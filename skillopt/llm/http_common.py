@@ -258,10 +258,11 @@ def resolve_key(role: ResolvedRole, secrets) -> str | None:  # noqa: ANN001 - Se
 # One TLS context per process
 
 
+@functools.cache
 def http_library(sdk: ModuleType) -> ModuleType | None:
     """The HTTP library an SDK's client is built on (``httpx``, or ``httpx2`` in later releases): the package
     of the first class in ``sdk.DefaultHttpxClient``'s ancestry that builds TLS contexts; None if none
-    does."""
+    does. Found once per SDK (every request asks, through ``sdk_post``)."""
     for cls in getattr(sdk, "DefaultHttpxClient", type(None)).__mro__:
         package = sys.modules.get(cls.__module__.partition(".")[0])
         if package is None or package is sdk:

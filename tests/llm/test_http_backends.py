@@ -667,29 +667,26 @@ def test_the_wire_body_is_the_body_the_backend_built_and_no_endpoint_method_walk
         monkeypatch.setattr(resource, "create", refused)
     extra = ("model.target.extra_body.vendor_field={\"nested\": [1, 2]}",)
     if api == "anthropic":
-        server, path = anthropic_server, "/v1/messages"
-        bundle = anthropic_clients(server, *extra)
+        server, path, builder = anthropic_server, "/v1/messages", "body"
         wire_type = anthropic.AnthropicBackend
+        bundle = anthropic_clients(server, *extra)
     elif api == "responses":
-        server, path = openai_server, "/v1/responses"
+        server, path, wire_type, builder = openai_server, "/v1/responses", openai.OpenAIWire, "responses_body"
         bundle = clients(f"model.target.base_url={server.openai_base_url}", "model.target.model=gpt-4.1-mini",
                          *extra)
-        wire_type = openai.OpenAIWire
     else:
-        server, path = openai_server, CHAT
+        server, path, wire_type, builder = openai_server, CHAT, openai.OpenAIWire, "chat_body"
         bundle = openai_chat(server, *extra)
-        wire_type = openai.OpenAIWire
     server.plan(path, ok(text="4"))
     built: list[dict] = []
-    body_of = wire_type.body if api == "anthropic" else (
-        wire_type.responses_body if api == "responses" else wire_type.chat_body)
+    build = getattr(wire_type, builder)
 
     def keep(self, request):
-        body = body_of(self, request)
+        body = build(self, request)
         built.append(json.loads(json.dumps(body)))
         return body
 
-    monkeypatch.setattr(wire_type, body_of.__name__, keep)
+    monkeypatch.setattr(wire_type, builder, keep)
     assert bundle.target.chat(ask()).text == "4"
     wire = server.last(path)
     assert wire.api_key == KEY
