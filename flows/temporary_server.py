@@ -33,8 +33,8 @@ SERVER_LOG = "temporary-server.log"
 WATCH_INTERVAL_S = 0.5
 
 # Run in the server's process before uvicorn: die with the parent (Linux; elsewhere the atexit stop
-# that Prefect registers is the only clean-up), begin SQLite transactions IMMEDIATE (skillopt.prefect_server),
-# then hand over to uvicorn's command line.
+# that Prefect registers is the only clean-up), take skillopt's server changes (skillopt.prefect_server), then
+# hand over to uvicorn's command line.
 _CHILD = """
 import ctypes, os, signal, sys
 try:
@@ -44,10 +44,10 @@ except (OSError, AttributeError):
 if os.getppid() != int(sys.argv[1]):
     sys.exit(0)
 sys.argv = ["uvicorn", *sys.argv[2:]]
-from skillopt.prefect_server import immediate_sqlite_transactions
-immediate_sqlite_transactions()
+from skillopt.prefect_server import skillopt_server
 from uvicorn.main import main
-main()
+with skillopt_server():
+    main()
 """
 
 

@@ -16,3 +16,21 @@ def alive(pid: int) -> bool:
             return stat.read().split(") ", 1)[1][0] != "Z"
     except FileNotFoundError:
         return False
+
+
+def servers_of(prefect_home: str) -> list[int]:
+    """The running processes with ``PREFECT_HOME=prefect_home`` in their environment whose command line
+    is a Prefect server's (a temporary server lives on a moment after the run that started it)."""
+    wanted = f"PREFECT_HOME={prefect_home}".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as cmdline, open(f"/proc/{entry}/environ", "rb") as env:
+                argv, environ = cmdline.read(), env.read().split(b"\0")
+        except OSError:  # gone, or not ours to read
+            continue
+        if wanted in environ and (b"uvicorn" in argv or b"prefect_server" in argv) and alive(int(entry)):
+            found.append(int(entry))
+    return found
