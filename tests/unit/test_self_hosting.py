@@ -178,7 +178,7 @@ def test_every_command_names_something_the_image_has(compose):
             assert command[1] == "-m" and importlib.util.find_spec(command[2]) is not None, (
                 f"{name}: {command}"
             )
-            if command[2] == "skillopt.prefect_server":  # Prefect's command line: `server start` and its options
+            if command[2] == "skillopt.prefect_server":  # Prefect's command line, `server start` first
                 assert command[3:5] == ["server", "start"], f"{name}: {command}"
         else:
             assert program in scripts, f"{name}: {program} is not a console script of the image"
