@@ -104,6 +104,15 @@ def test_artifacts_read_back_from_the_prefect_api(demo_run, prefect_api):
     report = demo_run["run_dir"].resolve() / "report.html"
     assert report.as_uri() in link["data"] and report.is_file()
 
+    # Every version of every key is attached to the run's top flow run (skill-train), none to its epochs.
+    every = [a for kind in ("progress", "skill-diff", "edits", "gates", "cost", "report")
+             for a in versions(prefect_api, kind)]
+    (flow_run_id,) = {a["flow_run_id"] for a in every}
+    request = urllib.request.Request(f"{prefect_api}/flow_runs/{flow_run_id}")
+    with urllib.request.urlopen(request, timeout=30) as response:
+        flow_run = json.load(response)
+    assert flow_run["parent_task_run_id"] is None and flow_run["name"] == demo_run["run_dir"].name
+
 
 def test_dry_run_estimate_is_within_20_percent_of_the_calls_made(demo_run, monkeypatch):
     from skillopt.config import load_config

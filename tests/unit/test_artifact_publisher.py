@@ -57,16 +57,16 @@ def test_a_progress_update_queued_behind_a_newer_one_is_dropped(monkeypatch) -> 
     release = threading.Event()
     updates: list[float] = []
 
-    def create_progress_artifact(*, progress: float, key: str, description: str) -> str:
+    def create_progress(self, *, progress: float, key: str, description: str) -> str:
         created.set()
         assert release.wait(10)
         return "00000000-0000-0000-0000-000000000001"
 
-    def update_progress_artifact(*, artifact_id, progress: float, description: str) -> None:
+    def update_progress(self, *, artifact_id, progress: float, description: str) -> None:
         updates.append(progress)
 
-    monkeypatch.setattr(artifacts, "create_progress_artifact", create_progress_artifact)
-    monkeypatch.setattr(artifacts, "update_progress_artifact", update_progress_artifact)
+    monkeypatch.setattr(artifacts.Publisher, "progress", create_progress)
+    monkeypatch.setattr(artifacts.Publisher, "update_progress", update_progress)
     publisher = Publisher(lanes=1)
     publisher.send_progress(10.0, "step 1", "progress")
     assert created.wait(10)
