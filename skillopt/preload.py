@@ -51,6 +51,10 @@ _HEADER = struct.Struct("!I")
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
+#: What a command run without the preloaded process costs, as its note to the user says.
+SLOWER = "its imports add 1-3 s to the run"
+
+
 def socket_path(home: Path) -> Path:
     return home / SOCKET
 
@@ -410,9 +414,14 @@ class _Server:
         # modules the command would import is what must match.
         if (request["python"] != _python() or request["path"][1:] != sys.path[1:]
                 or request["package"] != _package_dir()):
-            return "another Python, sys.path or skillopt installation", None
+            return "another Python, sys.path or skillopt installation", (
+                "`skillopt server start` ran with another Python, sys.path or skillopt installation than "
+                f"this command; it runs without the preloaded process ({SLOWER}; to use it, restart the "
+                "server from this environment: `skillopt server stop && skillopt server start`)")
         if pinned_env(request["env"]) != self.env:
-            return "another PREFECT_* environment", None
+            return "another PREFECT_* environment", (
+                "this command's PREFECT_* variables differ from those `skillopt server start` had; it runs "
+                f"without the preloaded process ({SLOWER})")
         if code_fingerprint() != self.fingerprint:
             self.stopping = True  # stale for every later command too
             return ("skillopt or a package changed since the preloaded process started",

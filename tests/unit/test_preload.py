@@ -94,6 +94,22 @@ def test_another_prefect_environment_runs_in_its_own_process(served, tmp_path):
     assert result.returncode == 0 and "calls" in result.stdout
     assert len(_served_pids(home)) == before
     assert "refused a command: another PREFECT_* environment" in _log(home)
+    assert result.stderr.startswith("note: this command's PREFECT_* variables differ from those `skillopt "
+                                    "server start` had; it runs without the preloaded process"), result.stderr
+
+
+def test_another_sys_path_runs_in_its_own_process_and_says_so(served, tmp_path):
+    home, env = served
+    before = len(_served_pids(home))
+    (tmp_path / "extra").mkdir()
+    other = {**env, "PYTHONPATH": os.pathsep.join([env["PYTHONPATH"], str(tmp_path / "extra")])}
+    result = _skillopt(other, tmp_path, "train", "demo", "--dry-run")
+    assert result.returncode == 0 and "calls" in result.stdout
+    assert len(_served_pids(home)) == before
+    assert "refused a command: another Python, sys.path or skillopt installation" in _log(home)
+    (note,) = [line for line in result.stderr.splitlines() if line.startswith("note: ")]
+    assert "another Python, sys.path or skillopt installation" in note
+    assert "`skillopt server stop && skillopt server start`" in note
 
 
 class _SilentEndpoint:
