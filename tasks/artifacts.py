@@ -30,6 +30,8 @@ from typing import Any
 from uuid import UUID
 
 from prefect.artifacts import Artifact, LinkArtifact, MarkdownArtifact, ProgressArtifact, TableArtifact
+from prefect.client.schemas.actions import ArtifactCreate, ArtifactUpdate
+from prefect.utilities.context import get_task_and_flow_run_ids
 
 from skillopt.artifacts import (
     COST,
@@ -118,7 +120,7 @@ class Publisher:
     def client(self) -> Any:
         """The lanes' Prefect client, opened on first use (in a lane: the publishing flow run's settings)."""
         with self._client_lock:
-            if self._client is None:
+            if self._client is None:  # once per run
                 from prefect.client.orchestration import get_client
 
                 self._client = get_client(sync_client=True).__enter__()
@@ -127,9 +129,6 @@ class Publisher:
     def create(self, artifact: Artifact) -> UUID:
         """Create ``artifact`` through the lanes' client, attached to the current flow (and task) run, as
         Prefect's ``create_*_artifact`` functions do; returns its id."""
-        from prefect.client.schemas.actions import ArtifactCreate
-        from prefect.utilities.context import get_task_and_flow_run_ids
-
         task_run_id, flow_run_id = get_task_and_flow_run_ids()
         request = ArtifactCreate(type=artifact.type, key=artifact.key, description=artifact.description,
                                  task_run_id=task_run_id, flow_run_id=flow_run_id,
@@ -150,8 +149,6 @@ class Publisher:
         return self.create(ProgressArtifact(key=key, progress=progress, description=description))
 
     def update_progress(self, *, artifact_id: UUID, progress: float, description: str | None = None) -> None:
-        from prefect.client.schemas.actions import ArtifactUpdate
-
         data = ProgressArtifact(progress=progress).format(_sync=True)  # type: ignore[call-arg]
         update = (ArtifactUpdate(data=data, description=description) if description  # as Prefect does
                   else ArtifactUpdate(data=data))

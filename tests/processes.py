@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 
 
 def alive(pid: int) -> bool:
@@ -34,3 +35,13 @@ def servers_of(prefect_home: str) -> list[int]:
         if wanted in environ and (b"uvicorn" in argv or b"prefect_server" in argv) and alive(int(entry)):
             found.append(int(entry))
     return found
+
+
+def servers_stopped(prefect_home: str, timeout_s: float = 60.0) -> bool:
+    """Wait up to ``timeout_s`` until no Prefect server of ``prefect_home`` runs (``servers_of``)."""
+    deadline = time.monotonic() + timeout_s
+    while servers_of(prefect_home):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.2)
+    return True

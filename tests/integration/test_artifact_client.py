@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import threading
-import urllib.request
 import uuid
 
 import prefect.artifacts
@@ -14,14 +13,8 @@ import prefect.client.orchestration
 from prefect import flow
 from prefect.context import get_run_context
 
+from bench.run import api_post
 from skillopt.tasks.artifacts import Publisher
-
-
-def _api(prefect_api: str, path: str, body: dict) -> list[dict]:
-    request = urllib.request.Request(f"{prefect_api}{path}", data=json.dumps(body).encode(), method="POST",
-                                     headers={"content-type": "application/json"})
-    with urllib.request.urlopen(request, timeout=30) as response:
-        return json.load(response)
 
 
 def test_one_client_sends_every_artifact_of_a_publisher_to_its_flow_run(prefect_settings, monkeypatch):
@@ -59,7 +52,7 @@ def test_one_client_sends_every_artifact_of_a_publisher_to_its_flow_run(prefect_
     flow_run_id = publish()
     assert len(opened) == 2, opened  # one client per publisher, not one per artifact (there were six)
 
-    found = _api(prefect_settings, "/artifacts/filter",
+    found = api_post(prefect_settings, "/artifacts/filter",
                  {"artifacts": {"key": {"any_": [f"{k}-{tag}" for k in "tmlp"]}}})
     by_key: dict[str, list[dict]] = {}
     for artifact in sorted(found, key=lambda a: a["created"]):

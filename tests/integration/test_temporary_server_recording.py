@@ -8,12 +8,11 @@ import os
 import sqlite3
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.processes import servers_of
+from tests.processes import servers_stopped
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,10 +31,7 @@ def test_a_run_on_the_temporary_server_leaves_only_final_runs_recorded_in_batche
     assert "temporary Prefect server" in run.stdout + run.stderr
 
     # The run has exited; its server finishes its shutdown (and its last batch) on its own.
-    deadline = time.monotonic() + 60
-    while servers_of(str(home)) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not servers_of(str(home)), "the temporary server outlived its run by a minute"
+    assert servers_stopped(str(home), 60), "the temporary server outlived its run by a minute"
 
     with sqlite3.connect(home / "prefect.db") as db:
         flow_runs = dict(db.execute("select state_type, count(*) from flow_run group by 1").fetchall())

@@ -15,13 +15,12 @@ import os
 import sqlite3
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from tests.integration.test_benchmarks_over_http import scripted_reply_server
-from tests.processes import servers_of
+from tests.processes import servers_stopped
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 SECRETS = {
@@ -57,10 +56,7 @@ def test_no_planted_secret_in_any_file_a_run_writes_or_in_the_prefect_database(t
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
 
     # The temporary server writes what it still holds (its last batch of events) as it stops, after the run.
-    deadline = time.monotonic() + 60
-    while servers_of(str(prefect_home)) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not servers_of(str(prefect_home)), "the temporary server outlived its run by a minute"
+    assert servers_stopped(str(prefect_home), 60), "the temporary server outlived its run by a minute"
 
     received = [r.headers.get("authorization", "") for r in openai_server.requests]
     assert received and all(h == f"Bearer {SECRETS['MY_TARGET_KEY']}" for h in received)  # the key was used
