@@ -33,8 +33,9 @@ characters/4 estimates) and ``latency_s`` (the reported latency; a rule slower t
 
 The first matching rule wins, then the ``default`` reply (a rule without match keys), else
 ``ScriptedNoMatch``. ``rules`` is an inline list, the path of a YAML file holding such a list, or
-the name of a built-in set (``BUILTIN_SETS``): ``auto`` (used when no rules are configured),
-``estimate`` (the dry run's stubs) and ``demo`` (the demo world's target and optimizer, in
+the name of a built-in set (``BUILTIN_SETS``): ``auto`` (used when no rules are configured) and
+``estimate`` (the dry run's stubs), or of a set a plug-in registers in the ``skillopt.scripted_rules``
+entry-point group: ``demo`` (the demo world's target and optimizer, in
 ``skillopt.benchmarks.demo.scripted``). See ``AutoRules`` and ``EstimateRules`` for what they answer.
 
 Nothing here opens a socket or imports a library that does.
@@ -51,6 +52,7 @@ import threading
 import unicodedata
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from importlib.metadata import entry_points
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Protocol
@@ -703,19 +705,20 @@ def _estimate_set(context: BackendContext) -> RuleSet:
     return EstimateRules()
 
 
-def _demo_set(context: BackendContext) -> RuleSet:
-    # Imported here: the demo world is a benchmark plug-in, and the model layer must not need it.
-    from skillopt.benchmarks.demo.scripted import demo_rule_set
-
-    return demo_rule_set(context)
-
-
 #: Built-in rule sets by name; each entry builds its set from the backend context.
 BUILTIN_SETS: Mapping[str, Callable[[BackendContext], RuleSet]] = MappingProxyType({
     "auto": _auto_set,
     "estimate": _estimate_set,
-    "demo": _demo_set,
 })
+
+#: Entry-point group through which a benchmark plug-in gives the scripted backend a rule set of its own
+#: (the demo world's ``demo`` set): the model layer never imports a benchmark.
+RULE_SET_GROUP = "skillopt.scripted_rules"
+
+
+def plugin_rule_sets() -> dict[str, Callable[[BackendContext], RuleSet]]:
+    """The rule sets installed plug-ins register, by name."""
+    return {entry.name: entry.load() for entry in entry_points(group=RULE_SET_GROUP)}
 
 
 def resolve_rule_set(
@@ -728,13 +731,16 @@ def resolve_rule_set(
         return RuleTable(parse_rules(rules, where=where), where=where)
     if rules in BUILTIN_SETS:
         return BUILTIN_SETS[rules](context)
+    plugins = plugin_rule_sets() if isinstance(rules, str) else {}
+    if rules in plugins:
+        return plugins[rules](context)
     path = Path(rules).expanduser()
     if path.suffix.lower() in (".yaml", ".yml", ".json") or path.is_file():
         if not path.is_file():
             raise ConfigError(f"{where}: rules file {path} does not exist")
         return RuleTable(load_rules_file(path, where=where), where=f"{where} ({path})")
     raise ConfigError(
-        f"{where}: unknown rule set {rules!r}; built-in sets: {', '.join(BUILTIN_SETS)} "
+        f"{where}: unknown rule set {rules!r}; known sets: {', '.join([*BUILTIN_SETS, *plugins])} "
         "(or give a list of rules or the path of a YAML rules file)"
     )
 

@@ -386,8 +386,8 @@ def test_bad_rule_in_a_yaml_file_names_the_file_and_index(tmp_path: Path) -> Non
         backend(rules=str(path))
 
 
-def test_unknown_rule_set_lists_the_built_in_ones() -> None:
-    with pytest.raises(ConfigError, match="unknown rule set 'nonsense'; built-in sets: auto, estimate"):
+def test_unknown_rule_set_lists_the_built_in_and_plug_in_ones() -> None:
+    with pytest.raises(ConfigError, match="unknown rule set 'nonsense'; known sets: auto, estimate, demo"):
         backend(rules="nonsense")
 
 

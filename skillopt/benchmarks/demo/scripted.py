@@ -823,5 +823,5 @@ class DemoRules:
 
 
 def demo_rule_set(context: BackendContext) -> DemoRules:
-    """Build the ``demo`` set (registered in ``skillopt.llm.scripted.BUILTIN_SETS``)."""
+    """Build the ``demo`` set (registered in the ``skillopt.scripted_rules`` entry-point group)."""
     return DemoRules()
