@@ -320,9 +320,9 @@ def _cmd_train(args: argparse.Namespace, out: _Output) -> int:
         return _dry_run(args, overrides, out)
     if args.no_cache:
         overrides.append("run.refresh_cache=true")
-    loaded = _check_before_prefect(args.benchmark, args, overrides)
+    _check_before_prefect(args.benchmark, args, overrides)
     summary = _run_flow("train", out, benchmark=args.benchmark, config_file=args.config,
-                       overrides=overrides, run_name=_start_early(loaded, args), cli_roles=_cli_roles(args))
+                       overrides=overrides, run_name=args.run_name, cli_roles=_cli_roles(args))
     _print_summary(summary, out)
     return EXIT_OK
 
@@ -368,19 +368,6 @@ def _check_before_prefect(
     return loaded
 
 
-def _start_early(loaded: LoadedConfig, args: argparse.Namespace) -> str | None:
-    """Build the training run and start its first rollouts while Prefect loads (``skillopt.early_start``);
-    returns the run's name for the flow (which adopts the run), or ``--run-name`` where no early start
-    applies."""
-    from dataclasses import asdict
-
-    from skillopt.early_start import start_training
-    from skillopt.llm.roles import CliRoleOptions
-
-    run = start_training(loaded, cli_roles=asdict(CliRoleOptions(**_cli_roles(args))), run_name=args.run_name)
-    return run.run_name if run is not None else args.run_name
-
-
 def _dry_run(args: argparse.Namespace, overrides: list[str], out: _Output) -> int:
     """``train --dry-run``: the estimate of calls, tokens and USD; no model call, no Prefect run."""
     from skillopt.config import load_config
@@ -396,12 +383,12 @@ def _dry_run(args: argparse.Namespace, overrides: list[str], out: _Output) -> in
 
 def _cmd_demo(args: argparse.Namespace, out: _Output) -> int:
     overrides = [*args.override, *(["run.refresh_cache=true"] if args.no_cache else [])]
-    loaded = _check_before_prefect("demo", args, overrides)
+    _check_before_prefect("demo", args, overrides)
     out.print("skillopt demo: a simulated run on the built-in demo benchmark with the deterministic "
               "`scripted`")
     out.print("backend (no model, no key, no network). Every number below comes from that simulation.")
     summary = _run_flow("train", out, benchmark="demo", config_file=args.config, overrides=overrides,
-                       run_name=_start_early(loaded, args), cli_roles=_cli_roles(args))
+                       run_name=args.run_name, cli_roles=_cli_roles(args))
     _print_summary(summary, out)
     out.print()
     out.print("Next: train on your own data with a real model, for example")

@@ -27,7 +27,6 @@ from skillopt.assembly import Run
 from skillopt.cache_keys import call_key
 from skillopt.llm.chat import ChatRequest
 from skillopt.llm.errors import BackendError
-from skillopt.tasks.ahead import AheadTask, ahead
 from skillopt.tasks.cache_hits import cache_hit_hook
 
 CacheKeyFn = Callable[[Any, dict[str, Any]], str]
@@ -83,8 +82,6 @@ def bound(run: Run, task: Any, **options: Any) -> Any:
     2-2.5 s (``bench/run.py``: batch 40, concurrency 16, latency 0.5 s, SQLite). In ``prefect`` mode the
     user has chosen Prefect-side limits, and the tags let them add tag limits per role too.
     """
-    if ahead():  # work done ahead of the flow (skillopt.early_start): the function itself
-        return AheadTask(task)
     if options:
         return _bind(run, task, options)
     # Bound once per run and task: Prefect builds a new task (its signature, its checks) for every

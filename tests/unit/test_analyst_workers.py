@@ -53,7 +53,7 @@ class StandInRun:
 
 def context(workers: int) -> StandInRun:
     gradient = SimpleNamespace(minibatch_size=1, failure_only=False, analyst_workers=workers)
-    return StandInRun(config=SimpleNamespace(gradient=gradient), early=None)  # no calls made ahead
+    return StandInRun(config=SimpleNamespace(gradient=gradient))
 
 
 @flow(validate_parameters=False)
