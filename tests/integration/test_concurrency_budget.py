@@ -50,5 +50,7 @@ def test_the_target_never_has_more_calls_in_flight_than_the_budget(prefect_setti
     assert len(rollouts) >= 40 + 24 + 24, "the batch, the baseline and the test split were rolled out"
     assert len(set(target.answered)) == len(target.answered), "each request reached the model once"
     assert len(rollouts) == len(target.answered), "the ledger holds each call once, prefetched ones included"
+    # A task that read a prefetched reply made that call: no reply-store hit (it carries its request's tags).
+    assert not [r for r in records if r.get("cache_hit") and r["tags"]]
     # The peer's own count: never above the budget, and the budget was used (the calls did run side by side).
     assert bound // 2 < target.server.max_in_flight <= bound
