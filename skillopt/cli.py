@@ -252,6 +252,10 @@ def _add_run_options(parser: argparse.ArgumentParser, *, data: bool = True, cach
                             help="a folder with train/ val/ test/ (split_dir mode) or one data file (ratio "
                                  "mode)")
     parser.add_argument("--run-name", metavar="NAME", help="run directory name; re-use one to resume")
+    parser.add_argument("--ephemeral", action="store_true",
+                        help="without a Prefect API or a running local server, use a temporary Prefect "
+                             "server for this run instead of starting the local one in the background "
+                             "(run.prefect_server: temporary)")
     if cache:
         parser.add_argument(
             "--no-cache", action="store_true", help="recompute every call (refresh the cache)"
@@ -320,25 +324,41 @@ def _cmd_train(args: argparse.Namespace, out: _Output) -> int:
         return _dry_run(args, overrides, out)
     if args.no_cache:
         overrides.append("run.refresh_cache=true")
-    _check_before_prefect(args.benchmark, args, overrides)
-    summary = _run_flow("train", out, benchmark=args.benchmark, config_file=args.config,
-                       overrides=overrides, run_name=args.run_name, cli_roles=_cli_roles(args))
+    loaded = _check_before_prefect(args.benchmark, args, overrides)
+    summary = _run_flow("train", out, prefect_server=_prefect_server(loaded, args), benchmark=args.benchmark,
+                        config_file=args.config, overrides=overrides, run_name=args.run_name,
+                        cli_roles=_cli_roles(args))
     _print_summary(summary, out)
     return EXIT_OK
 
 
-def _run_flow(kind: str, out: _Output, **parameters: object) -> dict:
+def _prefect_server(loaded: LoadedConfig, args: argparse.Namespace) -> str:
+    """Which Prefect server a run starts when it has none: ``temporary`` with ``--ephemeral`` or
+    ``SKILLOPT_PREFECT_SERVER=temporary``, else ``run.prefect_server`` (``background`` by default)."""
+    if args.ephemeral:
+        return "temporary"
+    chosen = os.environ.get("SKILLOPT_PREFECT_SERVER", "").strip()
+    if chosen:
+        if chosen not in ("background", "temporary"):
+            from skillopt.errors import ConfigError
+
+            raise ConfigError(f"SKILLOPT_PREFECT_SERVER={chosen!r}: expected background or temporary")
+        return chosen
+    return loaded.config.run.prefect_server
+
+
+def _run_flow(kind: str, out: _Output, *, prefect_server: str, **parameters: object) -> dict:
     """Run the flow; on a terminal its lines scroll above a live status line (stage, items, calls, cost)."""
     from skillopt.flows.run import run_flow
     from skillopt.live_display import LiveDisplay, wants_live_display
 
     if not wants_live_display(out.out):
-        return run_flow(kind, out, out.guard, **parameters)
+        return run_flow(kind, out, out.guard, prefect_server=prefect_server, **parameters)
     display = LiveDisplay(out.out, out.redactor)
     if out.guard is not None:
         out.guard.add_cleanup(display.stop)  # a forced exit gives the terminal its cursor back
     with display:
-        return run_flow(kind, display, out.guard, **parameters)
+        return run_flow(kind, display, out.guard, prefect_server=prefect_server, **parameters)
 
 
 def _check_before_prefect(
@@ -383,12 +403,13 @@ def _dry_run(args: argparse.Namespace, overrides: list[str], out: _Output) -> in
 
 def _cmd_demo(args: argparse.Namespace, out: _Output) -> int:
     overrides = [*args.override, *(["run.refresh_cache=true"] if args.no_cache else [])]
-    _check_before_prefect("demo", args, overrides)
+    loaded = _check_before_prefect("demo", args, overrides)
     out.print("skillopt demo: a simulated run on the built-in demo benchmark with the deterministic "
               "`scripted`")
     out.print("backend (no model, no key, no network). Every number below comes from that simulation.")
-    summary = _run_flow("train", out, benchmark="demo", config_file=args.config, overrides=overrides,
-                       run_name=args.run_name, cli_roles=_cli_roles(args))
+    summary = _run_flow("train", out, prefect_server=_prefect_server(loaded, args), benchmark="demo",
+                        config_file=args.config, overrides=overrides, run_name=args.run_name,
+                        cli_roles=_cli_roles(args))
     _print_summary(summary, out)
     out.print()
     out.print("Next: train on your own data with a real model, for example")
@@ -409,10 +430,10 @@ def _cmd_eval(args: argparse.Namespace, out: _Output) -> int:
     if not Path(args.skill).is_file():
         raise ConfigError(f"--skill: no file at {args.skill}")
     overrides = [*_data_overrides(args.data), *args.override]
-    _check_before_prefect(args.benchmark, args, overrides, roles_used=("target",), split=args.split)
-    result = _run_flow("eval", out, benchmark=args.benchmark, skill_file=args.skill, split=args.split,
-                      config_file=args.config, overrides=overrides, run_name=args.run_name,
-                      cli_roles=_cli_roles(args))
+    loaded = _check_before_prefect(args.benchmark, args, overrides, roles_used=("target",), split=args.split)
+    result = _run_flow("eval", out, prefect_server=_prefect_server(loaded, args), benchmark=args.benchmark,
+                       skill_file=args.skill, split=args.split, config_file=args.config, overrides=overrides,
+                       run_name=args.run_name, cli_roles=_cli_roles(args))
     out.print(f"{args.benchmark} {result['split']}: hard {result['hard']:.3f}  soft {result['soft']:.3f}  "
               f"(n={result['n']}, skill {result['skill_sha'][:12]})")
     for task_type, row in result["per_task_type"].items():
