@@ -128,6 +128,7 @@ def reflect(run: Run, skill: str, rows: list[ItemResult], *, seed: int, budget: 
     common = {"run": run, "skill": skill, "budget": budget, "step_buffer": buffer, "meta_skill": meta_skill}
     jobs = [(kind, {**common, "kind": kind, "rows": batch})
             for kind, groups in (("failure", failures), ("success", successes)) for batch in groups]
+    run.prefetch.calls(reflect_minibatch.fn, [job for _, job in jobs])  # a hint: the calls of these tasks
     with pool_for(run, "analysts", cfg.gradient.analyst_workers) as runner:
         futures = [(kind, runner.submit(task, job)) for kind, job in jobs]
         patches = [(kind, future.result()) for kind, future in futures]
@@ -144,6 +145,8 @@ def aggregate(run: Run, skill: str, failures: list[Patch], successes: list[Patch
     if len(trees) == 1:
         return trees[0]
     level = max(t.merge_level for t in trees) + 1
+    run.prefetch.calls(merge_patches.fn, [{"run": run, "kind": "final", "skill": skill, "patches": trees,
+                                           "level": level, "meta_skill": meta_skill}])
     return bound(run, merge_patches)(run, "final", skill, trees, level, meta_skill)
 
 
@@ -159,6 +162,9 @@ def merge_trees(run: Run, skill: str, trees: dict[str, list[Patch]], *, meta_ski
         level += 1
         groups = {kind: merge_groups(patches, run.config.gradient.merge_batch_size)
                   for kind, patches in pending.items() if len(patches) > 1}
+        run.prefetch.calls(merge_patches.fn, [
+            {"run": run, "kind": kind, "skill": skill, "patches": g, "level": level, "meta_skill": meta_skill}
+            for kind, gs in groups.items() for g in gs if len(g) > 1])
         futures = {kind: [task.submit(run, kind, skill, g, level, meta_skill) if len(g) > 1 else g[0]
                           for g in gs]
                    for kind, gs in groups.items()}
@@ -189,6 +195,8 @@ def autonomous_budget(run: Run, state: TrainState, skill: str, pool: list[Any], 
 def select(run: Run, skill: str, pool: list[Any], budget: int, meta_skill: str) -> Picked:
     """Gradient clipping: at most ``budget`` of ``pool``, ranked by one optimizer call when it must choose."""
     if needs_ranking(pool, budget):
+        run.prefetch.calls(rank_edits.fn, [{"run": run, "skill": skill, "pool": pool, "budget": budget,
+                                            "meta_skill": meta_skill}])
         return bound(run, rank_edits)(run, skill, pool, budget, meta_skill)
     return run.update_mode.pick(pool, budget, None)
 
@@ -199,6 +207,8 @@ def build_candidate(run: Run, skill: str, merged: Patch, picked: Picked, *, buff
 
     def rewrite(suggestions: list[Any]) -> Any:
         with timer("rewrite"):
+            run.prefetch.calls(rewrite_skill.fn, [{"run": run, "skill": skill, "suggestions": suggestions,
+                                                   "step_buffer": buffer, "meta_skill": meta_skill}])
             return bound(run, rewrite_skill)(run, skill, suggestions, buffer, meta_skill)
 
     return run.update_mode.candidate(skill, merged, picked, rewrite=rewrite)
