@@ -102,8 +102,8 @@ class Run:
 
     A plain class on purpose, not a dataclass or a pydantic model: Prefect walks every task parameter that
     is a collection, dataclass or model in search of futures (when it submits the task and again when it
-    resolves the inputs). Walking the items of every split, the config and the clients cost ~0.1 s per task
-    on a 400-item split (measured with ``bench/run.py``); a plain object is a single leaf.
+    resolves the inputs). Walking the items of every split, the config and the clients would cost every task
+    time in proportion to the run's size; a plain object is a single leaf.
     """
 
     def __init__(self, *, spec: RunSpec, loaded: LoadedConfig, benchmark: Benchmark, bench_cfg: BaseModel,

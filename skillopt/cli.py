@@ -326,10 +326,22 @@ def _cmd_train(args: argparse.Namespace, out: _Output) -> int:
         overrides.append("run.refresh_cache=true")
     loaded = _check_before_prefect(args.benchmark, args, overrides)
     summary = _run_flow("train", out, prefect_server=_prefect_server(loaded, args), benchmark=args.benchmark,
-                        config_file=args.config, overrides=overrides, run_name=args.run_name,
+                        config_file=args.config, overrides=overrides, run_name=_prefetch(loaded, args),
                         cli_roles=_cli_roles(args))
     _print_summary(summary, out)
     return EXIT_OK
+
+
+def _prefetch(loaded: LoadedConfig, args: argparse.Namespace) -> str | None:
+    """Build the training run and start its first calls while Prefect loads (``skillopt.prefetch``); returns
+    the run's name for the flow, which adopts the run."""
+    from dataclasses import asdict
+
+    from skillopt.llm.roles import CliRoleOptions
+    from skillopt.prefetch import start_before_flow
+
+    return start_before_flow(loaded, cli_roles=asdict(CliRoleOptions(**_cli_roles(args))),
+                             run_name=args.run_name)
 
 
 def _prefect_server(loaded: LoadedConfig, args: argparse.Namespace) -> str:
@@ -408,7 +420,7 @@ def _cmd_demo(args: argparse.Namespace, out: _Output) -> int:
               "`scripted`")
     out.print("backend (no model, no key, no network). Every number below comes from that simulation.")
     summary = _run_flow("train", out, prefect_server=_prefect_server(loaded, args), benchmark="demo",
-                        config_file=args.config, overrides=overrides, run_name=args.run_name,
+                        config_file=args.config, overrides=overrides, run_name=_prefetch(loaded, args),
                         cli_roles=_cli_roles(args))
     _print_summary(summary, out)
     out.print()
@@ -912,7 +924,7 @@ def entry(*, hand_over: bool = True) -> NoReturn:
     waits for it (``hand_over=False`` is that process's own call).
 
     Tearing the interpreter down after a run (freeing Prefect's, SQLAlchemy's and pydantic's objects, with
-    no Python code left to run) took 3-6 s on a busy two-core machine. Nothing is lost by skipping it: the
+    no Python code left to run) takes seconds (``bench/README.md``). Nothing is lost by skipping it: the
     outputs are written and flushed, Prefect's queues were drained when the flow returned, and the exit
     handlers (Prefect's own clean-ups among them) still run here.
     """

@@ -16,6 +16,10 @@ Every rollout, prefetched or not, holds one of the run's ``benchmark.workers`` r
 (``Run.rollout_slots``), and every call takes the clients' provider limiter: the prefetch adds no
 concurrency of its own.
 
+``skillopt train`` and ``demo`` start the layer before Prefect is loaded (``start_before_flow``): the CLI
+builds the run in the library, hints its start, and the flow adopts that same run (``take_prepared``)
+instead of building its own, so the first calls leave while Prefect imports and creates the flow run.
+
 It does nothing where it cannot help: without a reply store (the ``scripted`` backend answers instantly), when
 the tasks run in other processes (``run.task_runner: dask``), or with a budget cap (a cap must be able to
 stop the run before anything it did not decide to spend is spent). A hinted rollout whose result is already in
@@ -27,15 +31,17 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from skillopt.llm.reply_store import PREFETCH
 from skillopt.rollouts import direct_judge, first_batch, roll_out, rollout_key
 
 if TYPE_CHECKING:
-    from skillopt.assembly import Run
+    from skillopt.assembly import Run, RunSpec
+    from skillopt.config import LoadedConfig
 
 log = logging.getLogger(__name__)
 
@@ -133,3 +139,75 @@ class Prefetcher:
         for pool in pools:
             if pool is not None:
                 pool.shutdown(wait=False, cancel_futures=True)
+
+
+#: Runs built before their flow (``start_before_flow``), each with the progress lines its set-up logged.
+_prepared: list[tuple[Run, list[tuple[int, str]]]] = []
+_prepared_lock = threading.Lock()
+
+
+def start_before_flow(loaded: LoadedConfig, *, cli_roles: Mapping[str, Any] | None,
+                      run_name: str | None) -> str | None:
+    """Build the training run the command is about to start and hint its start, before Prefect is loaded;
+    the flow adopts the run (``take_prepared``). Returns the run's name for the flow (a fresh name is chosen
+    here, once), or ``run_name`` where the run's limits are not this process's alone
+    (``model.rate_limit_mode: prefect``) or its rollouts run elsewhere (``run.task_runner: dask``)."""
+    from skillopt.assembly import Run, RunSpec
+
+    config = loaded.config
+    if config.run.task_runner != "threads" or config.model.rate_limit_mode != "local":
+        return run_name
+    spec = RunSpec.create(loaded, cli_roles=cli_roles, run_name=run_name)
+    with _held_progress() as held:  # said by the flow when it adopts the run, in its logs and on the console
+        run = Run.build(spec, loaded=loaded)
+    if run.prefetch.enabled:
+        # Imported here, in the main thread, before a prefetched call runs, not while this thread imports
+        # Prefect: the backends' SDKs and httpx (Prefect imports it; the openai SDK looks it up in sys.modules
+        # on every request and fails on a half-imported one: "partially initialized module 'httpx'").
+        import httpx  # noqa: F401
+
+        run.clients.target.backend  # noqa: B018 - built for its imports
+        if run.benchmark.needs_judge(run.bench_cfg):
+            run.clients.get("judge").backend  # noqa: B018
+        run.prefetch.run_start()
+    with _prepared_lock:
+        _prepared.append((run, [(record.levelno, record.getMessage()) for record in held]))
+    return run.run_name
+
+
+def take_prepared(spec: RunSpec) -> tuple[Run, list[tuple[int, str]]] | None:
+    """The run built before the flow for ``spec`` (same content key) and its set-up's progress lines, once;
+    None if there is none. A run prepared for another spec has its prefetching stopped."""
+    with _prepared_lock:
+        waiting = list(_prepared)
+        _prepared.clear()
+    found = None
+    for run, messages in waiting:
+        if found is None and run.spec.key() == spec.key():
+            found = (run, messages)
+        else:
+            run.prefetch.close()
+    return found
+
+
+@contextmanager
+def _held_progress() -> Iterator[list[logging.LogRecord]]:
+    """The progress lines logged inside, kept instead of emitted: before the flow runs they have no handler
+    (an INFO line would be lost, a warning printed bare on stderr)."""
+    held: list[logging.LogRecord] = []
+
+    class Hold(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            held.append(record)
+
+    progress = logging.getLogger("skillopt.progress")
+    handler, propagate, level = Hold(logging.INFO), progress.propagate, progress.level
+    progress.addHandler(handler)
+    progress.propagate = False
+    progress.setLevel(logging.INFO)
+    try:
+        yield held
+    finally:
+        progress.removeHandler(handler)
+        progress.propagate = propagate
+        progress.setLevel(level)

@@ -7,6 +7,7 @@ only the ``RunSpec``) the same run, built once per process. A ``Run`` sent to a 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -14,6 +15,9 @@ from typing import Any
 from skillopt.assembly import Run, RunSpec, open_run, remember_run
 from skillopt.config import LoadedConfig, SkillOptConfig
 from skillopt.llm.limiter import RateLimiter
+from skillopt.prefetch import take_prepared
+
+progress = logging.getLogger("skillopt.progress")
 
 
 def limiter_for(config: SkillOptConfig, *, dask_client: Any = None) -> RateLimiter | None:
@@ -36,7 +40,14 @@ def start_run(spec: RunSpec, *, loaded: LoadedConfig | None = None, dask_client:
     """Build the run ``spec`` describes for a flow in this process (``loaded``: the config, already
     validated; ``dask_client``: the flow's Dask client with ``run.task_runner: dask``)."""
     loaded = loaded or spec.loaded()
-    run = Run.build(spec, loaded=loaded, limiter=limiter_for(loaded.config, dask_client=dask_client))
+    limiter = limiter_for(loaded.config, dask_client=dask_client)
+    prepared = take_prepared(spec) if limiter is None else None
+    if prepared is not None:  # built by the CLI before Prefect was loaded (skillopt.prefetch)
+        run, messages = prepared
+        for level, message in messages:
+            progress.log(level, "%s", message)
+    else:
+        run = Run.build(spec, loaded=loaded, limiter=limiter)
     run.limiter_for = limiter_for
     return remember_run(run)
 
