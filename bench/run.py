@@ -369,9 +369,9 @@ def initial_skill_sha(usage: list[dict[str, Any]]) -> str | None:
 
 
 def made_ahead(record: dict[str, Any], initial_sha: str | None) -> bool:
-    """Of a call answered before the baseline's snapshot: one of step 1's, made ahead of the flow
-    (``skillopt.early_start``) — an optimizer call, or a rollout of another skill than the initial one (step
-    1's candidate). The baseline's own calls and step 1's first batch roll out the initial skill."""
+    """Of a call answered before the baseline's snapshot: one of step 1's — an optimizer call, or a rollout of
+    another skill than the initial one (step 1's candidate). The baseline's own calls and step 1's first batch
+    (prefetched with it, ``skillopt.prefetch``) roll out the initial skill."""
     return record["stage"] != "rollout" or record.get("tags", {}).get("skill_sha") != initial_sha
 
 

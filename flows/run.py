@@ -7,16 +7,19 @@ quietened, and Prefect's telemetry (its only outbound connection) is off. ``PREF
 the active profile are never touched.
 
 Which API a run talks to: the user's own (``PREFECT_API_URL`` or the profile) if set; else the local
-server of ``skillopt server start`` when it runs; else Prefect's temporary server, started in a
-background thread while the flow's modules import (and the CLI says once that a running local server
-makes runs start faster). When the flow returns, Prefect's log and event queues are drained while
-the API is still up, so every task and flow run is recorded in a final state before the process exits.
+server of ``skillopt server start`` when it runs; else, with ``prefect_server="background"`` (the CLI's
+default, ``run.prefect_server``), that local server, started now and left up for later runs (one line
+says so and how to stop it); else Prefect's temporary server, started in a background thread while the
+flow's modules import, and stopped with the run. When the flow returns, Prefect's log and event queues
+are drained while the API is still up, so every task and flow run is recorded in a final state before the
+process exits.
 """
 
 from __future__ import annotations
 
 import contextvars
 import logging
+import os
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -96,13 +99,14 @@ def command_line_defaults() -> dict[Any, Any]:
     }
 
 
-def run_flow(kind: str, out: _Printer, guard: InterruptGuard | None = None,
-             **parameters: Any) -> dict[str, Any]:
+def run_flow(kind: str, out: _Printer, guard: InterruptGuard | None = None, *,
+             prefect_server: str = "temporary", **parameters: Any) -> dict[str, Any]:
     """Run ``skill-train`` (``kind="train"``) or ``skill-eval`` (``"eval"``) in this process.
 
-    With no ``PREFECT_API_URL`` the temporary API server is started here, in its own session, so the
-    terminal's Ctrl-C reaches only this process; ``guard`` then stops it on exit and stops the run
-    if the server dies.
+    With no Prefect API configured and no local server running, ``prefect_server`` chooses: ``background``
+    starts the local server and leaves it up; ``temporary`` starts Prefect's temporary API server here, in
+    its own session, so the terminal's Ctrl-C reaches only this process; ``guard`` then stops it on exit and
+    stops the run if the server dies.
     """
     from prefect.settings import temporary_settings
 
@@ -123,7 +127,7 @@ def run_flow(kind: str, out: _Printer, guard: InterruptGuard | None = None,
         for log_filter in filters:
             logger.addFilter(log_filter)
     try:
-        with temporary_settings(set_defaults=defaults, updates=_api_choice(out)):
+        with temporary_settings(set_defaults=defaults, updates=_api_choice(out, prefect_server)):
             starting = _TemporaryServerStart.if_needed()
             try:
                 run: Callable[..., dict[str, Any]]
@@ -170,22 +174,34 @@ def _server_watched(server: Any, guard: InterruptGuard | None) -> Iterator[None]
         server.end_without_waiting()  # the command ends now: do not wait for the server's shutdown
 
 
-def _api_choice(out: _Printer) -> dict[Any, Any]:
-    """``PREFECT_API_URL`` of the running local server when the user has set no API; else nothing."""
+def _api_choice(out: _Printer, prefect_server: str) -> dict[Any, Any]:
+    """``PREFECT_API_URL`` of the local server when the user has set no API: the running one, or (with
+    ``prefect_server="background"``) one started now; else nothing (Prefect's temporary server)."""
     from prefect.settings import PREFECT_API_URL, get_current_settings
 
     from skillopt import local_server
+    from skillopt.errors import SkillOptError
 
     settings = get_current_settings()
     if settings.api.url:
         return {}
-    server = local_server.running(Path(settings.home))
-    if server is None:
-        out.print("note: starting a temporary Prefect server for this run; `skillopt server start` keeps one "
-                  "running, so runs start faster")
-        return {}
-    out.print(f"Prefect: the local server at {server.ui_url} (skillopt server)")
-    return {PREFECT_API_URL: server.api_url}
+    home = Path(settings.home)
+    server = local_server.running(home)
+    if server is not None:
+        out.print(f"Prefect: the local server at {server.ui_url} (skillopt server)")
+        return {PREFECT_API_URL: server.api_url}
+    if prefect_server == "background":
+        try:
+            server, _ = local_server.start(home, {**os.environ, "PREFECT_HOME": str(home)})
+        except SkillOptError as error:
+            out.print(f"note: the background Prefect server did not start ({error}); using a temporary one")
+            return {}
+        out.print(f"Prefect: started a local server in the background at {server.ui_url}; later runs use it "
+                  "too (stop it with `skillopt server stop`)")
+        return {PREFECT_API_URL: server.api_url}
+    out.print("note: starting a temporary Prefect server for this run (--ephemeral); without it, runs start "
+              "a local server that stays up")
+    return {}
 
 
 class _TemporaryServerStart(threading.Thread):

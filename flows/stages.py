@@ -1,5 +1,5 @@
-"""The stages ``flows/train.py`` calls, one call each: the state a run carries from step to step, step 1's
-early rollouts, the fan-out of analyst and merge calls, selection and the candidate, the gate, the step's
+"""The stages ``flows/train.py`` calls, one call each: the state a run carries from step to step, the fan-out
+of analyst and merge calls, selection and the candidate, the gate, the step's
 record, the epoch boundary's pairs, the budget guard and the nightly promotion. Model calls go through the
 cached tasks of ``tasks/``; the decisions are ``skillopt``'s.
 """
@@ -24,13 +24,10 @@ from skillopt.merge import merge_groups
 from skillopt.records import ItemResult, Patch, StepRecord, unusable_replies_warning
 from skillopt.reflect import split_and_batch
 from skillopt.registry import PromotedSkill, SkillRegistry
-from skillopt.rollouts import Draws, first_batch
-from skillopt.schedule import EditBudgetSchedule
+from skillopt.rollouts import Draws
 from skillopt.select import needs_ranking
 from skillopt.skill import Edit, skill_hash
 from skillopt.slow_update import Pairs, pair_by_id, select_pairs
-from skillopt.step_buffer import StepBuffer
-from skillopt.tasks.ahead import calls_first
 from skillopt.tasks.artifacts import publish_promotion
 from skillopt.tasks.cache import bound
 from skillopt.tasks.optimize import (
@@ -40,7 +37,7 @@ from skillopt.tasks.optimize import (
     reflect_minibatch,
     rewrite_skill,
 )
-from skillopt.tasks.rollout import evaluate, evaluate_many, evaluate_skill, start_rollouts
+from skillopt.tasks.rollout import evaluate, evaluate_many
 from skillopt.tasks.runners import pool_for
 from skillopt.update_modes import Picked, Update
 
@@ -117,44 +114,6 @@ class StepOutcome(BaseModel):
 
 
 # --------------------------------------------------------------------------------------------
-# Rollout
-
-
-def start_first_rollouts(run: Run, skill: str) -> Any:
-    """Step 1 rolls out the initial skill on the first batch: start those calls with the baseline's, as one
-    wave instead of two. Not with budget caps, which must be able to stop the run before step 1 spends
-    anything, nor with the cache refreshed (step 1 would not find them).
-
-    Where the calls can start in the run's rollout pool (``start_rollouts``: a pool, no judge, nothing cached;
-    ``skillopt train`` may have started them already), step 1's evaluation takes them: nothing to wait for.
-    Else they are step 1's evaluation task, submitted now: the baseline waits for it (the returned future),
-    and step 1 finds it cached. Waiting for it held the baseline 0.1-0.3 s on two
-    cores after its own replies were in (eleven task runs ending)."""
-    first = first_batch(run)
-    if first is None or run.config.run.refresh_cache:
-        return None
-    # Exactly the call step 1 makes: the first draws of epoch 1, in the batch's view.
-    batch, draws = first
-    samples = draws.take(batch.item_ids)
-    if start_rollouts(run, skill, batch.item_ids, training=True, epoch=draws.epoch, samples=samples,
-                      view_seed=batch.seed):
-        return None
-    return bound(run, evaluate_skill).submit(run, skill, "train", batch.item_ids, training=True,
-                                             epoch=draws.epoch, samples=samples, view_seed=batch.seed)
-
-
-def start_baseline_test(run: Run, skill: str) -> Any:
-    """Score the starting skill on the test split in the background, from the baseline on: the final stage
-    then finds that evaluation cached and waits only for the best skill's (``Run.baseline_test_ids``). Not
-    with the cache refreshed (the final stage would not find it)."""
-    ids = run.baseline_test_ids()
-    if not ids or run.config.run.refresh_cache:
-        return None
-    # Exactly the evaluation the final stage asks for (flows/train.finish).
-    return bound(run, evaluate_skill).submit(run, skill, "test", ids, training=False, epoch=None)
-
-
-# --------------------------------------------------------------------------------------------
 # Reflect and aggregate
 
 
@@ -169,7 +128,7 @@ def reflect(run: Run, skill: str, rows: list[ItemResult], *, seed: int, budget: 
     common = {"run": run, "skill": skill, "budget": budget, "step_buffer": buffer, "meta_skill": meta_skill}
     jobs = [(kind, {**common, "kind": kind, "rows": batch})
             for kind, groups in (("failure", failures), ("success", successes)) for batch in groups]
-    calls_first(run, reflect_minibatch, [((), job) for _, job in jobs], workers=cfg.gradient.analyst_workers)
+    run.prefetch.calls(reflect_minibatch.fn, [job for _, job in jobs])  # a hint: the calls of these tasks
     with pool_for(run, "analysts", cfg.gradient.analyst_workers) as runner:
         futures = [(kind, runner.submit(task, job)) for kind, job in jobs]
         patches = [(kind, future.result()) for kind, future in futures]
@@ -186,14 +145,9 @@ def aggregate(run: Run, skill: str, failures: list[Patch], successes: list[Patch
     if len(trees) == 1:
         return trees[0]
     level = max(t.merge_level for t in trees) + 1
-    return _called_first(run, merge_patches, run, "final", skill, trees, level, meta_skill)
-
-
-def _called_first(run: Run, task: Any, *args: Any) -> Any:
-    """``bound(run, task)(*args)``, its model call started before Prefect creates the task run
-    (``calls_first``)."""
-    calls_first(run, task, [(args, {})], workers=1)
-    return bound(run, task)(*args)
+    run.prefetch.calls(merge_patches.fn, [{"run": run, "kind": "final", "skill": skill, "patches": trees,
+                                           "level": level, "meta_skill": meta_skill}])
+    return bound(run, merge_patches)(run, "final", skill, trees, level, meta_skill)
 
 
 def merge_trees(run: Run, skill: str, trees: dict[str, list[Patch]], *, meta_skill: str) -> dict[str, Patch]:
@@ -208,10 +162,9 @@ def merge_trees(run: Run, skill: str, trees: dict[str, list[Patch]], *, meta_ski
         level += 1
         groups = {kind: merge_groups(patches, run.config.gradient.merge_batch_size)
                   for kind, patches in pending.items() if len(patches) > 1}
-        merges: list[tuple[tuple[Any, ...], dict[str, Any]]] = [
-            ((run, kind, skill, g, level, meta_skill), {})
-            for kind, gs in groups.items() for g in gs if len(g) > 1]
-        calls_first(run, merge_patches, merges, workers=len(merges))
+        run.prefetch.calls(merge_patches.fn, [
+            {"run": run, "kind": kind, "skill": skill, "patches": g, "level": level, "meta_skill": meta_skill}
+            for kind, gs in groups.items() for g in gs if len(g) > 1])
         futures = {kind: [task.submit(run, kind, skill, g, level, meta_skill) if len(g) > 1 else g[0]
                           for g in gs]
                    for kind, gs in groups.items()}
@@ -242,7 +195,9 @@ def autonomous_budget(run: Run, state: TrainState, skill: str, pool: list[Any], 
 def select(run: Run, skill: str, pool: list[Any], budget: int, meta_skill: str) -> Picked:
     """Gradient clipping: at most ``budget`` of ``pool``, ranked by one optimizer call when it must choose."""
     if needs_ranking(pool, budget):
-        return _called_first(run, rank_edits, run, skill, pool, budget, meta_skill)
+        run.prefetch.calls(rank_edits.fn, [{"run": run, "skill": skill, "pool": pool, "budget": budget,
+                                            "meta_skill": meta_skill}])
+        return bound(run, rank_edits)(run, skill, pool, budget, meta_skill)
     return run.update_mode.pick(pool, budget, None)
 
 
@@ -252,61 +207,11 @@ def build_candidate(run: Run, skill: str, merged: Patch, picked: Picked, *, buff
 
     def rewrite(suggestions: list[Any]) -> Any:
         with timer("rewrite"):
-            return _called_first(run, rewrite_skill, run, skill, suggestions, buffer, meta_skill)
+            run.prefetch.calls(rewrite_skill.fn, [{"run": run, "skill": skill, "suggestions": suggestions,
+                                                   "step_buffer": buffer, "meta_skill": meta_skill}])
+            return bound(run, rewrite_skill)(run, skill, suggestions, buffer, meta_skill)
 
     return run.update_mode.candidate(skill, merged, picked, rewrite=rewrite)
-
-
-def step_one_ahead(run: Run, rows: list[ItemResult], seed: int) -> None:
-    """Step 1's optimizer calls and its candidate's selection rollouts, made ahead of the flow; then, once
-    its gate is decided, step 2's first rollouts.
-
-    Called by ``skillopt.early_start`` in an ``AHEAD`` context (the tasks are plain calls, each reply kept for
-    the flow's task that asks for it), with the rows of step 1's first batch, while the flow starts: the
-    calls ``train_step`` and ``update_and_gate`` make for step 1, which starts from the starting skill with an
-    empty step buffer and no optimizer memory. A step of several batches, a deep probe or an optimizer-decided
-    budget is left to the flow. Writes nothing; decides nothing the flow does not decide again.
-    """
-    cfg = run.config
-    plan = run.epoch_plan(1)
-    if not plan.steps or len(plan.steps[0].batches) != 1 or cfg.gradient.deep_probe:
-        return
-    skill, mode, buffer = run.starting_skill(), run.update_mode, StepBuffer().format()
-    total_steps = cfg.train.epochs * len(plan.steps)  # TrainState.total_steps
-    budget = EditBudgetSchedule.from_config(cfg.optimizer.lr_scheduler, cfg.optimizer.learning_rate,
-                                            cfg.optimizer.min_learning_rate, total_steps).budget(1)
-    failures, successes = reflect(run, skill, rows, seed=seed, budget=budget, buffer=buffer, meta_skill="")
-    merged = aggregate(run, skill, failures, successes, meta_skill="")
-    if mode.nothing_to_apply(merged):
-        return
-    picked = Picked()
-    if mode.budgeted:
-        if cfg.optimizer.lr_control_mode == "autonomous":
-            return
-        picked = select(run, skill, mode.pool(merged), budget, "")
-        if not picked.count:
-            return
-    update = build_candidate(run, skill, merged, picked, buffer=buffer, meta_skill="", timer=StepTimer())
-    if update is None or skill_hash(update.candidate) == skill_hash(skill):
-        return
-    if len(plan.steps) < 2 or cfg.optimizer.use_appendix:
-        evaluate(run, update.candidate, "val")
-        return
-    # The gate as update_and_gate decides it for step 1 (the starting skill is current and best), so that step
-    # 2's first rollouts leave now, with the skill step 1 ends on. The flow reaches step 1's gate only once it
-    # has caught up with all of the above (its baseline's and step 1's task runs, the epoch subflow):
-    # 0.6-0.9 s after these replies were in, on two cores. Not with execution notes, which change the skill
-    # after the gate.
-    gate = gate_skills(run, update.candidate, current=skill, best=skill, step=1)
-    accepted = isinstance(gate, GateResult) and gate.decision != "reject"
-    first = first_batch(run)
-    if first is None:
-        return
-    step_one, draws = first
-    draws.take(step_one.item_ids)  # as step 1 did
-    batch = plan.steps[1].batches[0]
-    evaluate(run, update.candidate if accepted else skill, "train", batch.item_ids, training=True,
-             epoch=draws.epoch, samples=draws.peek(batch.item_ids), view_seed=batch.seed)
 
 
 # --------------------------------------------------------------------------------------------

@@ -50,8 +50,6 @@ from skillopt.flows.stages import (
     reflect,
     rescore,
     select,
-    start_baseline_test,
-    start_first_rollouts,
     step_estimate,
     step_record,
 )
@@ -74,7 +72,7 @@ from skillopt.tasks.artifacts import (
 from skillopt.tasks.cache import bound
 from skillopt.tasks.epoch import meta_skill, slow_update
 from skillopt.tasks.optimize import deep_probe
-from skillopt.tasks.rollout import Evaluation, evaluate, evaluate_many, start_rollouts
+from skillopt.tasks.rollout import Evaluation, evaluate, evaluate_many
 from skillopt.tasks.run import started_run
 from skillopt.update_modes import Picked
 
@@ -155,11 +153,8 @@ def baseline(run: Run) -> TrainState:
     cfg = run.config
     skill = run.starting_skill()
     first_epoch = run.epoch_plan(1)
-    first_rollouts = start_first_rollouts(run, skill)
-    run.baseline_test = start_baseline_test(run, skill)
+    run.prefetch.run_start()  # a hint: step 1's first batch and the test split need nothing of the baseline
     evaluation = evaluate(run, skill, "val")
-    if first_rollouts is not None:
-        first_rollouts.wait()
     score = gate_value(run, evaluation.scores)
     run.dir.write_skill_snapshot(0, skill)
     run.dir.write_best_skill(skill)
@@ -210,12 +205,12 @@ def skill_epoch(run: Any, state: TrainState, epoch: int) -> TrainState:
         before = state.current_skill
         record = train_step(run, state, buffer, draws, epoch=epoch, step_plan=step_plan,
                             budget=schedule.budget(state.step))
-        if next_plan is not None and not cfg.budget.capped:
-            # The next step's first rollouts leave now, with the skill this step ends on; the step's records,
-            # lines and artifacts below are written while they are in flight.
+        if next_plan is not None:
+            # A hint: the next step's first batch with the skill this step ends on, prefetched while the
+            # step's records, lines and artifacts below are written.
             batch = next_plan.batches[0]
-            start_rollouts(run, state.current_skill, batch.item_ids, training=True, epoch=draws.epoch,
-                           samples=draws.peek(batch.item_ids), view_seed=batch.seed)
+            run.prefetch.rollouts(state.current_skill, batch.item_ids, training=True, epoch=draws.epoch,
+                                  samples=draws.peek(batch.item_ids), view_seed=batch.seed)
         state.history.append(record)
         run.dir.record_step(record)
         run.dir.write_skill_snapshot(state.step, state.current_skill)
@@ -435,8 +430,6 @@ def finish(run: Run, state: TrainState, *, wall_s: float) -> dict[str, Any]:
     # split, and the best skill's when the final check cannot change it (the last skill is the best).
     # One evaluation per distinct skill: two identical ones at once would both make every call.
     settled = skill_hash(state.current_skill) == skill_hash(state.best_skill)
-    if run.baseline_test is not None:  # the starting skill's test split, begun with the baseline
-        run.baseline_test.wait()
     early = [("baseline", state.initial_skill)] + ([("best", state.best_skill)] if settled else [])
     early_skills = {skill_hash(skill): skill for _, skill in early} if with_test else {}
     final_selection, *early_tests = evaluate_many(

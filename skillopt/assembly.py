@@ -20,7 +20,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -38,6 +38,7 @@ from skillopt.llm.limiter import RateLimiter
 from skillopt.llm.reply_store import ReplyStore
 from skillopt.llm.roles import CliRoleOptions
 from skillopt.llm.usage import check_startable
+from skillopt.prefetch import Prefetcher
 from skillopt.run_checks import check_image_support
 from skillopt.runs import RunDir, config_hash, run_directory_name
 from skillopt.skill import SLOW_UPDATE, inject_block
@@ -46,8 +47,6 @@ from skillopt.update_modes import UpdateMode, update_mode_for
 SPLITS = ("train", "val", "test")
 #: How a process picks the clients' provider limiter when it builds a run (None from it: the clients' own).
 LimiterFor = Callable[[SkillOptConfig], RateLimiter | None]
-if TYPE_CHECKING:
-    from skillopt.early_start import EarlyRollouts
 
 progress = logging.getLogger("skillopt.progress")
 
@@ -103,8 +102,8 @@ class Run:
 
     A plain class on purpose, not a dataclass or a pydantic model: Prefect walks every task parameter that
     is a collection, dataclass or model in search of futures (when it submits the task and again when it
-    resolves the inputs). Walking the items of every split, the config and the clients cost ~0.1 s per task
-    on a 400-item split (measured with ``bench/run.py``); a plain object is a single leaf.
+    resolves the inputs). Walking the items of every split, the config and the clients would cost every task
+    time in proportion to the run's size; a plain object is a single leaf.
     """
 
     def __init__(self, *, spec: RunSpec, loaded: LoadedConfig, benchmark: Benchmark, bench_cfg: BaseModel,
@@ -127,14 +126,11 @@ class Run:
         #: How another process picks the clients' provider limiter when it rebuilds this run (a module-level
         #: function of the task layer, pickled by reference); None: the clients' own.
         self.limiter_for: LimiterFor | None = None
-        #: Rollouts started before the flow (``skillopt.early_start``), taken by the tasks that ask for them.
-        self.early: EarlyRollouts | None = None
-        #: What the run's set-up logged (level, message) when it was built before its flow, for the flow to
-        #: log when it adopts the run (``skillopt.early_start``).
-        self.setup_messages: list[tuple[int, str]] = []
-        #: The starting skill's test evaluation, submitted with the baseline (a Prefect future of the run's
-        #: flow, see ``flows/stages.start_baseline_test``); the final stage waits for it.
-        self.baseline_test: Any = None
+        #: Rollouts in flight in this process at most, whoever makes them (``skillopt.rollouts.roll_out``):
+        #: the flow's tasks, several evaluations at once and the prefetch layer share ``benchmark.workers``.
+        self.rollout_slots = threading.BoundedSemaphore(max(1, int(getattr(bench_cfg, "workers", 4))))
+        #: The run's prefetch layer (``skillopt.prefetch``), fed hints by the flow and the task layer.
+        self.prefetch = Prefetcher(self)
 
     def __reduce__(self) -> tuple[Any, ...]:
         """A run travels as its spec: a task sent to another process (a Dask worker) carries the small spec,
@@ -177,10 +173,11 @@ class Run:
                           accumulation=train.accumulation)
 
     def baseline_test_ids(self) -> list[str]:
-        """The test items the starting skill is scored on while training begins, not at the end: that
-        evaluation needs nothing of the training, and left to the end it added its rounds of calls to the
-        run's last stage. Empty when the run skips the test split, or has a budget cap (a cap must be able to
-        stop the run, and then skips the test split, before anything is spent on it)."""
+        """The test items whose rollouts with the starting skill are prefetched at the run's start
+        (``skillopt.prefetch``): the final stage's test evaluation of that skill needs nothing of the
+        training, so its calls need not wait for the end. Empty when the run skips the test split, or has a
+        budget cap (a cap must be able to stop the run, and then skips the test split, before anything is
+        spent on it)."""
         if not self.config.evaluation.eval_test or self.config.budget.capped:
             return []
         return self.selection_ids("test")
@@ -317,31 +314,3 @@ def _build(spec: RunSpec, limiter_for: LimiterFor | None, *, joining: bool) -> R
 def remember_run(run: Run) -> Run:
     """Make ``open_run(run.spec)`` in this process return ``run`` (the flow's own, already built run)."""
     return _open_runs.add(run)
-
-
-_handed_over: list[Run] = []
-_handed_over_lock = threading.Lock()
-
-
-def hand_over(run: Run) -> None:
-    """Leave ``run``, built before its flow started (``skillopt.early_start``), for the flow to adopt."""
-    with _handed_over_lock:
-        _handed_over.append(run)
-
-
-def take_handed_over(spec: RunSpec) -> Run | None:
-    """The run handed over for ``spec`` (same content key), once; None if there is none. A run handed over
-    for another spec is closed: its early rollouts are cancelled (those in flight still store their
-    replies)."""
-    with _handed_over_lock:
-        waiting = list(_handed_over)
-        _handed_over.clear()
-    found = None
-    for run in waiting:
-        if found is None and run.spec.key() == spec.key():
-            found = run
-        elif run.early is not None:
-            progress.warning("run %s was prepared for another configuration; its early calls are dropped",
-                             run.run_name)
-            run.early.close()
-    return found

@@ -3,8 +3,8 @@
 ``call_key`` names a model call by its request (``ChatRequest.cache_key``: every prompt text, images by
 content, the role's identity and sampling parameters, the response schema, the tags); ``content_key``
 hashes a pure computation's inputs with the package version; ``digest`` is the short hash both build on.
-The task layer (``skillopt.tasks.cache``) uses them as Prefect cache keys, the early start of a run
-(``skillopt.early_start``) to recognise the rollouts it has already made.
+The task layer (``skillopt.tasks.cache``) uses them as Prefect cache keys, the prefetch layer
+(``skillopt.prefetch``) to skip the rollouts the task cache already holds.
 """
 
 from __future__ import annotations

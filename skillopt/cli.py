@@ -252,6 +252,10 @@ def _add_run_options(parser: argparse.ArgumentParser, *, data: bool = True, cach
                             help="a folder with train/ val/ test/ (split_dir mode) or one data file (ratio "
                                  "mode)")
     parser.add_argument("--run-name", metavar="NAME", help="run directory name; re-use one to resume")
+    parser.add_argument("--ephemeral", action="store_true",
+                        help="without a Prefect API or a running local server, use a temporary Prefect "
+                             "server for this run instead of starting the local one in the background "
+                             "(run.prefect_server: temporary)")
     if cache:
         parser.add_argument(
             "--no-cache", action="store_true", help="recompute every call (refresh the cache)"
@@ -321,24 +325,52 @@ def _cmd_train(args: argparse.Namespace, out: _Output) -> int:
     if args.no_cache:
         overrides.append("run.refresh_cache=true")
     loaded = _check_before_prefect(args.benchmark, args, overrides)
-    summary = _run_flow("train", out, benchmark=args.benchmark, config_file=args.config,
-                       overrides=overrides, run_name=_start_early(loaded, args), cli_roles=_cli_roles(args))
+    summary = _run_flow("train", out, prefect_server=_prefect_server(loaded, args), benchmark=args.benchmark,
+                        config_file=args.config, overrides=overrides, run_name=_prefetch(loaded, args),
+                        cli_roles=_cli_roles(args))
     _print_summary(summary, out)
     return EXIT_OK
 
 
-def _run_flow(kind: str, out: _Output, **parameters: object) -> dict:
+def _prefetch(loaded: LoadedConfig, args: argparse.Namespace) -> str | None:
+    """Build the training run and start its first calls while Prefect loads (``skillopt.prefetch``); returns
+    the run's name for the flow, which adopts the run."""
+    from dataclasses import asdict
+
+    from skillopt.llm.roles import CliRoleOptions
+    from skillopt.prefetch import start_before_flow
+
+    return start_before_flow(loaded, cli_roles=asdict(CliRoleOptions(**_cli_roles(args))),
+                             run_name=args.run_name)
+
+
+def _prefect_server(loaded: LoadedConfig, args: argparse.Namespace) -> str:
+    """Which Prefect server a run starts when it has none: ``temporary`` with ``--ephemeral`` or
+    ``SKILLOPT_PREFECT_SERVER=temporary``, else ``run.prefect_server`` (``background`` by default)."""
+    if args.ephemeral:
+        return "temporary"
+    chosen = os.environ.get("SKILLOPT_PREFECT_SERVER", "").strip()
+    if chosen:
+        if chosen not in ("background", "temporary"):
+            from skillopt.errors import ConfigError
+
+            raise ConfigError(f"SKILLOPT_PREFECT_SERVER={chosen!r}: expected background or temporary")
+        return chosen
+    return loaded.config.run.prefect_server
+
+
+def _run_flow(kind: str, out: _Output, *, prefect_server: str, **parameters: object) -> dict:
     """Run the flow; on a terminal its lines scroll above a live status line (stage, items, calls, cost)."""
     from skillopt.flows.run import run_flow
     from skillopt.live_display import LiveDisplay, wants_live_display
 
     if not wants_live_display(out.out):
-        return run_flow(kind, out, out.guard, **parameters)
+        return run_flow(kind, out, out.guard, prefect_server=prefect_server, **parameters)
     display = LiveDisplay(out.out, out.redactor)
     if out.guard is not None:
         out.guard.add_cleanup(display.stop)  # a forced exit gives the terminal its cursor back
     with display:
-        return run_flow(kind, display, out.guard, **parameters)
+        return run_flow(kind, display, out.guard, prefect_server=prefect_server, **parameters)
 
 
 def _check_before_prefect(
@@ -368,19 +400,6 @@ def _check_before_prefect(
     return loaded
 
 
-def _start_early(loaded: LoadedConfig, args: argparse.Namespace) -> str | None:
-    """Build the training run and start its first rollouts while Prefect loads (``skillopt.early_start``);
-    returns the run's name for the flow (which adopts the run), or ``--run-name`` where no early start
-    applies."""
-    from dataclasses import asdict
-
-    from skillopt.early_start import start_training
-    from skillopt.llm.roles import CliRoleOptions
-
-    run = start_training(loaded, cli_roles=asdict(CliRoleOptions(**_cli_roles(args))), run_name=args.run_name)
-    return run.run_name if run is not None else args.run_name
-
-
 def _dry_run(args: argparse.Namespace, overrides: list[str], out: _Output) -> int:
     """``train --dry-run``: the estimate of calls, tokens and USD; no model call, no Prefect run."""
     from skillopt.config import load_config
@@ -400,8 +419,9 @@ def _cmd_demo(args: argparse.Namespace, out: _Output) -> int:
     out.print("skillopt demo: a simulated run on the built-in demo benchmark with the deterministic "
               "`scripted`")
     out.print("backend (no model, no key, no network). Every number below comes from that simulation.")
-    summary = _run_flow("train", out, benchmark="demo", config_file=args.config, overrides=overrides,
-                       run_name=_start_early(loaded, args), cli_roles=_cli_roles(args))
+    summary = _run_flow("train", out, prefect_server=_prefect_server(loaded, args), benchmark="demo",
+                        config_file=args.config, overrides=overrides, run_name=_prefetch(loaded, args),
+                        cli_roles=_cli_roles(args))
     _print_summary(summary, out)
     out.print()
     out.print("Next: train on your own data with a real model, for example")
@@ -422,10 +442,10 @@ def _cmd_eval(args: argparse.Namespace, out: _Output) -> int:
     if not Path(args.skill).is_file():
         raise ConfigError(f"--skill: no file at {args.skill}")
     overrides = [*_data_overrides(args.data), *args.override]
-    _check_before_prefect(args.benchmark, args, overrides, roles_used=("target",), split=args.split)
-    result = _run_flow("eval", out, benchmark=args.benchmark, skill_file=args.skill, split=args.split,
-                      config_file=args.config, overrides=overrides, run_name=args.run_name,
-                      cli_roles=_cli_roles(args))
+    loaded = _check_before_prefect(args.benchmark, args, overrides, roles_used=("target",), split=args.split)
+    result = _run_flow("eval", out, prefect_server=_prefect_server(loaded, args), benchmark=args.benchmark,
+                       skill_file=args.skill, split=args.split, config_file=args.config, overrides=overrides,
+                       run_name=args.run_name, cli_roles=_cli_roles(args))
     out.print(f"{args.benchmark} {result['split']}: hard {result['hard']:.3f}  soft {result['soft']:.3f}  "
               f"(n={result['n']}, skill {result['skill_sha'][:12]})")
     for task_type, row in result["per_task_type"].items():
@@ -904,7 +924,7 @@ def entry(*, hand_over: bool = True) -> NoReturn:
     waits for it (``hand_over=False`` is that process's own call).
 
     Tearing the interpreter down after a run (freeing Prefect's, SQLAlchemy's and pydantic's objects, with
-    no Python code left to run) took 3-6 s on a busy two-core machine. Nothing is lost by skipping it: the
+    no Python code left to run) takes seconds (``bench/README.md``). Nothing is lost by skipping it: the
     outputs are written and flushed, Prefect's queues were drained when the flow returned, and the exit
     handlers (Prefect's own clean-ups among them) still run here.
     """

@@ -294,6 +294,11 @@ class RunSection(_Section):
     reports_url: str | None = None
     #: The skill registry (skillopt.registry): promoted skills that nightly runs warm-start from.
     skills_dir: str = "skills"
+    #: The Prefect API a command-line run uses when none is configured (``PREFECT_API_URL`` or a profile) and
+    #: no local server runs: ``background`` starts the local server of ``skillopt server start`` and leaves it
+    #: up for later runs (``skillopt server stop`` stops it); ``temporary`` starts Prefect's throwaway server
+    #: for this run only (also ``--ephemeral``, or ``SKILLOPT_PREFECT_SERVER=temporary``).
+    prefect_server: Literal["background", "temporary"] = "background"
     #: Where the rollouts run: ``threads`` (a bounded pool in the flow's process, ``benchmark.workers``
     #: wide) or ``dask`` (prefect-dask's DaskTaskRunner on a Dask cluster; the ``dask`` extra).
     task_runner: Literal["threads", "dask"] = "threads"

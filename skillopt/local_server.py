@@ -1,10 +1,11 @@
 """The local Prefect server that stays up between runs: ``skillopt server start|stop|status``.
 
-Without ``PREFECT_API_URL`` every ``skillopt train`` would start Prefect's temporary API server, which
-takes 7-8 s on a new database and 3-6 s on an existing one before the first model call. A server that
-stays up removes that wait: ``start`` runs ``python -m prefect server start`` on 127.0.0.1 in the
-background, in a process session of its own (``setsid``), so a Ctrl-C in the terminal that started it
-never reaches it. Its database is Prefect's default one under ``PREFECT_HOME``; its pid and port are
+Without ``PREFECT_API_URL`` every ``skillopt train`` would start Prefect's temporary API server, seconds
+before the first model call (``bench/README.md``). A server that stays up removes that wait (the CLI
+starts it in the background itself unless ``run.prefect_server: temporary``): ``start`` runs
+``python -m prefect server start`` on 127.0.0.1 in the background, in a process session of its own
+(``setsid``), so a Ctrl-C in the terminal that started it never reaches it. Its database is Prefect's
+default one under ``PREFECT_HOME``; its pid and port are
 recorded in ``PREFECT_HOME/skillopt-server.json`` and its output goes to ``PREFECT_HOME/skillopt-server.log``.
 
 Nothing here imports Prefect: the server is a child process, and finding it needs only the record
@@ -34,8 +35,7 @@ HOST = "127.0.0.1"
 DEFAULT_PORT = 4200
 RECORD = "skillopt-server.json"
 LOG = "skillopt-server.log"
-#: A new database takes ~19 s to become healthy on two cores (an existing one ~9 s); leave room for a
-#: busy machine.
+#: A new database is the slowest to become healthy (its migrations run first); leave room for a busy machine.
 START_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 20.0
 
@@ -76,8 +76,8 @@ def warm_up(api_url: str, timeout_s: float = 30.0) -> None:
     """Make the server do its first-request work now, not during a run's start.
 
     The server's web framework builds the request handling of every API route on the first request that
-    is routed through them (0.4-0.8 s on an idle two-core machine, more on a busy one); a health check does
-    not get that far. One request for a path no route matches walks every route. Best effort: a failure
+    is routed through them (a large part of a second, more on a busy machine); a health check does not get
+    that far. One request for a path no route matches walks every route. Best effort: a failure
     here only leaves that work to the first run.
     """
     try:

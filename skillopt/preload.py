@@ -262,7 +262,7 @@ def _is_preload(pid: int) -> bool:
 
 #: What the preloaded process imports once (each command's child then finds it in ``sys.modules``).
 PRELOAD = (
-    "skillopt.cli", "skillopt.run_checks", "skillopt.early_start", "skillopt.flows.run",
+    "skillopt.cli", "skillopt.run_checks", "skillopt.prefetch", "skillopt.flows.run",
     "skillopt.flows.train", "skillopt.flows.evaluate", "skillopt.llm.openai_compatible", "skillopt.report",
     "skillopt.runs", "skillopt.estimate", "skillopt.live_display", "skillopt.local_server", "openai", "httpx",
     "fastapi.encoders", "prefect.events.worker", "prefect.logging.handlers",

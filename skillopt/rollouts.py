@@ -1,7 +1,8 @@
 """One rollout, in the library: the target runs an item with a skill and the benchmark scores it.
 
-``roll_out`` is the body of the ``rollout_item`` task (``skillopt.tasks.rollout``) and of a run's early
-start (``skillopt.early_start``), so both make exactly the same calls. ``rollout_key`` is its cache key;
+``roll_out`` is the body of the ``rollout_item`` task (``skillopt.tasks.rollout``) and of the prefetch layer
+(``skillopt.prefetch``), so both make exactly the same calls; each rollout holds one of the run's
+``benchmark.workers`` rollout slots while it runs, whoever makes it. ``rollout_key`` is its cache key;
 ``Draws`` says which draw of an item each training rollout of an epoch is.
 
 A rollout's key is the request the target gets first, hashed by ``ChatRequest.cache_key`` with the target's
@@ -77,9 +78,10 @@ def roll_out(run: Run, item: Item, skill: str, *, training: bool, judge: Judge |
     if epoch is not None:
         draw = {"epoch": epoch}
         target = DrawTarget(target, draw_seed(run, epoch, sample))
-    row = run_item(run.benchmark, item, skill, run.bench_cfg, target=target, judge=judge,
-                   probe_instruction=probe_instruction, sample=sample,
-                   tags={"training": training, "skill_sha": skill_hash(skill)[:16], **draw})
+    with run.rollout_slots:
+        row = run_item(run.benchmark, item, skill, run.bench_cfg, target=target, judge=judge,
+                       probe_instruction=probe_instruction, sample=sample,
+                       tags={"training": training, "skill_sha": skill_hash(skill)[:16], **draw})
     return row.model_copy(update={"worker_pid": os.getpid()})
 
 
@@ -168,8 +170,8 @@ class Draws:
 
 def first_batch(run: Run) -> tuple[BatchPlan, Draws] | None:
     """Step 1's first batch and its draws (the first of epoch 1): the training rollouts that may start with
-    the baseline, the same for the early start and the flow. None with a budget cap (a cap must be able to
-    stop the run before step 1 spends anything) or no step."""
+    the baseline (``skillopt.prefetch``). None with a budget cap (a cap must be able to stop the run before
+    step 1 spends anything) or no step."""
     plan = run.epoch_plan(1)
     if run.config.budget.capped or not plan.steps:
         return None

@@ -27,7 +27,6 @@ from skillopt.assembly import Run
 from skillopt.cache_keys import call_key
 from skillopt.llm.chat import ChatRequest
 from skillopt.llm.errors import BackendError
-from skillopt.tasks.ahead import AheadTask, ahead
 from skillopt.tasks.cache_hits import cache_hit_hook
 
 CacheKeyFn = Callable[[Any, dict[str, Any]], str]
@@ -79,16 +78,14 @@ def bound(run: Run, task: Any, **options: Any) -> Any:
 
     The ``llm:<role>`` tags of the model-calling tasks are kept only with ``model.rate_limit_mode: prefect``.
     Prefect asks the server for tag concurrency slots before every tagged task run and remembers "no limit
-    for these tags" for only 5 s; with a busy server that round trip held each stage's first tasks for
-    2-2.5 s (``bench/run.py``: batch 40, concurrency 16, latency 0.5 s, SQLite). In ``prefect`` mode the
-    user has chosen Prefect-side limits, and the tags let them add tag limits per role too.
+    for these tags" for only 5 s, so with a busy server each stage's first tasks wait for that round trip
+    (``bench/README.md``). In ``prefect`` mode the user has chosen Prefect-side limits, and the tags let them
+    add tag limits per role too.
     """
-    if ahead():  # work done ahead of the flow (skillopt.early_start): the function itself
-        return AheadTask(task)
     if options:
         return _bind(run, task, options)
     # Bound once per run and task: Prefect builds a new task (its signature, its checks) for every
-    # ``with_options``, about 1 ms of the interpreter ahead of each stage's first call.
+    # ``with_options``, work that would otherwise come again ahead of each stage's first call.
     with _bound_lock:
         known = _bound.setdefault(run, {}).get(task)
     if known is None:
@@ -113,6 +110,6 @@ def _storage_of(run: Run) -> Path:
     """The run's result storage: its cache folder (``Run.build`` made sure it can be written).
 
     A folder, not a saved ``LocalFileSystem`` block: Prefect builds the same local file system from a path
-    itself, where saving a block cost three API round trips at the start of every run (0.1-0.15 s ahead of the
-    baseline's first task on a busy local server)."""
+    itself, where saving a block costs three API round trips at the start of every run, ahead of the
+    baseline's first task."""
     return run.cache_dir.resolve()

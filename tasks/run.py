@@ -12,10 +12,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from skillopt import early_start
-from skillopt.assembly import Run, RunSpec, open_run, remember_run, take_handed_over
+from skillopt.assembly import Run, RunSpec, open_run, remember_run
 from skillopt.config import LoadedConfig, SkillOptConfig
 from skillopt.llm.limiter import RateLimiter
+from skillopt.prefetch import take_prepared
 
 progress = logging.getLogger("skillopt.progress")
 
@@ -41,17 +41,13 @@ def start_run(spec: RunSpec, *, loaded: LoadedConfig | None = None, dask_client:
     validated; ``dask_client``: the flow's Dask client with ``run.task_runner: dask``)."""
     loaded = loaded or spec.loaded()
     limiter = limiter_for(loaded.config, dask_client=dask_client)
-    run = take_handed_over(spec) if limiter is None else None
-    if run is not None:  # built by ``skillopt train`` before Prefect was imported (skillopt.early_start)
-        for level, message in run.setup_messages:
+    prepared = take_prepared(spec) if limiter is None else None
+    if prepared is not None:  # built by the CLI before Prefect was loaded (skillopt.prefetch)
+        run, messages = prepared
+        for level, message in messages:
             progress.log(level, "%s", message)
-        if run.early is not None:
-            run.early.adopted()
     else:
         run = Run.build(spec, loaded=loaded, limiter=limiter)
-    if run.early is None and early_start.eligible(loaded.config) and run.clients.target.replies is not None:
-        # The flow's rollouts start their calls ahead of their tasks (tasks/rollout.run_rollouts).
-        run.early = early_start.EarlyRollouts(int(getattr(run.bench_cfg, "workers", 4)))
     run.limiter_for = limiter_for
     return remember_run(run)
 
@@ -64,8 +60,7 @@ def run_of(spec: RunSpec) -> Run:
 @contextmanager
 def started_run(spec: RunSpec, *, loaded: LoadedConfig | None = None) -> Iterator[Run]:
     """The flow's run with its task pools (``run.task_runner``) started around the flow's work, and stopped
-    after it (a local Dask cluster with them)."""
-    from skillopt.tasks.rollout import settle_evaluations
+    after it (a local Dask cluster with them), with the run's prefetch layer closed at the end."""
     from skillopt.tasks.runners import TaskPools, use_pools
 
     loaded = loaded or spec.loaded()
@@ -74,11 +69,5 @@ def started_run(spec: RunSpec, *, loaded: LoadedConfig | None = None) -> Iterato
         use_pools(run, pools)
         try:
             yield run
-        except BaseException:
-            settle_evaluations(run, wait_s=2.0)
-            raise
-        else:
-            settle_evaluations(run)
         finally:
-            if run.early is not None:
-                run.early.close()
+            run.prefetch.close()

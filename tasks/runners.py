@@ -27,7 +27,6 @@ from prefect.task_runners import TaskRunner, ThreadPoolTaskRunner
 from skillopt.assembly import Run
 from skillopt.config import RunSection
 from skillopt.errors import ConfigError
-from skillopt.tasks.ahead import ahead, ahead_pool
 
 #: The stages whose tasks can leave the flow's process.
 Stage = Literal["rollouts", "analysts"]
@@ -115,8 +114,6 @@ def use_pools(run: Run, pools: TaskPools) -> None:
 def pool_for(run: Run, stage: Stage, workers: int) -> AbstractContextManager[Any]:
     """Where ``stage``'s tasks of ``run`` go: the flow's pools, or (no pools: a process without a flow of this
     run, such as a test calling a stage) a thread pool ``workers`` wide."""
-    if ahead():  # work done ahead of the flow (skillopt.early_start): a plain pool
-        return ahead_pool(workers)
     with _pools_lock:
         pools = _pools.get(run)
     if pools is None:

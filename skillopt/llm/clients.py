@@ -34,7 +34,7 @@ from skillopt.llm.errors import BackendError, ContextLengthExceeded, ErrorContex
 from skillopt.llm.json_extract import extract_json, schema_instruction
 from skillopt.llm.limiter import LocalRateLimiter, NoLimits, RateLimiter
 from skillopt.llm.pricing import PriceTable
-from skillopt.llm.reply_store import AHEAD, ReplyStore
+from skillopt.llm.reply_store import PREFETCH, ReplyStore
 from skillopt.llm.retry import Retrier
 from skillopt.llm.roles import CliRoleOptions, ResolvedRole, ResolvedRoles, resolve_roles
 from skillopt.llm.usage import UsageLedger, UsageRecord
@@ -114,8 +114,6 @@ class RoleClient:
         self._lock = threading.Lock()
         self._window: int | None = None
         self._window_lock = threading.Lock()
-        self._sent = 0  # requests handed to the backend so far (every attempt)
-        self._sent_changed = threading.Condition()
 
     @property
     def backend(self) -> Any:
@@ -136,33 +134,23 @@ class RoleClient:
         if self.replies is None:
             return self._call(request, backend, timeout_s, estimate, None)
         store_key = ReplyStore.key(self.role.fingerprint(), request)
-        # One call per request at a time in this process: a call made ahead of its task (skillopt.early_start)
-        # and the task's own are one call.
+        # One call per request at a time in this process: a prefetched call (skillopt.prefetch) and the task's
+        # own are one call.
         with self.replies.claim(store_key):
-            ahead = AHEAD.get()
-            taken = None if ahead else self.replies.take_ahead(store_key)
+            prefetching = PREFETCH.get()
+            taken = None if prefetching else self.replies.take_prefetched(store_key)
             if taken is not None:
                 return taken
             stored = self.replies.get(store_key)
             if stored is not None:
-                if not ahead:  # a look ahead finding a reply is no call of the run's, not even a cached one
+                if not prefetching:  # a prefetch finding a reply is no call of the run, not even a cached one
                     self._record(request.stage, request.tags, model_served=stored.model, usage=stored.usage,
                                  latency_s=0.0, attempts=0, status="ok", cache_hit=True)
                 return stored.model_copy(update={"cost_usd": 0.0, "attempts": 0})
             response = self._call(request, backend, timeout_s, estimate, store_key)
-            if ahead:
-                self.replies.keep_ahead(store_key, response)
+            if prefetching:
+                self.replies.keep_prefetched(store_key, response)
             return response
-
-    def requests_sent(self) -> int:
-        """How many requests this role has handed to its backend so far (each attempt counts)."""
-        with self._sent_changed:
-            return self._sent
-
-    def wait_requests_sent(self, count: int, timeout_s: float) -> bool:
-        """Wait until ``requests_sent()`` reaches ``count``, for at most ``timeout_s``; whether it did."""
-        with self._sent_changed:
-            return self._sent_changed.wait_for(lambda: self._sent >= count, timeout=timeout_s)
 
     def _call(self, request: ChatRequest, backend: Any, timeout_s: float, estimate: int,
               store_key: str | None) -> ChatResponse:
@@ -173,9 +161,6 @@ class RoleClient:
 
         def once(attempt: int) -> ChatResponse:
             with self.limiter.acquire(self.role.rate_limit_key, tokens=estimate):
-                with self._sent_changed:
-                    self._sent += 1
-                    self._sent_changed.notify_all()
                 return backend.attempt(request, timeout_s=timeout_s)
 
         def on_retry(error: BackendError, wait: float) -> None:

@@ -34,9 +34,9 @@ from skillopt.llm.chat import ChatRequest, ChatResponse
 
 #: A temporary reply file older than this is an orphan whoever wrote it (a write takes milliseconds).
 ORPHAN_AGE_S = 3600.0
-#: True while this context makes calls ahead of the tasks that will ask for them (``skillopt.early_start``):
-#: each reply is then also kept for the first task that asks, which takes it as its own call.
-AHEAD = contextvars.ContextVar("skillopt_calls_ahead", default=False)
+#: True while this context prefetches (``skillopt.prefetch``): a reply it gets is also kept in memory for the
+#: first task of this process that asks for the same request, which takes it as its own call.
+PREFETCH = contextvars.ContextVar("skillopt_prefetch", default=False)
 
 
 class ReplyStore:
@@ -45,7 +45,7 @@ class ReplyStore:
         self.refresh = refresh
         self._guard = threading.Lock()
         self._claims: dict[str, tuple[threading.Lock, list[int]]] = {}
-        self._ahead: dict[str, ChatResponse] = {}
+        self._prefetched: dict[str, ChatResponse] = {}
         self.sweep_orphans()
 
     @contextlib.contextmanager
@@ -64,16 +64,17 @@ class ReplyStore:
                 if not users[0]:
                     del self._claims[key]
 
-    def keep_ahead(self, key: str, response: ChatResponse) -> None:
-        """A reply of a call made ahead of its task (``AHEAD``), for the task's own call (``take_ahead``)."""
+    def keep_prefetched(self, key: str, response: ChatResponse) -> None:
+        """The reply of a prefetched call (``PREFETCH``), for the task that asks for it
+        (``take_prefetched``)."""
         with self._guard:
-            self._ahead[key] = response
+            self._prefetched[key] = response
 
-    def take_ahead(self, key: str) -> ChatResponse | None:
-        """The reply a call made ahead of this one got, once: that call was made and accounted already, so
-        this one is not a cache hit but the same call."""
+    def take_prefetched(self, key: str) -> ChatResponse | None:
+        """The reply this process prefetched for ``key``, once: that call was made and accounted already, so
+        the asking task's call is that same call, not a cache hit."""
         with self._guard:
-            return self._ahead.pop(key, None)
+            return self._prefetched.pop(key, None)
 
     @staticmethod
     def key(fingerprint: str, request: ChatRequest) -> str:

@@ -25,7 +25,7 @@ from skillopt.benchmarks.demo import scripted as demo
 from skillopt.benchmarks.demo.world import gold_answer, parse_question, score_response
 from skillopt.llm.chat import ChatRequest, system, user
 from skillopt.prompts import optimizer_prompt
-from tests.fakes.http_fakes import FakeOpenAIServer, ok, status
+from tests.fakes.http_fakes import FakeOpenAIServer, ok, slow, status
 
 #: The evaluation event's detail line, struck from optimizer messages in ``evidence_in_reply`` mode.
 _EVALUATION_CONVENTIONS = re.compile(r"^Conventions:[^\n]*\n?", re.MULTILINE)
@@ -36,8 +36,10 @@ class DemoWorldServer:
     """The demo world's target and optimizer behind the OpenAI-compatible fake, with a kill switch."""
 
     def __init__(self, *, failing: frozenset[str] = frozenset(), evidence_in_reply: bool = False,
-                 reply_padding: int = 0) -> None:
+                 reply_padding: int = 0, latency_s: float = 0.0) -> None:
         self.failing = failing
+        #: How long each model reply takes (the server holds the request that long).
+        self.latency_s = latency_s
         self.evidence_in_reply = evidence_in_reply
         self.reply_padding = reply_padding
         #: The analyst messages the optimizer received, for tests to inspect.
@@ -84,7 +86,8 @@ class DemoWorldServer:
             answer = self.with_self_check(chat, str(answer))
         with self.lock:
             self.answered.append(canonical(body))
-        return ok(text=answer if isinstance(answer, str) else json.dumps(answer), usage=self.usage)
+        reply = ok(text=answer if isinstance(answer, str) else json.dumps(answer), usage=self.usage)
+        return slow(self.latency_s, reply) if self.latency_s else reply
 
     def with_self_check(self, chat: ChatRequest, answer: str) -> str:
         """The reply with ``reply_padding`` characters of notes before it and the conventions line after

@@ -98,7 +98,7 @@ import threading
 import time
 import traceback
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 from urllib.parse import parse_qsl, urlsplit
@@ -552,6 +552,10 @@ class _RequestHandler(http.server.BaseHTTPRequestHandler):
     def _handle(self) -> None:
         fake = self.server.fake
         self._request_id = "req_fake_unrecorded"
+        with fake._in_flight():
+            self._answer(fake)
+
+    def _answer(self, fake: _FakeServer) -> None:
         try:
             request = fake._record(self.command, self.path, dict(self.headers.items()), self._read_body())
             self._request_id = request.request_id
@@ -668,9 +672,24 @@ class _FakeServer:
         self._queues: dict[str, deque[Entry]] = {}
         self._requests: list[RecordedRequest] = []
         self._counter = 0
+        self._now_in_flight = 0
+        #: The most requests this server has been answering at once.
+        self.max_in_flight = 0
         self._stopping = threading.Event()
         self._httpd: _HTTPServer | None = None
         self._thread: threading.Thread | None = None
+
+    @contextlib.contextmanager
+    def _in_flight(self) -> Iterator[None]:
+        """Count a request as in flight from its arrival to the end of its reply."""
+        with self._lock:
+            self._now_in_flight += 1
+            self.max_in_flight = max(self.max_in_flight, self._now_in_flight)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._now_in_flight -= 1
 
     # ---- lifecycle
 

@@ -289,24 +289,6 @@ def test_concurrent_calls_respect_max_concurrency(openai_server):
     assert peak == 2
 
 
-def test_requests_sent_counts_each_request_once_it_has_room_under_the_provider_limit(openai_server):
-    openai_server.default = slow(0.3, then=ok(text="x"))
-    key = f"openai:127.0.0.1:{openai_server.port}"
-    bundle = openai_chat(openai_server, f"model.providers={{'{key}': {{max_concurrency: 2}}}}")
-    target = bundle.target
-    assert target.requests_sent() == 0
-    threads = [threading.Thread(target=target.chat, args=(ask(f"question {n}"),)) for n in range(3)]
-    for t in threads:
-        t.start()
-    # Two requests have room at once; the third waits for one of them to finish.
-    assert target.wait_requests_sent(2, timeout_s=5)
-    assert not target.wait_requests_sent(3, timeout_s=0.1)
-    assert target.wait_requests_sent(3, timeout_s=5)
-    for t in threads:
-        t.join()
-    assert target.requests_sent() == openai_server.calls(CHAT) == 3
-
-
 # ---- Anthropic --------------------------------------------------------------------------------
 
 
@@ -567,51 +549,51 @@ def test_a_reply_is_in_the_store_before_its_usage_line_so_a_kill_between_them_pa
     assert openai_server.calls(CHAT) == 1
 
 
-def test_a_request_in_flight_is_asked_once_and_a_reply_made_ahead_is_the_asking_task_s_own_call(
+def test_a_request_in_flight_is_asked_once_and_a_prefetched_reply_is_the_asking_task_s_own_call(
     openai_server, tmp_path
 ):
-    from skillopt.llm.reply_store import AHEAD, ReplyStore
+    from skillopt.llm.reply_store import PREFETCH, ReplyStore
 
     env = {"OPENAI_API_KEY": KEY}
     loaded = load_config(None, overrides=[f"model.target.base_url={openai_server.openai_base_url}",
                                           "model.target.options.api=chat_completions"], env=env)
     clients = ModelClients.from_config(loaded, env=env, registry=REGISTRY, replies=ReplyStore(tmp_path / "r"))
 
-    # Made ahead (skillopt.early_start) while the task asks for the same request: one call, one usage line,
-    # and the task's answer is that call's, not a cache hit.
-    openai_server.plan(CHAT, slow(0.5, ok(text="made ahead", usage={"prompt_tokens": 10,
+    # Prefetched (skillopt.prefetch) while the task asks for the same request: one call, one usage line, and
+    # the task's answer is that call's, not a cache hit.
+    openai_server.plan(CHAT, slow(0.5, ok(text="prefetched", usage={"prompt_tokens": 10,
                                                                      "completion_tokens": 2})))
     answers: dict[str, str] = {}
 
-    def ahead() -> None:
-        token = AHEAD.set(True)
+    def prefetch() -> None:
+        token = PREFETCH.set(True)
         try:
-            answers["ahead"] = clients.target.chat(ask()).text
+            answers["prefetched"] = clients.target.chat(ask()).text
         finally:
-            AHEAD.reset(token)
+            PREFETCH.reset(token)
 
-    worker = threading.Thread(target=ahead)
+    worker = threading.Thread(target=prefetch)
     worker.start()
-    time.sleep(0.15)  # the call ahead is in flight
+    time.sleep(0.15)  # the prefetched call is in flight
     asked = clients.target.chat(ask())
     worker.join()
-    assert answers["ahead"] == asked.text == "made ahead"
+    assert answers["prefetched"] == asked.text == "prefetched"
     assert openai_server.calls(CHAT) == 1
     assert [r.cache_hit for r in clients.ledger.records()] == [False]
     assert asked.cost_usd == clients.ledger.records()[0].cost_usd
 
     # Asked again later: the reply was taken once; from now on it is a cache hit, as any stored reply.
-    assert clients.target.chat(ask()).text == "made ahead"
+    assert clients.target.chat(ask()).text == "prefetched"
     assert [r.cache_hit for r in clients.ledger.records()] == [False, True]
 
-    # The flow got there first: a look ahead finds the stored reply and records nothing.
+    # The flow got there first: a prefetch finds the stored reply and records nothing.
     openai_server.plan(CHAT, ok(text="by the task"))
     assert clients.target.chat(ask("another question")).text == "by the task"
-    token = AHEAD.set(True)
+    token = PREFETCH.set(True)
     try:
         assert clients.target.chat(ask("another question")).text == "by the task"
     finally:
-        AHEAD.reset(token)
+        PREFETCH.reset(token)
     assert openai_server.calls(CHAT) == 2 and len(clients.ledger.records()) == 3
 
 

@@ -53,7 +53,8 @@ class StandInRun:
 
 def context(workers: int) -> StandInRun:
     gradient = SimpleNamespace(minibatch_size=1, failure_only=False, analyst_workers=workers)
-    return StandInRun(config=SimpleNamespace(gradient=gradient), early=None)  # no calls made ahead
+    no_hints = SimpleNamespace(calls=lambda fn, arguments: None)  # a run without a prefetch layer
+    return StandInRun(config=SimpleNamespace(gradient=gradient), prefetch=no_hints)
 
 
 @flow(validate_parameters=False)

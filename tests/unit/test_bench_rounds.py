@@ -1,6 +1,6 @@
 """How ``bench/`` reads a finished run's rounds from ``usage.jsonl`` and the skill snapshots: step 1's calls
-made ahead of the flow (``skillopt.early_start``) and its first batch's rollouts come before the baseline's
-snapshot, or on both sides of it, and still count as step 1's."""
+answered before the baseline's snapshot (its first batch's rollouts are prefetched, ``skillopt.prefetch``)
+still count as step 1's."""
 
 from __future__ import annotations
 

@@ -80,7 +80,7 @@ def test_draws_count_samples_within_an_epoch_and_replay_has_none():
     draws = Draws(3, resample=True)
     assert draws.epoch == 3
     assert draws.take(["a", "b"]) == [0, 0]
-    # A peek (the next step's rollouts started ahead) says what the take will, and counts nothing.
+    # A peek (the next step's prefetched rollouts) says what the take will, and counts nothing.
     assert draws.peek(["b", "c", "b"]) == [1, 0, 2]
     assert draws.take(["b", "c", "b"]) == [1, 0, 2]
     assert draws.peek(["b"]) == [3] and draws.take(["b"]) == [3]

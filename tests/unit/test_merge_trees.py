@@ -45,8 +45,9 @@ def patches(kind: str, n: int) -> list[Patch]:
 
 def context(task: MergeTask, monkeypatch):
     monkeypatch.setattr(stages, "bound", lambda _run, _task: task)
-    # early=None: no calls made ahead of the tasks (tasks/ahead.calls_first)
-    return SimpleNamespace(config=SimpleNamespace(gradient=SimpleNamespace(merge_batch_size=2)), early=None)
+    no_hints = SimpleNamespace(calls=lambda fn, arguments: None)  # a run without a prefetch layer
+    return SimpleNamespace(config=SimpleNamespace(gradient=SimpleNamespace(merge_batch_size=2)),
+                           prefetch=no_hints)
 
 
 def test_both_trees_submit_each_level_before_waiting(monkeypatch):

@@ -1,5 +1,5 @@
-"""`skillopt train` starts the baseline's rollouts before Prefect is imported (``skillopt.early_start``),
-and the flow takes their results instead of calling again.
+"""`skillopt train` starts the run's first rollouts before Prefect has loaded (``skillopt.prefetch``), and
+the flow's tasks take their replies as their own calls instead of calling again.
 
 The run goes through the loopback OpenAI-compatible fake playing the demo world, which records every
 request; the flow run's start time comes from the Prefect API.
@@ -32,56 +32,45 @@ def _flow_run(api: str, name: str):
     return min(runs, key=lambda run: run.created)  # the first run of that name (a re-run makes another)
 
 
-def _subflow(api: str, parent_id, name: str):  # noqa: ANN001
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName, FlowRunFilterParentFlowRunId
-    from prefect.settings import PREFECT_API_URL, temporary_settings
-
-    with temporary_settings(updates={PREFECT_API_URL: api}), get_client(sync_client=True) as client:
-        under = FlowRunFilterParentFlowRunId(any_=[parent_id])
-        (flow_run,) = client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=[name]),
-                                                                          parent_flow_run_id=under))
-    return flow_run
-
-
-def test_train_calls_the_baseline_before_the_flow_starts_and_makes_each_call_once(prefect_api, tmp_path):
+def test_train_prefetches_before_the_flow_starts_and_makes_each_call_once(prefect_api, tmp_path):
     world = DemoWorldServer()
     with world.server:
         overrides = [p for o in role_overrides(world.server.openai_base_url) for p in ("-o", o)]
         env = {**os.environ, "PREFECT_API_URL": prefect_api, "PREFECT_LOGGING_LEVEL": "WARNING"}
-        command = [sys.executable, "-m", "skillopt.cli", "train", "demo", "--run-name", "early", *overrides]
+        command = [sys.executable, "-m", "skillopt.cli", "train", "demo", "--run-name", "prefetched",
+                   *overrides]
         done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
         answered = list(world.answered)
-        lines_before = len(_usage(tmp_path / "runs" / "early"))
+        lines_before = len(_usage(tmp_path / "runs" / "prefetched"))
         # The same command again: every task is served from Prefect's cache.
         again = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
         assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
         answered_again = list(world.answered)[len(answered):]
 
-    run_dir = tmp_path / "runs" / "early"
+    run_dir = tmp_path / "runs" / "prefetched"
     usage = _usage(run_dir)[:lines_before]  # the first run's
     calls = [u for u in usage if not u.get("cache_hit")]
-    # Each request reached the model once, and the ledger holds each call once, early ones included.
+    # Each request reached the model once, and the ledger holds each call once, prefetched ones included.
     assert len(set(answered)) == len(answered)
     assert len(calls) == len(answered)
-    # An early call once failed while Prefect was importing httpx in the main thread: none may.
+    # A prefetched call must not fail while Prefect imports httpx in the main thread.
     assert [u for u in calls if u["status"] != "ok"] == []
 
-    # The first calls were made before Prefect started the flow run: the baseline's rollouts.
-    flow_run = _flow_run(prefect_api, "early")
+    # The first calls were made before Prefect started the flow run: the run's first rollouts.
+    flow_run = _flow_run(prefect_api, "prefetched")
     first = datetime.fromisoformat(calls[0]["ts"])
     assert calls[0]["stage"] == "rollout"
     assert flow_run.start_time is not None and first < flow_run.start_time
 
-    # The baseline's rows are the early rollouts' results, none an error.
+    # The baseline's rows are the prefetched rollouts' results, none an error.
     rows = [json.loads(line) for line in
             (run_dir / "eval" / "baseline_selection" / "results.jsonl").read_text().splitlines()]
-    early_rollouts = [u for u in calls if datetime.fromisoformat(u["ts"]) < flow_run.start_time]
+    prefetched = [u for u in calls if datetime.fromisoformat(u["ts"]) < flow_run.start_time]
     assert rows and not [r for r in rows if r.get("error")]
-    assert len(early_rollouts) >= len(rows)
+    assert len(prefetched) >= len(rows)
 
-    # The initial skill's test split starts with the baseline, not after training: each of its calls comes
+    # The initial skill's test split starts with the baseline, not after training: its first call comes
     # before the first optimizer call, and the final stage did not call for it again.
     test_ids = {json.loads(line)["id"] for line in
                 (run_dir / "eval" / "baseline_test" / "results.jsonl").read_text().splitlines()}
@@ -90,20 +79,15 @@ def test_train_calls_the_baseline_before_the_flow_starts_and_makes_each_call_onc
                   and u["tags"]["item_id"] in test_ids and u["tags"]["skill_sha"] == initial_sha]
     first_optimizer = min(datetime.fromisoformat(u["ts"]) for u in calls if u["role"] == "optimizer")
     assert test_ids and len(test_calls) == len(test_ids)
-    assert max(datetime.fromisoformat(u["ts"]) for u in test_calls) < first_optimizer
+    assert min(datetime.fromisoformat(u["ts"]) for u in test_calls) < first_optimizer
 
-    # Step 1's optimizer calls are made ahead of the flow, once it has the run: the first one is answered
-    # before the epoch's subflow has started (the flow reaches step 1 only after it). Each was still made once
-    # and recorded once (above), the flow's tasks taking the replies.
-    epoch_one = _subflow(prefect_api, flow_run.id, "epoch-1")
-    assert epoch_one.start_time is not None and first_optimizer < epoch_one.start_time
-    # and the flow's tasks took those replies as their own calls: nothing came from the reply store (a reply
-    # store hit carries its request's tags; the untagged hits are evaluations Prefect found in its cache)
+    # The flow's tasks took the prefetched replies as their own calls: nothing came from the reply store (a
+    # reply-store hit carries its request's tags; the untagged hits are evaluations found in a cache).
     store_hits = [(u["stage"], u["tags"], u["ts"]) for u in usage if u.get("cache_hit") and u["tags"]]
     assert not store_hits, f"calls answered from the reply store: {store_hits}"
 
-    # The re-run called no model, and no rollout was started ahead of a task the cache served (it would have
-    # found its reply stored, a reply-store hit with its request's tags).
+    # The re-run called no model, and nothing was prefetched for a task the cache served (it would have found
+    # its reply stored, a reply-store hit with its request's tags).
     assert answered_again == []
     rerun = _usage(run_dir)[lines_before:]
     assert rerun and all(u.get("cache_hit") for u in rerun)

@@ -1,0 +1,63 @@
+"""The prefetch layer (``skillopt.prefetch``): a hinted rollout is made once, on the run's rollout slots, and
+the task that asks for it afterwards (or while it is in flight) takes its reply as that same call."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from tests.fakes.demo_world_http import DemoWorldServer, role_overrides
+
+
+def _run(tmp_path, monkeypatch, *overrides: str):  # noqa: ANN001, ANN202
+    from skillopt.assembly import Run
+    from skillopt.config import load_config
+
+    monkeypatch.chdir(tmp_path)
+    loaded = load_config("demo", overrides=["benchmark.val_size=6", *overrides], env={})
+    return Run.from_config(loaded, env={}, run_name="prefetch")
+
+
+@pytest.mark.parametrize(("overrides", "applies"), [
+    ((), True),
+    (("budget.max_calls=1000",), False),
+    (("run.task_runner=dask",), False),
+])
+def test_prefetch_applies_only_where_the_flow_s_tasks_can_take_its_replies(tmp_path, monkeypatch, overrides,
+                                                                           applies):
+    run = _run(tmp_path, monkeypatch, *role_overrides("http://127.0.0.1:9/v1"), *overrides)
+    assert run.prefetch.enabled is applies
+
+
+def test_the_scripted_backend_prefetches_nothing(tmp_path, monkeypatch):
+    run = _run(tmp_path, monkeypatch)
+    run.prefetch.run_start()
+    assert not run.prefetch.enabled and run.clients.ledger.records() == []
+
+
+def test_a_prefetched_rollout_is_made_once_within_the_workers_and_its_task_takes_it(tmp_path, monkeypatch):
+    from skillopt.rollouts import roll_out
+
+    world = DemoWorldServer(latency_s=0.3)
+    with world.server:
+        url = world.server.openai_base_url
+        run = _run(tmp_path, monkeypatch, *role_overrides(url), "benchmark.workers=2")
+        skill, ids = run.starting_skill(), run.selection_ids("val")
+        run.prefetch.rollouts(skill, ids, training=False)
+        rows: dict[str, object] = {}
+
+        def task(item_id: str) -> None:  # what the rollout_item task does
+            rows[item_id] = roll_out(run, run.items[item_id], skill, training=False, judge=None)
+
+        tasks = [threading.Thread(target=task, args=(item_id,)) for item_id in ids]
+        for thread in tasks:
+            thread.start()
+        for thread in tasks:
+            thread.join()
+        run.prefetch.close()
+        assert world.server.max_in_flight <= 2, "prefetch and tasks share benchmark.workers"
+    assert len(world.answered) == len(set(world.answered)) == len(ids), "one call per rollout"
+    records = run.clients.ledger.records()
+    assert len(records) == len(ids) and not [r for r in records if r.cache_hit]
+    assert sorted(rows) == sorted(ids)
