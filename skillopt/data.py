@@ -544,12 +544,26 @@ def _apply_limit(splits: Splits, limit: int) -> Splits:
     )
 
 
+def absent_field(row: Mapping[str, Any], name: Any) -> str:
+    """Why the required field ``name`` holds no value in ``row``: null, empty, or not there at all."""
+    if name not in row:
+        return f"missing field {name!r}"
+    value = row[name]
+    if value is None:
+        return f"field {name!r} is null; it needs a value"
+    if isinstance(value, str):
+        value = value.strip()
+    if isinstance(value, str | list | tuple | dict) and not value:
+        return f"field {name!r} is empty; it needs a value"
+    return f"field {name!r} holds no usable value"
+
+
 def _to_item(row: _Row, normalise: Normaliser, default_task_type: str) -> Item:
     """Normalise one row into an Item; DropRow passes through to the caller."""
     try:
         data = normalise(row.data)
     except KeyError as exc:
-        raise DataError(f"{row.where}: missing field {exc.args[0]!r}") from exc
+        raise DataError(f"{row.where}: {absent_field(row.data, exc.args[0])}") from exc
     except ValueError as exc:
         raise DataError(f"{row.where}: {exc}") from exc
     if not isinstance(data, dict):
@@ -557,6 +571,8 @@ def _to_item(row: _Row, normalise: Normaliser, default_task_type: str) -> Item:
     item = Item(data)
     raw_id = item.get("id")
     if raw_id is None or raw_id == "":
+        if "id" in row.data:
+            raise DataError(f"{row.where}: {absent_field(row.data, 'id')}")
         raise DataError(f"{row.where}: missing field 'id' after normalising")
     try:
         clean = safe_id(raw_id)

@@ -60,6 +60,7 @@ from typing import IO, Literal
 
 from skillopt.errors import SecurityError
 from skillopt.process_group import end_group, own_group
+from skillopt.sandbox_kill import Kill, classify, crash_site
 
 log = logging.getLogger("skillopt.sandbox")
 
@@ -67,12 +68,13 @@ DEFAULT_MEM_MB = 2048
 DEFAULT_MAX_OUTPUT_CHARS = 20_000
 #: No file the child writes may exceed this.
 MAX_FILE_BYTES = 256 * 1024 * 1024
+#: A run that writes more than this to stdout and stderr together is killed, as a file is at MAX_FILE_BYTES.
+DEFAULT_MAX_OUTPUT_BYTES = MAX_FILE_BYTES
 #: Open files per process.
 MAX_OPEN_FILES = 256
 #: Processes (threads included) of one exec-target run, counted inside its own user namespace.
 MAX_PROCESSES = 256
 REFUSED = "sandbox refused"
-_MEMORY_MARKERS = ("MemoryError", "Cannot allocate memory", "std::bad_alloc", "Unable to allocate")
 #: How much of each output stream is kept while reading (head and tail each).
 _KEEP_BYTES = 1024 * 1024
 
@@ -231,69 +233,93 @@ def limits_prefix(*, processes: int = MAX_PROCESSES, open_files: int = MAX_OPEN_
 
 
 # --------------------------------------------------------------------------------------------
-# A seccomp filter that refuses new processes (threads stay allowed)
+# A seccomp filter: no new processes (threads stay allowed), no single block larger than the memory limit
 
 _SECCOMP_RET_ALLOW = 0x7FFF0000
 _SECCOMP_RET_ERRNO = 0x00050000
 _SECCOMP_RET_KILL_PROCESS = 0x80000000
 _CLONE_THREAD = 0x00010000
 _EPERM, _ENOSYS = 1, 38
-# (audit arch, fork, vfork, clone, clone3); -1 where the syscall does not exist.
+# (audit arch, fork, vfork, clone, clone3, mmap, mremap); -1 where the syscall does not exist.
 _ARCHES = {
-    "x86_64": (0xC000003E, 57, 58, 56, 435),
-    "aarch64": (0xC00000B7, -1, -1, 220, 435),
+    "x86_64": (0xC000003E, 57, 58, 56, 435, 9, 25),
+    "aarch64": (0xC00000B7, -1, -1, 220, 435, 222, 216),
 }
+#: The signal a process gets when the filter kills it: only for asking for one block of memory larger
+#: than the whole limit, so a run that ends by it ran out of memory.
+MEMORY_KILL_SIGNAL = signal.SIGSYS
 
 
-def no_process_filter() -> bytes | None:
-    """The classic-BPF program (``struct sock_filter[]``) bwrap loads with ``--seccomp``: ``fork`` and
-    ``vfork`` fail with EPERM, ``clone`` without ``CLONE_THREAD`` with EPERM, ``clone3`` with ENOSYS
-    (so libc falls back to ``clone`` for threads); another ABI (x32, i386) is killed. None on an
-    architecture the table does not know."""
+def no_process_filter(mem_bytes: int | None = None) -> bytes | None:
+    """The classic-BPF program (``struct sock_filter[]``) bwrap loads with ``--seccomp``.
+
+    ``fork`` and ``vfork`` fail with EPERM, ``clone`` without ``CLONE_THREAD`` with EPERM, ``clone3``
+    with ENOSYS (so libc falls back to ``clone`` for threads); every syscall of another ABI (x32,
+    i386) fails with ENOSYS. With ``mem_bytes``, an ``mmap`` or ``mremap`` asking for more than
+    ``mem_bytes`` in one block kills the process with SIGSYS: the address-space limit would refuse it
+    anyway, and C code that does not check for NULL would then die of a segmentation fault that says
+    nothing about memory. None on an architecture the table does not know.
+    """
     arch = _ARCHES.get(platform.machine())
     if arch is None:
         return None
-    audit_arch, fork, vfork, clone, clone3 = arch
+    audit_arch, fork, vfork, clone, clone3, mmap, mremap = arch
+    ld_w_abs, jeq_k, jgt_k, jge_k, jset_k, ret_k = 0x20, 0x15, 0x25, 0x35, 0x45, 0x06
+    # Instructions with symbolic jump targets (labels), resolved once the program is laid out.
+    program: list[tuple[int, str | int, str | int, int]] = []
+    labels: dict[str, int] = {}
 
-    def stmt(code: int, k: int) -> tuple[int, int, int, int]:
-        return code, 0, 0, k
+    def emit(code: int, k: int, jt: str | int = 0, jf: str | int = 0) -> None:
+        program.append((code, jt, jf, k))
 
-    def jump(code: int, k: int, jt: int, jf: int) -> tuple[int, int, int, int]:
-        return code, jt, jf, k
+    def label(name: str) -> None:
+        labels[name] = len(program)
 
-    ld_w_abs, jeq_k, jge_k, jset_k, ret_k = 0x20, 0x15, 0x35, 0x45, 0x06
-    # The checks, in order; every jump lands on one of the four returns that end the program.
-    checks: list[tuple[str, int]] = [("arch", audit_arch), ("load_nr", 0)]
+    def size_check(name: str, offset: int) -> None:
+        """Kill when the 64-bit argument at ``offset`` of ``seccomp_data`` exceeds ``mem_bytes``."""
+        assert mem_bytes is not None
+        high, low = mem_bytes >> 32, mem_bytes & 0xFFFFFFFF
+        label(name)
+        emit(ld_w_abs, offset + 4)  # the high half (little-endian)
+        emit(jgt_k, high, "kill", 0)
+        emit(jeq_k, high, 0, "allow")
+        emit(ld_w_abs, offset)
+        emit(jgt_k, low, "kill", "allow")
+
+    emit(ld_w_abs, 4)  # seccomp_data.arch
+    emit(jeq_k, audit_arch, 0, "enosys")
+    emit(ld_w_abs, 0)  # seccomp_data.nr
     if platform.machine() == "x86_64":
-        checks.append(("x32", 0x40000000))
-    checks += [("deny", n) for n in (fork, vfork) if n >= 0]
-    checks += [("nosys", clone3), ("clone", clone), ("flags", 0)]
-    size = 1 + sum(2 if kind == "flags" else 1 for kind, _ in checks)
-    allow_at, eperm_at, enosys_at, kill_at = size, size + 1, size + 2, size + 3
-    program = [stmt(ld_w_abs, 4)]  # seccomp_data.arch
+        emit(jge_k, 0x40000000, "enosys", 0)  # the x32 ABI
+    for number in (fork, vfork):
+        if number >= 0:
+            emit(jeq_k, number, "eperm", 0)
+    emit(jeq_k, clone3, "enosys", 0)
+    emit(jeq_k, clone, "clone", 0)
+    if mem_bytes is not None:
+        emit(jeq_k, mmap, "mmap", 0)
+        emit(jeq_k, mremap, "mremap", 0)
+    emit(jeq_k, 0, "allow", "allow")  # every other syscall: both branches allow
+    label("clone")
+    emit(ld_w_abs, 16)  # the low half of args[0], clone's flags
+    emit(jset_k, _CLONE_THREAD, "allow", "eperm")
+    if mem_bytes is not None:
+        size_check("mmap", 24)  # args[1], the length
+        size_check("mremap", 32)  # args[2], the new length
+    for name, action in (("allow", _SECCOMP_RET_ALLOW), ("eperm", _SECCOMP_RET_ERRNO | _EPERM),
+                         ("enosys", _SECCOMP_RET_ERRNO | _ENOSYS), ("kill", _SECCOMP_RET_KILL_PROCESS)):
+        label(name)
+        emit(ret_k, action)
 
-    def to(target: int) -> int:
-        return target - len(program) - 1
+    def offset(at: int, target: str | int) -> int:
+        if isinstance(target, int):
+            return target
+        jump = labels[target] - at - 1
+        assert 0 <= jump < 256, "a seccomp jump out of range"
+        return jump
 
-    for kind, value in checks:
-        if kind == "arch":
-            program.append(jump(jeq_k, value, 0, to(kill_at)))
-        elif kind == "load_nr":
-            program.append(stmt(ld_w_abs, 0))  # seccomp_data.nr
-        elif kind == "x32":
-            program.append(jump(jge_k, value, to(kill_at), 0))
-        elif kind == "deny":
-            program.append(jump(jeq_k, value, to(eperm_at), 0))
-        elif kind == "nosys":
-            program.append(jump(jeq_k, value, to(enosys_at), 0))
-        elif kind == "clone":
-            program.append(jump(jeq_k, value, 0, to(allow_at)))  # any other syscall is allowed
-        else:
-            program.append(stmt(ld_w_abs, 16))  # the low half of args[0], clone's flags (little-endian)
-            program.append(jump(jset_k, _CLONE_THREAD, to(allow_at), to(eperm_at)))
-    program += [stmt(ret_k, _SECCOMP_RET_ALLOW), stmt(ret_k, _SECCOMP_RET_ERRNO | _EPERM),
-                stmt(ret_k, _SECCOMP_RET_ERRNO | _ENOSYS), stmt(ret_k, _SECCOMP_RET_KILL_PROCESS)]
-    return b"".join(struct.pack("<HBBI", *ins) for ins in program)
+    return b"".join(struct.pack("<HBBI", code, offset(at, jt), offset(at, jf), k)
+                    for at, (code, jt, jf, k) in enumerate(program))
 
 
 # --------------------------------------------------------------------------------------------
@@ -302,22 +328,41 @@ def no_process_filter() -> bytes | None:
 
 @dataclass
 class ProcessOutcome:
-    """How a confined command ended; ``exit_code`` is None when it was killed at the wall clock."""
+    """How a confined command ended; ``exit_code`` is None when it was killed at the wall clock or
+    for writing more than its output limit (``output_limited``)."""
 
     exit_code: int | None
     stdout: str
     stderr: str
     timed_out: bool
     elapsed_s: float
+    output_limited: bool = False
+
+
+class _OutputBudget:
+    """The bytes a run may write to stdout and stderr together; ``spent`` is set once it is over."""
+
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+        self._used = 0
+        self._lock = threading.Lock()
+        self.spent = threading.Event()
+
+    def spend(self, count: int) -> None:
+        with self._lock:
+            self._used += count
+            if self._used > self._limit:
+                self.spent.set()
 
 
 class _Drain(threading.Thread):
     """Reads a pipe to its end keeping only the first and last ``keep`` bytes."""
 
-    def __init__(self, stream: IO[bytes], keep: int) -> None:
+    def __init__(self, stream: IO[bytes], keep: int, *, budget: _OutputBudget | None = None) -> None:
         super().__init__(daemon=True)
         self._stream = stream
         self._keep = keep
+        self._budget = budget
         self._head = bytearray()
         self._tail = bytearray()
         self.dropped = 0
@@ -325,6 +370,8 @@ class _Drain(threading.Thread):
     def run(self) -> None:
         try:
             while chunk := self._stream.read1(65536):  # type: ignore[attr-defined]
+                if self._budget is not None:
+                    self._budget.spend(len(chunk))
                 room = self._keep - len(self._head)
                 if room > 0:
                     self._head += chunk[:room]
@@ -345,13 +392,15 @@ class _Drain(threading.Thread):
 def run_confined(command: Sequence[str], *, workspace: Path, timeout_s: float, env: Mapping[str, str],
                  read_only: Sequence[str] = (), writable: Sequence[str] = (), network: bool = False,
                  stdin_text: str | None = None, grace_s: float = 0.0, seccomp: bytes | None = None,
-                 keep_bytes: int = _KEEP_BYTES, mode: SandboxMode = "bwrap") -> ProcessOutcome:
+                 keep_bytes: int = _KEEP_BYTES, max_output_bytes: int | None = None,
+                 mode: SandboxMode = "bwrap") -> ProcessOutcome:
     """Run ``command`` under bubblewrap with ``workspace`` (and ``writable``) as its only writable host
     folders. Each output stream keeps its first and last ``keep_bytes`` bytes.
 
-    At ``timeout_s`` the process group gets SIGTERM, then SIGKILL after ``grace_s``; in every case it is
-    killed before returning, which ends the namespace and everything in it. ``mode="none"`` runs the
-    command without bwrap (cleared environment and own process group only). Raises
+    At ``timeout_s`` the process group gets SIGTERM, then SIGKILL after ``grace_s``; once stdout and
+    stderr together pass ``max_output_bytes`` (when given) it is killed at once (``output_limited``).
+    In every case it is killed before returning, which ends the namespace and everything in it.
+    ``mode="none"`` runs the command without bwrap (cleared environment and own process group only). Raises
     :class:`SandboxUnavailable` when ``mode`` is ``bwrap`` and bubblewrap does not work here.
     """
     pass_fds: tuple[int, ...] = ()
@@ -388,22 +437,33 @@ def run_confined(command: Sequence[str], *, workspace: Path, timeout_s: float, e
         if info is not None:
             info.started()
     assert proc.stdout is not None and proc.stderr is not None
-    out, err = _Drain(proc.stdout, keep_bytes), _Drain(proc.stderr, keep_bytes)
+    budget = _OutputBudget(max_output_bytes) if max_output_bytes is not None else None
+    out, err = _Drain(proc.stdout, keep_bytes, budget=budget), _Drain(proc.stderr, keep_bytes, budget=budget)
     out.start()
     err.start()
     if stdin_text is not None and proc.stdin is not None:
         threading.Thread(target=_feed, args=(proc.stdin, stdin_text.encode("utf-8")), daemon=True).start()
-    timed_out = False
+    timed_out = output_limited = False
+    deadline = started + max(timeout_s, 0.01)
     try:
-        proc.wait(timeout=max(timeout_s, 0.01))
-    except subprocess.TimeoutExpired:
-        timed_out = True
+        while True:
+            try:
+                proc.wait(timeout=max(min(deadline - time.monotonic(), 0.05), 0.001))
+                break
+            except subprocess.TimeoutExpired:
+                if budget is not None and budget.spent.is_set():
+                    output_limited = True
+                    break
+                if time.monotonic() >= deadline:
+                    timed_out = True
+                    break
     finally:
         end_group(proc, grace_s=grace_s if timed_out else 0)
         if info is not None:
             info.end_namespace()
-    return ProcessOutcome(None if timed_out else proc.returncode, out.text(), err.text(), timed_out,
-                          time.monotonic() - started)
+    killed = timed_out or output_limited
+    return ProcessOutcome(None if killed else proc.returncode, out.text(), err.text(), timed_out,
+                          time.monotonic() - started, output_limited)
 
 
 class _Info(threading.Thread):
@@ -472,6 +532,8 @@ for _limit, _value in (("RLIMIT_AS", {mem_bytes}), ("RLIMIT_CPU", {cpu_s}), ("RL
                        ("RLIMIT_CORE", 0), ("RLIMIT_NOFILE", {nofile}), ("RLIMIT_NPROC", {nproc})):
     resource.setrlimit(getattr(resource, _limit), (_value, _value))
 sys.dont_write_bytecode = True
+import faulthandler
+faulthandler.enable()  # a fatal signal (SIGSEGV, SIGBUS, SIGABRT...) prints where the code was
 import site
 for _folder in {site_dirs!r}:
     site.addsitedir(_folder)
@@ -564,41 +626,53 @@ else:
 class SandboxResult:
     """What one sandboxed run did.
 
-    ``exit_code`` is None when the run was killed at the wall clock (``timed_out``); a negative
-    value is the signal that ended it. ``outputs`` holds the ``collect`` files the run left (a
-    missing one is simply absent). ``isolation`` is ``bwrap`` or ``none`` (``benchmark.sandbox: none``).
+    ``exit_code`` is None when the run was killed at the wall clock (``timed_out``) or for flooding its
+    output; a run killed by a signal has ``128 + N`` under bubblewrap (``-N`` without it). ``kill``
+    says which resource bound stopped the run, if one did (:mod:`skillopt.sandbox_kill`): out of
+    memory, a time limit, an output limit, or another signal. ``outputs`` holds the ``collect`` files
+    the run left (a missing one is simply absent). ``isolation`` is ``bwrap`` or ``none``
+    (``benchmark.sandbox: none``).
     """
 
     exit_code: int | None
     stdout: str
     stderr: str
     timed_out: bool
-    killed_for_memory: bool
-    cpu_limited: bool
     duration_s: float
     isolation: str
     outputs: dict[str, bytes] = field(default_factory=dict)
+    kill: Kill | None = None
 
     @property
     def ok(self) -> bool:
         return self.exit_code == 0 and not self.timed_out
 
     @property
+    def killed_for_memory(self) -> bool:
+        return self.kill is not None and self.kill.kind == "memory"
+
+    @property
+    def cpu_limited(self) -> bool:
+        return self.kill is not None and self.kill.kind == "time" and not self.timed_out
+
+    @property
     def reason(self) -> str:
-        """One line saying why the run failed, or "" when it succeeded."""
-        if self.timed_out:
-            return f"timed out after {self.duration_s:.0f}s (wall-clock limit); the process group was killed"
-        if self.cpu_limited:
-            return "CPU time limit exceeded; the process was killed"
-        if self.killed_for_memory:
-            return "memory limit exceeded"
+        """One line saying why the run failed, or "" when it succeeded: a resource kill leads with its
+        kind (``out of memory: …``, ``time limit: …``, ``output limit: …``, ``killed by signal …``)."""
+        if self.kill is not None:
+            where = crash_site(self.stderr) if self.kill.kind == "signal" else ""
+            return self.kill.reason + (f" at {where}" if where else "")
         refused = next((line.strip() for line in reversed(self.stderr.splitlines()) if REFUSED in line), "")
         if refused:
             return refused[refused.find(REFUSED):]
         if self.exit_code == 0:
             return ""
-        last = next((line.strip() for line in reversed(self.stderr.splitlines()) if line.strip()), "")
+        last = _last_line(self.stderr)
         return f"exit code {self.exit_code}" + (f": {last}" if last else "")
+
+
+def _last_line(text: str) -> str:
+    return next((line.strip() for line in reversed(text.splitlines()) if line.strip()), "")
 
 
 def run_sandboxed(
@@ -610,6 +684,7 @@ def run_sandboxed(
     collect: Sequence[str] = (),
     deny_read: Sequence[Path | str] = (),
     max_output_chars: int = DEFAULT_MAX_OUTPUT_CHARS,
+    max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
     mode: SandboxMode = "bwrap",
 ) -> SandboxResult:
     """Run ``python *argv`` in a fresh temporary copy of ``cwd`` inside the OS sandbox.
@@ -617,7 +692,9 @@ def run_sandboxed(
     ``argv`` is what follows the interpreter: a script path relative to the workspace (with its
     arguments) or ``["-c", code]``. ``collect`` names workspace-relative files to return.
     ``deny_read`` are folders the audit hook refuses to read (they are not mounted inside anyway).
-    Never raises for anything the code does; raises ``OSError`` when the workspace cannot be set up
+    A run that writes more than ``max_output_bytes`` to stdout and stderr together is killed; a run
+    stopped by any limit says which in ``kill``. Never raises for anything the code does; raises
+    ``OSError`` when the workspace cannot be set up
     and :class:`SandboxUnavailable` when ``mode`` is ``bwrap`` and no sandbox can be made.
     """
     if not argv:
@@ -635,8 +712,9 @@ def run_sandboxed(
         if mode == "none":
             Path(tmp).mkdir()
         guard = root / "guard.py"
+        mem_bytes, cpu_s = int(mem_mb) * 1024 * 1024, max(1, int(timeout_s) + 1)
         guard.write_text(_GUARD.format(
-            mem_bytes=int(mem_mb) * 1024 * 1024, cpu_s=max(1, int(timeout_s) + 1), fsize=MAX_FILE_BYTES,
+            mem_bytes=mem_bytes, cpu_s=cpu_s, fsize=MAX_FILE_BYTES,
             nofile=MAX_OPEN_FILES, nproc=MAX_PROCESSES, write_roots=(str(work), tmp), refused=REFUSED,
             deny_read=tuple(str(Path(p).resolve()) for p in deny_read),
             site_dirs=site_dirs,
@@ -644,19 +722,21 @@ def run_sandboxed(
         guard.chmod(0o444)
         env = {"PATH": "/usr/bin:/bin", "HOME": tmp, "LANG": "C.UTF-8", "TMPDIR": tmp}
         command = [executable, "-I", str(guard), *argv]
+        seccomp = no_process_filter(mem_bytes) if mode == "bwrap" else None
         outcome = run_confined(command, workspace=work, timeout_s=timeout_s, env=env,
-                               read_only=[*folders, str(guard)], seccomp=no_process_filter(), mode=mode)
-        code = outcome.exit_code
-        stderr = _cut(outcome.stderr, max_output_chars)
+                               read_only=[*folders, str(guard)], seccomp=seccomp,
+                               max_output_bytes=max_output_bytes, mode=mode)
         outputs = {name: (work / name).read_bytes() for name in collect
                    if (work / name).is_file() and _inside(work / name, work)}
+        kill = classify(exit_code=outcome.exit_code, stderr=outcome.stderr, timed_out=outcome.timed_out,
+                        output_limited=outcome.output_limited, elapsed_s=outcome.elapsed_s,
+                        timeout_s=timeout_s, cpu_s=cpu_s, mem_mb=int(mem_mb),
+                        max_output_bytes=max_output_bytes, file_bytes=MAX_FILE_BYTES,
+                        memory_filter=seccomp is not None)
         return SandboxResult(
-            exit_code=code, stdout=_cut(outcome.stdout, max_output_chars), stderr=stderr,
-            timed_out=outcome.timed_out,
-            killed_for_memory=(not outcome.timed_out and code != 0
-                               and any(m in stderr for m in _MEMORY_MARKERS)),
-            cpu_limited=not outcome.timed_out and code == -signal.SIGXCPU,
-            duration_s=outcome.elapsed_s, isolation=mode, outputs=outputs,
+            exit_code=outcome.exit_code, stdout=_cut(outcome.stdout, max_output_chars),
+            stderr=_cut(outcome.stderr, max_output_chars), timed_out=outcome.timed_out,
+            duration_s=outcome.elapsed_s, isolation=mode, outputs=outputs, kill=kill,
         )
     finally:
         shutil.rmtree(root, ignore_errors=True)
@@ -676,7 +756,7 @@ def _cut(text: str, limit: int) -> str:
 
 
 __all__ = [
-    "DEFAULT_MEM_MB", "REFUSED", "ProcessOutcome", "SandboxMode", "SandboxResult", "SandboxStatus",
-    "SandboxUnavailable", "limits_prefix", "no_process_filter", "require_sandbox", "run_confined",
-    "run_sandboxed", "sandbox_status",
+    "DEFAULT_MAX_OUTPUT_BYTES", "DEFAULT_MEM_MB", "MEMORY_KILL_SIGNAL", "REFUSED", "ProcessOutcome",
+    "SandboxMode", "SandboxResult", "SandboxStatus", "SandboxUnavailable", "limits_prefix",
+    "no_process_filter", "require_sandbox", "run_confined", "run_sandboxed", "sandbox_status",
 ]

@@ -157,10 +157,14 @@ def first_text(row: Mapping[str, Any], *names: str) -> str:
 
 
 def required_text(row: Mapping[str, Any], *names: str) -> str:
-    """:func:`first_text` of ``names``; ``KeyError(names[0])`` when none holds text (a missing field)."""
+    """:func:`first_text` of ``names``; ``KeyError(name)`` when none holds text.
+
+    ``name`` is the first of ``names`` the row has at all (null or empty), else ``names[0]``, so the
+    split loader can say whether the field is null, empty or missing.
+    """
     text = first_text(row, *names)
     if not text:
-        raise KeyError(names[0])
+        raise KeyError(next((name for name in names if name in row), names[0]))
     return text
 
 

@@ -154,7 +154,7 @@ def test_a_row_without_an_answer_is_an_error_with_no_drop_rule(tmp_path):
     source = tmp_path / "rows.json"
     source.write_text(json.dumps([{"question": "Q1?", "answer": "a"}, {"question": "Q2?", "answer": ""}]))
     config = QAConfig(split_mode="ratio", data_path=str(source), split_output_dir=str(tmp_path / "out"))
-    with pytest.raises(DataError, match=r"row 2: missing field 'answer'"):
+    with pytest.raises(DataError, match=r"row 2: field 'answer' is empty"):
         plugin.load_split(config, "train", run_dir=tmp_path)
 
 

@@ -37,6 +37,7 @@ from skillopt.config import load_config
 from skillopt.data import Item
 from skillopt.llm.errors import ServerError
 from skillopt.llm.scripted import parse_rules
+from skillopt.trajectory import format_trajectory
 from tests.fakes.benchmark_target import PluginScriptedTarget, fixture_config_of, fixture_rules, items_by_id
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "spreadsheetbench"
@@ -358,7 +359,8 @@ def test_a_sleep_past_code_timeout_is_an_exec_error_row_not_a_hang(tmp_path):
     started = time.monotonic()
     result = plugin.score(item, script("import time\ntime.sleep(60)"), None)
     assert time.monotonic() - started < 20
-    assert result.hard == 0.0 and result.fail_reason.startswith("error: exec timed out after")
+    assert result.hard == 0.0
+    assert result.fail_reason.startswith("error: exec time limit: the 1 s wall-clock limit")
 
 
 def test_a_script_that_writes_no_output_is_output_not_found(tmp_path):
@@ -470,3 +472,33 @@ def test_importing_the_plugin_imports_neither_openpyxl_nor_pandas():
         ).stdout.strip()
         == "False"
     )
+
+
+# --------------------------------------------------------------------------- resource kills
+
+
+EIGHT_GB = """import ctypes
+import openpyxl
+libc = ctypes.CDLL(None)
+libc.malloc.restype = ctypes.c_void_p
+libc.malloc.argtypes = [ctypes.c_size_t]
+size = 8 * 1024 ** 3
+ctypes.memset(libc.malloc(size), 1, size)  # no check for NULL: C code that trusts malloc
+openpyxl.load_workbook(INPUT_PATH).save(OUTPUT_PATH)"""
+
+
+def test_an_8_gb_allocation_is_a_memory_kill_in_the_row_and_in_what_the_optimizer_reads(tmp_path):
+    item = fixture_items(tmp_path, sandbox_mem_mb=1024, max_turns=2)[ORDERS]
+    target = ScriptedTarget(reply_rules(EIGHT_GB))
+    row = run_item(plugin, item, "", fixture_config(sandbox_mem_mb=1024, max_turns=2), target=target,
+                   judge=None, tags={"training": True})
+    # The item's result: every case was an out-of-memory kill, said as such (not "exit code 139").
+    assert row.fail_reason.startswith("error: exec out of memory: the code asked for one block of memory "
+                                      "larger than the whole 1024 MiB limit"), row.fail_reason
+    assert row.extras["kills"] == {"memory": 2}
+    assert all(r.startswith("error: exec out of memory") for r in row.extras["case_results"])
+    # What the target was told between rounds, and what the optimizer's analyst reads of the item.
+    feedback = [e["content"] for e in row.trajectory if e["type"] == "feedback"]
+    assert feedback and "out of memory" in feedback[0]
+    shown = format_trajectory(row, index=1)
+    assert "out of memory" in shown and "exit code 139" not in shown

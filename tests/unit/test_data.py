@@ -13,6 +13,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
+from skillopt.benchmarks.rows import required_text
+from skillopt.benchmarks.searchqa import normalise_row as searchqa_row
 from skillopt.data import (
     DropRow,
     EpochPlan,
@@ -317,6 +319,46 @@ def test_normaliser_missing_field_names_file_row_and_field(tmp_path: Path) -> No
         load_splits(SplitSpec(split_dir=root), benchmark="qa", normalise=normalise)
     message = str(err.value)
     assert str(root / "train" / "items.json") in message and "row 1" in message and "'gold'" in message
+
+
+@pytest.mark.parametrize(
+    ("value", "said"),
+    [
+        (None, "field 'question' is null"),
+        ("  ", "field 'question' is empty"),
+        (..., "missing field 'question'"),
+    ],
+)
+def test_a_null_field_is_named_as_null_not_missing(tmp_path: Path, value: Any, said: str) -> None:
+    root = make_split_dir(tmp_path / "data")
+    row = {"id": "t0", "context": "c", "answers": ["a"]}
+    if value is not ...:
+        row["question"] = value
+    write_json(root / "train" / "items.json", [row])
+    with pytest.raises(DataError) as err:
+        load_splits(SplitSpec(split_dir=root), benchmark="searchqa", normalise=searchqa_row)
+    message = str(err.value)
+    assert "row 1" in message and said in message
+    assert value is ... or "missing" not in message
+
+
+def test_a_null_alias_is_named_by_required_text(tmp_path: Path) -> None:
+    root = make_split_dir(tmp_path / "data")
+    write_json(root / "train" / "items.json", [{"id": "t0", "query": None}])
+
+    def normalise(row: dict[str, Any]) -> dict[str, Any]:
+        return {"id": row["id"], "question": required_text(row, "question", "query")}
+
+    with pytest.raises(DataError, match="field 'query' is null"):
+        load_splits(SplitSpec(split_dir=root), benchmark="qa", normalise=normalise)
+
+
+def test_a_null_id_is_named_as_null(tmp_path: Path) -> None:
+    root = make_split_dir(tmp_path / "data")
+    write_json(root / "val" / "items.json", [{"id": None, "question": "q"}])
+    with pytest.raises(DataError) as err:
+        load_splits(SplitSpec(split_dir=root), benchmark="qa")
+    assert "row 1" in str(err.value) and "field 'id' is null" in str(err.value)
 
 
 def test_duplicate_ids_across_splits_name_both_sources(tmp_path: Path) -> None:

@@ -52,7 +52,9 @@ def test_an_endless_loop_is_killed_at_the_wall_clock_limit_with_no_orphan(worksp
     marker = f"loop-{uuid.uuid4().hex}"
     result = run(f"# {marker}\nwhile True:\n    pass", workspace, timeout_s=1.5)
     assert result.timed_out and result.exit_code is None and not result.ok
-    assert result.reason.startswith("timed out after") and "process group was killed" in result.reason
+    assert result.kill is not None and result.kill.kind == "time"
+    assert result.reason.startswith("time limit: the 1.5 s wall-clock limit was reached")
+    assert "process group was killed" in result.reason
     assert result.duration_s < 10
     assert live_processes_with(marker) == []
 
@@ -65,7 +67,62 @@ def test_a_sleep_past_the_limit_is_stopped_too(workspace):
 def test_allocating_more_than_the_memory_limit_fails_with_a_memory_reason(workspace):
     result = run("block = bytearray(1024 * 1024 * 1024)", workspace, mem_mb=256)
     assert result.killed_for_memory and not result.ok
-    assert result.reason == "memory limit exceeded"
+    assert result.reason.startswith("out of memory:") and "256 MiB" in result.reason
+
+
+def test_growing_past_the_memory_limit_is_a_memory_error_with_its_traceback(workspace):
+    grow = "blocks = []\nwhile True:\n    blocks.append(bytearray(16 * 1024 * 1024))"
+    result = run(grow, workspace, mem_mb=256)
+    assert result.killed_for_memory and result.exit_code == 1
+    assert result.reason == "out of memory: the 256 MiB memory limit was reached (MemoryError)"
+    assert 'File "<string>", line 3' in result.stderr  # the target still sees where
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        # C code that does not check malloc's NULL: before, a segmentation fault (exit 139) that said
+        # nothing about memory.
+        "import ctypes\nlibc = ctypes.CDLL(None)\nlibc.malloc.restype = ctypes.c_void_p\n"
+        "libc.malloc.argtypes = [ctypes.c_size_t]\nsize = 8 * 1024**3\n"
+        "ctypes.memset(libc.malloc(size), 1, size)",
+        "import numpy\nnumpy.ones(1024**3)",
+        "block = bytearray(8 * 1024**3)",
+    ],
+)
+def test_an_8_gb_allocation_is_a_memory_kill_however_it_is_made(workspace, code):
+    result = run(code, workspace, mem_mb=512)
+    assert result.killed_for_memory and not result.ok and not result.timed_out, result.reason
+    assert result.reason.startswith("out of memory: the code asked for one block of memory larger than the "
+                                    "whole 512 MiB limit")
+
+
+def test_a_segmentation_fault_is_named_as_a_signal_with_the_line_it_hit(workspace):
+    result = run("import ctypes\n\nctypes.string_at(0)", workspace)
+    assert result.kill is not None and result.kill.kind == "signal" and result.kill.signal == 11
+    assert result.reason == "killed by signal SIGSEGV (Segmentation fault) at <string> line 3"
+
+
+def test_the_cpu_limit_signal_is_a_time_limit(workspace):
+    # What the kernel sends at RLIMIT_CPU (a CPU-bound run on several cores reaches it before the wall clock).
+    result = run("import signal\nsignal.raise_signal(signal.SIGXCPU)", workspace)
+    assert result.cpu_limited and result.kill is not None and result.kill.kind == "time"
+    assert result.reason.startswith("time limit: the 21 s CPU-time limit was reached")
+
+
+def test_a_file_past_the_size_limit_is_an_output_limit(workspace):
+    result = run("open('big', 'wb').truncate(300 * 1024 * 1024)", workspace)
+    assert result.kill is not None and result.kill.kind == "output", result.reason
+    assert result.reason == "output limit: a file grew past the 256 MiB file-size limit"
+
+
+def test_a_flood_of_output_is_killed_at_the_output_limit_not_the_time_limit(workspace):
+    marker = f"flood-{uuid.uuid4().hex}"
+    result = run(f"# {marker}\nimport sys\nwhile True:\n    sys.stdout.write('x' * 65536)", workspace,
+                 timeout_s=60, max_output_bytes=4 * 1024 * 1024)
+    assert result.kill is not None and result.kill.kind == "output" and not result.timed_out
+    assert result.reason == "output limit: stdout and stderr passed 4 MiB; the process group was killed"
+    assert result.duration_s < 30 and live_processes_with(marker) == []
 
 
 @pytest.mark.parametrize(

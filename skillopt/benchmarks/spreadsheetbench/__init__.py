@@ -21,6 +21,7 @@ import re
 import shutil
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -289,7 +290,9 @@ class SpreadsheetBenchBenchmark(Benchmark[SpreadsheetBenchConfig]):
         )
         if not run.ok:
             tail = (run.stderr.strip() or run.reason)[-TRACEBACK_CHARS:]
-            return _FIX_ERROR.format(tail=tail if run.stderr.strip() else f"{run.reason}")
+            if run.kill is not None and run.stderr.strip():  # say which limit stopped it, then the output
+                tail = f"{run.reason}\n{tail}"
+            return _FIX_ERROR.format(tail=tail)
         if OUTPUT_NAME not in run.outputs:
             return _NO_OUTPUT
         if not training:
@@ -317,11 +320,14 @@ class SpreadsheetBenchBenchmark(Benchmark[SpreadsheetBenchConfig]):
             return Score(hard=0.0, soft=0.0, fail_reason=NO_CODE, extras=extras)
         ranges = _ranges(item)
         outcomes = []
+        kills: list[str] = []
         for case in cases:
             run = execute(code, case.input_path, timeout_s=float(item.get("code_timeout", 120)),
                           mem_mb=int(item.get("sandbox_mem_mb", 2048)), deny_read=item.get("deny_read", ()),
                           sandbox=item.get("sandbox", "bwrap"))
             failure = exec_failure(run)
+            if run.kill is not None:
+                kills.append(run.kill.kind)
             outcomes.append(
                 CaseOutcome(case.number, failure)
                 if failure
@@ -329,6 +335,8 @@ class SpreadsheetBenchBenchmark(Benchmark[SpreadsheetBenchConfig]):
             )
         passed = sum(outcome.passed for outcome in outcomes)
         extras.update(passed=passed, case_results=[o.fail_reason or "passed" for o in outcomes])
+        if kills:
+            extras["kills"] = dict(Counter(kills))
         expected = "; ".join(f"{c.where}={c.expected!r}" for c in outcomes[0].cells[:20])
         first_failure = next((o.fail_reason for o in outcomes if not o.passed), "")
         return Score(
