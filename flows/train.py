@@ -63,6 +63,7 @@ from skillopt.registry import SkillRegistry
 from skillopt.rollouts import Draws
 from skillopt.schedule import EditBudgetSchedule
 from skillopt.skill import SLOW_UPDATE, replace_block, skill_hash
+from skillopt.skill_diff import file_diffs
 from skillopt.step_buffer import StepBuffer, StepBufferEntry, failure_patterns
 from skillopt.tasks.artifacts import (
     publish_cost,
@@ -163,6 +164,10 @@ def baseline(run: Run) -> TrainState:
     score = gate_value(run, evaluation.scores)
     run.dir.write_skill_snapshot(0, skill)
     run.dir.write_best_skill(skill)
+    source = run.skill_source
+    run.dir.write_skill_source(
+        name=source.name, front_matter=source.front_matter, carried=source.carried,
+        description=source.description or f"How to solve {run.benchmark.id} tasks (trained by skillopt).")
     run.dir.write_evaluation("baseline_selection", evaluation.rows, split="val",
                              skill_sha=evaluation.skill_sha, scores=evaluation.scores)
     steps_per_epoch = len(first_epoch.steps)
@@ -306,6 +311,11 @@ def train_step(run: Run, state: TrainState, buffer: StepBuffer, draws: Draws, *,
     record = step_record(run, state, evidence, merged, outcome, epoch=epoch,
                          step_in_epoch=step_plan.index + 1, appendix_notes=appendix_notes,
                          wall_s=dict(timer.seconds), mark=mark)
+    if outcome.update is not None:  # the files the candidate changed, and their diffs in the step's folder
+        diffs = file_diffs(skill, outcome.update.candidate, old_label=f"before step {state.step}",
+                           new_label=f"candidate step {state.step}")
+        record.files_changed = list(diffs)
+        run.dir.write_json(f"{step_dir}/file_diffs.json", diffs)
     state.step_totals.append(run.clients.ledger.totals(since=mark))
     diagnoses = [d for p in evidence.failure_patches for d in p.diagnosis]
     buffer.add(StepBufferEntry(
@@ -349,6 +359,10 @@ def update_and_gate(run: Run, state: TrainState, buffer: StepBuffer, skill: str,
     outcome = outcome.model_copy(update={"update": update, "rejected": rejected})
     if skill_hash(update.candidate) == skill_hash(skill):
         return outcome.model_copy(update={"decision": "skip_identical"})
+    broken = run.skill_spec.problem(update.candidate)
+    if broken:  # never gated, never written: the Agent Skills specification must hold after every update
+        return outcome.model_copy(update={"decision": "skip_invalid_skill",
+                                          "skip_reason": f"candidate rejected: {broken}"})
 
     with timer("gate"):
         gate = gate_candidate(run, state, update.candidate)

@@ -90,6 +90,7 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     train.add_argument("benchmark", metavar="BENCHMARK")
     _add_run_options(train)
+    _add_skill_option(train)
     train.add_argument("--dry-run", action="store_true",
                        help="print the model calls, tokens and USD the config implies, per stage; call no "
                             "model")
@@ -99,6 +100,7 @@ def _build_parser() -> argparse.ArgumentParser:
         description="Train on the built-in demo benchmark with the deterministic scripted backend, offline.",
     )
     _add_run_options(demo, data=False)
+    _add_skill_option(demo)
 
     evaluate = commands.add_parser("eval", help="score a skill file on a split",
                                    description="Evaluate a skill file on a benchmark split.")
@@ -214,6 +216,27 @@ def _add_serve_and_skills(commands: argparse._SubParsersAction) -> None:
     _add_config_options(serve)
     _add_role_flags(serve)
 
+    skill = commands.add_parser(
+        "skill", help="a run's best skill as an Agent Skills folder: export, install",
+        description="Write a run's best skill as an Agent Skills folder (SKILL.md, references/, ...), or "
+                    "install it where Claude Code or Codex discovers skills.",
+    )
+    skill_commands = skill.add_subparsers(dest="skill_command", metavar="SUBCOMMAND")
+    export = skill_commands.add_parser("export", help="write the run's best skill as a folder under DIR")
+    export.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (runs/<run>)")
+    export.add_argument("--to", required=True, metavar="DIR", help="the folder to write <name>/ into")
+    install = skill_commands.add_parser(
+        "install", help="install the run's best skill for an agent",
+        description="Install the run's best skill into the agent's skills folder (.claude/skills/<name>/ for "
+                    "Claude Code, .agents/skills/<name>/ for Codex), in a project or in your home folder.")
+    install.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (runs/<run>)")
+    install.add_argument("--agent", required=True, choices=["claude-code", "codex"])
+    where = install.add_mutually_exclusive_group(required=True)
+    where.add_argument("--project", metavar="DIR", help="install into this project folder")
+    where.add_argument("--global", dest="global_", action="store_true", help="install into your home folder")
+    for sub in (export, install):
+        sub.add_argument("--force", action="store_true", help="replace a different skill of the same name")
+
     skills = commands.add_parser(
         "skills", help="the registry of promoted skills: list, show, promote, rollback",
         description="Manage the promoted skills that nightly runs warm-start from (run.skills_dir, default "
@@ -243,6 +266,16 @@ def _add_serve_and_skills(commands: argparse._SubParsersAction) -> None:
     for sub in (listing, show, promote, rollback):
         sub.add_argument("--skills-dir", metavar="DIR", help="the registry folder (default: run.skills_dir)")
         _add_config_options(sub)
+
+
+def _add_skill_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--skill", metavar="PATH",
+                        help="the skill to start from: an Agent Skills folder (SKILL.md, references/, ...) "
+                             "or a markdown file (sets train.skill_init)")
+
+
+def _skill_overrides(args: argparse.Namespace) -> list[str]:
+    return [f"train.skill_init={args.skill}"] if getattr(args, "skill", None) else []
 
 
 def _add_run_options(parser: argparse.ArgumentParser, *, data: bool = True, cache: bool = True) -> None:
@@ -315,7 +348,7 @@ def _data_overrides(data: str | None) -> list[str]:
 
 
 def _cmd_train(args: argparse.Namespace, out: _Output) -> int:
-    overrides = [*_data_overrides(args.data), *args.override]
+    overrides = [*_data_overrides(args.data), *_skill_overrides(args), *args.override]
     if args.dry_run:
         return _dry_run(args, overrides, out)
     if args.no_cache:
@@ -395,7 +428,8 @@ def _dry_run(args: argparse.Namespace, overrides: list[str], out: _Output) -> in
 
 
 def _cmd_demo(args: argparse.Namespace, out: _Output) -> int:
-    overrides = [*args.override, *(["run.refresh_cache=true"] if args.no_cache else [])]
+    overrides = [*_skill_overrides(args), *args.override,
+                 *(["run.refresh_cache=true"] if args.no_cache else [])]
     loaded = _check_before_prefect("demo", args, overrides)
     out.print("skillopt demo: a simulated run on the built-in demo benchmark with the deterministic "
               "`scripted`")
@@ -782,6 +816,27 @@ def _cmd_skills_promote(args: argparse.Namespace, out: _Output) -> int:
     return EXIT_OK
 
 
+def _cmd_skill_export(args: argparse.Namespace, out: _Output) -> int:
+    from pathlib import Path
+
+    from skillopt.skill_install import export_run_skill
+
+    folder = export_run_skill(Path(args.run_dir), Path(args.to), force=args.force)
+    out.print(f"skill: {folder}")
+    return EXIT_OK
+
+
+def _cmd_skill_install(args: argparse.Namespace, out: _Output) -> int:
+    from pathlib import Path
+
+    from skillopt.skill_install import install_run_skill
+
+    project = Path(args.project) if args.project else None
+    folder = install_run_skill(Path(args.run_dir), args.agent, project=project, force=args.force)
+    out.print(f"installed for {args.agent}: {folder}")
+    return EXIT_OK
+
+
 def _cmd_skills_rollback(args: argparse.Namespace, out: _Output) -> int:
     registry = _registry(args)
     event = registry.rollback(args.benchmark)
@@ -844,6 +899,8 @@ def main(
         ("backends", None): _cmd_backends,
         ("backends", "check"): _cmd_backends_check,
         ("serve", None): _cmd_serve,
+        ("skill", "export"): _cmd_skill_export,
+        ("skill", "install"): _cmd_skill_install,
         ("skills", "list"): _cmd_skills_list,
         ("skills", "show"): _cmd_skills_show,
         ("skills", "promote"): _cmd_skills_promote,
@@ -853,7 +910,8 @@ def main(
         ("server", "status"): _cmd_server_status,
     }
     key = (args.command, getattr(args, "config_command", None) or getattr(args, "backends_command", None)
-           or getattr(args, "skills_command", None) or getattr(args, "server_command", None))
+           or getattr(args, "skills_command", None) or getattr(args, "server_command", None)
+           or getattr(args, "skill_command", None))
     handler = handlers.get(key)
     if handler is None:
         if args.command in ("config", "server"):
