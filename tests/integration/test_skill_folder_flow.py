@@ -41,7 +41,8 @@ def test_a_skill_folder_trains_its_reference_file_and_exports_and_installs(prefe
 
     accepted = [r for r in history(run_dir) if r["kind"] == "step" and r["decision"].startswith("accept")]
     assert any("references/rules.md" in r["files_changed"] for r in accepted)
-    assert any(e["file"] == "references/rules.md" and e["op"] == "append" for r in accepted for e in r["edits"])
+    edits = [e for r in accepted for e in r["edits"]]
+    assert any(e["file"] == "references/rules.md" and e["op"] == "append" for e in edits)
     first = accepted[0]["step"]
     diffs = json.loads((run_dir / "steps" / f"{first:04d}" / "file_diffs.json").read_text())
     assert "+++ candidate step" in diffs["references/rules.md"]

@@ -292,7 +292,8 @@ def test_the_analyst_deletes_a_harmful_rule_that_overrides_a_stated_convention()
     reply = AnalystReply.model_validate(
         analyst(analyst_message(skill, block(1, "c-1", "uppercase_city=missing")), 0)
     )
-    assert reply.patch.edits[0].model_dump() == {"op": "delete", "target": lowercase, "content": "", "file": None}
+    assert reply.patch.edits[0].model_dump() == {"op": "delete", "target": lowercase, "content": "",
+                                                 "file": None}
     assert reply.diagnosis[0].kind == "rule_conflict"
     fixed, report = apply_edits(skill, [Edit(op="delete", target=lowercase)])
     assert report.n_applied == 1 and lowercase not in fixed
