@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -64,6 +64,7 @@ from skillopt.rollouts import Draws
 from skillopt.schedule import EditBudgetSchedule
 from skillopt.skill import SLOW_UPDATE, replace_block, skill_hash
 from skillopt.skill_diff import file_diffs
+from skillopt.skill_folder import load_skill
 from skillopt.step_buffer import StepBuffer, StepBufferEntry, failure_patterns
 from skillopt.tasks.artifacts import (
     publish_cost,
@@ -90,7 +91,7 @@ story = logging.getLogger(STORY_LOGGER)
 def skill_train(benchmark: str, data: str | None = None, config_file: str | None = None,
                 overrides: list[str] | None = None, run_name: str | None = None,
                 cli_roles: CliRoleOptions | None = None, mode: Literal["train", "nightly"] = "train",
-                verbose: bool = False) -> dict[str, Any]:
+                verbose: bool = False, skill: str | None = None) -> dict[str, Any]:
     """Train a skill for ``benchmark``; returns the run summary (also written to ``summary.json``).
 
     In ``nightly`` mode the run warm-starts from the benchmark's promoted skill in the registry
@@ -111,9 +112,13 @@ def skill_train(benchmark: str, data: str | None = None, config_file: str | None
         mode: train: start from the configured initial skill. nightly: warm-start from the promoted skill and
             promote the new best only if it beats it on the selection split.
         verbose: Also log Prefect's line for every task run ("Finished in state Completed()").
+        skill: The skill to start from, on the machine that runs the flow: an Agent Skills folder (SKILL.md,
+            references/, ...) or a markdown file (train.skill_init). Empty: the config's. A nightly run
+            warm-starts from the promoted skill instead once one exists.
     """
     with run_story(verbose=verbose):
-        return train(benchmark, data=data, config_file=config_file, overrides=overrides,
+        return train(benchmark, data=data, config_file=config_file,
+                     overrides=[*([f"train.skill_init={skill}"] if skill else []), *(overrides or [])],
                      run_name=run_name or flow_run.name, cli_roles=cli_roles, mode=mode)
 
 
@@ -139,6 +144,10 @@ def train(
         progress.info("run directory: %s", run.dir.path)
         if incumbent:
             progress.info("warm start from promoted version %d of %s", incumbent.version, benchmark)
+            if incumbent.folder:  # the promoted folder's untrained files (binaries, scripts/) come along
+                promoted = load_skill(Path(incumbent.folder), max_file_bytes=run.config.skill.max_file_bytes,
+                                      train_scripts=run.config.skill.train_scripts)
+                run.skill_source = replace(run.skill_source, carried=promoted.carried)
 
         state = baseline(run)
         for epoch in range(1, run.config.train.epochs + 1):

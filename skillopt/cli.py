@@ -213,6 +213,7 @@ def _add_serve_and_skills(commands: argparse._SubParsersAction) -> None:
     )
     serve.add_argument("--mode", choices=["nightly", "train"], default="nightly",
                        help="the deployments' default mode (default: nightly)")
+    _add_skill_option(serve)
     _add_config_options(serve)
     _add_role_flags(serve)
 
@@ -257,8 +258,11 @@ def _add_serve_and_skills(commands: argparse._SubParsersAction) -> None:
     )
     promote.add_argument("benchmark", metavar="BENCHMARK")
     promote.add_argument(
-        "source", metavar="RUN_DIR_OR_FILE", help="a run directory (its best_skill.md) or a file"
+        "source", metavar="RUN_DIR_OR_SKILL",
+        help="a run directory (its best skill), an Agent Skills folder or a markdown file"
     )
+    promote.add_argument("--max-file-bytes", type=int, default=262_144, metavar="N",
+                         help="the largest text file a skill folder may hold (default: 262144)")
     rollback = skills_commands.add_parser(
         "rollback", help="make the previously promoted version current again"
     )
@@ -653,7 +657,7 @@ def _cmd_serve(args: argparse.Namespace, out: _Output) -> int:
     )
 
     defaults = run_defaults(mode=args.mode, data=args.data, config_file=args.config, overrides=args.override,
-                            cli_roles=_cli_roles(args))
+                            cli_roles=_cli_roles(args), skill=args.skill)
     benchmarks, skipped = servable_benchmarks(args.benchmarks, defaults)  # reported now, not at 3 a.m.
     if not benchmarks:
         raise SkillOptError("skillopt serve: no benchmark to serve: "
@@ -796,23 +800,38 @@ def _cmd_skills_promote(args: argparse.Namespace, out: _Output) -> int:
     import json
     from pathlib import Path
 
+    from skillopt.skill_folder import folder_files, load_skill
+
     registry = _registry(args)
     source = Path(args.source)
-    path = source / "best_skill.md" if source.is_dir() else source
-    if not path.is_file():
-        raise SkillOptError(f"skills promote: no skill at {path} (give a run directory or a markdown file)")
-    text = path.read_text(encoding="utf-8")
+    carried: dict[str, bytes] = {}
+    if source.is_dir() and (source / "SKILL.md").is_file() and not (source / "best_skill.md").is_file():
+        path = source  # an Agent Skills folder
+        skill = load_skill(source, max_file_bytes=args.max_file_bytes)
+        text, carried = skill.text, skill.carried
+    else:
+        path = source / "best_skill.md" if source.is_dir() else source
+        if not path.is_file():
+            raise SkillOptError(f"skills promote: no skill at {path} (give a run directory, a skill folder "
+                                "or a markdown file)")
+        text = path.read_text(encoding="utf-8")
+        if source.is_dir() and (source / "skill_carried").is_dir():
+            carried = {relative: file.read_bytes()
+                       for relative, file in folder_files(source / "skill_carried")}
     run_name = run_dir = candidate = None
     summary_path = source / "summary.json" if source.is_dir() else None
     if summary_path is not None and summary_path.is_file():
         summary = json.loads(summary_path.read_text(encoding="utf-8"))
         run_name, run_dir = summary.get("run_name"), str(source)
         candidate = summary.get("scores", {}).get("best", {}).get("selection", {}).get("hard")
-    event = registry.promote(args.benchmark, text, source=str(path), reason=f"promoted by hand from {path}",
+    event = registry.promote(args.benchmark, text, carried=carried, source=str(path),
+                             reason=f"promoted by hand from {path}",
                              metric="hard" if candidate is not None else None, candidate_score=candidate,
                              run_name=run_name, run_dir=run_dir)
+    promoted = registry.current(args.benchmark)
     out.print(f"{args.benchmark}: version {event.version} is current (was {event.previous or 'none'}); "
-              f"{registry.folder(args.benchmark) / 'current.md'}")
+              f"{registry.folder(args.benchmark) / 'current.md'}"
+              + (f"; as a skill folder: {promoted.folder}" if promoted and promoted.folder else ""))
     return EXIT_OK
 
 

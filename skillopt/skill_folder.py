@@ -38,6 +38,7 @@ __all__ = [
     "SkillFolderError",
     "folder_files",
     "load_skill",
+    "safe_relative",
     "skill_folder_files",
     "skill_from_text",
     "write_skill_folder",
