@@ -143,7 +143,8 @@ def test_the_registry_stores_and_serves_skill_folders(tmp_path):
     # back.
     registry.promote("demo", "# Plain skill\n", source="test", reason="r")
     plain = registry.current("demo")
-    assert plain is not None and plain.folder.endswith("current/demo") and validate(plain.folder) == []
+    assert plain is not None and plain.folder.endswith("current/demo")
+    assert validate(plain.folder) == []
     assert [p.name for p in (tmp_path / "skills" / "demo" / "current").iterdir()] == ["demo"]
     registry.rollback("demo")
     again = registry.current("demo")
