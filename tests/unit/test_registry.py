@@ -148,7 +148,8 @@ def test_the_registry_stores_and_serves_skill_folders(tmp_path):
     assert [p.name for p in (tmp_path / "skills" / "demo" / "current").iterdir()] == ["demo"]
     registry.rollback("demo")
     again = registry.current("demo")
-    assert again is not None and again.folder == str(folder) and split_files(again.text)["references/rules.md"]
+    assert again is not None and again.folder == str(folder)
+    assert split_files(again.text)["references/rules.md"] == "- one rule"
     assert (folder / "assets" / "logo.png").read_bytes() == b"\x89PNG\0"
 
 
