@@ -368,7 +368,7 @@ def update_and_gate(run: Run, state: TrainState, buffer: StepBuffer, skill: str,
     outcome = outcome.model_copy(update={"update": update, "rejected": rejected})
     if skill_hash(update.candidate) == skill_hash(skill):
         return outcome.model_copy(update={"decision": "skip_identical"})
-    broken = run.skill_spec.problem(update.candidate)
+    broken = run.skill_spec.problem(update.candidate, current=skill)
     if broken:  # never gated, never written: the Agent Skills specification must hold after every update
         return outcome.model_copy(update={"decision": "skip_invalid_skill",
                                           "skip_reason": f"candidate rejected: {broken}"})

@@ -139,8 +139,18 @@ class SkillSpec:
     name: str
     front_matter: bool
 
-    def problem(self, text: str) -> str | None:
-        """Why ``text`` breaks the specification, in one line; None when it holds."""
+    def problem(self, text: str, *, current: str | None = None) -> str | None:
+        """Why ``text`` breaks the specification, in one line; None when it holds. With ``current`` (the
+        skill it would replace), a candidate that lost one of its files (a rewrite that dropped a
+        ``<!-- FILE: … -->`` line) is refused too."""
+        if current is not None:
+            try:
+                lost = [p for p in split_files(SkillDocument.parse(current).body)
+                        if p not in split_files(SkillDocument.parse(text).body)]
+            except SkillFormatError:
+                lost = []
+            if lost:
+                return f"the update lost the file(s) {', '.join(lost)} (their marker lines are gone)"
         try:
             skill_md = split_files(SkillDocument.parse(text).body)[SKILL_MD]
             metadata, _ = front_matter(skill_md)

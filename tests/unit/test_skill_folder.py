@@ -184,6 +184,12 @@ def test_a_candidate_that_breaks_the_front_matter_gets_a_reason(tmp_path):
     assert spec.problem(gone) == "SKILL.md lost its YAML front matter (name, description)"
     broken, _ = apply_edits(text, [Edit(op="replace", target="---\n\n# Word", content="\n\n# Word")])
     assert "never closed" in (spec.problem(broken) or "")
+    # A rewrite that dropped a file's marker line lost that file.
+    rewritten = text.replace("<!-- FILE: references/rules.md -->\n", "")
+    assert spec.problem(rewritten) is None
+    assert spec.problem(rewritten, current=text) == (
+        "the update lost the file(s) references/rules.md (their marker lines are gone)")
+    assert spec.problem(renamed, current=text) is not None and spec.problem(text, current=text) is None
 
 
 def test_skill_names_made_from_files_are_valid():
