@@ -105,7 +105,8 @@ def _build_parser() -> argparse.ArgumentParser:
     evaluate = commands.add_parser("eval", help="score a skill file on a split",
                                    description="Evaluate a skill file on a benchmark split.")
     evaluate.add_argument("benchmark", metavar="BENCHMARK")
-    evaluate.add_argument("--skill", required=True, metavar="FILE", help="the skill markdown file")
+    evaluate.add_argument("--skill", required=True, metavar="PATH",
+                          help="the skill: an Agent Skills folder or a markdown file")
     evaluate.add_argument("--split", default="test", help="train, val (selection) or test (default)")
     _add_run_options(evaluate, cache=False)
 
@@ -457,8 +458,8 @@ def _cmd_eval(args: argparse.Namespace, out: _Output) -> int:
 
     from skillopt.errors import ConfigError
 
-    if not Path(args.skill).is_file():
-        raise ConfigError(f"--skill: no file at {args.skill}")
+    if not Path(args.skill).exists():
+        raise ConfigError(f"--skill: no skill folder or file at {args.skill}")
     overrides = [*_data_overrides(args.data), *args.override]
     _check_before_prefect(args.benchmark, args, overrides, roles_used=("target",), split=args.split)
     result = _run_flow("eval", out, benchmark=args.benchmark, skill_file=args.skill, split=args.split,

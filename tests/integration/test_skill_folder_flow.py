@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import json
 import shutil
+import urllib.request
 from pathlib import Path
 
 import pytest
 import yaml
 from skills_ref.validator import validate
 
+from skillopt.artifacts import artifact_key
 from skillopt.benchmarks.base import shipped_prompts_dir
 from skillopt.benchmarks.demo.scripted import DEMO_RULES
 from skillopt.skill_install import export_run_skill, install_run_skill
@@ -31,6 +33,15 @@ def history(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "history.jsonl").read_text().splitlines()]
 
 
+def artifacts(api_url: str, run: str, kind: str) -> list[dict]:
+    """Every version of one of the run's artifacts, read back from the Prefect API."""
+    body = {"artifacts": {"key": {"any_": [artifact_key("demo", run, kind)]}}}
+    request = urllib.request.Request(f"{api_url}/artifacts/filter", data=json.dumps(body).encode(),
+                                     method="POST", headers={"content-type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return json.load(response)
+
+
 def test_a_skill_folder_trains_its_reference_file_and_exports_and_installs(prefect_settings, in_tmp):
     folder = in_tmp / "demo-word-problems"
     shutil.copytree(DEMO_FOLDER, folder)
@@ -48,6 +59,12 @@ def test_a_skill_folder_trains_its_reference_file_and_exports_and_installs(prefe
     assert "+++ candidate step" in diffs["references/rules.md"]
     report = (run_dir / "report.html").read_text()
     assert "files changed: references/rules.md" in report
+    diffs_shown = [a["data"] for a in artifacts(prefect_settings, "folder-demo", "skill-diff")]
+    assert any("Files changed: `references/rules.md`" in d and "#### references/rules.md" in d
+               for d in diffs_shown)
+    tables = [a["data"] for a in artifacts(prefect_settings, "folder-demo", "edits")]
+    rows = [row for data in tables for row in (json.loads(data) if isinstance(data, str) else data)]
+    assert any(row["file"] == "references/rules.md" and row["decision"] == "accepted" for row in rows)
     # The target read the rules from the reference file: the best skill beats the baseline on test.
     assert summary["scores"]["best"]["test"]["hard"] > summary["scores"]["baseline"]["test"]["hard"]
 
