@@ -368,3 +368,14 @@ def test_the_hash_of_a_folder_skill_covers_every_file(tmp_path):
     text = loaded_text(tmp_path)
     new, _ = apply_edits(text, [Edit(op="append", content="- more", file="references/rules.md")])
     assert skill_hash(new) != skill_hash(text)
+
+
+def test_deployments_take_a_skill_parameter(tmp_path, monkeypatch):
+    from skillopt.deployments.serve import run_defaults
+    from skillopt.flows.naming import config_overrides
+
+    monkeypatch.chdir(tmp_path)
+    defaults = run_defaults(mode="train", skill="skills/word-problems")
+    assert defaults.parameters("demo")["skill"] == str(tmp_path / "skills" / "word-problems")
+    assert "skill" not in run_defaults(mode="train").parameters("demo")
+    assert config_overrides(None, ["train.epochs=1"], "s/w") == ["train.skill_init=s/w", "train.epochs=1"]
