@@ -379,3 +379,13 @@ def test_deployments_take_a_skill_parameter(tmp_path, monkeypatch):
     assert defaults.parameters("demo")["skill"] == str(tmp_path / "skills" / "word-problems")
     assert "skill" not in run_defaults(mode="train").parameters("demo")
     assert config_overrides(None, ["train.epochs=1"], "s/w") == ["train.skill_init=s/w", "train.epochs=1"]
+
+
+def test_progressive_rendering_is_refused_with_a_clear_config_error():
+    from skillopt.config import load_config
+    from skillopt.errors import ConfigError
+
+    with pytest.raises(ConfigError) as caught:
+        load_config("demo", overrides=["skill.render=progressive"], env={})
+    assert "skill.render" in str(caught.value) and "use skill.render: inline" in str(caught.value)
+    assert load_config("demo", overrides=["skill.render=inline"], env={}).config.skill.render == "inline"
