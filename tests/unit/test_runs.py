@@ -398,7 +398,8 @@ def test_edits_table_lists_rank_op_target_support_status_and_decision() -> None:
     rows = artifacts.edits_table(edits, report, "reject")
     assert [r["rank"] for r in rows] == [1, 2]
     assert rows[0] == {"rank": 1, "file": "SKILL.md", "op": "append", "target": "(end of body)",
-                       "content": "Show your work.", "support": 5, "status": "applied", "decision": "rejected"}
+                       "content": "Show your work.", "support": 5, "status": "applied",
+                       "decision": "rejected"}
     assert rows[1]["status"] == "skipped_target_not_found" and rows[1]["decision"] == "–"
     assert len(rows[1]["target"]) == artifacts.TARGET_WIDTH and rows[1]["target"].endswith("…")
     long_rule = Edit(op="append", content="Check\nunits. " + "word " * 200)
