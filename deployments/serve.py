@@ -59,6 +59,8 @@ class RunDefaults:
     overrides: tuple[str, ...] = ()
     #: ``--backend``/``--model`` and the per-role options, only the ones given (``CliRoleOptions`` fields).
     cli_roles: Mapping[str, Any] | None = None
+    #: ``--skill``: the skill folder or markdown file to start from, stored as an absolute path.
+    skill: str | None = None
 
     def parameters(self, benchmark: str) -> dict[str, Any]:
         """The deployment's default parameters: only what was given, so the UI form shows the rest empty."""
@@ -71,6 +73,8 @@ class RunDefaults:
             parameters["overrides"] = list(self.overrides)
         if self.cli_roles:
             parameters["cli_roles"] = dict(self.cli_roles)
+        if self.skill:
+            parameters["skill"] = self.skill
         return parameters
 
 
@@ -88,13 +92,15 @@ def registered_benchmarks() -> list[str]:
 
 
 def run_defaults(*, mode: str = "nightly", data: str | None = None, config_file: str | None = None,
-                 overrides: Sequence[str] = (), cli_roles: Mapping[str, Any] | None = None) -> RunDefaults:
+                 overrides: Sequence[str] = (), cli_roles: Mapping[str, Any] | None = None,
+                 skill: str | None = None) -> RunDefaults:
     """``RunDefaults`` from command-line values: paths made absolute (a person reading the UI form cannot
     know the serving process's working directory), empty role options dropped."""
     roles = {key: value for key, value in (cli_roles or {}).items() if value}
     return RunDefaults(mode=mode, data=str(Path(data).absolute()) if data else None,
                        config_file=str(Path(config_file).absolute()) if config_file else None,
-                       overrides=tuple(overrides), cli_roles=roles or None)
+                       overrides=tuple(overrides), cli_roles=roles or None,
+                       skill=str(Path(skill).absolute()) if skill else None)
 
 
 def check_benchmark(benchmark: str, defaults: RunDefaults, env: Mapping[str, str]) -> None:
@@ -106,8 +112,15 @@ def check_benchmark(benchmark: str, defaults: RunDefaults, env: Mapping[str, str
     from skillopt.llm.base import BackendRegistry
     from skillopt.llm.roles import CliRoleOptions
 
+    skill = [f"train.skill_init={defaults.skill}"] if defaults.skill else []
     loaded = load_config(benchmark, config_file=defaults.config_file,
-                         overrides=[*data_overrides(defaults.data), *defaults.overrides], env=env)
+                         overrides=[*data_overrides(defaults.data), *skill, *defaults.overrides], env=env)
+    if defaults.skill:  # a bad skill folder: one line now, not at 3 a.m.
+        from skillopt.benchmarks.base import load_benchmark
+        from skillopt.benchmarks.resolve import initial_skill
+
+        plugin = load_benchmark(benchmark)
+        initial_skill(loaded.config, plugin.prompts_dir, plugin.id)
     roles = CliRoleOptions(**(defaults.cli_roles or {}))
     plugin, bench_cfg, _ = resolve_benchmark(loaded, cli=roles, env=env, registry=BackendRegistry.default(),
                                              command=f"skillopt serve {benchmark}")

@@ -17,6 +17,7 @@ from skillopt.errors import ConfigError
 from skillopt.flows.naming import eval_run_name
 from skillopt.runs import per_task_type
 from skillopt.skill import skill_hash
+from skillopt.skill_folder import load_skill
 from skillopt.tasks.rollout import evaluate
 from skillopt.tasks.run import started_run
 
@@ -31,11 +32,12 @@ def skill_eval(benchmark: str, skill_file: str, split: str = "test", config_file
     """Evaluate ``skill_file`` on ``split``; writes ``eval/<split>/`` in the run directory and returns the
     scores."""
     path = Path(skill_file)
-    if not path.is_file():
-        raise ConfigError(f"--skill: no file at {skill_file}")
-    skill = path.read_text(encoding="utf-8")
+    if not path.exists():
+        raise ConfigError(f"--skill: no skill folder or file at {skill_file}")
     split = resolve_split(split)
     loaded = load_config(benchmark, config_file=config_file, overrides=overrides or [], env=os.environ)
+    skill = load_skill(path, max_file_bytes=loaded.config.skill.max_file_bytes,
+                       train_scripts=loaded.config.skill.train_scripts).text  # a folder or a .md
     spec = RunSpec.create(loaded, cli_roles=cli_roles, run_name=run_name or flow_run.name, prefix="eval")
     with started_run(spec, loaded=loaded) as run:
         evaluation = evaluate(run, skill, split, run.split_ids[split])

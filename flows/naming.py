@@ -13,9 +13,10 @@ from skillopt.errors import SkillOptError
 from skillopt.runs import run_directory_name
 
 
-def config_overrides(data: str | None, overrides: list[str] | None) -> list[str]:
-    """The data's ``benchmark.*`` overrides (as ``--data`` gives them), then the given ones, which win."""
-    return [*data_overrides(data), *(overrides or [])]
+def config_overrides(data: str | None, overrides: list[str] | None, skill: str | None = None) -> list[str]:
+    """The data's ``benchmark.*`` overrides (as ``--data`` gives them), the skill to start from
+    (``train.skill_init``, as ``--skill`` gives it), then the given ones, which win."""
+    return [*data_overrides(data), *([f"train.skill_init={skill}"] if skill else []), *(overrides or [])]
 
 
 def run_directory_of(parameters: dict[str, Any], *, prefix: str | None = None) -> str:
@@ -28,7 +29,8 @@ def run_directory_of(parameters: dict[str, Any], *, prefix: str | None = None) -
         return str(parameters["run_name"])
     try:
         loaded = load_config(parameters["benchmark"], config_file=parameters.get("config_file"),
-                             overrides=config_overrides(parameters.get("data"), parameters.get("overrides")),
+                             overrides=config_overrides(parameters.get("data"), parameters.get("overrides"),
+                                                        parameters.get("skill")),
                              env=os.environ)
     except SkillOptError:
         return str(parameters.get("benchmark", "skillopt"))  # the flow itself reports the config error

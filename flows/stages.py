@@ -447,7 +447,7 @@ def promote_if_better(run: Run, state: TrainState, registry: SkillRegistry,
         run.benchmark.id, candidate=state.best_skill, candidate_score=state.best_score,
         incumbent_sha=skill_hash(state.initial_skill), incumbent_score=gate_value(run, state.baseline),
         incumbent_version=incumbent.version if incumbent else None, metric=run.config.evaluation.gate_metric,
-        source="nightly", run_name=run.run_name, run_dir=str(run.dir.path),
+        source="nightly", run_name=run.run_name, run_dir=str(run.dir.path), carried=run.skill_source.carried,
     )
     run.dir.write_json("promotion.json", event)
     publish_promotion(run, event)

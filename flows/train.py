@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -61,6 +61,8 @@ from skillopt.registry import SkillRegistry
 from skillopt.rollouts import Draws
 from skillopt.schedule import EditBudgetSchedule
 from skillopt.skill import SLOW_UPDATE, replace_block, skill_hash
+from skillopt.skill_diff import file_diffs
+from skillopt.skill_folder import load_skill
 from skillopt.step_buffer import StepBuffer, StepBufferEntry, failure_patterns
 from skillopt.tasks.artifacts import (
     publish_cost,
@@ -87,7 +89,7 @@ story = logging.getLogger(STORY_LOGGER)
 def skill_train(benchmark: str, data: str | None = None, config_file: str | None = None,
                 overrides: list[str] | None = None, run_name: str | None = None,
                 cli_roles: CliRoleOptions | None = None, mode: Literal["train", "nightly"] = "train",
-                verbose: bool = False) -> dict[str, Any]:
+                verbose: bool = False, skill: str | None = None) -> dict[str, Any]:
     """Train a skill for ``benchmark``; returns the run summary (also written to ``summary.json``).
 
     In ``nightly`` mode the run warm-starts from the benchmark's promoted skill in the registry
@@ -108,9 +110,13 @@ def skill_train(benchmark: str, data: str | None = None, config_file: str | None
         mode: train: start from the configured initial skill. nightly: warm-start from the promoted skill and
             promote the new best only if it beats it on the selection split.
         verbose: Also log Prefect's line for every task run ("Finished in state Completed()").
+        skill: The skill to start from, on the machine that runs the flow: an Agent Skills folder (SKILL.md,
+            references/, ...) or a markdown file (train.skill_init). Empty: the config's. A nightly run
+            warm-starts from the promoted skill instead once one exists.
     """
     with run_story(verbose=verbose):
-        return train(benchmark, data=data, config_file=config_file, overrides=overrides,
+        return train(benchmark, data=data, config_file=config_file,
+                     overrides=[*([f"train.skill_init={skill}"] if skill else []), *(overrides or [])],
                      run_name=run_name or flow_run.name, cli_roles=cli_roles, mode=mode)
 
 
@@ -136,6 +142,10 @@ def train(
         progress.info("run directory: %s", run.dir.path)
         if incumbent:
             progress.info("warm start from promoted version %d of %s", incumbent.version, benchmark)
+            if incumbent.folder:  # the promoted folder's untrained files (binaries, scripts/) come along
+                promoted = load_skill(Path(incumbent.folder), max_file_bytes=run.config.skill.max_file_bytes,
+                                      train_scripts=run.config.skill.train_scripts)
+                run.skill_source = replace(run.skill_source, carried=promoted.carried)
 
         state = baseline(run)
         for epoch in range(1, run.config.train.epochs + 1):
@@ -158,6 +168,10 @@ def baseline(run: Run) -> TrainState:
     score = gate_value(run, evaluation.scores)
     run.dir.write_skill_snapshot(0, skill)
     run.dir.write_best_skill(skill)
+    source = run.skill_source
+    run.dir.write_skill_source(
+        name=source.name, front_matter=source.front_matter, carried=source.carried,
+        description=source.description or f"How to solve {run.benchmark.id} tasks (trained by skillopt).")
     run.dir.write_evaluation("baseline_selection", evaluation.rows, split="val",
                              skill_sha=evaluation.skill_sha, scores=evaluation.scores)
     steps_per_epoch = len(first_epoch.steps)
@@ -301,6 +315,11 @@ def train_step(run: Run, state: TrainState, buffer: StepBuffer, draws: Draws, *,
     record = step_record(run, state, evidence, merged, outcome, epoch=epoch,
                          step_in_epoch=step_plan.index + 1, appendix_notes=appendix_notes,
                          wall_s=dict(timer.seconds), mark=mark)
+    if outcome.update is not None:  # the files the candidate changed, and their diffs in the step's folder
+        diffs = file_diffs(skill, outcome.update.candidate, old_label=f"before step {state.step}",
+                           new_label=f"candidate step {state.step}")
+        record.files_changed = list(diffs)
+        run.dir.write_json(f"{step_dir}/file_diffs.json", diffs)
     state.step_totals.append(run.clients.ledger.totals(since=mark))
     diagnoses = [d for p in evidence.failure_patches for d in p.diagnosis]
     buffer.add(StepBufferEntry(
@@ -344,6 +363,10 @@ def update_and_gate(run: Run, state: TrainState, buffer: StepBuffer, skill: str,
     outcome = outcome.model_copy(update={"update": update, "rejected": rejected})
     if skill_hash(update.candidate) == skill_hash(skill):
         return outcome.model_copy(update={"decision": "skip_identical"})
+    broken = run.skill_spec.problem(update.candidate, current=skill)
+    if broken:  # never gated, never written: the Agent Skills specification must hold after every update
+        return outcome.model_copy(update={"decision": "skip_invalid_skill",
+                                          "skip_reason": f"candidate rejected: {broken}"})
 
     with timer("gate"):
         gate = gate_candidate(run, state, update.candidate)

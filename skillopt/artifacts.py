@@ -21,6 +21,7 @@ from skillopt.llm.chat import ROLE_OF_STAGE
 from skillopt.records import StepRecord, unusable_replies_warning
 from skillopt.redact import Redactor
 from skillopt.skill import ApplyReport, Edit, unified_diff
+from skillopt.skill_diff import file_diffs, skill_file_texts
 
 #: The artifact kinds the flows publish, one stable key each per benchmark and run.
 PROGRESS = "progress"
@@ -103,16 +104,27 @@ def skill_diff_markdown(
     step: int, old: str, new: str, gate: GateResult, *, redactor: Redactor | None = None
 ) -> str:
     """A heading with the gate decision, its one-line explanation, and the unified diff from ``old``
-    to ``new`` in a fenced ``diff`` block (the fence is longer than any backtick run in the diff)."""
-    diff = unified_diff(old, new, old_name=f"before step {step}", new_name=f"after step {step}")
+    to ``new`` in a fenced ``diff`` block (the fence is longer than any backtick run in the diff). A skill
+    of several files gets one ``#### <file>`` section and diff per changed file."""
     lines = [f"### Step {step}: {gate.decision}", "", gate.explain(), ""]
-    if diff:
-        longest = max((len(run) for run in re.findall(r"`+", diff)), default=0)
-        fence = "`" * max(3, longest + 1)
-        lines += [f"{fence}diff", diff.rstrip("\n"), fence]
-    else:
+    if len(skill_file_texts(old)) < 2 and len(skill_file_texts(new)) < 2:
+        diff = unified_diff(old, new, old_name=f"before step {step}", new_name=f"after step {step}")
+        lines += _fenced_diff(diff) if diff else ["_The skill did not change._"]
+        return _redactor(redactor)("\n".join(lines) + "\n")
+    diffs = file_diffs(old, new, old_label=f"before step {step}", new_label=f"after step {step}")
+    if not diffs:
         lines.append("_The skill did not change._")
-    return _redactor(redactor)("\n".join(lines) + "\n")
+    else:
+        lines += [f"Files changed: {', '.join(f'`{path}`' for path in diffs)}", ""]
+    for path, diff in diffs.items():
+        lines += [f"#### {path}", "", *_fenced_diff(diff), ""]
+    return _redactor(redactor)("\n".join(lines).rstrip("\n") + "\n")
+
+
+def _fenced_diff(diff: str) -> list[str]:
+    longest = max((len(run) for run in re.findall(r"`+", diff)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return [f"{fence}diff", diff.rstrip("\n"), fence]
 
 
 def edits_table(
@@ -122,9 +134,9 @@ def edits_table(
     *,
     redactor: Redactor | None = None,
 ) -> list[dict[str, Any]]:
-    """One row per edit of a step, in rank order: rank (1-based), op, target (shortened to
-    ``TARGET_WIDTH`` characters, ``(end of body)`` for an append), content (the edit's text on one
-    line, shortened to ``CONTENT_WIDTH``; empty for a delete), support, status, decision.
+    """One row per edit of a step, in rank order: rank (1-based), the skill file it edits, op, target
+    (shortened to ``TARGET_WIDTH`` characters, ``(end of body)`` for an append), content (the edit's text
+    on one line, shortened to ``CONTENT_WIDTH``; empty for a delete), support, status, decision.
 
     ``edits`` are the selected edits in the order given to ``apply_edits``, so ``report.entries[i]``
     belongs to ``edits[i]``; status is the apply status (``not applied`` without a report entry).
@@ -140,6 +152,7 @@ def edits_table(
         rows.append(
             {
                 "rank": index + 1,
+                "file": clean(edit.file),
                 "op": clean(edit.op),
                 "target": clean(_shorten(edit.target)) if edit.target.strip() else "(end of body)",
                 "content": clean(_shorten(edit.content, CONTENT_WIDTH)),
@@ -156,8 +169,8 @@ def gate_table(history: Sequence[StepRecord]) -> list[dict[str, Any]]:
     candidate / current / best gate scores (rounded to 4 places; ``None`` for a record without a
     gate, such as a skipped step, which shows the current and best scores after it) and flips
     ``+improved/-regressed``, the selection items left out as error rows, and the optimizer replies used
-    of those the step asked for (``parsed/total``). Records other than plain steps show their kind in the
-    decision."""
+    of those the step asked for (``parsed/total``) and the skill files its candidate changed. Records other
+    than plain steps show their kind in the decision."""
     rows = []
     for record in history:
         decision = record.decision if record.kind == "step" else f"{record.kind}: {record.decision}"
@@ -173,6 +186,7 @@ def gate_table(history: Sequence[StepRecord]) -> list[dict[str, Any]]:
                 "flips": None if gate is None else gate.flips.label(),
                 "errors": len(record.gate_error_ids),
                 "replies": f"{record.replies_parsed}/{record.replies_parsed + record.replies_fallback}",
+                "files": ", ".join(record.files_changed),
             }
         )
     return rows

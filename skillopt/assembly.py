@@ -42,6 +42,8 @@ from skillopt.prefetch import Prefetcher
 from skillopt.run_checks import check_image_support
 from skillopt.runs import RunDir, config_hash, run_directory_name
 from skillopt.skill import SLOW_UPDATE, inject_block
+from skillopt.skill_folder import LoadedSkill, skill_from_text
+from skillopt.skill_spec import SkillSpec, skill_name_from
 from skillopt.update_modes import UpdateMode, update_mode_for
 
 SPLITS = ("train", "val", "test")
@@ -118,6 +120,9 @@ class Run:
         self.items = items
         self.split_ids = split_ids
         self.initial_skill = initial_skill
+        #: The starting skill as read from disk: its name, front matter and carried (untrained) files.
+        self.skill_source = LoadedSkill(text=initial_skill, name=skill_name_from(benchmark.id),
+                                        front_matter=False)
         #: The plug-in's analyst guidance, by kind (``error`` for failure analysts, ``success``).
         self.benchmark_guidance = benchmark_guidance
         self.update_mode: UpdateMode = update_mode_for(loaded.config.optimizer)
@@ -158,6 +163,11 @@ class Run:
         """Whether the task keyed ``key`` will be served from the result cache: a result is stored under its
         key in ``cache_dir`` (Prefect's local file system there) and the run does not refresh the cache."""
         return not self.config.run.refresh_cache and (self.cache_dir / key).exists()
+
+    @property
+    def skill_spec(self) -> SkillSpec:
+        """What every candidate must keep of the Agent Skills specification (checked before the gate)."""
+        return SkillSpec(name=self.skill_source.name, front_matter=self.skill_source.front_matter)
 
     def starting_skill(self) -> str:
         """The skill the baseline scores: the initial skill, with the (empty, invisible to the target and to
@@ -259,10 +269,13 @@ class Run:
         prompts = benchmark.prompts_dir
         guidance = {kind: read_prompt(prompts / f"analyst_{kind}.md") for kind in ("error", "success")}
         guidance["probe"] = read_prompt(prompts / "deep_probe.md")  # optional: the benchmark's probe guidance
-        initial = read_initial_skill(config, prompts) if spec.initial_skill is None else spec.initial_skill
-        return cls(spec=spec, loaded=loaded, benchmark=benchmark, bench_cfg=bench_cfg, clients=clients,
-                   dir=run_dir, items=items, split_ids=split_ids, initial_skill=initial,
-                   benchmark_guidance=guidance)
+        initial = (read_initial_skill(config, prompts, benchmark.id) if spec.initial_skill is None
+                   else skill_from_text(spec.initial_skill, default_name=benchmark.id))
+        run = cls(spec=spec, loaded=loaded, benchmark=benchmark, bench_cfg=bench_cfg, clients=clients,
+                  dir=run_dir, items=items, split_ids=split_ids, initial_skill=initial.text,
+                  benchmark_guidance=guidance)
+        run.skill_source = initial
+        return run
 
 
 class _OpenRuns:

@@ -35,7 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from skillopt.llm.chat import ChatRequest, system, user
 from skillopt.prompts import ReplyModel, optimizer_prompt
 from skillopt.records import Suggestion
-from skillopt.reflect import skill_or_empty
+from skillopt.reflect import current_skill_section
 from skillopt.rewrite import format_suggestion_line
 from skillopt.schedule import clamp_autonomous
 from skillopt.select import format_pool_line
@@ -80,7 +80,7 @@ def format_budget_message(
     meta_skill: str = "",
 ) -> str:
     """The budget user message (format in the module docstring); pool lines numbered from 0."""
-    sections = [f"## Current skill\n{skill_or_empty(skill)}",
+    sections = [current_skill_section(skill),
                 f"## Step scores\n{format_step_scores(step_scores)}"]
     if step_buffer.strip():
         sections.append(f"## Step buffer\n{step_buffer.strip()}")

@@ -90,6 +90,7 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     train.add_argument("benchmark", metavar="BENCHMARK")
     _add_run_options(train)
+    _add_skill_option(train)
     train.add_argument("--dry-run", action="store_true",
                        help="print the model calls, tokens and USD the config implies, per stage; call no "
                             "model")
@@ -99,11 +100,13 @@ def _build_parser() -> argparse.ArgumentParser:
         description="Train on the built-in demo benchmark with the deterministic scripted backend, offline.",
     )
     _add_run_options(demo, data=False)
+    _add_skill_option(demo)
 
     evaluate = commands.add_parser("eval", help="score a skill file on a split",
                                    description="Evaluate a skill file on a benchmark split.")
     evaluate.add_argument("benchmark", metavar="BENCHMARK")
-    evaluate.add_argument("--skill", required=True, metavar="FILE", help="the skill markdown file")
+    evaluate.add_argument("--skill", required=True, metavar="PATH",
+                          help="the skill: an Agent Skills folder or a markdown file")
     evaluate.add_argument("--split", default="test", help="train, val (selection) or test (default)")
     _add_run_options(evaluate, cache=False)
 
@@ -211,8 +214,30 @@ def _add_serve_and_skills(commands: argparse._SubParsersAction) -> None:
     )
     serve.add_argument("--mode", choices=["nightly", "train"], default="nightly",
                        help="the deployments' default mode (default: nightly)")
+    _add_skill_option(serve)
     _add_config_options(serve)
     _add_role_flags(serve)
+
+    skill = commands.add_parser(
+        "skill", help="a run's best skill as an Agent Skills folder: export, install",
+        description="Write a run's best skill as an Agent Skills folder (SKILL.md, references/, ...), or "
+                    "install it where Claude Code or Codex discovers skills.",
+    )
+    skill_commands = skill.add_subparsers(dest="skill_command", metavar="SUBCOMMAND")
+    export = skill_commands.add_parser("export", help="write the run's best skill as a folder under DIR")
+    export.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (runs/<run>)")
+    export.add_argument("--to", required=True, metavar="DIR", help="the folder to write <name>/ into")
+    install = skill_commands.add_parser(
+        "install", help="install the run's best skill for an agent",
+        description="Install the run's best skill into the agent's skills folder (.claude/skills/<name>/ for "
+                    "Claude Code, .agents/skills/<name>/ for Codex), in a project or in your home folder.")
+    install.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (runs/<run>)")
+    install.add_argument("--agent", required=True, choices=["claude-code", "codex"])
+    where = install.add_mutually_exclusive_group(required=True)
+    where.add_argument("--project", metavar="DIR", help="install into this project folder")
+    where.add_argument("--global", dest="global_", action="store_true", help="install into your home folder")
+    for sub in (export, install):
+        sub.add_argument("--force", action="store_true", help="replace a different skill of the same name")
 
     skills = commands.add_parser(
         "skills", help="the registry of promoted skills: list, show, promote, rollback",
@@ -234,8 +259,11 @@ def _add_serve_and_skills(commands: argparse._SubParsersAction) -> None:
     )
     promote.add_argument("benchmark", metavar="BENCHMARK")
     promote.add_argument(
-        "source", metavar="RUN_DIR_OR_FILE", help="a run directory (its best_skill.md) or a file"
+        "source", metavar="RUN_DIR_OR_SKILL",
+        help="a run directory (its best skill), an Agent Skills folder or a markdown file"
     )
+    promote.add_argument("--max-file-bytes", type=int, default=262_144, metavar="N",
+                         help="the largest text file a skill folder may hold (default: 262144)")
     rollback = skills_commands.add_parser(
         "rollback", help="make the previously promoted version current again"
     )
@@ -243,6 +271,16 @@ def _add_serve_and_skills(commands: argparse._SubParsersAction) -> None:
     for sub in (listing, show, promote, rollback):
         sub.add_argument("--skills-dir", metavar="DIR", help="the registry folder (default: run.skills_dir)")
         _add_config_options(sub)
+
+
+def _add_skill_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--skill", metavar="PATH",
+                        help="the skill to start from: an Agent Skills folder (SKILL.md, references/, ...) "
+                             "or a markdown file (sets train.skill_init)")
+
+
+def _skill_overrides(args: argparse.Namespace) -> list[str]:
+    return [f"train.skill_init={args.skill}"] if getattr(args, "skill", None) else []
 
 
 def _add_run_options(parser: argparse.ArgumentParser, *, data: bool = True, cache: bool = True) -> None:
@@ -319,7 +357,7 @@ def _data_overrides(data: str | None) -> list[str]:
 
 
 def _cmd_train(args: argparse.Namespace, out: _Output) -> int:
-    overrides = [*_data_overrides(args.data), *args.override]
+    overrides = [*_data_overrides(args.data), *_skill_overrides(args), *args.override]
     if args.dry_run:
         return _dry_run(args, overrides, out)
     if args.no_cache:
@@ -414,7 +452,8 @@ def _dry_run(args: argparse.Namespace, overrides: list[str], out: _Output) -> in
 
 
 def _cmd_demo(args: argparse.Namespace, out: _Output) -> int:
-    overrides = [*args.override, *(["run.refresh_cache=true"] if args.no_cache else [])]
+    overrides = [*_skill_overrides(args), *args.override,
+                 *(["run.refresh_cache=true"] if args.no_cache else [])]
     loaded = _check_before_prefect("demo", args, overrides)
     out.print("skillopt demo: a simulated run on the built-in demo benchmark with the deterministic "
               "`scripted`")
@@ -439,8 +478,8 @@ def _cmd_eval(args: argparse.Namespace, out: _Output) -> int:
 
     from skillopt.errors import ConfigError
 
-    if not Path(args.skill).is_file():
-        raise ConfigError(f"--skill: no file at {args.skill}")
+    if not Path(args.skill).exists():
+        raise ConfigError(f"--skill: no skill folder or file at {args.skill}")
     overrides = [*_data_overrides(args.data), *args.override]
     loaded = _check_before_prefect(args.benchmark, args, overrides, roles_used=("target",), split=args.split)
     result = _run_flow("eval", out, prefect_server=_prefect_server(loaded, args), benchmark=args.benchmark,
@@ -639,7 +678,7 @@ def _cmd_serve(args: argparse.Namespace, out: _Output) -> int:
     )
 
     defaults = run_defaults(mode=args.mode, data=args.data, config_file=args.config, overrides=args.override,
-                            cli_roles=_cli_roles(args))
+                            cli_roles=_cli_roles(args), skill=args.skill)
     benchmarks, skipped = servable_benchmarks(args.benchmarks, defaults)  # reported now, not at 3 a.m.
     if not benchmarks:
         raise SkillOptError("skillopt serve: no benchmark to serve: "
@@ -782,23 +821,59 @@ def _cmd_skills_promote(args: argparse.Namespace, out: _Output) -> int:
     import json
     from pathlib import Path
 
+    from skillopt.skill_folder import folder_files, load_skill
+
     registry = _registry(args)
     source = Path(args.source)
-    path = source / "best_skill.md" if source.is_dir() else source
-    if not path.is_file():
-        raise SkillOptError(f"skills promote: no skill at {path} (give a run directory or a markdown file)")
-    text = path.read_text(encoding="utf-8")
+    carried: dict[str, bytes] = {}
+    if source.is_dir() and (source / "SKILL.md").is_file() and not (source / "best_skill.md").is_file():
+        path = source  # an Agent Skills folder
+        skill = load_skill(source, max_file_bytes=args.max_file_bytes)
+        text, carried = skill.text, skill.carried
+    else:
+        path = source / "best_skill.md" if source.is_dir() else source
+        if not path.is_file():
+            raise SkillOptError(f"skills promote: no skill at {path} (give a run directory, a skill folder "
+                                "or a markdown file)")
+        text = path.read_text(encoding="utf-8")
+        if source.is_dir() and (source / "skill_carried").is_dir():
+            carried = {relative: file.read_bytes()
+                       for relative, file in folder_files(source / "skill_carried")}
     run_name = run_dir = candidate = None
     summary_path = source / "summary.json" if source.is_dir() else None
     if summary_path is not None and summary_path.is_file():
         summary = json.loads(summary_path.read_text(encoding="utf-8"))
         run_name, run_dir = summary.get("run_name"), str(source)
         candidate = summary.get("scores", {}).get("best", {}).get("selection", {}).get("hard")
-    event = registry.promote(args.benchmark, text, source=str(path), reason=f"promoted by hand from {path}",
+    event = registry.promote(args.benchmark, text, carried=carried, source=str(path),
+                             reason=f"promoted by hand from {path}",
                              metric="hard" if candidate is not None else None, candidate_score=candidate,
                              run_name=run_name, run_dir=run_dir)
+    promoted = registry.current(args.benchmark)
     out.print(f"{args.benchmark}: version {event.version} is current (was {event.previous or 'none'}); "
-              f"{registry.folder(args.benchmark) / 'current.md'}")
+              f"{registry.folder(args.benchmark) / 'current.md'}"
+              + (f"; as a skill folder: {promoted.folder}" if promoted and promoted.folder else ""))
+    return EXIT_OK
+
+
+def _cmd_skill_export(args: argparse.Namespace, out: _Output) -> int:
+    from pathlib import Path
+
+    from skillopt.skill_install import export_run_skill
+
+    folder = export_run_skill(Path(args.run_dir), Path(args.to), force=args.force)
+    out.print(f"skill: {folder}")
+    return EXIT_OK
+
+
+def _cmd_skill_install(args: argparse.Namespace, out: _Output) -> int:
+    from pathlib import Path
+
+    from skillopt.skill_install import install_run_skill
+
+    project = Path(args.project) if args.project else None
+    folder = install_run_skill(Path(args.run_dir), args.agent, project=project, force=args.force)
+    out.print(f"installed for {args.agent}: {folder}")
     return EXIT_OK
 
 
@@ -864,6 +939,8 @@ def main(
         ("backends", None): _cmd_backends,
         ("backends", "check"): _cmd_backends_check,
         ("serve", None): _cmd_serve,
+        ("skill", "export"): _cmd_skill_export,
+        ("skill", "install"): _cmd_skill_install,
         ("skills", "list"): _cmd_skills_list,
         ("skills", "show"): _cmd_skills_show,
         ("skills", "promote"): _cmd_skills_promote,
@@ -873,7 +950,8 @@ def main(
         ("server", "status"): _cmd_server_status,
     }
     key = (args.command, getattr(args, "config_command", None) or getattr(args, "backends_command", None)
-           or getattr(args, "skills_command", None) or getattr(args, "server_command", None))
+           or getattr(args, "skills_command", None) or getattr(args, "server_command", None)
+           or getattr(args, "skill_command", None))
     handler = handlers.get(key)
     if handler is None:
         if args.command in ("config", "server"):

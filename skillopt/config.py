@@ -189,6 +189,27 @@ class TrainSection(_Section):
     resample_each_epoch: Bool = True
 
 
+class SkillSection(_Section):
+    """How a skill folder is trained and shown to the target (docs/skills.md)."""
+
+    #: ``inline``: chat targets get SKILL.md's body with each other text file rendered after it;
+    #: ``progressive``: the files listed by name with a tool to read them (needs a benchmark with tools).
+    render: Literal["inline", "progressive"] = "inline"
+    #: Train the text files under ``scripts/`` too (by default they are carried unchanged, like binaries).
+    train_scripts: Bool = False
+    #: The largest text file a skill folder may hold, in bytes; a larger one is an input error.
+    max_file_bytes: int = Field(default=262_144, ge=1)
+
+    @field_validator("render")
+    @classmethod
+    def _progressive_unsupported(cls, value: str) -> str:
+        if value == "progressive":
+            raise ValueError(
+                "progressive rendering needs a benchmark whose target has tools to read the reference files; "
+                "the built-in benchmarks' chat targets have none, so use skill.render: inline")
+        return value
+
+
 class GradientSection(_Section):
     minibatch_size: int = Field(default=8, ge=1)
     merge_batch_size: int = Field(default=8, ge=2)
@@ -337,6 +358,7 @@ class SkillOptConfig(_Section):
 
     model: ModelSection = Field(default_factory=ModelSection)
     train: TrainSection = Field(default_factory=TrainSection)
+    skill: SkillSection = Field(default_factory=SkillSection)
     gradient: GradientSection = Field(default_factory=GradientSection)
     optimizer: OptimizerSection = Field(default_factory=OptimizerSection)
     evaluation: EvaluationSection = Field(default_factory=EvaluationSection)

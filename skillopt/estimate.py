@@ -467,8 +467,9 @@ def dry_run(loaded: LoadedConfig, *, cli: Any = None, env: Mapping[str, str]) ->
     with tempfile.TemporaryDirectory(prefix="skillopt-dry-run-") as scratch:
         items = {split: benchmark.load_split(bench_cfg, split, run_dir=Path(scratch))
                  for split in ("train", "val", "test")}
+    start = initial_skill(config, benchmark.prompts_dir, benchmark.id).text
     return estimate_benchmark_run(config, benchmark=benchmark, bench_cfg=bench_cfg, items=items,
-                                  initial_skill=initial_skill(config, benchmark.prompts_dir), roles=roles,
+                                  initial_skill=start, roles=roles,
                                   prices=PriceTable.load(config.model.pricing_file or None))
 
 

@@ -37,8 +37,9 @@ from typing import Literal
 from skillopt.llm.chat import ChatRequest, system, user
 from skillopt.prompts import ReplyModel, optimizer_prompt
 from skillopt.records import Patch
-from skillopt.reflect import skill_or_empty
+from skillopt.reflect import current_skill_section
 from skillopt.skill import Edit
+from skillopt.skill_files import SKILL_MD
 
 MergeKind = Literal["failure", "success", "final"]
 
@@ -63,8 +64,10 @@ def plan_merge_levels(n_patches: int, fan_in: int) -> int:
 
 
 def edit_json(edit: Edit) -> dict[str, object]:
-    """The five keys an optimizer sees of an edit, in contract order."""
-    return {"op": edit.op, "target": edit.target, "content": edit.content,
+    """The keys an optimizer sees of an edit, in contract order: ``file`` first when the edit names a file
+    other than ``SKILL.md``, then the five keys every edit has."""
+    named = {"file": edit.file} if edit.file != SKILL_MD else {}
+    return {**named, "op": edit.op, "target": edit.target, "content": edit.content,
             "support_count": edit.support_count, "source": edit.source}
 
 
@@ -97,7 +100,7 @@ def format_merge_message(
 def skill_memory_message(skill: str, meta_skill: str, last_section: str) -> str:
     """``## Current skill``, ``## Optimizer memory`` (only when there is a meta skill), then
     ``last_section``: the layout the merge and ranking messages share."""
-    sections = [f"## Current skill\n{skill_or_empty(skill)}"]
+    sections = [current_skill_section(skill)]
     if meta_skill.strip():
         sections.append(f"## Optimizer memory\n{meta_skill.strip()}")
     sections.append(last_section)
@@ -128,6 +131,7 @@ class MergeEdit(ReplyModel):
     op: str
     target: str = ""
     content: str = ""
+    file: str | None = None
     support_count: int = 1
     source: Literal["failure", "success"] = "failure"
 
@@ -165,6 +169,7 @@ def patch_from_merge(reply: MergeReply, *, kind: MergeKind, level: int, patches:
             op=edit.op,
             target=edit.target,
             content=edit.content,
+            file=edit.file or SKILL_MD,
             support_count=min(max(edit.support_count, 1), ceiling),
             source=edit.source if kind == "final" else kind,
             merge_level=level,

@@ -130,6 +130,9 @@ class StepRecord(BaseModel):
     edits_proposed: int = 0
     edits_selected: int = 0
     edits_applied: int = 0
+    #: The skill files the step's candidate changed (``SKILL.md``, ``references/…``), whatever the gate
+    #: decided.
+    files_changed: list[str] = Field(default_factory=list)
     #: The edits selected for the update, in the order they were applied.
     edits: list[Edit] = Field(default_factory=list)
     apply_report: ApplyReport | None = None

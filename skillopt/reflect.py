@@ -40,10 +40,12 @@ from typing import Any, Literal
 from pydantic import Field, field_validator
 
 from skillopt.error_rows import answered_rows
+from skillopt.errors import SkillFormatError
 from skillopt.llm.chat import ChatRequest, Message, Stage, TextPart, system, user
 from skillopt.prompts import ReplyModel, optimizer_prompt
 from skillopt.records import Diagnosis, ItemResult, Patch
-from skillopt.skill import Edit
+from skillopt.skill import Edit, SkillDocument
+from skillopt.skill_files import SKILL_MD, split_files
 from skillopt.trajectory import fit_trajectories
 
 Kind = Literal["failure", "success"]
@@ -114,6 +116,24 @@ def format_budget(budget: int, unit: BudgetUnit = "edits") -> str:
     return f"You may propose at most {budget} {unit}."
 
 
+def current_skill_section(skill: str) -> str:
+    """``## Current skill`` and the skill; for a skill of several files, then ``## Skill files``: the file
+    tree (each file's size) and how an edit names the file it changes."""
+    section = f"## Current skill\n{skill_or_empty(skill)}"
+    try:
+        files = split_files(SkillDocument.parse(skill).body)
+    except SkillFormatError:
+        return section
+    if len(files) < 2:
+        return section
+    tree = "\n".join(f"- {path} ({len(text)} characters)" for path, text in files.items())
+    return (f"{section}\n\n## Skill files\n{tree}\nEach file after SKILL.md starts at its "
+            "`<!-- FILE: <path> -->` line; SKILL.md is the text before the first such line. Every edit works "
+            'inside one file: give its path in the edit\'s "file" field (omitted = SKILL.md); its target '
+            "must be in that file, and an append goes to that file's end. Keep the marker lines and "
+            "SKILL.md's front matter as they are.")
+
+
 def skill_or_empty(skill: str) -> str:
     """The skill as a prompt section shows it: its text without surrounding blank lines, or ``(empty)``."""
     text = skill.strip("\n")
@@ -138,7 +158,7 @@ def format_analyst_message(
     The trajectories share what ``message_chars`` leaves after the other sections (None: no limit),
     each at most ``trajectory_chars`` (``trajectory.fit_trajectories``).
     """
-    sections = [f"## Current skill\n{skill_or_empty(skill)}"]
+    sections = [current_skill_section(skill)]
     if budget is not None:
         sections.append(f"## {BUDGET_HEADINGS[budget_unit]}\n{format_budget(budget, budget_unit)}")
     if step_buffer.strip():
@@ -249,11 +269,12 @@ def analyst_chat_request(
 
 
 class EditReply(ReplyModel):
-    """One edit as an analyst writes it; ``op`` is checked when the edit is applied."""
+    """One edit as an analyst writes it; ``op`` (and ``file``) are checked when the edit is applied."""
 
     op: str
     target: str = ""
     content: str = ""
+    file: str | None = None
 
 
 class DiagnosisReply(ReplyModel):
@@ -306,7 +327,8 @@ def patch_from_reply(reply: AnalystReply, *, kind: Kind, rows: Sequence[ItemResu
     if budget < 0:
         raise ValueError(f"edit budget must be >= 0, got {budget}")
     edits = [
-        Edit(op=edit.op, target=edit.target, content=edit.content, support_count=1, source=kind)
+        Edit(op=edit.op, target=edit.target, content=edit.content, file=edit.file or SKILL_MD,
+             support_count=1, source=kind)
         for edit in reply.patch.edits[:budget]
     ]
     diagnosis, notes = diagnosis_from_reply(reply.diagnosis, rows), notes_from_reply(reply.execution_notes)

@@ -3,7 +3,9 @@
 ```
 <run.skills_dir>/<benchmark>/
   current.md          the promoted skill; nightly runs warm-start from it
+  current/<name>/     the promoted skill as an Agent Skills folder (SKILL.md, references/, ...)
   versions/NNNN.md    every skill ever promoted, numbered from 0001; never changed or removed
+  versions/NNNN.files/  the files that version's skill folder carries unchanged (binaries, scripts/)
   history.jsonl       one RegistryEvent per decision: promote, keep (a run that did not beat the
                       promoted skill), rollback
 ```
@@ -18,6 +20,8 @@ from __future__ import annotations
 
 import contextlib
 import re
+import shutil
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal, NotRequired, TypedDict, Unpack
@@ -29,8 +33,17 @@ from skillopt.errors import SkillOptError
 from skillopt.redact import Redactor
 from skillopt.runs import read_jsonl_models
 from skillopt.skill import skill_hash
+from skillopt.skill_files import SKILL_MD
+from skillopt.skill_folder import (
+    folder_files,
+    safe_relative,
+    skill_folder_files,
+    skill_from_text,
+    write_skill_folder,
+)
 
 CURRENT_FILE = "current.md"
+CURRENT_DIR = "current"
 HISTORY_FILE = "history.jsonl"
 VERSIONS_DIR = "versions"
 
@@ -48,6 +61,8 @@ class PromotedSkill(BaseModel):
     version: int
     text: str
     sha: str
+    #: The promoted skill as an Agent Skills folder (``current/<name>/``).
+    folder: str = ""
 
 
 class _Decision(TypedDict):
@@ -177,18 +192,26 @@ class SkillRegistry:
         if not path.is_file():  # a crash between the history and the copy: the version is authoritative
             self._write_current(benchmark, version)
         text = path.read_text(encoding="utf-8")
-        return PromotedSkill(benchmark=benchmark, version=version, text=text, sha=skill_hash(text))
+        folder = self._current_folder(benchmark)
+        if folder is None:  # written by a version of skillopt before skill folders
+            self._write_current(benchmark, version)
+            folder = self._current_folder(benchmark)
+        return PromotedSkill(benchmark=benchmark, version=version, text=text, sha=skill_hash(text),
+                             folder=str(folder or ""))
 
     # ---- writing ----------------------------------------------------------------------------
 
-    def promote(self, benchmark: str, text: str, **decision: Unpack[_Decision]) -> RegistryEvent:
-        """Store ``text`` as a new version and make it current."""
+    def promote(self, benchmark: str, text: str, *, carried: Mapping[str, bytes] | None = None,
+                **decision: Unpack[_Decision]) -> RegistryEvent:
+        """Store ``text`` (and the files its folder carries unchanged) as a new version; make it current."""
         if not text.strip():
             source = decision["source"]
             raise RegistryError(f"{benchmark}: refusing to promote an empty skill (from {source})")
         with self._locked(benchmark):
             previous = self.current_version(benchmark)
             version = max(self.versions(benchmark), default=0) + 1
+            for relative, data in (carried or {}).items():
+                atomic_write_bytes(self._carried_dir(benchmark, version) / safe_relative(relative), data)
             atomic_write_bytes(self._version_path(benchmark, version), text.encode("utf-8"))
             event = RegistryEvent(benchmark=benchmark, action="promote", version=version, previous=previous,
                                   skill_sha=skill_hash(text), candidate_sha=skill_hash(text), **decision)
@@ -209,7 +232,8 @@ class SkillRegistry:
 
     def decide(self, benchmark: str, *, candidate: str, candidate_score: float, incumbent_sha: str,
                incumbent_score: float, incumbent_version: int | None, metric: str, source: str,
-               run_name: str | None = None, run_dir: str | None = None) -> RegistryEvent:
+               run_name: str | None = None, run_dir: str | None = None,
+               carried: Mapping[str, bytes] | None = None) -> RegistryEvent:
         """Promote ``candidate`` if it beats the incumbent (``promotion_verdict``), else record a keep."""
         verdict = promotion_verdict(candidate_score=candidate_score, incumbent_score=incumbent_score,
                                     candidate_sha=skill_hash(candidate), incumbent_sha=incumbent_sha,
@@ -218,7 +242,7 @@ class SkillRegistry:
                              "incumbent_score": incumbent_score, "candidate_score": candidate_score,
                              "run_name": run_name, "run_dir": run_dir}
         if verdict.promote:
-            return self.promote(benchmark, candidate, **common)
+            return self.promote(benchmark, candidate, carried=carried, **common)
         return self.keep(benchmark, candidate_sha=skill_hash(candidate), **common)
 
     def rollback(self, benchmark: str, *, source: str = "manual") -> RegistryEvent:
@@ -252,9 +276,26 @@ class SkillRegistry:
     def _version_path(self, benchmark: str, version: int) -> Path:
         return self.folder(benchmark) / VERSIONS_DIR / f"{version:04d}.md"
 
+    def _carried_dir(self, benchmark: str, version: int) -> Path:
+        return self.folder(benchmark) / VERSIONS_DIR / f"{version:04d}.files"
+
+    def _current_folder(self, benchmark: str) -> Path | None:
+        found = sorted(p for p in (self.folder(benchmark) / CURRENT_DIR).glob(f"*/{SKILL_MD}"))
+        return found[0].parent if found else None
+
     def _write_current(self, benchmark: str, version: int) -> None:
         text = self.version_text(benchmark, version)
         atomic_write_bytes(self.folder(benchmark) / CURRENT_FILE, text.encode("utf-8"))
+        carried_dir = self._carried_dir(benchmark, version)
+        carried = ({relative: path.read_bytes() for relative, path in folder_files(carried_dir)}
+                   if carried_dir.is_dir() else {})
+        name = skill_from_text(text, default_name=benchmark).name
+        files = skill_folder_files(text, name=name, carried=carried,
+                                   description=f"How to solve {benchmark} tasks (promoted by skillopt).")
+        root = self.folder(benchmark) / CURRENT_DIR
+        for stale in (p for p in root.iterdir() if p.is_dir() and p.name != name) if root.is_dir() else ():
+            shutil.rmtree(stale)  # a version of another name was current: one folder, the current skill
+        write_skill_folder(files, root / name, replace=True)
 
     def _append(self, benchmark: str, event: RegistryEvent) -> None:
         path = self.folder(benchmark) / HISTORY_FILE

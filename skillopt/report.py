@@ -28,6 +28,7 @@ from skillopt.records import StepRecord, unusable_replies_warning
 from skillopt.redact import Redactor
 from skillopt.runs import HISTORY_FILE, SUMMARY_FILE, RunDir
 from skillopt.skill import unified_diff
+from skillopt.skill_diff import file_diffs, skill_file_texts
 
 #: The report's file name inside the run directory.
 REPORT_FILE = "report.html"
@@ -298,8 +299,15 @@ def diff_viewer(run: RunData) -> str:
         label = f"step {step}" + (
             f" ({decisions[step]})" if step in decisions else " (initial skill)" if step == 0 else ""
         )
-        diff = unified_diff(before, text, old_name=f"step {previous[0]}" if previous else "(empty)",
-                            new_name=f"step {step}")
+        old_name = f"step {previous[0]}" if previous else "(empty)"
+        if len(skill_file_texts(before)) > 1 or len(skill_file_texts(text)) > 1:
+            # A skill folder: one diff per changed file, each headed by the file's path.
+            per_file = file_diffs(before, text, old_label=old_name, new_label=f"step {step}")
+            diff = "".join(per_file.values())
+            if per_file:
+                label += " — files changed: " + ", ".join(per_file)
+        else:
+            diff = unified_diff(before, text, old_name=old_name, new_name=f"step {step}")
         lines = []
         for line in diff.splitlines():
             kind = ("add" if line.startswith("+") and not line.startswith("+++") else

@@ -76,9 +76,9 @@ from skillopt.reflect import (
     Kind,
     analyst_chat_request,
     analyst_system_prompt,
+    current_skill_section,
     diagnosis_from_reply,
     notes_from_reply,
-    skill_or_empty,
 )
 from skillopt.select import format_ranking_message
 from skillopt.skill import Edit, SkillDocument, restore_protected
@@ -420,7 +420,7 @@ def format_rewrite_message(
 ) -> str:
     """The rewrite user message (format in the module docstring)."""
     lines = [json.dumps(suggestion_json(s), ensure_ascii=False) for s in suggestions]
-    sections = [f"## Current skill\n{skill_or_empty(skill)}",
+    sections = [current_skill_section(skill),
                 "## Selected suggestions\n" + ("\n".join(lines) if lines else "(none)")]
     if step_buffer.strip():
         sections.append(f"## Step buffer\n{step_buffer.strip()}")

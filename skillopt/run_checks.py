@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from skillopt.benchmarks.base import Benchmark, BenchmarkSetupError
-from skillopt.benchmarks.resolve import resolve_benchmark
+from skillopt.benchmarks.resolve import initial_skill, resolve_benchmark
 from skillopt.config import LoadedConfig
 from skillopt.data import check_train_size, resolve_split
 from skillopt.errors import ConfigError
@@ -65,6 +65,7 @@ def check_run(loaded: LoadedConfig, *, cli: CliRoleOptions | None, env: Mapping[
         sizes = {s: len(benchmark.load_split(bench_cfg, s, run_dir=Path(scratch))) for s in SPLITS}
     if "optimizer" in wanted:
         check_train_size(config.train.train_size, sizes["train"])
+        initial_skill(config, benchmark.prompts_dir, benchmark.id)  # a bad skill: one line, before Prefect
     if chosen is not None and sizes[chosen] == 0:
         raise ConfigError(f"--split {split}: the {chosen} split of {name} has no items")
     return CheckedRun(benchmark=name or "", split_sizes=sizes)

@@ -5,7 +5,9 @@
   config.yaml           resolved config (secrets redacted), its hash in the header, provenance
   history.jsonl         one StepRecord per (kind, step), rewritten whole on every record
   summary.json          RunSummary (numeric scores per phase and split)
-  best_skill.md         the best validated skill
+  best_skill.md         the best validated skill (a skill folder's files behind file marker lines)
+  skill.json            the skill's name, description and front matter flag (``skillopt skill export``)
+  skill_carried/        the skill folder's files that are carried unchanged (binaries, scripts/)
   skills/step_NNNN.md   the current skill after global step N (0 = initial); never changed later
   steps/NNNN/           free-form JSON per step: patches, merged patch, ranked edits, gate, ...
   epochs/EE/            slow-update and meta-skill inputs and outputs
@@ -71,6 +73,8 @@ CONFIG_FILE = "config.yaml"
 HISTORY_FILE = "history.jsonl"
 SUMMARY_FILE = "summary.json"
 BEST_SKILL_FILE = "best_skill.md"
+SKILL_SOURCE_FILE = "skill.json"
+CARRIED_DIR = "skill_carried"
 USAGE_FILE = "usage.jsonl"
 #: Held (``lockf``) by the process writing the run; it holds that process's pid.
 LOCK_FILE = ".lock"
@@ -620,6 +624,17 @@ class RunDir:
             )
         atomic_write_bytes(path, data)
         return path
+
+    def write_skill_source(self, *, name: str, description: str, front_matter: bool,
+                           carried: Mapping[str, bytes]) -> None:
+        """Write ``skill.json`` (what an export needs beyond the skill's text) and the carried files under
+        ``skill_carried/`` (each at its path in the skill folder)."""
+        self.write_json(SKILL_SOURCE_FILE, {"name": name, "description": description,
+                                            "front_matter": front_matter, "carried": sorted(carried)})
+        for relative, data in carried.items():
+            path = self.resolve(Path(CARRIED_DIR) / relative)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_bytes(path, data)
 
     def write_best_skill(self, text: str) -> Path:
         """Replace ``best_skill.md`` atomically (held back while a resumed run replays its recorded steps)."""

@@ -44,6 +44,14 @@ from typing import Any, Literal, get_args
 from pydantic import BaseModel, ConfigDict, Field, computed_field, field_validator
 
 from skillopt.errors import SkillFormatError
+from skillopt.skill_files import (
+    SKILL_MD,
+    has_file_markers,
+    join_files,
+    normalise_path,
+    split_files,
+    strip_file_markers,
+)
 
 __all__ = [
     "APPENDIX",
@@ -291,12 +299,14 @@ APPLY_STATUSES: tuple[str, ...] = get_args(ApplyStatus)
 
 
 class Edit(BaseModel):
-    """One proposed change to a skill's body.
+    """One proposed change to one file of a skill's body.
 
     ``op`` is kept as free text so that an unknown op from an optimizer reply is reported at apply
     time (``skipped_unknown_op``) instead of failing the whole patch; it is normalised to lower
     case with ``-`` and spaces turned into ``_`` ("Insert-After" -> "insert_after"). ``target`` is
     the exact text anchor (unused by ``append``); a JSON null target or content reads as "".
+    ``file`` names the skill file the edit addresses (``SKILL.md`` when absent or null): the anchor is
+    searched only there and ``append`` adds to the end of that file.
     """
 
     model_config = ConfigDict(extra="ignore")
@@ -307,6 +317,12 @@ class Edit(BaseModel):
     support_count: int = Field(default=1, ge=0)
     source: Literal["failure", "success"] = "failure"
     merge_level: int = Field(default=0, ge=0)
+    file: str = SKILL_MD
+
+    @field_validator("file", mode="before")
+    @classmethod
+    def _normalise_file(cls, value: Any) -> Any:
+        return normalise_path(value) if value is None or isinstance(value, str) else value
 
     @field_validator("op", mode="before")
     @classmethod
@@ -329,6 +345,7 @@ class EditOutcome(BaseModel):
     op: str
     status: ApplyStatus
     detail: str = ""
+    file: str = SKILL_MD
 
 
 class ApplyReport(BaseModel):
@@ -354,7 +371,9 @@ def apply_edits(text: str, edits: Iterable[Edit]) -> tuple[str, ApplyReport]:
 
     Returns the canonical new skill and a report with one entry per edit. A bad edit never raises:
     it gets a ``skipped_*`` or ``error`` status and leaves the skill unchanged. Only the body is
-    ever changed; protected blocks come out exactly as they went in. Ops:
+    ever changed; protected blocks come out exactly as they went in. Each edit works inside the file
+    it names (``skill_files``): its anchor is searched there only, and a file the skill does not
+    hold is ``skipped_target_not_found``; file markers never change. Ops:
 
     - ``append``: ``content`` goes at the end of the body, after a blank line.
     - ``insert_after``: ``content`` goes on new line(s) right after the line holding the end of
@@ -371,11 +390,39 @@ def apply_edits(text: str, edits: Iterable[Edit]) -> tuple[str, ApplyReport]:
     document = SkillDocument.parse(text)
     entries: list[EditOutcome] = []
     for index, edit in enumerate(edits):
-        new_body, status, detail = _apply_one(document, edit)
+        new_body, status, detail = _apply_in_file(document, edit)
         if new_body is not None:
             document = replace(document, body=new_body)
-        entries.append(EditOutcome(index=index, op=edit.op, status=status, detail=detail))
+        entries.append(EditOutcome(index=index, op=edit.op, status=status, detail=detail, file=edit.file))
     return document.text, ApplyReport(entries=entries)
+
+
+def _apply_in_file(document: SkillDocument, edit: Edit) -> tuple[str | None, ApplyStatus, str]:
+    """The new body (None = unchanged), the status and a detail for one edit, applied inside its file.
+
+    The file's text is edited as a document of its own (``SKILL.md`` keeps the protected blocks, which
+    follow it in the rendering), then the body is joined again.
+    """
+    files = split_files(document.body)
+    if edit.file not in files:
+        return None, "skipped_target_not_found", (
+            f"the skill has no file {edit.file!r}; its files: {', '.join(files)}")
+    if has_file_markers(edit.target):
+        return None, "skipped_protected", "target contains a file marker line"
+    if edit.file == SKILL_MD:
+        part = replace(document, body=files[SKILL_MD])
+    else:
+        part = SkillDocument(body=files[edit.file])
+    scoped = edit.model_copy(update={"content": strip_file_markers(edit.content)})
+    new_text, status, detail = _apply_one(part, scoped)
+    if new_text is None:
+        return None, status, detail
+    if has_file_markers(new_text):
+        return None, "skipped_protected", "the edit would create a file marker line"
+    if len(files) == 1:
+        return new_text, status, detail  # a single-file skill: its body is the file
+    files[edit.file] = new_text
+    return join_files(files), status, detail
 
 
 def _apply_one(document: SkillDocument, edit: Edit) -> tuple[str | None, ApplyStatus, str]:

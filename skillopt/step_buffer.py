@@ -16,6 +16,7 @@ from pydantic import BaseModel, Field
 
 from skillopt.records import Diagnosis, ItemResult
 from skillopt.skill import Edit
+from skillopt.skill_files import SKILL_MD
 from skillopt.trajectory import one_line
 
 #: Kind of the pattern that collects failed rows no analyst diagnosis named.
@@ -88,7 +89,7 @@ def _score(value: float | None) -> str:
 
 def format_edit(edit: Edit) -> str:
     """One edit on one line for the buffer: op, then the quoted target (if any) and content, shortened."""
-    parts = [edit.op]
+    parts = [edit.op] + ([f'file "{edit.file}"'] if edit.file != SKILL_MD else [])
     if edit.target:
         parts.append(f'target "{_short(edit.target)}"')
     if edit.content:

@@ -15,6 +15,8 @@ from skillopt.config import LoadedConfig, SkillOptConfig
 from skillopt.errors import ConfigError
 from skillopt.llm.base import BackendRegistry
 from skillopt.llm.roles import CliRoleOptions, resolve_roles
+from skillopt.skill_folder import LoadedSkill, load_skill
+from skillopt.skill_spec import skill_name_from
 
 progress = logging.getLogger("skillopt.progress")
 
@@ -44,16 +46,20 @@ def bind_target(benchmark: Benchmark[Any], bench_cfg: BaseModel, backend: str, k
     return bound
 
 
-def initial_skill(config: SkillOptConfig, prompts_dir: Path) -> str:
-    """``train.skill_init``: null = the benchmark's initial skill, "" = blank, else a file."""
+def initial_skill(config: SkillOptConfig, prompts_dir: Path, benchmark_id: str) -> LoadedSkill:
+    """``train.skill_init``: null = the benchmark's initial skill, "" = blank, else a ``.md`` file or an
+    Agent Skills folder (``skill_folder.load_skill``). A skill without front matter is named after its file
+    (the benchmark for the built-in and the blank skill)."""
     if config.train.skill_init is None:
-        return read_prompt(prompts_dir / "initial_skill.md")
+        return LoadedSkill(text=read_prompt(prompts_dir / "initial_skill.md"),
+                           name=skill_name_from(benchmark_id), front_matter=False)
     if config.train.skill_init == "":
-        return ""
+        return LoadedSkill(text="", name=skill_name_from(benchmark_id), front_matter=False)
     path = Path(config.train.skill_init)
-    if not path.is_file():
-        raise ConfigError(f"train.skill_init: no file at {path}")
-    return path.read_text(encoding="utf-8")
+    if not path.exists():
+        raise ConfigError(f"train.skill_init: no skill folder or file at {path}")
+    return load_skill(path, max_file_bytes=config.skill.max_file_bytes,
+                      train_scripts=config.skill.train_scripts, default_name=benchmark_id)
 
 
 def read_prompt(path: Path) -> str:

@@ -1,10 +1,10 @@
 """The shared rollout runner: what every benchmark's rollouts have in common.
 
-``run_item`` builds the target's prompt from the benchmark (the skill as the target sees it: empty
-protected blocks left out), calls the ``target`` role, runs self-check turns, records the
-trajectory, scores the reply, appends the evaluation event (the only way gold reaches the
-optimizer) and returns the ``ItemResult``. A model-call error propagates (the Prefect task then
-fails and nothing is cached); a bad answer is a scored row. ``check_infrastructure`` turns a
+``run_item`` builds the target's prompt from the benchmark (the skill as the target sees it,
+``skill_render.render_inline``: empty protected blocks left out), calls the ``target`` role, runs
+self-check turns, records the trajectory, scores the reply, appends the evaluation event (the only
+way gold reaches the optimizer) and returns the ``ItemResult``. A model-call error propagates (the
+Prefect task then fails and nothing is cached); a bad answer is a scored row. ``check_infrastructure`` turns a
 rollout in which no item got any answer into ``RolloutInfrastructureError`` instead of a zero score.
 """
 
@@ -23,6 +23,7 @@ from skillopt.llm.chat import ChatRequest, Message, TextPart, assistant, user
 from skillopt.llm.clients import RoleClient
 from skillopt.records import ItemResult
 from skillopt.skill import target_text
+from skillopt.skill_render import render_inline
 
 TASK_DESCRIPTION_CHARS = 2000
 SELF_CHECK = (
@@ -58,7 +59,7 @@ def run_item(
 
     context = EpisodeContext(target=target, messages=messages, cfg=cfg, record=trajectory.append,
                              deadline=started + deadline, tags=call_tags)
-    episode = benchmark.run_episode(item, target_text(skill), context)
+    episode = benchmark.run_episode(item, render_inline(skill), context)
     if episode is not None:  # multi-step items drive the target themselves
         text, turn, answered = episode.response_text, episode.n_turns, episode.answered
     elif _is_exec(target):  # an agentic CLI: one run in a per-item workspace
@@ -97,7 +98,7 @@ def first_messages(benchmark: Benchmark[Any], item: Item, skill: str, cfg: BaseM
     """The messages of a rollout's first request: the benchmark's prompt with ``skill`` as the target sees
     it (empty protected blocks left out) and the probe's training readout, if any. Rollout cache keys hash
     them."""
-    messages = list(benchmark.build_messages(item, target_text(skill), cfg))
+    messages = list(benchmark.build_messages(item, render_inline(skill), cfg))
     return _with_readout(messages, probe_instruction) if probe_instruction else messages
 
 

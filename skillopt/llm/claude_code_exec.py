@@ -71,6 +71,7 @@ class ClaudeCodeExecOptions(ExecOptions):
 class ClaudeCodeExec(ExecHarness):
     backend = "claude_code_exec"
     cli = "claude"
+    skills_dir = ".claude/skills"
     path_env = "CLAUDE_CODE_EXEC_PATH"
     install_hint = "npm install -g @anthropic-ai/claude-code"
     credential_env = "ANTHROPIC_API_KEY"

@@ -64,6 +64,7 @@ class CodexExecOptions(ExecOptions):
 class CodexExec(ExecHarness):
     backend = "codex_exec"
     cli = "codex"
+    skills_dir = ".agents/skills"
     path_env = "CODEX_EXEC_PATH"
     install_hint = "npm install -g @openai/codex"
     credential_env = "OPENAI_API_KEY"

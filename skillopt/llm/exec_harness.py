@@ -80,7 +80,7 @@ class ExecTask(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     item_id: str
-    #: The current skill, verbatim.
+    #: The current skill, verbatim (a skill folder's files behind ``skill_files`` marker lines).
     skill: str
     #: The public prompt of the item, written to ``task.md``.
     task: str
@@ -287,13 +287,26 @@ def ensure_outside(paths: Iterable[Path], protected: Sequence[Path], *, what: st
                 )
 
 
-def _write_workspace(root: Path, task: ExecTask, run_id: str) -> tuple[Path, ...]:
-    """Fill a new workspace; returns the workspace copies of the image attachments."""
+def _write_workspace(root: Path, task: ExecTask, run_id: str,
+                     skills_dir: str = "") -> tuple[Path, ...]:
+    """Fill a new workspace; returns the workspace copies of the image attachments.
+
+    ``SKILL.md`` holds the skill as a chat target sees it (``skill_render.render_inline``). A skill of
+    several files is also installed as a folder under ``skills_dir/<name>/`` (where the CLI discovers
+    skills), so the agent can load it and its reference files natively."""
+    from skillopt.skill_files import has_file_markers
+    from skillopt.skill_folder import skill_folder_files, skill_from_text, write_skill_folder
+    from skillopt.skill_render import render_inline
+
+    description = f"The skill to follow for the task in task.md (skillopt run {run_id})."
     (root / "SKILL.md").write_text(
-        "---\nname: skill\ndescription: The skill to follow for the task in task.md "
-        f"(skillopt run {run_id}).\n---\n\n{task.skill}",
+        f"---\nname: skill\ndescription: {description}\n---\n\n{render_inline(task.skill)}",
         encoding="utf-8",
     )
+    if skills_dir and has_file_markers(task.skill):
+        name = skill_from_text(task.skill, default_name="skill").name
+        write_skill_folder(skill_folder_files(task.skill, name=name, description=description),
+                           root / skills_dir / name)
     (root / "task.md").write_text(task.task, encoding="utf-8")
     lines = ["# Attachments", ""]
     images = []
@@ -351,6 +364,8 @@ class ExecHarness(ABC):
     login_command: str
     #: Arguments that print the help listing the flags this backend passes.
     help_args: tuple[str, ...] = ("--help",)
+    #: Where (relative to its working folder) the CLI discovers project skills; "" = it has no such place.
+    skills_dir: str = ""
     options_model: type[ExecOptions] = ExecOptions
 
     def __init__(self, role: ResolvedRole, secrets: SecretSource, context: BackendContext) -> None:
@@ -639,7 +654,7 @@ class ExecHarness(ABC):
             (home / "tmp").mkdir()
         ws = Workspace(root=folder, home=home, private_home=private)
         try:
-            return replace(ws, images=_write_workspace(folder, task, self.context.run_id))
+            return replace(ws, images=_write_workspace(folder, task, self.context.run_id, self.skills_dir))
         except BaseException:
             self._cleanup(ws, keep=False)
             raise

@@ -292,7 +292,8 @@ def test_the_analyst_deletes_a_harmful_rule_that_overrides_a_stated_convention()
     reply = AnalystReply.model_validate(
         analyst(analyst_message(skill, block(1, "c-1", "uppercase_city=missing")), 0)
     )
-    assert reply.patch.edits[0].model_dump() == {"op": "delete", "target": lowercase, "content": ""}
+    assert reply.patch.edits[0].model_dump() == {"op": "delete", "target": lowercase, "content": "",
+                                                 "file": None}
     assert reply.diagnosis[0].kind == "rule_conflict"
     fixed, report = apply_edits(skill, [Edit(op="delete", target=lowercase)])
     assert report.n_applied == 1 and lowercase not in fixed
@@ -468,3 +469,32 @@ def test_a_thousands_comma_rule_in_the_body_alone_is_overlooked_until_the_append
     assert bulk
     assert accuracy(rollout(bulk, ALL_CONVENTIONS)) == 0.0
     assert accuracy(rollout(bulk, ALL_CONVENTIONS_REMINDED)) == 1.0
+
+
+def test_with_a_rules_file_the_analyst_adds_rules_there_and_deletes_where_a_line_lives() -> None:
+    from skillopt.benchmarks.base import shipped_prompts_dir
+    from skillopt.reflect import current_skill_section
+    from skillopt.skill_files import split_files
+    from skillopt.skill_folder import load_skill
+
+    folder = shipped_prompts_dir("demo") / "skill" / "demo-word-problems"
+    skill = load_skill(folder, max_file_bytes=100_000).text
+    lowercase = RULES["lowercase"].phrasings[0]
+    stated = [RULES["uppercase_city"].phrasings[0], lowercase]
+    appends = [Edit(op="append", content=line, file="references/rules.md") for line in stated]
+    skill, _ = apply_edits(skill, appends)
+    blocks = block(1, "c-1", "uppercase_city=missing") + "\n\n" + block(2, "d-1", "iso_date=missing")
+    # The message as the analyst request lays it out: the current skill, then the file tree.
+    message = (f"{current_skill_section(skill)}\n\n## Edit budget\nYou may propose at most 4 edits.\n\n"
+               f"## Trajectories\n{blocks}")
+    request = ChatRequest(messages=[system("analyst"), user(message)], stage="analyst",
+                          tags={"kind": "failure"})
+    reply = AnalystReply.model_validate(analyst(request, 0))
+    edits = patch_from_reply(reply, kind="failure", rows=[], budget=4).edits
+    assert [(e.op, e.file) for e in edits if e.op == "delete"] == [("delete", "references/rules.md")]
+    adds = [e for e in edits if e.op == "append"]
+    assert adds and all(e.file == "references/rules.md" for e in adds)
+    new, report = apply_edits(skill, edits)
+    assert report.n_applied == len(edits)
+    rules = split_files(new)["references/rules.md"]
+    assert lowercase not in rules and any(RULES["iso_date"].stated_by(line) for line in rules.splitlines())

@@ -122,3 +122,50 @@ def test_promotion_markdown_shows_decision_and_scores():
     )
     text = promotion_markdown(registry_event)
     assert "promoted as version 4" in text and "| 0.5000 |" in text and "| 0.7500 |" in text
+
+
+def test_the_registry_stores_and_serves_skill_folders(tmp_path):
+    from skills_ref.validator import validate
+
+    from skillopt.skill_files import join_files, split_files
+
+    registry = SkillRegistry(tmp_path / "skills")
+    front = "---\nname: word-problems\ndescription: Solve word problems.\n---\n\n# Body"
+    text = join_files({"SKILL.md": front, "references/rules.md": "- one rule"}) + "\n"
+    registry.promote("demo", text, carried={"assets/logo.png": b"\x89PNG\0"}, source="test", reason="r")
+    current = registry.current("demo")
+    assert current is not None and current.text == text
+    folder = tmp_path / "skills" / "demo" / "current" / "word-problems"
+    assert current.folder == str(folder) and validate(folder) == []
+    assert (folder / "references" / "rules.md").read_text() == "- one rule\n"
+    assert (folder / "assets" / "logo.png").read_bytes() == b"\x89PNG\0"
+    # A single-file version is served as a folder named after the benchmark; a rollback brings the first
+    # back.
+    registry.promote("demo", "# Plain skill\n", source="test", reason="r")
+    plain = registry.current("demo")
+    assert plain is not None and plain.folder.endswith("current/demo")
+    assert validate(plain.folder) == []
+    assert [p.name for p in (tmp_path / "skills" / "demo" / "current").iterdir()] == ["demo"]
+    registry.rollback("demo")
+    again = registry.current("demo")
+    assert again is not None and again.folder == str(folder)
+    assert split_files(again.text)["references/rules.md"] == "- one rule"
+    assert (folder / "assets" / "logo.png").read_bytes() == b"\x89PNG\0"
+
+
+def test_skills_promote_takes_a_skill_folder(tmp_path):
+    import io
+
+    from skillopt.cli import main
+
+    skill = tmp_path / "word-problems"
+    (skill / "references").mkdir(parents=True)
+    (skill / "SKILL.md").write_text("---\nname: word-problems\ndescription: d\n---\n\n# Body\n",
+                                    encoding="utf-8")
+    (skill / "references" / "rules.md").write_text("- rule\n", encoding="utf-8")
+    out = io.StringIO()
+    code = main(["skills", "promote", "demo", str(skill), "--skills-dir", str(tmp_path / "reg")], stdout=out,
+                stderr=io.StringIO())
+    assert code == 0 and "as a skill folder:" in out.getvalue()
+    served = tmp_path / "reg" / "demo" / "current" / "word-problems"
+    assert (served / "references" / "rules.md").read_text() == "- rule\n"

@@ -397,8 +397,9 @@ def test_edits_table_lists_rank_op_target_support_status_and_decision() -> None:
     _, report = apply_edits(skill, edits)
     rows = artifacts.edits_table(edits, report, "reject")
     assert [r["rank"] for r in rows] == [1, 2]
-    assert rows[0] == {"rank": 1, "op": "append", "target": "(end of body)", "content": "Show your work.",
-                       "support": 5, "status": "applied", "decision": "rejected"}
+    assert rows[0] == {"rank": 1, "file": "SKILL.md", "op": "append", "target": "(end of body)",
+                       "content": "Show your work.", "support": 5, "status": "applied",
+                       "decision": "rejected"}
     assert rows[1]["status"] == "skipped_target_not_found" and rows[1]["decision"] == "–"
     assert len(rows[1]["target"]) == artifacts.TARGET_WIDTH and rows[1]["target"].endswith("…")
     long_rule = Edit(op="append", content="Check\nunits. " + "word " * 200)
@@ -410,11 +411,13 @@ def test_edits_table_lists_rank_op_target_support_status_and_decision() -> None:
 def test_gate_table_lists_each_decision_with_scores_and_flips() -> None:
     history = [record(1, "accept_new_best", gate=gate_result([1, 1], [0, 1])), record(2, "skip_no_patches")]
     history[0] = history[0].model_copy(
-        update={"gate_error_ids": ["v7"], "replies_parsed": 3, "replies_fallback": 1}
+        update={"gate_error_ids": ["v7"], "replies_parsed": 3, "replies_fallback": 1,
+                "files_changed": ["SKILL.md", "references/rules.md"]}
     )
     rows = artifacts.gate_table(history)
     assert rows[0] == {"step": 1, "epoch": 1, "decision": "accept_new_best", "candidate": 1.0, "current": 0.5,
-                       "best": 0.5, "flips": "+1/-0", "errors": 1, "replies": "3/4"}
+                       "best": 0.5, "flips": "+1/-0", "errors": 1, "replies": "3/4",
+                       "files": "SKILL.md, references/rules.md"}
     assert rows[1]["candidate"] is None and rows[1]["flips"] is None and rows[1]["current"] == 0.5
 
 

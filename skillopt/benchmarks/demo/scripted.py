@@ -70,9 +70,9 @@ READOUT_HEADING = "## Training readout"
 Mode = Literal["patch", "rewrite_from_suggestions", "full_rewrite_minibatch"]
 
 _HEADINGS = (
-    "Current skill", "Edit budget", "Suggestion budget", "Step buffer", "Optimizer memory", "Meta skill",
-    "Trajectories", "Patches to merge", "Candidate edits", "Candidate suggestions", "Selected suggestions",
-    "Step scores", "Proposed edits", "Proposed suggestions",
+    "Current skill", "Skill files", "Edit budget", "Suggestion budget", "Step buffer", "Optimizer memory",
+    "Meta skill", "Trajectories", "Patches to merge", "Candidate edits", "Candidate suggestions",
+    "Selected suggestions", "Step scores", "Proposed edits", "Proposed suggestions",
 )
 _HEADING_RE = re.compile(r"^## (" + "|".join(map(re.escape, _HEADINGS)) + r")\b.*$", re.MULTILINE)
 _TRAJECTORY_RE = re.compile(r"^### Trajectory \d+: id `([^`]+)`", re.MULTILINE)
@@ -374,7 +374,8 @@ def analyst(request: ChatRequest, seed: int) -> dict[str, Any]:
                                                  *([_noise_suggestion(noise)] if noise else [])]}
         proposed_text = f"Proposing {len(patch['suggestions'])} of at most {budget} suggestions."
     else:
-        patch = {"edits": [*map(_edit, chosen), *([_append(noise)] if noise else [])]}
+        edits = [*map(_edit, chosen), *([_append(noise)] if noise else [])]
+        patch = {"edits": [_in_file(edit, findings.skill) for edit in edits]}
         proposed_text = f"Proposing {len(patch['edits'])} of at most {budget} edits."
     if kind == "success":
         return _success_reply(findings, patch)
@@ -383,6 +384,36 @@ def analyst(request: ChatRequest, seed: int) -> dict[str, Any]:
         "patch": {"reasoning": findings.reasoning(proposed_text), **patch},
         "execution_notes": findings.notes,
     }
+
+
+#: The reference file a skill folder keeps its answer rules in; rules go there when the skill has it.
+RULES_FILE = "references/rules.md"
+_FILE_LINE_RE = re.compile(r"^<!-- FILE: ([^\n]*?) -->[ \t]*$", re.MULTILINE)
+
+
+def _file_holding(skill: str, line: str) -> str | None:
+    """The file of a multi-file skill's text (``<!-- FILE: … -->`` sections) whose lines include ``line``;
+    None for SKILL.md or a line found nowhere."""
+    current = None
+    for text_line in skill.splitlines():
+        marker = _FILE_LINE_RE.match(text_line)
+        if marker:
+            current = marker.group(1)
+        elif text_line.strip() == line.strip():
+            return current
+    return None
+
+
+def _in_file(edit: dict[str, str], skill: str) -> dict[str, str]:
+    """``edit`` addressed to the skill's file: a rule added to ``references/rules.md`` when the skill has
+    that file, a line deleted from the file holding it. A skill of one file gets the edit unchanged."""
+    if not _FILE_LINE_RE.search(skill):
+        return edit
+    if edit["op"] == "append":
+        has_rules_file = any(m.group(1) == RULES_FILE for m in _FILE_LINE_RE.finditer(skill))
+        return {"file": RULES_FILE, **edit} if has_rules_file else edit
+    holder = _file_holding(skill, edit["target"])
+    return {"file": holder, **edit} if holder else edit
 
 
 def _append(content: str) -> dict[str, str]:
@@ -501,7 +532,7 @@ def merge(request: ChatRequest, seed: int) -> dict[str, Any]:
                     str(item["source"]) if item.get("source") in ("failure", "success") else header_source
                 )
                 incoming.append((source, item))
-    merged: dict[tuple[str, str, str], dict[str, Any]] = {}
+    merged: dict[tuple[str, str, str, str], dict[str, Any]] = {}
     # Failure-driven items first (stable), so an item both trees propose sits where failures put it.
     for source, item in sorted(incoming, key=lambda pair: pair[0] != "failure"):
         identity = _suggestion_key(item) if key == "suggestions" else _edit_key(item)
@@ -520,7 +551,8 @@ def merge(request: ChatRequest, seed: int) -> dict[str, Any]:
                 "source": source,
             }
         else:
-            merged[identity] = {"op": identity[0], "target": identity[1], "content": identity[2],
+            named = {"file": str(item["file"])} if item.get("file") else {}
+            merged[identity] = {**named, "op": identity[1], "target": identity[2], "content": identity[3],
                                 "support_count": _support(item.get("support_count")), "source": source}
     items = list(merged.values())
     dropped = _contradicted(items, [_rule_text(item) for item in items])
@@ -530,15 +562,16 @@ def merge(request: ChatRequest, seed: int) -> dict[str, Any]:
     return {"reasoning": reasoning, key: kept}
 
 
-def _edit_key(edit: dict[str, Any]) -> tuple[str, str, str]:
-    return (str(edit.get("op", "")).strip().lower(), str(edit.get("target") or "").strip(),
-            str(edit.get("content") or "").strip())
+def _edit_key(edit: dict[str, Any]) -> tuple[str, str, str, str]:
+    return (str(edit.get("file") or ""), str(edit.get("op", "")).strip().lower(),
+            str(edit.get("target") or "").strip(), str(edit.get("content") or "").strip())
 
 
-def _suggestion_key(suggestion: dict[str, Any]) -> tuple[str, str, str]:
+def _suggestion_key(suggestion: dict[str, Any]) -> tuple[str, str, str, str]:
     return (
         str(suggestion.get("type", "")).strip().lower(),
         str(suggestion.get("instruction") or "").strip(),
+        "",
         "",
     )
 
