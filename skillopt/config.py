@@ -125,6 +125,9 @@ class RoleSpec(_Section):
     strict_params: Bool = False
     #: The model's context window in tokens; unset: what the backend reports, else the known-models table.
     context_tokens: int | None = Field(default=None, ge=256)
+    #: How structured calls ask for their shape: auto | json_schema | json_object | prompt
+    #: (see skillopt.llm.structured_output).
+    structured_output: Literal["auto", "json_schema", "json_object", "prompt"] = "auto"
 
 
 class TargetSpec(RoleSpec):

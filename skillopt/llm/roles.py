@@ -16,6 +16,7 @@ import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import PurePath
 from typing import Any, Literal
 from urllib.parse import urlparse
 
@@ -87,12 +88,23 @@ class ResolvedRole(BaseModel):
     provenance: dict[str, str]
     #: ``model.<role>.context_tokens``: the context window, when the user states it.
     context_tokens: int | None = None
+    #: ``model.<role>.structured_output``: how structured calls ask for their shape.
+    structured_output: Literal["auto", "json_schema", "json_object", "prompt"] = "auto"
 
     def label(self) -> str:
         """``backend(preset)/model`` as error messages show it."""
         preset = self.options.get("preset")
         backend = f"{self.backend}({preset})" if preset and preset != "generic" else self.backend
         return f"{backend}/{self.model or '?'}"
+
+    def short_label(self) -> str:
+        """``backend/model`` with a model file path cut to its name (``…/SmolLM2-135M-Instruct-Q4_1.gguf``
+        reads ``SmolLM2-135M-Instruct-Q4_1``): how notes and warnings name the model."""
+        name = self.model or "?"
+        if name.startswith("/") or "\\" in name or name.lower().endswith(".gguf"):
+            name = PurePath(name.replace("\\", "/")).name
+            name = name[: -len(".gguf")] if name.lower().endswith(".gguf") else name
+        return f"{self.backend}/{name}"
 
     def fingerprint(self) -> str:
         """A hash of what changes a reply (never secrets): part of every task's cache key."""
@@ -252,6 +264,7 @@ def _resolve_one(
         capabilities=dict(values.get("capabilities") or {}),
         strict_params=bool(values.get("strict_params")),
         context_tokens=values.get("context_tokens"),
+        structured_output=values.get("structured_output") or "auto",
         provenance={k: v for k, v in provenance.items() if k in ResolvedRole.model_fields},
     )
 
