@@ -279,6 +279,9 @@ class BenchmarkSection(_Section):
     max_turns: int = Field(default=1, ge=1)
     exec_timeout: float = Field(default=120, gt=0)
     task_timeout: float = Field(default=0, ge=0)
+    #: How long one item may take; unset: derived from the role timeouts, turns and retries
+    #: (skillopt.item_limit; ``skillopt config show`` prints it). An item past it is an error row.
+    item_timeout_s: float | None = Field(default=None, gt=0)
     image_detail: Literal["auto", "low", "high"] = "auto"
     workers: int = Field(default=16, ge=1)
     #: How model-written code runs: ``bwrap`` (bubblewrap OS sandbox; the run stops before its first

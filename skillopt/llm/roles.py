@@ -30,6 +30,8 @@ RoleName = Literal["target", "optimizer", "judge"]
 
 #: Fields the judge inherits from the optimizer when it has no block of its own (§1.1).
 JUDGE_INHERITED = ("backend", "model", "price_model", "base_url", "api_key_env", "api_key_secret", "options")
+#: The default ``timeout_s`` of the ``local`` backend and of ``openai_compatible`` on a loopback address.
+LOCAL_TIMEOUT_S = 600.0
 _EFFORTS = ("none", "minimal", "low", "medium", "high", "max")
 
 
@@ -238,6 +240,10 @@ def _resolve_one(
         values["api_key_env"] = info.key_env
     if values.get("timeout_s") is None:
         values["timeout_s"] = info.default_timeout_s
+        on_this_machine = backend_name == "openai_compatible" and is_loopback(values.get("base_url"))
+        if backend_name == "local" or on_this_machine:
+            # A model on this machine is slow and serves one request at a time: give it room.
+            values["timeout_s"] = max(info.default_timeout_s, LOCAL_TIMEOUT_S)
     if values.get("price_model") is None:
         values["price_model"] = values["model"]
     if values.get("rate_limit_key") is None:
@@ -267,6 +273,12 @@ def _resolve_one(
         structured_output=values.get("structured_output") or "auto",
         provenance={k: v for k, v in provenance.items() if k in ResolvedRole.model_fields},
     )
+
+
+def is_loopback(url: str | None) -> bool:
+    """Whether ``url`` points at this machine (127.0.0.0/8, ::1, localhost)."""
+    host = (urlparse(url).hostname or "") if url else ""
+    return host == "localhost" or host == "::1" or host.startswith("127.")
 
 
 def _known_backend(role: str, name: str, source: str, registry: BackendRegistry) -> str:

@@ -8,6 +8,7 @@ Two variants serve the signal tests:
 
 - ``failing``: the rollouts of these questions always get HTTP 500 (a persistent outage for some
   items): the run must record them as error rows, not failures.
+- ``slow``: the rollouts of these questions get their (right) answer after ``slow_s`` seconds.
 - ``evidence_in_reply``: the target ends its reply with the ``Conventions:`` self-check line the
   demo's evaluation event carries, and the optimizer reads only that one (the evaluation event's
   line is struck from what the optimizer handlers see). With ``reply_padding`` the reply starts with
@@ -28,6 +29,7 @@ from __future__ import annotations
 import json
 import re
 import threading
+import time
 
 from skillopt.benchmarks.demo import scripted as demo
 from skillopt.benchmarks.demo.world import gold_answer, parse_question, score_response
@@ -44,8 +46,10 @@ class DemoWorldServer:
     """The demo world's target and optimizer behind the OpenAI-compatible fake, with a kill switch."""
 
     def __init__(self, *, failing: frozenset[str] = frozenset(), evidence_in_reply: bool = False,
-                 reply_padding: int = 0, schema_only: bool = False, refuse_schema: bool = False) -> None:
+                 reply_padding: int = 0, schema_only: bool = False, refuse_schema: bool = False,
+                 slow: frozenset[str] = frozenset(), slow_s: float = 0.0) -> None:
         self.failing = failing
+        self.slow, self.slow_s = slow, slow_s
         self.schema_only = schema_only
         self.refuse_schema = refuse_schema
         self.evidence_in_reply = evidence_in_reply
@@ -77,6 +81,8 @@ class DemoWorldServer:
         chat = self.as_chat_request(body)
         if chat.stage == "rollout" and chat.last_user_text() in self.failing:
             return status(500, message="the fake server fails this item every time")
+        if chat.stage == "rollout" and chat.last_user_text() in self.slow:
+            time.sleep(self.slow_s)  # a right answer, late
         if chat.stage == "analyst":
             with self.lock:
                 self.analyst_messages.append(chat.last_user_text())
