@@ -16,7 +16,7 @@ import os
 import sys
 from collections.abc import Sequence
 from contextlib import nullcontext
-from typing import TYPE_CHECKING, NoReturn, TextIO
+from typing import TYPE_CHECKING, Any, NoReturn, TextIO
 
 import yaml
 
@@ -641,7 +641,34 @@ def _cmd_config_show(args: argparse.Namespace, out: _Output) -> int:
     out.print("# credentials (presence only; values are never read into the config)")
     for role, status in credential_status(loaded.config, os.environ).items():
         out.print(f"# model.{role}: {status}")
+    limit = _item_limit_line(loaded)
+    if limit:
+        out.print(f"# {limit}")
     return EXIT_OK
+
+
+def _item_limit_line(loaded: Any) -> str | None:
+    """``config show``'s line on the item time limit, or None when the roles or benchmark cannot be resolved
+    here (a missing plug-in extra, an unknown backend): the config itself was printed."""
+    from skillopt.benchmarks.base import benchmark_config, load_benchmark
+    from skillopt.item_limit import describe_limit
+    from skillopt.llm.base import BackendRegistry
+    from skillopt.llm.roles import resolve_roles
+
+    try:
+        registry = BackendRegistry.default()
+        roles = resolve_roles(loaded, env=os.environ, registry=registry)
+        section = loaded.config.benchmark
+        bench_cfg: Any = section
+        judge = roles.judge
+        if section.name:
+            benchmark = load_benchmark(section.name)
+            bench_cfg = benchmark_config(benchmark, section)
+            judge = judge if benchmark.needs_judge(bench_cfg) else None
+        return describe_limit(bench_cfg, roles.target, judge, loaded.config.model.retry,
+                              exec_target=registry.get(roles.target.backend).kind == "exec")
+    except (SkillOptError, ImportError):
+        return None
 
 
 def _cmd_config_validate(args: argparse.Namespace, out: _Output) -> int:

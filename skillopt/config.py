@@ -125,6 +125,9 @@ class RoleSpec(_Section):
     strict_params: Bool = False
     #: The model's context window in tokens; unset: what the backend reports, else the known-models table.
     context_tokens: int | None = Field(default=None, ge=256)
+    #: How structured calls ask for their shape: auto | json_schema | json_object | prompt
+    #: (see skillopt.llm.structured_output).
+    structured_output: Literal["auto", "json_schema", "json_object", "prompt"] = "auto"
 
 
 class TargetSpec(RoleSpec):
@@ -297,6 +300,9 @@ class BenchmarkSection(_Section):
     max_turns: int = Field(default=1, ge=1)
     exec_timeout: float = Field(default=120, gt=0)
     task_timeout: float = Field(default=0, ge=0)
+    #: How long one item may take; unset: derived from the role timeouts, turns and retries
+    #: (skillopt.item_limit; ``skillopt config show`` prints it). An item past it is an error row.
+    item_timeout_s: float | None = Field(default=None, gt=0)
     image_detail: Literal["auto", "low", "high"] = "auto"
     workers: int = Field(default=16, ge=1)
     #: How model-written code runs: ``bwrap`` (bubblewrap OS sandbox; the run stops before its first

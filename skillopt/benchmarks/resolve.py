@@ -13,6 +13,7 @@ from pydantic import BaseModel
 from skillopt.benchmarks.base import Benchmark, benchmark_config, load_benchmark
 from skillopt.config import LoadedConfig, SkillOptConfig
 from skillopt.errors import ConfigError
+from skillopt.item_limit import item_limit_s
 from skillopt.llm.base import BackendRegistry
 from skillopt.llm.roles import CliRoleOptions, resolve_roles
 from skillopt.skill_folder import LoadedSkill, load_skill
@@ -33,6 +34,9 @@ def resolve_benchmark(loaded: LoadedConfig, *, cli: CliRoleOptions | None, env: 
     roles = resolve_roles(loaded, cli=cli, env=env, registry=registry)
     kind = registry.get(roles.target.backend).kind
     bench_cfg = bind_target(benchmark, bench_cfg, roles.target.backend, kind)
+    limit = item_limit_s(bench_cfg, roles.target, roles.judge if benchmark.needs_judge(bench_cfg) else None,
+                         config.model.retry, exec_target=kind == "exec")
+    bench_cfg = bench_cfg.model_copy(update={"item_timeout_s": limit})
     benchmark.preflight(bench_cfg)
     return benchmark, bench_cfg, roles
 

@@ -19,6 +19,7 @@ from pydantic import BaseModel
 from skillopt.benchmarks.base import Benchmark, Judge, RolloutInfrastructureError, Score
 from skillopt.benchmarks.episode import EpisodeContext
 from skillopt.data import Item
+from skillopt.item_limit import item_limit_s
 from skillopt.llm.chat import ChatRequest, Message, TextPart, assistant, user
 from skillopt.llm.clients import RoleClient
 from skillopt.records import ItemResult
@@ -47,8 +48,9 @@ def run_item(
 ) -> ItemResult:
     """Roll out one item with ``skill`` and score it."""
     started = time.monotonic()
-    exec_timeout = float(getattr(cfg, "exec_timeout", 120))
-    deadline = max(float(getattr(cfg, "task_timeout", 0) or 0), exec_timeout + 60)
+    # Run assembly binds the limit (benchmarks.resolve); an item run on its own derives it from the target.
+    deadline = getattr(cfg, "item_timeout_s", None) or item_limit_s(
+        cfg, target.role, None, target.retrier.policy, exec_target=_is_exec(target))
     messages = first_messages(benchmark, item, skill, cfg, probe_instruction=probe_instruction)
     system_text = "\n\n".join(m.text() for m in messages if m.role == "system")
     user_text = "\n\n".join(m.text() for m in messages if m.role == "user")
@@ -204,8 +206,9 @@ def _task_description(item: Item, messages: Sequence[Message]) -> str:
 
 def _timeout_row(item: Item, deadline: float, trajectory: list[dict[str, Any]], turns: int, answered: bool,
                  text: str) -> ItemResult:
+    """An item past ``benchmark.item_timeout_s``: an error row (it says nothing about the skill), not a 0."""
     return ItemResult(
         id=item.id, task_type=str(item.get("task_type") or "default"), hard=0.0, soft=0.0,
-        fail_reason=f"timeout: item exceeded {deadline:.0f}s", phase="timeout", trajectory=trajectory,
-        n_turns=turns, answered=answered, predicted_answer="",
+        fail_reason=f"error: timeout: the item took longer than benchmark.item_timeout_s ({deadline:g} s)",
+        phase="error", trajectory=trajectory, n_turns=turns, answered=False, predicted_answer="",
     )

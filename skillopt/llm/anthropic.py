@@ -30,8 +30,9 @@ from skillopt.llm.http_common import (
     sdk_http_client,
     sdk_post,
 )
-from skillopt.llm.json_extract import schema_instruction, strict_json_schema
+from skillopt.llm.json_extract import schema_instruction
 from skillopt.llm.roles import ResolvedRole
+from skillopt.llm.structured_output import wire_schema
 from skillopt.redact import Redactor
 
 DEFAULT_THINKING_BUDGETS = {"minimal": 1024, "low": 2048, "medium": 8192, "high": 24576, "max": 32000}
@@ -60,6 +61,14 @@ class AnthropicBackend:
         self.redactor = redactor
         self.warn = WarnOnce()
         self.budgets = {**DEFAULT_THINKING_BUDGETS, **options.thinking_budgets}
+        #: Set when the endpoint refused the forced tool: the schema then travels in the prompt.
+        self.constrained_refused = False
+
+    def refuse_constrained(self) -> bool:
+        """Send the schema in the prompt from now on; True when that changes anything."""
+        changed = not self.constrained_refused
+        self.constrained_refused = True
+        return changed
 
     def body(self, request: ChatRequest) -> dict[str, Any]:
         max_tokens = request.max_tokens or self.role.max_tokens or 4096
@@ -77,7 +86,10 @@ class AnthropicBackend:
 
         system_text = request.system_text()
         schema = request.response_schema
-        if schema is not None and budget is not None:
+        # Forced tools cannot be combined with thinking; a role may also ask for the schema in the prompt.
+        in_prompt = budget is not None or self.role.structured_output in ("prompt", "json_object") \
+            or self.constrained_refused
+        if schema is not None and in_prompt:
             system_text = f"{system_text}\n\n{schema_instruction(schema)}".strip()
         if system_text:
             block: dict[str, Any] = {"type": "text", "text": system_text}
@@ -89,9 +101,9 @@ class AnthropicBackend:
         temperature = request.temperature if request.temperature is not None else self.role.temperature
         if temperature is not None and budget is None:
             body["temperature"] = temperature
-        if schema is not None and budget is None:
+        if schema is not None and not in_prompt:
             body["tools"] = [{"name": _TOOL_NAME, "description": "Give the answer as structured data.",
-                              "input_schema": strict_json_schema(schema)}]
+                              "input_schema": wire_schema(schema)[0]}]
             body["tool_choice"] = {"type": "tool", "name": _TOOL_NAME}
         body.update(self.role.extra_body)
         return body

@@ -30,13 +30,22 @@ from skillopt.llm.context import (
     known_context_tokens,
     window_from_error,
 )
-from skillopt.llm.errors import BackendError, ContextLengthExceeded, ErrorContext, ParseError, RateLimited
+from skillopt.llm.errors import (
+    BackendError,
+    BadRequest,
+    ContextLengthExceeded,
+    ErrorContext,
+    ModelNotFound,
+    ParseError,
+    RateLimited,
+)
 from skillopt.llm.json_extract import extract_json, schema_instruction
 from skillopt.llm.limiter import LocalRateLimiter, NoLimits, RateLimiter
 from skillopt.llm.pricing import PriceTable
 from skillopt.llm.reply_store import PREFETCH, ReplyStore
 from skillopt.llm.retry import Retrier
 from skillopt.llm.roles import CliRoleOptions, ResolvedRole, ResolvedRoles, resolve_roles
+from skillopt.llm.structured_output import StructuredModes
 from skillopt.llm.usage import UsageLedger, UsageRecord
 from skillopt.redact import Redactor
 
@@ -99,8 +108,10 @@ class RoleClient:
         retrier: Retrier,
         redactor: Redactor,
         replies: ReplyStore | None = None,
+        modes: StructuredModes | None = None,
     ) -> None:
         self.role = role
+        self.modes = modes or StructuredModes()
         # Deterministic, free backends gain nothing from storing replies.
         self.replies = replies if role.backend != "scripted" else None
         self.info = info
@@ -284,14 +295,39 @@ class RoleClient:
         second_request = with_correction(rebuilt, correction).model_copy(update={
             "max_tokens": cap, "response_schema": schema,
         })
-        second = self.chat(second_request)
+        second = self._chat_structured(second_request)
         return self._parse(second, schema, second_request, repair), second
+
+    def endpoint(self) -> str:
+        """``backend|base_url|model``: what the run learns about a server is held under this key."""
+        return f"{self.role.backend}|{self.role.base_url or ''}|{self.role.model or ''}"
+
+    def _chat_structured(self, request: ChatRequest) -> ChatResponse:
+        """``chat`` for a structured request; an endpoint that refuses constrained output (a 400/422 that
+        is not an overflow) gets the schema in the prompt instead, for this and every later call of the
+        run, with one note."""
+        backend = self.backend
+        refuse = getattr(backend, "refuse_constrained", None)
+        if callable(refuse) and self.modes.rejected(self.endpoint()):
+            refuse()
+        try:
+            return self.chat(request)
+        except BadRequest as error:
+            overflow = isinstance(error, (ContextLengthExceeded, ModelNotFound))
+            if overflow or not callable(refuse) or not refuse():
+                raise
+            if self.modes.reject(self.endpoint(), error.reason):
+                log.warning("[%s] %s: the server refused schema-constrained output (%s); structured calls "
+                            "carry the schema in the prompt for the rest of the run (set model.%s."
+                            "structured_output to choose)", self.role.role, self.role.short_label(),
+                            error.reason[:160], self.role.role)
+            return self.chat(request)
 
     def _send_fitting(self, build: RequestBuilder, schema: type[BaseModel], limit: int
                       ) -> tuple[ChatRequest, ChatResponse]:
         request = self._capped(build(limit), schema)
         try:
-            return request, self.chat(request)
+            return request, self._chat_structured(request)
         except ContextLengthExceeded as error:
             self._learn_window(error)
             smaller_limit = min(
@@ -308,7 +344,7 @@ class RoleClient:
                 request.prompt_chars(),
                 smaller.prompt_chars(),
             )
-            return smaller, self.chat(smaller)
+            return smaller, self._chat_structured(smaller)
 
     def _capped(self, request: ChatRequest, schema: type[BaseModel]) -> ChatRequest:
         """``request`` with the response schema and a reply cap that fits the window beside its prompt."""
@@ -414,6 +450,7 @@ class ModelClients:
                 limiter = LocalRateLimiter(model.providers, clock=clock, sleep=sleep,
                                            defaults=_exec_defaults(roles))
         redactor = Redactor.from_environment(secrets.env if isinstance(secrets, EnvSecrets) else None)
+        modes = StructuredModes()
 
         def client(role: ResolvedRole | None) -> RoleClient | None:
             if role is None:
@@ -428,6 +465,7 @@ class ModelClients:
                 retrier=Retrier(model.retry, sleep=sleep, clock=clock),
                 redactor=redactor,
                 replies=replies,
+                modes=modes,
             )
 
         target, optimizer = client(roles.target), client(roles.optimizer)

@@ -222,6 +222,11 @@ class WarnOnce:
         log.warning(message)
 
 
+#: Notes about a server rather than a role (its thinking default, for one): said once per process, whichever
+#: role and however many clients the run builds meet it first.
+SERVER_NOTES = WarnOnce()
+
+
 def drop_unsupported(role: ResolvedRole, param: str, why: str, warn: WarnOnce) -> None:
     """Leave out a parameter the model cannot take: a warning, or a ConfigError with strict_params."""
     message = f"[{role.role}] {role.label()}: {param} is not sent ({why})"

@@ -561,7 +561,11 @@ def schema_instruction(model: type[BaseModel]) -> str:
     """The sentence that carries a response schema in the prompt, for servers without structured output.
 
     Built once per schema class: a structured call sizes its prompt by it several times."""
-    schema = json.dumps(strict_json_schema(model), ensure_ascii=False, separators=(",", ":"))
+    try:
+        shape = strict_json_schema(model)
+    except ValueError:  # a free-form map: the plain schema says the same to a reader
+        shape = model.model_json_schema()
+    schema = json.dumps(shape, ensure_ascii=False, separators=(",", ":"))
     return (
         "Reply with one JSON object and nothing else. It must match this JSON schema "
         f"(every listed key present; null where a value does not apply):\n{schema}"

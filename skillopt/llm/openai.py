@@ -32,8 +32,9 @@ from skillopt.llm.http_common import (
     sdk_http_client,
     sdk_post,
 )
-from skillopt.llm.json_extract import schema_instruction, strict_json_schema
+from skillopt.llm.json_extract import schema_instruction
 from skillopt.llm.roles import ResolvedRole
+from skillopt.llm.structured_output import wire_schema
 from skillopt.redact import Redactor
 
 #: Reasoning effort as the OpenAI API names it (Codex takes the same names, plus ``xhigh``).
@@ -85,6 +86,8 @@ class OpenAIWire:
         self.capabilities: Capabilities = capabilities_for(role.price_model, role.capabilities)
         self.warn = WarnOnce()
         self.openai = import_openai()
+        #: Set when the endpoint refused constrained output: the schema then travels in the prompt.
+        self.constrained_refused = False
 
     # -- request building -------------------------------------------------------------------
 
@@ -113,9 +116,23 @@ class OpenAIWire:
         return request.seed if request.seed is not None else self.role.seed
 
     def structured_mode(self, request: ChatRequest) -> str:
-        """How the response schema travels: ``json_schema``, ``json_object`` (schema in prompt) or
-        ``none``."""
-        return self.capabilities.structured if request.response_schema is not None else "none"
+        """How the response schema travels: ``json_schema`` (constrained decoding), ``json_object`` (any
+        JSON object, schema in the prompt), ``prompt`` (schema in the prompt only) or ``none``.
+
+        ``model.<role>.structured_output`` decides; ``auto`` follows the capability table (or preset)."""
+        if request.response_schema is None:
+            return "none"
+        if self.constrained_refused:
+            return "prompt"
+        chosen = self.role.structured_output
+        return self.capabilities.structured if chosen == "auto" else chosen
+
+    def refuse_constrained(self) -> bool:
+        """Send the schema in the prompt from now on (the endpoint refused constrained output); True when
+        that changes anything."""
+        changed = not self.constrained_refused
+        self.constrained_refused = True
+        return changed
 
     def chat_messages(self, request: ChatRequest, *, schema_in_prompt: bool) -> list[dict[str, Any]]:
         messages = [_chat_message(m, self) for m in request.messages]
@@ -127,7 +144,7 @@ class OpenAIWire:
         mode = self.structured_mode(request)
         body: dict[str, Any] = {
             "model": self.role.model,
-            "messages": self.chat_messages(request, schema_in_prompt=mode == "json_object"),
+            "messages": self.chat_messages(request, schema_in_prompt=mode in ("json_object", "prompt")),
         }
         body.update(self.cap_and_temperature(request, cap_field=self.capabilities.max_tokens_field))
         effort = self.effort(request)
@@ -138,10 +155,10 @@ class OpenAIWire:
             body["seed"] = seed
         if mode == "json_schema":
             assert request.response_schema is not None
+            schema, strict = wire_schema(request.response_schema)
             body["response_format"] = {
                 "type": "json_schema",
-                "json_schema": {"name": request.response_schema.__name__, "strict": True,
-                                "schema": strict_json_schema(request.response_schema)},
+                "json_schema": {"name": request.response_schema.__name__, "strict": strict, "schema": schema},
             }
         elif mode == "json_object":
             body["response_format"] = {"type": "json_object"}
@@ -171,9 +188,15 @@ class OpenAIWire:
             body["reasoning"] = {"effort": effort}
         if self.seed(request) is not None:
             drop_unsupported(self.role, "seed", "the Responses API has no seed", self.warn)
-        if request.response_schema is not None:
+        mode = self.structured_mode(request)
+        if request.response_schema is not None and mode == "json_schema":
+            schema, strict = wire_schema(request.response_schema)
             body["text"] = {"format": {"type": "json_schema", "name": request.response_schema.__name__,
-                                       "strict": True, "schema": strict_json_schema(request.response_schema)}}
+                                       "strict": strict, "schema": schema}}
+        elif request.response_schema is not None and mode in ("json_object", "prompt"):
+            body["instructions"] = f"{instructions}\n\n{schema_instruction(request.response_schema)}".strip()
+            if mode == "json_object":
+                body["text"] = {"format": {"type": "json_object"}}
         body.update(self.role.extra_body)
         return body
 

@@ -23,7 +23,7 @@ from skillopt.llm.base import BackendContext, BackendInfo, SecretSource
 from skillopt.llm.capabilities import Capabilities
 from skillopt.llm.chat import ChatRequest, ChatResponse, Usage
 from skillopt.llm.errors import CallTimeout, ServerError
-from skillopt.llm.http_common import http_library, sdk_http_client, shared_tls_context
+from skillopt.llm.http_common import SERVER_NOTES, http_library, sdk_http_client, shared_tls_context
 from skillopt.llm.openai import OpenAIWire, import_openai, sdk_timeout, split_think_tags
 from skillopt.llm.roles import ResolvedRole
 from skillopt.redact import Redactor
@@ -47,7 +47,7 @@ class Preset:
 
 
 PRESETS: dict[str, Preset] = {
-    "generic": Preset(None, "OPENAI_COMPATIBLE_API_KEY", False, "none", "json_object"),
+    "generic": Preset(None, "OPENAI_COMPATIBLE_API_KEY", False, "none", "json_schema"),
     "vllm": Preset("http://127.0.0.1:8000/v1", "VLLM_API_KEY", False, "chat_template_kwargs", "json_schema",
                    strip_think_tags=True),
     "ollama": Preset("http://127.0.0.1:11434/v1", None, False, "none", "json_schema", max_concurrency=1),
@@ -98,8 +98,8 @@ class CompatibleWire(OpenAIWire):
                 f"send the server's own field with model.{role.role}.extra_body"
             )
         if self.thinking == "server_default":
-            self.warn(f"[{role.role}] {role.label()}: thinking is the server's default; results depend on "
-                      "how the server was launched (set options.thinking: on|off to pin it)")
+            SERVER_NOTES(f"{role.short_label()}: thinking is the server's default; results depend on how the "
+                         "server was launched (set model.<role>.options.thinking: on|off to pin it)")
 
     def effort(self, request: ChatRequest) -> str | None:
         # Compatible servers take thinking through the preset's switch, not reasoning_effort.

@@ -16,6 +16,7 @@ import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import PurePath
 from typing import Any, Literal
 from urllib.parse import urlparse
 
@@ -29,6 +30,8 @@ RoleName = Literal["target", "optimizer", "judge"]
 
 #: Fields the judge inherits from the optimizer when it has no block of its own (§1.1).
 JUDGE_INHERITED = ("backend", "model", "price_model", "base_url", "api_key_env", "api_key_secret", "options")
+#: The default ``timeout_s`` of the ``local`` backend and of ``openai_compatible`` on a loopback address.
+LOCAL_TIMEOUT_S = 600.0
 _EFFORTS = ("none", "minimal", "low", "medium", "high", "max")
 
 
@@ -87,12 +90,23 @@ class ResolvedRole(BaseModel):
     provenance: dict[str, str]
     #: ``model.<role>.context_tokens``: the context window, when the user states it.
     context_tokens: int | None = None
+    #: ``model.<role>.structured_output``: how structured calls ask for their shape.
+    structured_output: Literal["auto", "json_schema", "json_object", "prompt"] = "auto"
 
     def label(self) -> str:
         """``backend(preset)/model`` as error messages show it."""
         preset = self.options.get("preset")
         backend = f"{self.backend}({preset})" if preset and preset != "generic" else self.backend
         return f"{backend}/{self.model or '?'}"
+
+    def short_label(self) -> str:
+        """``backend/model`` with a model file path cut to its name (``…/SmolLM2-135M-Instruct-Q4_1.gguf``
+        reads ``SmolLM2-135M-Instruct-Q4_1``): how notes and warnings name the model."""
+        name = self.model or "?"
+        if name.startswith("/") or "\\" in name or name.lower().endswith(".gguf"):
+            name = PurePath(name.replace("\\", "/")).name
+            name = name[: -len(".gguf")] if name.lower().endswith(".gguf") else name
+        return f"{self.backend}/{name}"
 
     def fingerprint(self) -> str:
         """A hash of what changes a reply (never secrets): part of every task's cache key."""
@@ -226,6 +240,10 @@ def _resolve_one(
         values["api_key_env"] = info.key_env
     if values.get("timeout_s") is None:
         values["timeout_s"] = info.default_timeout_s
+        on_this_machine = backend_name == "openai_compatible" and is_loopback(values.get("base_url"))
+        if backend_name == "local" or on_this_machine:
+            # A model on this machine is slow and serves one request at a time: give it room.
+            values["timeout_s"] = max(info.default_timeout_s, LOCAL_TIMEOUT_S)
     if values.get("price_model") is None:
         values["price_model"] = values["model"]
     if values.get("rate_limit_key") is None:
@@ -252,8 +270,15 @@ def _resolve_one(
         capabilities=dict(values.get("capabilities") or {}),
         strict_params=bool(values.get("strict_params")),
         context_tokens=values.get("context_tokens"),
+        structured_output=values.get("structured_output") or "auto",
         provenance={k: v for k, v in provenance.items() if k in ResolvedRole.model_fields},
     )
+
+
+def is_loopback(url: str | None) -> bool:
+    """Whether ``url`` points at this machine (127.0.0.0/8, ::1, localhost)."""
+    host = (urlparse(url).hostname or "") if url else ""
+    return host == "localhost" or host == "::1" or host.startswith("127.")
 
 
 def _known_backend(role: str, name: str, source: str, registry: BackendRegistry) -> str:

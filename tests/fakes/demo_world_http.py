@@ -8,11 +8,20 @@ Two variants serve the signal tests:
 
 - ``failing``: the rollouts of these questions always get HTTP 500 (a persistent outage for some
   items): the run must record them as error rows, not failures.
+- ``slow``: the rollouts of these questions get their (right) answer after ``slow_s`` seconds.
 - ``evidence_in_reply``: the target ends its reply with the ``Conventions:`` self-check line the
   demo's evaluation event carries, and the optimizer reads only that one (the evaluation event's
   line is struck from what the optimizer handlers see). With ``reply_padding`` the reply starts with
   that many characters of working notes, so the decisive line sits after them: the optimizer
   learns only if the tail of a long trajectory reaches it.
+
+Two variants serve the structured-output tests:
+
+- ``schema_only``: like llama.cpp or vLLM with a small model: an optimizer call whose ``response_format``
+  carries a JSON schema gets the JSON the schema asks for (its required keys are checked), any other
+  optimizer call gets prose that no parser can use.
+- ``refuse_schema``: a server that rejects ``response_format`` with HTTP 400 and otherwise answers like the
+  demo world (the schema then has to travel in the prompt).
 """
 
 from __future__ import annotations
@@ -20,6 +29,7 @@ from __future__ import annotations
 import json
 import re
 import threading
+import time
 
 from skillopt.benchmarks.demo import scripted as demo
 from skillopt.benchmarks.demo.world import gold_answer, parse_question, score_response
@@ -36,10 +46,14 @@ class DemoWorldServer:
     """The demo world's target and optimizer behind the OpenAI-compatible fake, with a kill switch."""
 
     def __init__(self, *, failing: frozenset[str] = frozenset(), evidence_in_reply: bool = False,
-                 reply_padding: int = 0, latency_s: float = 0.0) -> None:
+                 reply_padding: int = 0, latency_s: float = 0.0, schema_only: bool = False,
+                 refuse_schema: bool = False, slow: frozenset[str] = frozenset(), slow_s: float = 0.0) -> None:
         self.failing = failing
         #: How long each model reply takes (the server holds the request that long).
         self.latency_s = latency_s
+        self.slow, self.slow_s = slow, slow_s
+        self.schema_only = schema_only
+        self.refuse_schema = refuse_schema
         self.evidence_in_reply = evidence_in_reply
         self.reply_padding = reply_padding
         #: The analyst messages the optimizer received, for tests to inspect.
@@ -64,9 +78,13 @@ class DemoWorldServer:
             self.held.set()
             self.release.wait(timeout=300)
             return ok(text="too late")
+        if self.refuse_schema and "response_format" in body:
+            return status(400, message="'response_format' is not supported by this server")
         chat = self.as_chat_request(body)
         if chat.stage == "rollout" and chat.last_user_text() in self.failing:
             return status(500, message="the fake server fails this item every time")
+        if chat.stage == "rollout" and chat.last_user_text() in self.slow:
+            time.sleep(self.slow_s)  # a right answer, late
         if chat.stage == "analyst":
             with self.lock:
                 self.analyst_messages.append(chat.last_user_text())
@@ -82,6 +100,13 @@ class DemoWorldServer:
             "meta_skill": demo.meta_skill,
         }[chat.stage]
         answer = handler(chat, 0)
+        if self.schema_only and chat.stage != "rollout":
+            schema = constraining_schema(body)
+            if schema is None:
+                return ok(text="I looked at the trajectories carefully and I think the skill could be "
+                               "improved by being clearer about the steps.", usage=self.usage)
+            missing = set(schema.get("required", [])) - set(answer if isinstance(answer, dict) else {})
+            assert not missing, f"the demo's {chat.stage} reply lacks the schema's keys {missing}"
         if self.evidence_in_reply and chat.stage == "rollout":
             answer = self.with_self_check(chat, str(answer))
         with self.lock:
@@ -117,6 +142,15 @@ class DemoWorldServer:
         elif "## Previous epoch's last skill" in user_text:
             stage = "meta_skill"
         return ChatRequest(messages=[system(system_text), user(user_text)], stage=stage, tags=tags)
+
+
+def constraining_schema(body: dict) -> dict | None:
+    """The JSON schema a Chat Completions request constrains its reply to, or None."""
+    response_format = body.get("response_format")
+    if not isinstance(response_format, dict) or response_format.get("type") != "json_schema":
+        return None
+    schema = (response_format.get("json_schema") or {}).get("schema")
+    return schema if isinstance(schema, dict) else None
 
 
 def canonical(body: dict) -> str:

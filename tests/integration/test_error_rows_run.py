@@ -27,12 +27,12 @@ def write_splits(root: Path, splits: dict[str, list[dict]]) -> Path:
     return root
 
 
-def train(url: str, data: Path, run_name: str) -> dict:
+def train(url: str, data: Path, run_name: str, *extra: str) -> dict:
     from skillopt.flows.train import skill_train
 
     overrides = [*role_overrides(url), "model.retry.base=0.01", "model.retry.cap=0.02",
                  "benchmark.split_mode=split_dir", f"benchmark.split_dir={data}",
-                 "evaluation.max_error_share=0.2"]
+                 "evaluation.max_error_share=0.2", *extra]
     return skill_train(benchmark="demo", overrides=overrides, run_name=run_name)
 
 
@@ -88,3 +88,26 @@ def test_persistent_500s_are_error_rows_and_the_run_decides_as_a_clean_run_on_th
     ).read_text()
     assert faulty["scores"] == clean["scores"]
     assert failing_ids.isdisjoint(item for r in steps for item in r["batch_ids"])
+
+
+def test_an_item_slower_than_its_limit_is_an_error_row_not_a_zero(prefect_settings, in_tmp):
+    splits = generate_splits(7, {"train": 8, "val": 8, "test": 8})
+    slow_rows = [splits["test"][1], splits["val"][2]]
+    world = DemoWorldServer(slow=frozenset(row["question"] for row in slow_rows), slow_s=9)
+    data = write_splits(in_tmp / "data", splits)
+    with world.server:
+        summary = train(world.server.openai_base_url, data, "slow", "benchmark.item_timeout_s=6",
+                        "model.target.timeout_s=30", "train.epochs=1", "train.batch_size=8")
+
+    rows = [json.loads(line) for line in
+            (Path(summary["run_dir"]) / "eval" / "best_test" / "results.jsonl").read_text().splitlines()]
+    late = [r for r in rows if r["id"] == slow_rows[0]["id"]]
+    assert late and late[0]["phase"] == "error" and late[0]["hard"] == 0
+    assert "benchmark.item_timeout_s (6 s)" in late[0]["fail_reason"]
+    assert all(r["phase"] == "done" for r in rows if r["id"] != slow_rows[0]["id"])
+    # summary.json: the slow selection item is left out of every gate as an error, never scored
+    written = json.loads((Path(summary["run_dir"]) / "summary.json").read_text())
+    assert written["counts"]["errors"]["gate"] >= 1
+    steps = [r for r in history(summary) if r["kind"] == "step" and r["gate"] is not None]
+    assert steps and all(slow_rows[1]["id"] in r["gate_error_ids"] for r in steps)
+    assert any("error rows" in warning for warning in written["warnings"])

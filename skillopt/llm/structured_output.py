@@ -1,0 +1,68 @@
+"""How a structured call asks its backend for a reply of a given shape, and what it learned doing so.
+
+``model.<role>.structured_output`` picks the way:
+
+- ``json_schema``: the backend constrains decoding to the response schema: OpenAI and Azure
+  ``response_format``/``text.format`` with ``json_schema`` (strict where the schema allows), Anthropic
+  one forced tool whose input schema is the response schema, OpenAI-compatible servers
+  ``response_format`` with ``json_schema`` (llama.cpp, vLLM, SGLang, Ollama take it), the ``local``
+  backend a JSON grammar.
+- ``json_object``: the server is asked for any JSON object; the schema travels in the prompt.
+- ``prompt``: nothing special on the wire; the schema travels in the prompt.
+- ``auto`` (the default): what the backend does best. On ``openai_compatible`` that is ``json_schema``
+  unless the preset knows the server takes only ``json_object``; the first structured call to an
+  endpoint is the probe: a server that rejects the field (HTTP 400/422) is remembered for the rest of
+  the run, gets the schema in the prompt instead, and one note says so.
+
+Whatever the mode, the reply is still validated against the schema and parsed from text as a last
+resort (``skillopt.llm.json_extract``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any, Literal
+
+from pydantic import BaseModel
+
+from skillopt.llm.json_extract import strict_json_schema
+
+log = logging.getLogger("skillopt.llm")
+
+StructuredOutput = Literal["auto", "json_schema", "json_object", "prompt"]
+STRUCTURED_OUTPUTS: tuple[str, ...] = ("auto", "json_schema", "json_object", "prompt")
+
+
+def wire_schema(schema: type[BaseModel]) -> tuple[dict[str, Any], bool]:
+    """``schema`` as a constrained-output request carries it, and whether it is strict.
+
+    Strict when the schema can be (every object closed, every key required); a schema with a free-form
+    map cannot, and is sent as it is with ``strict: false``: servers still constrain to it."""
+    try:
+        return strict_json_schema(schema), True
+    except ValueError:
+        return schema.model_json_schema(), False
+
+
+class StructuredModes:
+    """What each endpoint turned out to accept, shared by the roles of one run (thread-safe).
+
+    Keys are ``backend|base_url|model``: roles on one server share what it taught."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._rejected: dict[str, str] = {}
+
+    def rejected(self, key: str) -> bool:
+        """Whether the endpoint ``key`` refused constrained output earlier in this run."""
+        with self._lock:
+            return key in self._rejected
+
+    def reject(self, key: str, reason: str) -> bool:
+        """Remember that endpoint ``key`` refused constrained output; True the first time (say so then)."""
+        with self._lock:
+            if key in self._rejected:
+                return False
+            self._rejected[key] = reason
+            return True

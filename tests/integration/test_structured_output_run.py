@@ -1,0 +1,82 @@
+"""Constrained structured output over a real HTTP peer: a training run asks the OpenAI-compatible server for
+schema-constrained replies, so a server that answers JSON only under a schema (as llama.cpp or vLLM with a
+small model do) parses on the first attempt; a server that refuses the field gets the schema in the prompt
+once it has said so, and the run still trains."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+
+from skillopt.llm.clients import CORRECTION_LEAD
+from tests.fakes.demo_world_http import TWO_STEPS, DemoWorldServer, constraining_schema, role_overrides
+
+pytestmark = pytest.mark.slow
+
+
+def train(world: DemoWorldServer, run_name: str) -> dict:
+    from skillopt.flows.train import skill_train
+
+    with world.server:
+        overrides = [*role_overrides(world.server.openai_base_url), *TWO_STEPS, "model.retry.base=0.01",
+                     "model.retry.cap=0.02"]
+        return skill_train(benchmark="demo", overrides=overrides, run_name=run_name)
+
+
+def chat_bodies(world: DemoWorldServer) -> list[dict]:
+    return [r.body for r in world.server.requests_for("/v1/chat/completions") if isinstance(r.body, dict)]
+
+
+def optimizer_bodies(world: DemoWorldServer) -> list[dict]:
+    return [b for b in chat_bodies(world) if b["model"] == "demo-optimizer"]
+
+
+def optimizer_replies(summary: dict) -> dict:
+    return json.loads((Path(summary["run_dir"]) / "summary.json").read_text())["counts"]["optimizer_replies"]
+
+
+def usage_lines(summary: dict) -> list[dict]:
+    path = Path(summary["run_dir"]) / "usage.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def test_every_structured_call_parses_first_time_against_a_server_that_answers_json_only_under_a_schema(
+        prefect_settings, in_tmp):
+    world = DemoWorldServer(schema_only=True)
+    summary = train(world, "schema-only")
+
+    bodies = optimizer_bodies(world)
+    stages = {world.as_chat_request(b).stage for b in bodies}
+    assert "analyst" in stages
+    assert bodies and all(constraining_schema(b) is not None for b in bodies)
+    assert all(b["response_format"]["json_schema"]["strict"] for b in bodies)
+    # not one re-ask: every structured reply parsed on its first attempt
+    assert not [b for b in chat_bodies(world) if CORRECTION_LEAD in json.dumps(b)]
+    optimizer_calls = [u for u in usage_lines(summary) if u["role"] == "optimizer"]
+    assert optimizer_calls and all(u["status"] == "ok" for u in optimizer_calls)
+    replies = optimizer_replies(summary)
+    assert replies["fallback"] == 0 and replies["parsed"] > 0
+    # and the run learned: the demo's optimizer edits reached the skill
+    best = Path(summary["run_dir"]) / "best_skill.md"
+    assert best.read_text(encoding="utf-8").strip()
+
+
+def test_a_server_that_refuses_response_format_gets_the_schema_in_the_prompt_after_one_note(
+        prefect_settings, in_tmp, caplog):
+    world = DemoWorldServer(refuse_schema=True)
+    with caplog.at_level(logging.WARNING, logger="skillopt.llm"):
+        summary = train(world, "refused")
+
+    bodies = optimizer_bodies(world)
+    refused = [b for b in bodies if "response_format" in b]
+    prompted = [b for b in bodies if "response_format" not in b]
+    assert len(refused) == 1  # the endpoint's first structured call was the probe; nothing after it
+    assert prompted and all("must match this JSON schema" in b["messages"][0]["content"] for b in prompted)
+    notes = [r.getMessage() for r in caplog.records if "refused schema-constrained output" in r.getMessage()]
+    assert len(notes) == 1 and "structured_output" in notes[0]
+    assert not [b for b in chat_bodies(world) if CORRECTION_LEAD in json.dumps(b)]
+    replies = optimizer_replies(summary)
+    assert replies["fallback"] == 0 and replies["parsed"] > 0
