@@ -98,7 +98,8 @@ def command_line_defaults() -> dict[Any, Any]:
 
 def run_flow(kind: str, out: _Printer, guard: InterruptGuard | None = None,
              **parameters: Any) -> dict[str, Any]:
-    """Run ``skill-train`` (``kind="train"``) or ``skill-eval`` (``"eval"``) in this process.
+    """Run ``skill-train`` (``kind="train"``), ``skill-eval`` (``"eval"``), ``skill-compare``
+    (``"compare"``) or ``skill-transfer`` (``"transfer"``) in this process.
 
     With no ``PREFECT_API_URL`` the temporary API server is started here, in its own session, so the
     terminal's Ctrl-C reaches only this process; ``guard`` then stops it on exit and stops the run
@@ -129,6 +130,10 @@ def run_flow(kind: str, out: _Printer, guard: InterruptGuard | None = None,
                 run: Callable[..., dict[str, Any]]
                 if kind == "train":
                     from skillopt.flows.train import skill_train as run
+                elif kind == "compare":
+                    from skillopt.flows.compare import skill_compare as run
+                elif kind == "transfer":
+                    from skillopt.flows.transfer import skill_transfer as run
                 else:
                     from skillopt.flows.evaluate import skill_eval as run
                 server = starting.wait() if starting is not None else None
