@@ -51,7 +51,23 @@ def skill_compare(benchmark: str, skill_a: str = "initial", skill_b: str = "regi
     A skill is a markdown file, a folder with ``SKILL.md``, a run directory (its ``best_skill.md``),
     ``initial`` (the benchmark's starting skill) or ``registry:<bench>[@<version>]`` (``registry:`` alone:
     this benchmark's promoted skill). ``target`` names a ``model.targets`` entry to evaluate with instead of
-    ``model.target``. Returns ``compare.json``'s content with ``run_dir``."""
+    ``model.target``. Returns ``compare.json``'s content with ``run_dir``.
+
+    Args:
+        benchmark: The benchmark to compare on, e.g. searchqa (one of `skillopt benchmarks`).
+        skill_a: The first skill (A): a markdown file, a folder with SKILL.md, a run directory (its
+            best_skill.md), initial, or registry:<bench>@<version> (registry: alone: the promoted skill).
+        skill_b: The second skill (B), compared with A (the difference is B - A); as skill_a.
+        split: train, val (selection) or test.
+        target: A named target model (model.targets.NAME) to evaluate with. Empty: model.target.
+        data: The benchmark's data on the machine that runs the flow (a folder with train/ val/ test/ or one
+            data file). Empty: the data named in the benchmark's config.
+        config_file: A YAML config file on the machine that runs the flow, merged over the benchmark's config.
+        overrides: Config overrides applied in order, each `section.key=value`.
+        run_name: Name of the run directory under run.runs_dir. Empty: a fresh name.
+        cli_roles: Backend and model for every role without its own setting, e.g. {"backend": "openai",
+            "model": "gpt-4.1-mini"}.
+    """
     split = resolve_split(split)
     loaded = load_config(benchmark, config_file=config_file, overrides=config_overrides(data, overrides),
                          env=os.environ)

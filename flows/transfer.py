@@ -29,7 +29,7 @@ from skillopt.atomic import atomic_write_bytes
 from skillopt.config import load_config
 from skillopt.data import resolve_split
 from skillopt.decision_pages import matrix_page
-from skillopt.errors import SkillOptError
+from skillopt.errors import ConfigError, SkillOptError
 from skillopt.flows.naming import config_overrides
 from skillopt.paired import CONFIDENCE, compare_rows, per_item_cost
 from skillopt.runs import run_directory_name
@@ -70,7 +70,25 @@ def skill_transfer(benchmarks: list[str], skills: list[str], targets: list[str],
                    overrides: list[str] | None = None, run_name: str | None = None,
                    cli_roles: dict[str, Any] | None = None) -> dict[str, Any]:
     """The transfer matrix of ``skills`` (references as ``skillopt compare`` takes them) on ``targets``
-    (``model.targets`` names) and ``benchmarks``; returns ``matrix.json``'s content with ``run_dir``."""
+    (``model.targets`` names) and ``benchmarks``; returns ``matrix.json``'s content with ``run_dir``.
+
+    Args:
+        benchmarks: The benchmarks, e.g. ["demo"] (each one of `skillopt benchmarks`).
+        skills: The skills: markdown files, folders with SKILL.md, run directories (their best_skill.md),
+            initial, or registry:<bench>@<version> (registry: alone: each benchmark's promoted skill).
+        targets: Named target models, each a model.targets.NAME entry of the benchmarks' configs.
+        split: train, val (selection) or test.
+        data: One benchmark's data on the machine that runs the flow (with exactly one benchmark). Empty: the
+            data named in each benchmark's config.
+        config_file: A YAML config file on the machine that runs the flow, merged over each benchmark's
+            config.
+        overrides: Config overrides applied in order, each `section.key=value`.
+        run_name: Name of the matrix's run directory under run.runs_dir. Empty: a fresh name.
+        cli_roles: Backend and model for the roles without their own setting (a named target keeps its own).
+    """
+    if not targets or not skills or not benchmarks:
+        raise ConfigError("skill-transfer needs at least one skill, one named target (model.targets.NAME) "
+                          "and one benchmark")
     split = resolve_split(split)
     name = run_name or flow_run.name or "transfer"
     specs: list[tuple[str, str, RunSpec, Any]] = []

@@ -104,7 +104,9 @@ def _build_parser() -> argparse.ArgumentParser:
     evaluate = commands.add_parser("eval", help="score a skill file on a split",
                                    description="Evaluate a skill file on a benchmark split.")
     evaluate.add_argument("benchmark", metavar="BENCHMARK")
-    evaluate.add_argument("--skill", required=True, metavar="FILE", help="the skill markdown file")
+    evaluate.add_argument("--skill", required=True, metavar="SKILL",
+                          help="the skill: a .md file, a folder with SKILL.md, a run directory, 'initial' or "
+                               "registry:<bench>[@<version>]")
     evaluate.add_argument("--split", default="test", help="train, val (selection) or test (default)")
     _add_run_options(evaluate, cache=False)
 
@@ -444,14 +446,11 @@ def _cmd_demo(args: argparse.Namespace, out: _Output) -> int:
 
 
 def _cmd_eval(args: argparse.Namespace, out: _Output) -> int:
-    from pathlib import Path
+    from skillopt.decision_cli import read_skills
 
-    from skillopt.errors import ConfigError
-
-    if not Path(args.skill).is_file():
-        raise ConfigError(f"--skill: no file at {args.skill}")
     overrides = [*_data_overrides(args.data), *args.override]
-    _check_before_prefect(args.benchmark, args, overrides, roles_used=("target",), split=args.split)
+    loaded = _check_before_prefect(args.benchmark, args, overrides, roles_used=("target",), split=args.split)
+    read_skills(loaded, [args.skill])  # a skill that cannot be read or does not parse stops here
     result = _run_flow("eval", out, benchmark=args.benchmark, skill_file=args.skill, split=args.split,
                       config_file=args.config, overrides=overrides, run_name=args.run_name,
                       cli_roles=_cli_roles(args))
@@ -664,6 +663,9 @@ def _cmd_serve(args: argparse.Namespace, out: _Output) -> int:
     out.print(
         f"serving {len(benchmarks)} deployment(s): " + ", ".join(f"skill-train/{b}" for b in benchmarks)
     )
+    from skillopt.deployments.decisions import deployment_names
+
+    out.print("  and for evaluation: " + ", ".join(deployment_names(benchmarks)))
     for skip in skipped:
         out.print(f"  skipped {skip.benchmark}: {skip.reason}")
     out.print(f"  schedule: {cron + ' ' + (args.timezone or DEFAULT_TIMEZONE) if cron else 'none'}; "

@@ -165,7 +165,8 @@ def per_item_cost(rows: Sequence[ItemResult]) -> ItemCost:
     prompt = math.fsum(float(u.get("prompt_tokens") or 0) for u in measured)
     completion = math.fsum(float(u.get("completion_tokens") or 0) for u in measured)
     costs = [u.get("usd") for u in measured]
-    usd = None if not measured or any(c is None for c in costs) else math.fsum(float(c or 0.0) for c in costs) / n
+    unknown = not measured or any(c is None for c in costs)
+    usd = None if unknown else math.fsum(float(c or 0.0) for c in costs) / n
     return ItemCost(prompt_tokens=prompt / n, completion_tokens=completion / n,
                     tokens=(prompt + completion) / n, usd=usd,
                     calls=math.fsum(float(u.get("calls") or 0) for u in measured) / n, measured=len(measured))
