@@ -1,7 +1,7 @@
 """The ``skill-compare`` flow: two skills on the same items of one benchmark, with a paired test.
 
-Both skills are scored on the same split (cut to ``evaluation.sel_size`` / ``test_size`` as ``skill-eval``
-does) through the cached ``evaluate_skill`` task, at once; the comparison (``skillopt.paired``) goes to
+Both skills are scored on every item of the same split (as ``skill-eval`` scores a skill) through the cached
+``evaluate_skill`` task, at once; the comparison (``skillopt.paired``) goes to
 ``compare.json`` and ``compare.html`` in the run directory and to a Prefect markdown artifact.
 """
 
@@ -77,7 +77,7 @@ def skill_compare(benchmark: str, skill_a: str = "initial", skill_b: str = "regi
     spec = RunSpec.create(loaded, cli_roles=roles, run_name=run_name or flow_run.name, prefix="compare")
     with started_run(spec, loaded=loaded) as run:
         sources = [_read(run, reference) for reference in (skill_a, skill_b)]
-        ids = run.selection_ids(split)
+        ids = run.split_ids[split]  # the whole split, as skill-eval scores it
         # A skill compared with itself is evaluated once.
         distinct = {source.sha: source for source in sources}.values()
         jobs: list[tuple[str, str, list[str]]] = [(source.text, split, ids) for source in distinct]

@@ -116,7 +116,7 @@ def skill_transfer(benchmarks: list[str], skills: list[str], targets: list[str],
                    for (bench, _), run in runs.items()}
         jobs: dict[tuple[str, str, str], Any] = {}
         for (bench, target), run in runs.items():
-            ids = run.selection_ids(split)
+            ids = run.split_ids[split]  # the whole split, as skill-eval scores it
             initial = _read(run, INITIAL)
             wanted = [(source.reference, source) for source in sources[bench]]
             if initial.sha not in {source.sha for source in sources[bench]}:

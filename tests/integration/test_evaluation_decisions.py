@@ -38,21 +38,20 @@ def run_cli(*argv: str) -> tuple[int, str, str]:
 def test_compare_prints_difference_interval_p_and_flips_and_a_skill_against_itself_is_zero(
         prefect_settings, in_tmp):
     (in_tmp / "trained.md").write_text(TRAINED, encoding="utf-8")
-    code, out, err = run_cli("compare", "initial", "trained.md", "demo", "--backend", "scripted",
-                             "-o", "evaluation.test_size=12")
+    code, out, err = run_cli("compare", "initial", "trained.md", "demo", "--backend", "scripted")
     assert code == 0, err
     assert "difference B - A: +" in out and "95% interval [" in out and "sign test: p = " in out
     assert "flips: " in out
     folder = Path(next(line.split(": ", 1)[1] for line in out.splitlines()
                        if line.startswith("compare.json: "))).parent
     result = json.loads((folder / "compare.json").read_text())
-    assert result["n"] == 12 and result["difference"] > 0 and result["ci_low"] <= result["difference"]
+    assert result["n"] == 24 and result["difference"] > 0 and result["ci_low"] <= result["difference"]
     assert result["difference"] == pytest.approx(result["b"]["gate"] - result["a"]["gate"])
     assert len(result["flips"]["improved"]) >= 1 and result["p_value"] < 1
     assert result["a"]["per_item"]["tokens"] > 0 and result["b"]["skill_tokens"] > result["a"]["skill_tokens"]
     assert "B is better" in (folder / "compare.html").read_text() or result["p_value"] > 0.05
 
-    code, out, err = run_cli("compare", "trained.md", "trained.md", "demo", "-o", "evaluation.test_size=12")
+    code, out, err = run_cli("compare", "trained.md", "trained.md", "demo")
     assert code == 0, err
     folder = Path(next(line.split(": ", 1)[1] for line in out.splitlines()
                        if line.startswith("compare.json: "))).parent
@@ -67,8 +66,7 @@ def test_transfer_writes_a_2x2_matrix_and_shows_one_evaluation_task_per_cell(pre
 
     (in_tmp / "trained.md").write_text(TRAINED, encoding="utf-8")
     code, out, err = run_cli("transfer", "--skills", "initial", "trained.md", "--targets", "scripted_a",
-                             "scripted_b", "--bench", "demo", "-o", "evaluation.test_size=12",
-                             "--run-name", "transfer-2x2")
+                             "scripted_b", "--bench", "demo", "--run-name", "transfer-2x2")
     assert code == 0, err
     folder = in_tmp / "runs" / "transfer-2x2"
     matrix = json.loads((folder / "matrix.json").read_text())
@@ -118,3 +116,40 @@ def test_pareto_keeps_two_skills_that_win_on_different_items_and_the_report_draw
     assert (run_dir / "best_skill.md").is_file() and summary["best_skill_sha"] == front["chosen"]
     report = (run_dir / "report.html").read_text()
     assert f'id="chart-front" data-points="{len(members)}"' in report and "<td>chosen</td>" in report
+
+
+def test_serve_registers_the_evaluation_deployments_and_skill_eval_scores_a_registry_version(prefect_api,
+                                                                                          tmp_path):
+    from prefect.exceptions import ObjectNotFound
+
+    from tests.integration.test_deployments import serving
+
+    (tmp_path / "trained.md").write_text(TRAINED, encoding="utf-8")
+    code, _, err = run_cli("skills", "promote", "demo", str(tmp_path / "trained.md"), "--skills-dir",
+                           str(tmp_path / "skills"))
+    assert code == 0, err
+    with serving(prefect_api, tmp_path, "demo") as (handle, _, _):
+        with handle.settings(), handle.client() as client:
+            deadline = time.monotonic() + 60
+            found = {}
+            for name in ("skill-eval/demo", "skill-compare/demo", "skill-transfer/matrix"):
+                while name not in found:
+                    try:
+                        found[name] = client.read_deployment_by_name(name)
+                    except ObjectNotFound:
+                        assert time.monotonic() < deadline, f"{name} not registered"
+                        time.sleep(0.5)
+        assert found["skill-eval/demo"].parameters["skill_file"] == "registry:"
+        assert found["skill-transfer/matrix"].parameters["targets"] == ["scripted_a", "scripted_b"]
+        assert [s.schedule.cron for s in found["skill-transfer/matrix"].schedules] == ["0 3 * * *"]
+        assert "and for evaluation: skill-eval/demo, skill-compare/demo, skill-transfer/matrix" in \
+            handle.log.read_text()
+
+        handle.deployment = "skill-eval/demo"
+        flow_run = handle.wait(handle.trigger({"skill_file": "registry:demo@1"}))
+        assert flow_run.state.type.value == "COMPLETED", handle.log.read_text()[-3000:]
+    (eval_dir,) = (tmp_path / "runs").glob("demo-eval-*")
+    scores = json.loads((eval_dir / "eval" / "test" / "scores.json").read_text())
+    from skillopt.skill import skill_hash
+
+    assert scores["n"] == 24 and scores["skill_sha"] == skill_hash(TRAINED)
