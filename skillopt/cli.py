@@ -182,7 +182,7 @@ def _add_report_commands(commands: argparse._SubParsersAction) -> None:
         usage="skillopt compare SKILL_A SKILL_B BENCHMARK [options]\n       skillopt compare --runs RUN_DIR "
               "[RUN_DIR ...] [--out FILE]",
         description="SKILL_A SKILL_B BENCHMARK: score both skills on the same items of a split (through the "
-                    "cache) and compare them item by item: the difference B - A with its 95%% interval, the "
+                    "cache) and compare them item by item: the difference B - A with its 95% interval, the "
                     "p-value of a paired sign test (0/1 scores) or bootstrap, the items that flipped, tokens "
                     "and cost per item; writes compare.json and compare.html in a run directory. A skill is "
                     "a .md file, a folder with SKILL.md, a run directory (its best_skill.md), 'initial' "
@@ -203,7 +203,7 @@ def _add_report_commands(commands: argparse._SubParsersAction) -> None:
         "transfer", help="a transfer matrix: skills x target models x benchmarks",
         description="Evaluate every skill with every named target model (model.targets.NAME) on every "
                     "benchmark, each cell one cached evaluation; the difference of each to the initial skill "
-                    "on the same target and benchmark with its 95%% interval, and the cost per item. Writes "
+                    "on the same target and benchmark with its 95% interval, and the cost per item. Writes "
                     "matrix.json and an HTML heatmap (matrix.html) in a run directory.",
     )
     transfer.add_argument("--skills", nargs="+", required=True, metavar="SKILL",
