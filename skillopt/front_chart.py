@@ -31,8 +31,8 @@ def front_section(run_dir: Path) -> str:
 
     kept = [m for m in members if m["sha"] != chosen]
     picked = [m for m in members if m["sha"] == chosen]
-    series = [Series("front", [point(m) for m in kept], marks=["accepted"] * len(kept), line=False),
-              Series("chosen", [point(m) for m in picked], marks=["gate accepted"] * len(picked), line=False)]
+    series = [Series("front", [point(m) for m in kept], line=False),
+              Series("chosen", [point(m) for m in picked], marks=["gate"] * len(picked), line=False)]
     chart = line_chart("chart-front", "Pareto front: selection score against skill length", series,
                        x_label="skill tokens", y_label="selection score", y_range=(0.0, 1.0))
     marked = ' class="chosen"'
