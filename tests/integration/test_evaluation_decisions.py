@@ -50,6 +50,11 @@ def test_compare_prints_difference_interval_p_and_flips_and_a_skill_against_itse
     assert len(result["flips"]["improved"]) >= 1 and result["p_value"] < 1
     assert result["a"]["per_item"]["tokens"] > 0 and result["b"]["skill_tokens"] > result["a"]["skill_tokens"]
     assert "B is better" in (folder / "compare.html").read_text() or result["p_value"] > 0.05
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        keys = {artifact.key for artifact in client.read_artifacts()}
+    assert f"{folder.name}-compare" in keys
 
     code, out, err = run_cli("compare", "trained.md", "trained.md", "demo")
     assert code == 0, err
