@@ -211,6 +211,19 @@ def build_deployments(benchmarks: Sequence[str], defaults: RunDefaults, *, cron:
     ]
 
 
+def evaluation_deployments(benchmarks: Sequence[str], defaults: RunDefaults, *,
+                           cron: str | None = DEFAULT_CRON, timezone: str = DEFAULT_TIMEZONE) -> list[Any]:
+    """``skill-eval/<b>``, ``skill-compare/<b>`` and ``skill-transfer/matrix`` (on the schedule) for the
+    served benchmarks (``skillopt.deployments.decisions``)."""
+    from prefect.schedules import Cron
+
+    from skillopt.deployments.decisions import decision_deployments
+
+    schedules = [Cron(cron, timezone=timezone)] if cron else None
+    return decision_deployments(benchmarks, defaults, schedules=schedules,
+                                concurrency_limit=CONCURRENCY_PER_BENCHMARK)
+
+
 def serve_benchmarks(benchmarks: Sequence[str], defaults: RunDefaults, *, cron: str | None = DEFAULT_CRON,
                      timezone: str = DEFAULT_TIMEZONE, grace_s: float = STOP_GRACE_S,
                      registered: Callable[[], None] | None = None) -> int:
@@ -235,6 +248,8 @@ def serve_benchmarks(benchmarks: Sequence[str], defaults: RunDefaults, *, cron: 
 
     runner = _PromptRunner(pause_on_shutdown=False)
     for deployment in build_deployments(benchmarks, defaults, cron=cron, timezone=timezone):
+        runner.add_deployment(deployment)
+    for deployment in evaluation_deployments(benchmarks, defaults, cron=cron, timezone=timezone):
         runner.add_deployment(deployment)
     if registered is not None:
         registered()

@@ -101,7 +101,8 @@ def command_line_defaults() -> dict[Any, Any]:
 
 def run_flow(kind: str, out: _Printer, guard: InterruptGuard | None = None, *,
              prefect_server: str = "temporary", **parameters: Any) -> dict[str, Any]:
-    """Run ``skill-train`` (``kind="train"``) or ``skill-eval`` (``"eval"``) in this process.
+    """Run ``skill-train`` (``kind="train"``), ``skill-eval`` (``"eval"``), ``skill-compare``
+    (``"compare"``) or ``skill-transfer`` (``"transfer"``) in this process.
 
     With no Prefect API configured and no local server running, ``prefect_server`` chooses: ``background``
     starts the local server and leaves it up; ``temporary`` starts Prefect's temporary API server here, in
@@ -133,6 +134,10 @@ def run_flow(kind: str, out: _Printer, guard: InterruptGuard | None = None, *,
                 run: Callable[..., dict[str, Any]]
                 if kind == "train":
                     from skillopt.flows.train import skill_train as run
+                elif kind == "compare":
+                    from skillopt.flows.compare import skill_compare as run
+                elif kind == "transfer":
+                    from skillopt.flows.transfer import skill_transfer as run
                 else:
                     from skillopt.flows.evaluate import skill_eval as run
                 server = starting.wait() if starting is not None else None

@@ -21,6 +21,7 @@ from skillopt.error_rows import answered_rows, paired_answered, too_many_errors
 from skillopt.gate import GateResult, Scores, decide, gate_score, score_rows
 from skillopt.llm.usage import Totals, check_budget, projection_from_history
 from skillopt.merge import merge_groups
+from skillopt.pareto import Front
 from skillopt.records import ItemResult, Patch, StepRecord, unusable_replies_warning
 from skillopt.reflect import split_and_batch
 from skillopt.registry import PromotedSkill, SkillRegistry
@@ -65,6 +66,8 @@ class TrainState(BaseModel):
     stopped_message: str | None = None
     #: The dry-run estimate of one step's spend: the budget guard's projection until a step has finished.
     step_estimate: Totals | None = None
+    #: The accepted skills kept with ``train.selection: pareto`` (``flows/front.py``).
+    front: Front = Field(default_factory=Front)
 
 
 class StepTimer:
@@ -265,6 +268,10 @@ def accept(run: Run, state: TrainState, candidate: str, score: float, *, new_bes
     if new_best:
         state.best_skill, state.best_score, state.best_step = candidate, score, state.step
         run.dir.write_best_skill(candidate)
+    if run.config.train.selection == "pareto":
+        from skillopt.flows.front import admit
+
+        admit(run, state, candidate)
 
 
 def gate_value(run: Run, scores: Scores) -> float:

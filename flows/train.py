@@ -29,6 +29,7 @@ from skillopt import live
 from skillopt.assembly import Run, RunSpec
 from skillopt.config import load_config
 from skillopt.data import StepPlan
+from skillopt.flows.front import choose_final, start_from_front
 from skillopt.flows.naming import config_overrides, train_run_name
 from skillopt.flows.run import PROGRESS_LOGGER
 from skillopt.flows.stages import (
@@ -152,6 +153,8 @@ def train(
             state = run_epoch(run, state, epoch)
             if state.stopped_by:
                 break
+        if run.config.train.selection == "pareto":
+            choose_final(run, state)
         summary = finish(run, state, wall_s=time.monotonic() - started)
         if mode == "nightly":
             summary["promotion"] = promote_if_better(run, state, registry, incumbent)
@@ -216,6 +219,8 @@ def skill_epoch(run: Any, state: TrainState, epoch: int) -> TrainState:
             return state
         state.step += 1
         live.emit("step", epoch=epoch, step=state.step, total_steps=state.total_steps)
+        if cfg.train.selection == "pareto":  # the step starts from a skill of the front (flows/front.py)
+            start_from_front(run, state)
         before = state.current_skill
         record = train_step(run, state, buffer, draws, epoch=epoch, step_plan=step_plan,
                             budget=schedule.budget(state.step))

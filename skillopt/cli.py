@@ -34,7 +34,8 @@ EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
 #: The commands that run a flow: Ctrl-C stops them through an ``InterruptGuard``.
-_RUN_COMMANDS = frozenset({("train", None), ("demo", None), ("eval", None)})
+_RUN_COMMANDS = frozenset({("train", None), ("demo", None), ("eval", None), ("compare", None),
+                           ("transfer", None)})
 
 
 class _Output:
@@ -105,8 +106,9 @@ def _build_parser() -> argparse.ArgumentParser:
     evaluate = commands.add_parser("eval", help="score a skill file on a split",
                                    description="Evaluate a skill file on a benchmark split.")
     evaluate.add_argument("benchmark", metavar="BENCHMARK")
-    evaluate.add_argument("--skill", required=True, metavar="PATH",
-                          help="the skill: an Agent Skills folder or a markdown file")
+    evaluate.add_argument("--skill", required=True, metavar="SKILL",
+                          help="the skill: a .md file, a folder with SKILL.md, a run directory, 'initial' or "
+                               "registry:<bench>[@<version>]")
     evaluate.add_argument("--split", default="test", help="train, val (selection) or test (default)")
     _add_run_options(evaluate, cache=False)
 
@@ -178,13 +180,41 @@ def _add_report_commands(commands: argparse._SubParsersAction) -> None:
     )
     report.add_argument("--out", metavar="FILE", help="where to write it (default RUN_DIR/report.html)")
     compare = commands.add_parser(
-        "compare", help="put several runs side by side in one HTML file",
-        description="Render score curves, final scores and cost of several runs into one self-contained "
-                    "HTML file.",
+        "compare", help="compare two skills on one benchmark (paired test), or put runs side by side",
+        usage="skillopt compare SKILL_A SKILL_B BENCHMARK [options]\n       skillopt compare --runs RUN_DIR "
+              "[RUN_DIR ...] [--out FILE]",
+        description="SKILL_A SKILL_B BENCHMARK: score both skills on the same items of a split (through the "
+                    "cache) and compare them item by item: the difference B - A with its 95% interval, the "
+                    "p-value of a paired sign test (0/1 scores) or bootstrap, the items that flipped, tokens "
+                    "and cost per item; writes compare.json and compare.html in a run directory. A skill is "
+                    "a .md file, a folder with SKILL.md, a run directory (its best_skill.md), 'initial' "
+                    "(the benchmark's starting skill) or registry:<bench>[@<version>]. --runs RUN_DIR...: "
+                    "score curves, final scores and cost of several runs in one HTML file (also what "
+                    "RUN_DIR arguments without a benchmark name at the end do).",
     )
-    compare.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
-    compare.add_argument("--out", metavar="FILE", default="compare.html",
-                         help="where to write it (default compare.html)")
+    compare.add_argument("items", nargs="*", metavar="SKILL_A SKILL_B BENCHMARK")
+    compare.add_argument("--runs", nargs="+", metavar="RUN_DIR", help="put these runs side by side instead")
+    compare.add_argument("--out", metavar="FILE", default=None,
+                         help="with --runs: where to write the page (default compare.html)")
+    compare.add_argument("--split", default="test", help="train, val (selection) or test (default)")
+    compare.add_argument("--target", metavar="NAME",
+                         help="evaluate with the named target model model.targets.NAME")
+    _add_run_options(compare, cache=False)
+
+    transfer = commands.add_parser(
+        "transfer", help="a transfer matrix: skills x target models x benchmarks",
+        description="Evaluate every skill with every named target model (model.targets.NAME) on every "
+                    "benchmark, each cell one cached evaluation; the difference of each to the initial skill "
+                    "on the same target and benchmark with its 95% interval, and the cost per item. Writes "
+                    "matrix.json and an HTML heatmap (matrix.html) in a run directory.",
+    )
+    transfer.add_argument("--skills", nargs="+", required=True, metavar="SKILL",
+                          help="skills as for compare (initial, files, folders, run dirs, registry:...)")
+    transfer.add_argument("--targets", nargs="+", required=True, metavar="NAME",
+                          help="named target models (model.targets.NAME of the config)")
+    transfer.add_argument("--bench", nargs="+", required=True, metavar="BENCHMARK", help="benchmarks")
+    transfer.add_argument("--split", default="test", help="train, val (selection) or test (default)")
+    _add_run_options(transfer, cache=False)
 
 
 def _add_serve_and_skills(commands: argparse._SubParsersAction) -> None:
@@ -382,9 +412,10 @@ def _prefetch(loaded: LoadedConfig, args: argparse.Namespace) -> str | None:
                              run_name=args.run_name)
 
 
-def _prefect_server(loaded: LoadedConfig, args: argparse.Namespace) -> str:
+def _prefect_server(loaded: LoadedConfig | None, args: argparse.Namespace) -> str:
     """Which Prefect server a run starts when it has none: ``temporary`` with ``--ephemeral`` or
-    ``SKILLOPT_PREFECT_SERVER=temporary``, else ``run.prefect_server`` (``background`` by default)."""
+    ``SKILLOPT_PREFECT_SERVER=temporary``, else ``run.prefect_server`` (``background`` by default;
+    also for the commands that span several configs, ``compare`` and ``transfer``)."""
     if args.ephemeral:
         return "temporary"
     chosen = os.environ.get("SKILLOPT_PREFECT_SERVER", "").strip()
@@ -394,7 +425,7 @@ def _prefect_server(loaded: LoadedConfig, args: argparse.Namespace) -> str:
 
             raise ConfigError(f"SKILLOPT_PREFECT_SERVER={chosen!r}: expected background or temporary")
         return chosen
-    return loaded.config.run.prefect_server
+    return loaded.config.run.prefect_server if loaded is not None else "background"
 
 
 def _run_flow(kind: str, out: _Output, *, prefect_server: str, **parameters: object) -> dict:
@@ -474,14 +505,11 @@ def _cmd_demo(args: argparse.Namespace, out: _Output) -> int:
 
 
 def _cmd_eval(args: argparse.Namespace, out: _Output) -> int:
-    from pathlib import Path
+    from skillopt.decision_cli import read_skills
 
-    from skillopt.errors import ConfigError
-
-    if not Path(args.skill).exists():
-        raise ConfigError(f"--skill: no skill folder or file at {args.skill}")
     overrides = [*_data_overrides(args.data), *args.override]
     loaded = _check_before_prefect(args.benchmark, args, overrides, roles_used=("target",), split=args.split)
+    read_skills(loaded, [args.skill])  # a skill that cannot be read or does not parse stops here
     result = _run_flow("eval", out, prefect_server=_prefect_server(loaded, args), benchmark=args.benchmark,
                        skill_file=args.skill, split=args.split, config_file=args.config, overrides=overrides,
                        run_name=args.run_name, cli_roles=_cli_roles(args))
@@ -721,6 +749,9 @@ def _cmd_serve(args: argparse.Namespace, out: _Output) -> int:
     out.print(
         f"serving {len(benchmarks)} deployment(s): " + ", ".join(f"skill-train/{b}" for b in benchmarks)
     )
+    from skillopt.deployments.decisions import deployment_names
+
+    out.print("  and for evaluation: " + ", ".join(deployment_names(benchmarks)))
     for skip in skipped:
         out.print(f"  skipped {skip.benchmark}: {skip.reason}")
     out.print(f"  schedule: {cron + ' ' + (args.timezone or DEFAULT_TIMEZONE) if cron else 'none'}; "
@@ -919,14 +950,53 @@ def _cmd_report(args: argparse.Namespace, out: _Output) -> int:
 
 
 def _cmd_compare(args: argparse.Namespace, out: _Output) -> int:
+    """``compare SKILL_A SKILL_B BENCHMARK`` (a paired comparison), or ``compare --runs RUN_DIR...`` (the run
+    comparison page); RUN_DIR arguments without ``--runs`` still mean the latter when the last one is not a
+    benchmark name."""
+    from skillopt.decision_cli import compare_mode
+
+    mode = compare_mode(args.items, args.runs)
+    if mode == "runs":
+        return _compare_runs(args.runs or args.items, args.out or "compare.html", out)
+    from skillopt.decision_cli import check_compare, compare_lines
+
+    skill_a, skill_b, benchmark = args.items
+    overrides = [*_data_overrides(args.data), *args.override]
+    check_compare(benchmark, skill_a, skill_b, config_file=args.config, overrides=overrides,
+                  cli_roles=_cli_roles(args), split=args.split, target=args.target, env=os.environ)
+    result = _run_flow("compare", out, prefect_server=_prefect_server(None, args), benchmark=benchmark,
+                       skill_a=skill_a, skill_b=skill_b,
+                       split=args.split, target=args.target, data=args.data, config_file=args.config,
+                       overrides=args.override, run_name=args.run_name, cli_roles=_cli_roles(args))
+    for line in compare_lines(result):
+        out.print(line)
+    return EXIT_OK
+
+
+def _compare_runs(run_dirs: list[str], target: str, out: _Output) -> int:
     from pathlib import Path
 
     from skillopt.atomic import atomic_write_bytes
     from skillopt.report import load_run, render_compare
 
-    runs = [load_run(path) for path in args.run_dirs]
-    atomic_write_bytes(Path(args.out), render_compare(runs).encode("utf-8"))
-    out.print(f"comparison of {len(runs)} runs: {args.out}")
+    runs = [load_run(path) for path in run_dirs]
+    atomic_write_bytes(Path(target), render_compare(runs).encode("utf-8"))
+    out.print(f"comparison of {len(runs)} runs: {target}")
+    return EXIT_OK
+
+
+def _cmd_transfer(args: argparse.Namespace, out: _Output) -> int:
+    from skillopt.decision_cli import check_transfer, transfer_lines
+
+    check_transfer(args.bench, args.skills, args.targets, config_file=args.config,
+                   overrides=[*_data_overrides(args.data), *args.override], data=args.data,
+                   cli_roles=_cli_roles(args), split=args.split, env=os.environ)
+    result = _run_flow("transfer", out, prefect_server=_prefect_server(None, args), benchmarks=args.bench,
+                       skills=args.skills, targets=args.targets,
+                       split=args.split, data=args.data, config_file=args.config, overrides=args.override,
+                       run_name=args.run_name, cli_roles=_cli_roles(args))
+    for line in transfer_lines(result):
+        out.print(line)
     return EXIT_OK
 
 
@@ -959,6 +1029,7 @@ def main(
         ("schedule", None): _cmd_schedule,
         ("report", None): _cmd_report,
         ("compare", None): _cmd_compare,
+        ("transfer", None): _cmd_transfer,
         ("train", None): _cmd_train,
         ("demo", None): _cmd_demo,
         ("eval", None): _cmd_eval,

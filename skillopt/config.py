@@ -174,6 +174,9 @@ class ModelSection(_Section):
     #: This many error rows in a row (model calls that failed after their retries) stop the run.
     failfast_n: int = Field(default=5, ge=1)
     pricing_file: str | None = None
+    #: Named target models (``skillopt transfer --targets NAME``, ``skillopt compare --target NAME``): each a
+    #: ``model.target`` block of its own, used in place of ``model.target`` for that evaluation.
+    targets: dict[str, TargetSpec] = Field(default_factory=dict)
 
 
 # --------------------------------------------------------------------------------------------
@@ -190,6 +193,10 @@ class TrainSection(_Section):
     #: Training rollouts are new draws each epoch (keyed by epoch and sample index); false replays the
     #: cached rollouts of an unchanged skill in later epochs (enough for a temperature-0 target).
     resample_each_epoch: Bool = True
+    #: What the run keeps: ``best`` one current skill; ``pareto`` every accepted candidate that is best on
+    #: some selection item or on some objective (``evaluation.objectives``), any of which a later step may
+    #: start from (``skillopt.pareto``).
+    selection: Literal["best", "pareto"] = "best"
 
 
 class SkillSection(_Section):
@@ -251,6 +258,10 @@ class OptimizerSection(_Section):
         return value
 
 
+#: An objective beside the score (``evaluation.objectives``), each one smaller-is-better.
+Objective = Literal["skill_tokens", "target_tokens", "cost"]
+
+
 class EvaluationSection(_Section):
     use_gate: Bool = True
     gate_metric: Literal["hard", "soft", "mixed"] = "hard"
@@ -265,6 +276,9 @@ class EvaluationSection(_Section):
     #: A gate where more than this share of the selection items are error rows skips the step instead
     #: of deciding.
     max_error_share: float = Field(default=0.1, ge=0, le=1)
+    #: Objectives beside the score, each minimised, for ``train.selection: pareto`` and the report's front:
+    #: ``skill_tokens`` (the skill's length), ``target_tokens`` and ``cost`` (the target's per item).
+    objectives: list[Objective] = Field(default_factory=lambda: list[Objective](["skill_tokens"]))
 
 
 class BudgetSection(_Section):

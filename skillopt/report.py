@@ -435,11 +435,14 @@ def _page(title: str, body: str, script: str = "") -> str:
 
 def render_report(run: RunData) -> str:
     """The self-contained HTML report of one run."""
+    from skillopt.front_chart import front_section
+
     body = [
         f"<h1>skillopt run {_esc(run.name)}</h1>",
         "<h2>Summary</h2>", summary_section(run),
         "<h2>Training curves</h2><div class=\"charts\">",
         score_chart(run), budget_chart(run), skill_length_chart(run), cost_chart(run), "</div>",
+        front_section(run.path),
         "<h2>Skill changes</h2>", diff_viewer(run),
     ]
     return _page(f"skillopt report: {run.name}", "".join(body), _DIFF_SCRIPT)

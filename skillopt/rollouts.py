@@ -24,6 +24,7 @@ from skillopt.benchmarks.base import Judge
 from skillopt.benchmarks.runner import first_messages, run_item
 from skillopt.cache_keys import call_key, digest
 from skillopt.data import BatchPlan, Item
+from skillopt.item_usage import ItemUsage
 from skillopt.llm.chat import ChatRequest
 from skillopt.records import ItemResult
 from skillopt.skill import skill_hash
@@ -73,7 +74,10 @@ def roll_out(run: Run, item: Item, skill: str, *, training: bool, judge: Judge |
     draw: ``epoch`` and ``sample`` are in its requests' tags and its seed. With ``view_seed`` (a training
     batch's seed) the item is shown as the benchmark's view of that batch (e.g. reshuffled choices)."""
     item = viewed(run, item, view_seed, training)
-    target: Any = run.clients.target
+    role = run.clients.roles.target
+    counted = ItemUsage(run.clients.target, prices=run.clients.ledger.prices, backend=role.backend,
+                        price_model=role.price_model)
+    target: Any = counted
     draw: dict[str, Any] = {}
     if epoch is not None:
         draw = {"epoch": epoch}
@@ -82,7 +86,7 @@ def roll_out(run: Run, item: Item, skill: str, *, training: bool, judge: Judge |
         row = run_item(run.benchmark, item, skill, run.bench_cfg, target=target, judge=judge,
                        probe_instruction=probe_instruction, sample=sample,
                        tags={"training": training, "skill_sha": skill_hash(skill)[:16], **draw})
-    return row.model_copy(update={"worker_pid": os.getpid()})
+    return row.model_copy(update={"worker_pid": os.getpid(), "usage": {**counted.totals(), **row.usage}})
 
 
 def direct_judge(run: Run) -> Judge:

@@ -47,7 +47,8 @@ class DemoWorldServer:
 
     def __init__(self, *, failing: frozenset[str] = frozenset(), evidence_in_reply: bool = False,
                  reply_padding: int = 0, latency_s: float = 0.0, schema_only: bool = False,
-                 refuse_schema: bool = False, slow: frozenset[str] = frozenset(), slow_s: float = 0.0) -> None:
+                 refuse_schema: bool = False, slow: frozenset[str] = frozenset(),
+                 slow_s: float = 0.0) -> None:
         self.failing = failing
         #: How long each model reply takes (the server holds the request that long).
         self.latency_s = latency_s
