@@ -125,6 +125,28 @@ def test_demo_with_another_backend_gets_past_the_scripted_options():
     assert out.startswith("dry run of demo:")
 
 
+@pytest.mark.parametrize("local_configs", [False, True], ids=["shipped configs", "configs/ in the cwd"])
+def test_another_backend_with_overrides_drops_the_demos_options(tmp_path, monkeypatch, local_configs):
+    """Pointing the demo at one's own server: --backend replaces scripted, and the scripted `rules` option
+    goes with it, also when the demo's config is read from a configs/ folder in the working directory (a
+    checkout next to another installation) and other -o overrides are given."""
+    import shutil
+
+    from skillopt.resources import shipped_dir
+
+    if local_configs:
+        shutil.copytree(shipped_dir("configs"), tmp_path / "configs")
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run("train", "demo", "--backend", "openai_compatible", "-o",
+                         "model.target.base_url=http://127.0.0.1:9/v1", "-o", "train.epochs=1", "--dry-run")
+    assert (code, err) == (0, "")
+    assert out.startswith("dry run of demo: 1 epochs")
+    # An option the person gives the new backend is still checked.
+    code, _, err = run("train", "demo", "--backend", "openai_compatible",
+                       "-o", "model.target.options.rulez=x", "--dry-run")
+    assert code == 2 and "model.target.options.rulez: unknown option (backend openai_compatible)" in err
+
+
 @pytest.mark.parametrize(("usage", "line"), [
     ({"calls": 6, "usd": 0.0, "unpriced_calls": 6}, "model calls 6, cost unknown (6 unpriced calls)"),
     ({"calls": 6, "usd": 0.012, "unpriced_calls": 1},
