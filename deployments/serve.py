@@ -13,7 +13,7 @@ data with those models as typed, and the UI's Run form shows each value to chang
 is checked before anything is registered (config, data, the plug-in's preflight): a named one that
 fails stops ``serve`` with the reason; with no names, the benchmarks that fail are skipped and listed.
 
-    prefect deployment run skill-train/demo --param mode=train
+    prefect deployment run skill-train/demo --param mode=train --param epochs=1
 """
 
 from __future__ import annotations
@@ -69,8 +69,17 @@ class RunDefaults:
             parameters["config_file"] = self.config_file
         if self.overrides:
             parameters["overrides"] = list(self.overrides)
-        if self.cli_roles:
-            parameters["cli_roles"] = dict(self.cli_roles)
+        roles = dict(self.cli_roles or {})
+        # The role choices as the form's named fields (backend, target_model, ...); what has no field of its
+        # own (reasoning effort) stays in cli_roles.
+        for kind in ("backend", "model"):
+            if roles.get(kind):
+                parameters[kind] = roles.pop(kind)
+            for role, value in (roles.pop(f"role_{kind}", None) or {}).items():
+                parameters[f"{role}_{kind}"] = value
+        roles = {key: value for key, value in roles.items() if value}
+        if roles:
+            parameters["cli_roles"] = roles
         return parameters
 
 

@@ -222,6 +222,42 @@ def test_nightly_run_promotes_and_an_identical_train_run_is_served_from_the_cach
     assert (train_dir / "best_skill.md").read_text() == (run_dir / "best_skill.md").read_text()
 
 
+def test_named_parameters_set_from_the_command_line_and_shown_in_the_ui_form(served: Served):
+    """`prefect deployment run skill-train/demo --param epochs=1` runs one epoch; the UI's run form names each
+    parameter with its description; a deployment run checks its input before any rollout."""
+    from tests.browser import chromium, screenshot
+
+    before = served.run_dirs()
+    output = served.prefect("deployment", "run", served.deployment, "--param", "epochs=1",
+                            "--param", "mode=train")
+    run_id = re.search(r"UUID: ([0-9a-f-]{36})", output).group(1)  # type: ignore[union-attr]
+    run = served.wait(run_id)
+    assert run.state.type.value == "COMPLETED", run.state.message
+    (run_dir,) = served.run_dirs() - before
+    steps = [json.loads(line) for line in (run_dir / "history.jsonl").read_text().splitlines()]
+    assert {step["epoch"] for step in steps if step["kind"] == "step"} == {1}
+    assert json.loads((run_dir / "summary.json").read_text())["counts"]["total"]["n"] == 3  # demo: 3 steps/epoch
+
+    # A missing credential stops the run at its start, before any rollout, naming the parameter to set.
+    failed = served.wait(served.trigger({"backend": "openai", "epochs": 1}))
+    assert failed.state.type.value == "FAILED"
+    assert "no credential: export OPENAI_API_KEY" in failed.state.message, failed.state.message
+    assert not [t for t in served.task_runs(str(failed.id)) if t.name.startswith(("rollout", "evaluate"))]
+
+    with served.settings(), served.client() as client:
+        deployment = client.read_deployment_by_name(served.deployment)
+    with chromium() as browser:
+        page = browser.new_page(viewport={"width": 1400, "height": 2400})
+        page.goto(f"{served.api.removesuffix('/api')}/deployments/deployment/{deployment.id}/run")
+        page.get_by_text("Passes over the training split").first.wait_for(timeout=60_000)
+        text = page.inner_text("body")
+        for words in ("At most this many edits to the skill per step", "Training items per step",
+                      "Backend of the target model", "Model of the optimizer", "Any other setting"):
+            assert words in text, f"{words!r} is not in the run form"
+        assert "§" not in text
+        screenshot(page, "prefect-ui-deployment-run-form")
+
+
 def test_a_cancelled_run_retried_from_the_cli_reuses_every_finished_task(served: Served):
     from prefect.states import Cancelling
 
@@ -287,7 +323,7 @@ def test_a_deployment_served_with_data_and_a_backend_runs_as_typed_and_tells_its
     ) as (served, process, deployment):
         assert deployment.parameters == {"benchmark": "babyvision", "mode": "nightly",
                                          "data": str(tmp_path / "tests" / "fixtures" / "babyvision"),
-                                         "cli_roles": {"backend": "scripted"}}
+                                         "backend": "scripted"}
         run_id = served.trigger()  # prefect deployment run skill-train/babyvision, nothing else
         run = served.wait(run_id, timeout=600)
         assert run.state.type.value == "COMPLETED", f"{run.state.message}\n{served.log.read_text()[-3000:]}"
