@@ -236,7 +236,8 @@ def test_named_parameters_set_from_the_command_line_and_shown_in_the_ui_form(ser
     (run_dir,) = served.run_dirs() - before
     steps = [json.loads(line) for line in (run_dir / "history.jsonl").read_text().splitlines()]
     assert {step["epoch"] for step in steps if step["kind"] == "step"} == {1}
-    assert json.loads((run_dir / "summary.json").read_text())["counts"]["total"]["n"] == 3  # demo: 3 steps/epoch
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["counts"]["total"]["n"] == 3  # the demo has 3 steps per epoch
 
     # A missing credential stops the run at its start, before any rollout, naming the parameter to set.
     failed = served.wait(served.trigger({"backend": "openai", "epochs": 1}))
