@@ -209,9 +209,11 @@ def build_deployments(benchmarks: Sequence[str], defaults: RunDefaults, *, cron:
 
 def serve_benchmarks(benchmarks: Sequence[str], defaults: RunDefaults, *, cron: str | None = DEFAULT_CRON,
                      timezone: str = DEFAULT_TIMEZONE, grace_s: float = STOP_GRACE_S,
-                     registered: Callable[[], None] | None = None) -> int:
+                     registered: Callable[[], None] | None = None,
+                     announce: Callable[[str], None] | None = None) -> int:
     """Register the deployments with the Prefect server (then call ``registered``) and execute their runs
-    until SIGTERM or SIGINT.
+    until SIGTERM or SIGINT. ``announce`` is given, for each run that starts, its UI link and the command
+    that follows its log.
 
     Stopping leaves the deployments and their schedules as they are (Prefect's default would pause every
     one of them): the next ``skillopt serve`` picks the schedules up again. Returns 0 after a clean stop
@@ -234,10 +236,20 @@ def serve_benchmarks(benchmarks: Sequence[str], defaults: RunDefaults, *, cron: 
         runner.add_deployment(deployment)
     if registered is not None:
         registered()
+    stop_watching = threading.Event()
+    if announce is not None:
+        from skillopt.prefect_runs import PickedUpRuns
+
+        watcher = PickedUpRuns(list(benchmarks), announce)
+        threading.Thread(target=watcher.watch, args=(stop_watching,), name="skillopt-serve-runs",
+                         daemon=True).start()
     # Ctrl-C takes the same way out as SIGTERM; asyncio.run then leaves SIGINT to this handler.
     signal.signal(signal.SIGINT, runner.handle_sigterm)
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(runner.start())
+    try:
+        with contextlib.suppress(KeyboardInterrupt):
+            asyncio.run(runner.start())
+    finally:
+        stop_watching.set()
     return 0
 
 _forced_stop_armed = threading.Event()

@@ -14,9 +14,9 @@ import contextlib
 import logging
 import os
 import sys
-from collections.abc import Sequence
-from contextlib import nullcontext
-from typing import TYPE_CHECKING, NoReturn, TextIO
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, nullcontext
+from typing import TYPE_CHECKING, Any, NoReturn, TextIO
 
 import yaml
 
@@ -213,6 +213,23 @@ def _add_serve_and_skills(commands: argparse._SubParsersAction) -> None:
                        help="the deployments' default mode (default: nightly)")
     _add_config_options(serve)
     _add_role_flags(serve)
+
+    runs = commands.add_parser(
+        "runs", help="recent runs on the Prefect server: state, best score, UI link; Late runs nobody "
+                     "serves",
+        description="List the recent skill-train and skill-eval runs of the Prefect server in use "
+                    "(PREFECT_API_URL, else the local server of `skillopt server start`): state, best gate "
+                    "score and the run's page in the UI. A Late run of a deployment that no process serves "
+                    "is flagged with the `skillopt serve` command that would run it. `skillopt runs logs ID "
+                    "--follow` prints a run's log as it is written.",
+    )
+    runs.add_argument("-n", "--limit", type=int, default=10, metavar="N", help="how many runs (default 10)")
+    runs_commands = runs.add_subparsers(dest="runs_command", metavar="SUBCOMMAND")
+    logs = runs_commands.add_parser("logs", help="a run's log (the training story); --follow until it ends")
+    logs.add_argument("flow_run_id", metavar="ID",
+                      help="the flow run's id (skillopt runs, serve and the UI show it)")
+    logs.add_argument("-f", "--follow", action="store_true",
+                      help="keep printing new lines until the run ends")
 
     skills = commands.add_parser(
         "skills", help="the registry of promoted skills: list, show, promote, rollback",
@@ -650,7 +667,52 @@ def _cmd_serve(args: argparse.Namespace, out: _Output) -> int:
         return serve_benchmarks(benchmarks, defaults, cron=cron, timezone=args.timezone or DEFAULT_TIMEZONE,
                                 registered=lambda: out.print(f"  start a run: prefect deployment run "
                                                              f"skill-train/{benchmarks[0]}   (stop serving: "
-                                                             "Ctrl-C)"))
+                                                             "Ctrl-C)"),
+                                announce=out.print)
+
+
+@contextmanager
+def _prefect_api(command: str) -> Iterator[Any]:
+    """A sync Prefect client of the API in use: ``PREFECT_API_URL``, else the local server; else an error
+    saying how to get one."""
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL, get_current_settings, temporary_settings
+
+    from skillopt import local_server
+
+    updates: dict[Any, Any] = {}
+    if not get_current_settings().api.url:
+        server = local_server.running(local_server.prefect_home(os.environ))
+        if server is None:
+            raise SkillOptError(f"{command}: no Prefect server to ask: start one with `skillopt server "
+                                "start` or set PREFECT_API_URL")
+        updates = {PREFECT_API_URL: server.api_url}
+    with temporary_settings(updates=updates), get_client(sync_client=True) as client:
+        yield client
+
+
+def _cmd_runs(args: argparse.Namespace, out: _Output) -> int:
+    from skillopt.prefect_runs import format_runs, recent_runs
+
+    with _prefect_api("skillopt runs") as client:
+        for line in format_runs(recent_runs(client, limit=args.limit)):
+            out.print(line)
+    return EXIT_OK
+
+
+def _cmd_runs_logs(args: argparse.Namespace, out: _Output) -> int:
+    from prefect.exceptions import ObjectNotFound
+
+    from skillopt.prefect_runs import follow_logs
+
+    with _prefect_api("skillopt runs logs") as client:
+        try:
+            state = follow_logs(client, args.flow_run_id, out.print, follow=args.follow)
+        except ObjectNotFound:
+            raise SkillOptError(f"skillopt runs logs: no flow run {args.flow_run_id} on this Prefect server "
+                                "(`skillopt runs` lists them)") from None
+    out.print(f"(run {state})")
+    return EXIT_OK
 
 
 def _cmd_server_start(args: argparse.Namespace, out: _Output) -> int:
@@ -844,6 +906,8 @@ def main(
         ("backends", None): _cmd_backends,
         ("backends", "check"): _cmd_backends_check,
         ("serve", None): _cmd_serve,
+        ("runs", None): _cmd_runs,
+        ("runs", "logs"): _cmd_runs_logs,
         ("skills", "list"): _cmd_skills_list,
         ("skills", "show"): _cmd_skills_show,
         ("skills", "promote"): _cmd_skills_promote,
@@ -853,7 +917,8 @@ def main(
         ("server", "status"): _cmd_server_status,
     }
     key = (args.command, getattr(args, "config_command", None) or getattr(args, "backends_command", None)
-           or getattr(args, "skills_command", None) or getattr(args, "server_command", None))
+           or getattr(args, "skills_command", None) or getattr(args, "server_command", None)
+           or getattr(args, "runs_command", None))
     handler = handlers.get(key)
     if handler is None:
         if args.command in ("config", "server"):
