@@ -461,6 +461,9 @@ def _print_summary(summary: dict, out: _Output) -> None:
     for phase in ("baseline", "best"):
         parts = [f"{split} hard {v['hard']:.3f} soft {v['soft']:.3f}" for split, v in scores[phase].items()]
         out.print(f"  {phase:<9} " + "; ".join(parts))
+    note = best_after_the_last_step(summary)
+    if note:
+        out.print(f"  {note}")
     total = summary.get("counts", {}).get("total", {})
     if total:
         out.print(f"  steps {total.get('n', 0)}: {total.get('accepts', 0)} accepted, "
@@ -469,6 +472,38 @@ def _print_summary(summary: dict, out: _Output) -> None:
     if usage:
         out.print(f"  {usage_line(usage)}")
     out.print(f"  run directory: {summary.get('run_dir', '')}")
+
+
+def best_after_the_last_step(summary: dict) -> str | None:
+    """Why the best skill scores above the best the step lines reported, when it does: the epoch boundary
+    (slow update, meta skill) changed the last skill, which the final check found better than the best gated
+    one. None otherwise."""
+    from pathlib import Path
+
+    from skillopt.gate import gate_score
+    from skillopt.runs import RunDir
+
+    run_dir = summary.get("run_dir")
+    final = ((summary.get("scores") or {}).get("final") or {}).get("selection")
+    best = ((summary.get("scores") or {}).get("best") or {}).get("selection")
+    if not run_dir or not isinstance(final, dict) or not isinstance(best, dict):
+        return None
+    try:
+        history = RunDir(Path(run_dir)).read_history()
+    except (SkillOptError, OSError):
+        return None
+    if not history:
+        return None
+    evaluation = (summary.get("config") or {}).get("evaluation") or {}
+    metric, weight = evaluation.get("gate_metric", "hard"), float(evaluation.get("gate_mixed_weight", 0.5))
+    best_score = gate_score(best["hard"], best["soft"], metric, weight)
+    last = history[-1]
+    if best_score <= last.best_score + 1e-9:
+        return None
+    kinds = sorted({r.kind.replace("_", " ") for r in history if r.kind not in ("step", "final")})
+    after = " and ".join(kinds) or "last step"
+    return (f"best {best_score:.3f}, not the {last.best_score:.3f} of the step lines: the skill the {after} "
+            f"left scored {best_score:.3f} on the selection split at the final check, so it became the best")
 
 
 def usage_line(usage: dict) -> str:

@@ -184,3 +184,25 @@ def test_the_scripted_target_on_fixture_data_with_replies_passes_the_check():
     benchmark = load_benchmark("qa")
     bench_cfg = benchmark.Config.model_validate(loaded.config.benchmark.model_dump())
     check_scripted_target("qa", bench_cfg, type("Role", (), {"backend": "scripted", "options": {}})())
+
+
+def test_the_summary_explains_a_best_that_the_epoch_boundary_raised(tmp_path):
+    """The step lines said best 0.917; the final check found the slow update's skill at 1.000."""
+    from skillopt.cli import best_after_the_last_step
+    from skillopt.records import StepRecord
+    from skillopt.runs import RunDir
+
+    run = RunDir(tmp_path / "run")
+    run.path.mkdir()
+    run.record_step(StepRecord(step=1, epoch=1, step_in_epoch=1, budget=4, decision="accept_new_best",
+                               current_score=0.917, best_score=0.917))
+    run.record_step(StepRecord(step=1, epoch=1, step_in_epoch=1, budget=0, decision="slow_update",
+                               kind="slow_update", current_score=1.0, best_score=0.917))
+    summary = {"run_dir": str(run.path), "config": {"evaluation": {"gate_metric": "hard"}},
+               "scores": {"best": {"selection": {"hard": 1.0, "soft": 1.0}},
+                          "final": {"selection": {"hard": 1.0, "soft": 1.0}}}}
+    assert best_after_the_last_step(summary) == (
+        "best 1.000, not the 0.917 of the step lines: the skill the slow update left scored 1.000 on the "
+        "selection split at the final check, so it became the best")
+    summary["scores"]["best"]["selection"] = {"hard": 0.917, "soft": 0.917}
+    assert best_after_the_last_step(summary) is None
