@@ -677,12 +677,25 @@ def _cmd_serve(args: argparse.Namespace, out: _Output) -> int:
         raise SkillOptError("skillopt serve: no benchmark to serve: "
                             + "; ".join(f"{s.benchmark}: {s.reason}" for s in skipped))
 
-    from prefect.settings import PREFECT_SERVER_ANALYTICS_ENABLED, get_current_settings, temporary_settings
+    from prefect.settings import (
+        PREFECT_API_URL,
+        PREFECT_SERVER_ANALYTICS_ENABLED,
+        get_current_settings,
+        temporary_settings,
+    )
 
+    from skillopt import local_server
+
+    api: dict[Any, Any] = {}
     if not get_current_settings().api.url:
-        raise SkillOptError("skillopt serve needs a Prefect server: set PREFECT_API_URL (e.g. "
-                            "http://127.0.0.1:4200/api after `prefect server start`; see "
-                            "docs/self-hosting.md)")
+        # The local server of `skillopt server start`, as train/eval/demo use it.
+        server = local_server.running(local_server.prefect_home(os.environ))
+        if server is None:
+            raise SkillOptError("skillopt serve needs a Prefect server: start one with `skillopt server "
+                                "start` or set PREFECT_API_URL (e.g. http://127.0.0.1:4200/api; see "
+                                "docs/self-hosting.md)")
+        out.print(f"Prefect: the local server at {server.ui_url} (skillopt server)")
+        api = {PREFECT_API_URL: server.api_url}
     cron = None if args.no_schedule else (args.cron or DEFAULT_CRON)
     out.print(
         f"serving {len(benchmarks)} deployment(s): " + ", ".join(f"skill-train/{b}" for b in benchmarks)
@@ -696,7 +709,7 @@ def _cmd_serve(args: argparse.Namespace, out: _Output) -> int:
     }
     if parameters:
         out.print("  default parameters: " + ", ".join(f"{k}={v}" for k, v in parameters.items()))
-    with temporary_settings(set_defaults={PREFECT_SERVER_ANALYTICS_ENABLED: False}):
+    with temporary_settings(updates=api, set_defaults={PREFECT_SERVER_ANALYTICS_ENABLED: False}):
         # Said once the deployments exist on the server: printed before, the command it names failed with
         # "Deployment ... not found" for the 2-3 s the registration took.
         return serve_benchmarks(benchmarks, defaults, cron=cron, timezone=args.timezone or DEFAULT_TIMEZONE,
