@@ -161,7 +161,11 @@ def _add_server_commands(commands: argparse._SubParsersAction) -> None:
         "--port", type=int, help="port on 127.0.0.1 (default 4200, or a free one if 4200 is taken)"
     )
     server_commands.add_parser("stop", help="stop it")
-    server_commands.add_parser("status", help="say whether it runs and where (exit 1 if it does not)")
+    status = server_commands.add_parser("status",
+                                        help="say whether it runs and where (exit 1 if it does not)")
+    status.add_argument("--api-url", action="store_true",
+                        help="print only its API address, e.g. for the prefect command: export "
+                             "PREFECT_API_URL=$(skillopt server status --api-url)")
 
 
 def _add_report_commands(commands: argparse._SubParsersAction) -> None:
@@ -425,7 +429,7 @@ def _cmd_demo(args: argparse.Namespace, out: _Output) -> int:
     out.print("  export OPENAI_API_KEY=...            # or ANTHROPIC_API_KEY, or a local server "
               "(docs/backends.md)")
     out.print("  skillopt backends check              # check the credential and endpoint first")
-    out.print("  skillopt train qa --data my_items.jsonl --backend openai --model gpt-4.1-mini")
+    out.print("  skillopt train qa --data examples/qa/my_items.jsonl --backend openai --model gpt-4.1-mini")
     out.print("Or run this demo with a local GGUF model as the target: skillopt demo --target-backend local "
               "-o model.target.options.model_path=PATH.gguf")
     return EXIT_OK
@@ -806,6 +810,9 @@ def _cmd_server_status(args: argparse.Namespace, out: _Output) -> int:
         out.print(f"no local Prefect server running (PREFECT_HOME {home}); start one with `skillopt server "
                   "start`")
         return EXIT_FAILURE
+    if args.api_url:
+        out.print(server.api_url)
+        return EXIT_OK
     state = "running" if local_server.healthy(server.api_url) else "starting or not answering"
     out.print(f"{state}: UI {server.ui_url}, API {server.api_url} (pid {server.pid}), database under {home}")
     out.print(_preload_line(home))
