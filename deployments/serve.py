@@ -13,7 +13,7 @@ data with those models as typed, and the UI's Run form shows each value to chang
 is checked before anything is registered (config, data, the plug-in's preflight): a named one that
 fails stops ``serve`` with the reason; with no names, the benchmarks that fail are skipped and listed.
 
-    prefect deployment run skill-train/demo --param mode=train
+    prefect deployment run skill-train/demo --param mode=train --param epochs=1
 """
 
 from __future__ import annotations
@@ -71,8 +71,17 @@ class RunDefaults:
             parameters["config_file"] = self.config_file
         if self.overrides:
             parameters["overrides"] = list(self.overrides)
-        if self.cli_roles:
-            parameters["cli_roles"] = dict(self.cli_roles)
+        roles = dict(self.cli_roles or {})
+        # The role choices as the form's named fields (backend, target_model, ...); what has no field of its
+        # own (reasoning effort) stays in cli_roles.
+        for kind in ("backend", "model"):
+            if roles.get(kind):
+                parameters[kind] = roles.pop(kind)
+            for role, value in (roles.pop(f"role_{kind}", None) or {}).items():
+                parameters[f"{role}_{kind}"] = value
+        roles = {key: value for key, value in roles.items() if value}
+        if roles:
+            parameters["cli_roles"] = roles
         if self.skill:
             parameters["skill"] = self.skill
         return parameters
@@ -226,9 +235,11 @@ def evaluation_deployments(benchmarks: Sequence[str], defaults: RunDefaults, *,
 
 def serve_benchmarks(benchmarks: Sequence[str], defaults: RunDefaults, *, cron: str | None = DEFAULT_CRON,
                      timezone: str = DEFAULT_TIMEZONE, grace_s: float = STOP_GRACE_S,
-                     registered: Callable[[], None] | None = None) -> int:
+                     registered: Callable[[], None] | None = None,
+                     announce: Callable[[str], None] | None = None) -> int:
     """Register the deployments with the Prefect server (then call ``registered``) and execute their runs
-    until SIGTERM or SIGINT.
+    until SIGTERM or SIGINT. ``announce`` is given, for each run that starts, its UI link and the command
+    that follows its log.
 
     Stopping leaves the deployments and their schedules as they are (Prefect's default would pause every
     one of them): the next ``skillopt serve`` picks the schedules up again. Returns 0 after a clean stop
@@ -253,10 +264,20 @@ def serve_benchmarks(benchmarks: Sequence[str], defaults: RunDefaults, *, cron: 
         runner.add_deployment(deployment)
     if registered is not None:
         registered()
+    stop_watching = threading.Event()
+    if announce is not None:
+        from skillopt.prefect_runs import PickedUpRuns
+
+        watcher = PickedUpRuns(list(benchmarks), announce)
+        threading.Thread(target=watcher.watch, args=(stop_watching,), name="skillopt-serve-runs",
+                         daemon=True).start()
     # Ctrl-C takes the same way out as SIGTERM; asyncio.run then leaves SIGINT to this handler.
     signal.signal(signal.SIGINT, runner.handle_sigterm)
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(runner.start())
+    try:
+        with contextlib.suppress(KeyboardInterrupt):
+            asyncio.run(runner.start())
+    finally:
+        stop_watching.set()
     return 0
 
 _forced_stop_armed = threading.Event()

@@ -10,6 +10,7 @@ from prefect.runtime import flow_run
 from skillopt.config import load_config
 from skillopt.data import data_overrides
 from skillopt.errors import SkillOptError
+from skillopt.flows.parameters import run_overrides
 from skillopt.runs import run_directory_name
 
 
@@ -29,8 +30,7 @@ def run_directory_of(parameters: dict[str, Any], *, prefix: str | None = None) -
         return str(parameters["run_name"])
     try:
         loaded = load_config(parameters["benchmark"], config_file=parameters.get("config_file"),
-                             overrides=config_overrides(parameters.get("data"), parameters.get("overrides"),
-                                                        parameters.get("skill")),
+                             overrides=run_overrides(parameters),
                              env=os.environ)
     except SkillOptError:
         return str(parameters.get("benchmark", "skillopt"))  # the flow itself reports the config error

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from prefect import flow
-from prefect.runtime import flow_run
+from prefect.runtime import deployment, flow_run
 from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
 from prefect.task_runners import ThreadPoolTaskRunner
 
@@ -31,6 +31,7 @@ from skillopt.config import load_config
 from skillopt.data import StepPlan
 from skillopt.flows.front import choose_final, start_from_front
 from skillopt.flows.naming import config_overrides, train_run_name
+from skillopt.flows.parameters import named_overrides, role_options
 from skillopt.flows.run import PROGRESS_LOGGER
 from skillopt.flows.stages import (
     Evidence,
@@ -60,6 +61,7 @@ from skillopt.probe import probe_record
 from skillopt.records import Patch, StepRecord, unusable_replies_warning
 from skillopt.registry import SkillRegistry
 from skillopt.rollouts import Draws
+from skillopt.run_checks import check_run
 from skillopt.schedule import EditBudgetSchedule
 from skillopt.skill import SLOW_UPDATE, replace_block, skill_hash
 from skillopt.skill_diff import file_diffs
@@ -87,38 +89,68 @@ story = logging.getLogger(STORY_LOGGER)
 # (a TaskRunner[PrefectConcurrentFuture]) does not match under an invariant type parameter.
 @flow(name="skill-train", flow_run_name=train_run_name,
       task_runner=ThreadPoolTaskRunner(max_workers=16), log_prints=False)  # type: ignore[arg-type]
-def skill_train(benchmark: str, data: str | None = None, config_file: str | None = None,
-                overrides: list[str] | None = None, run_name: str | None = None,
-                cli_roles: CliRoleOptions | None = None, mode: Literal["train", "nightly"] = "train",
-                verbose: bool = False, skill: str | None = None) -> dict[str, Any]:
+def skill_train(benchmark: str, data: str | None = None, epochs: int | None = None,
+                batch_size: int | None = None, learning_rate: int | None = None, skill: str | None = None,
+                backend: str | None = None, model: str | None = None,
+                target_backend: str | None = None, target_model: str | None = None,
+                optimizer_backend: str | None = None, optimizer_model: str | None = None,
+                judge_backend: str | None = None, judge_model: str | None = None,
+                overrides: list[str] | None = None, config_file: str | None = None,
+                run_name: str | None = None,
+                mode: Literal["train", "nightly"] = "train", verbose: bool = False,
+                cli_roles: CliRoleOptions | None = None) -> dict[str, Any]:
     """Train a skill for ``benchmark``; returns the run summary (also written to ``summary.json``).
 
     In ``nightly`` mode the run warm-starts from the benchmark's promoted skill in the registry
     (``run.skills_dir``) and promotes its best skill only if it beats that one on the selection split.
+    Empty fields keep what the benchmark's config says.
 
     Args:
         benchmark: The benchmark to train on, e.g. searchqa (one of `skillopt benchmarks`).
         data: The benchmark's data on the machine that runs the flow: a folder holding train/, val/ and test/
             (also the root of the images and files the items name) or one data file, split by
             benchmark.split_ratio. Empty: the data named in the benchmark's config.
-        config_file: A YAML config file on the machine that runs the flow, merged over the benchmark's config.
-        overrides: Config overrides applied in order, each `section.key=value`, e.g.
-            optimizer.learning_rate=8.
-        run_name: Name of the run directory under run.runs_dir; re-use a name to resume. Empty: a fresh name.
-        cli_roles: Backend and model for every role without its own setting (backend, model), per role
-            (role_backend, role_model: {"judge": ...}) and reasoning effort per role, e.g. {"backend":
-            "openai", "model": "gpt-4.1-mini"}.
-        mode: train: start from the configured initial skill. nightly: warm-start from the promoted skill and
-            promote the new best only if it beats it on the selection split.
-        verbose: Also log Prefect's line for every task run ("Finished in state Completed()").
+        epochs: Passes over the training split, e.g. 1 for a quick run.
+        batch_size: Training items per step.
+        learning_rate: At most this many edits to the skill per step (the edit budget).
         skill: The skill to start from, on the machine that runs the flow: an Agent Skills folder (SKILL.md,
             references/, ...) or a markdown file (train.skill_init). Empty: the config's. A nightly run
             warm-starts from the promoted skill instead once one exists.
+        backend: Model backend for every role without its own, e.g. openai, anthropic, openai_compatible,
+            local or scripted (offline, for the shipped fixtures).
+        model: Model for every role without its own, e.g. gpt-4.1-mini.
+        target_backend: Backend of the target model, the one the skill is written for.
+        target_model: Model of the target.
+        optimizer_backend: Backend of the optimizer model, which reads the rollouts and proposes edits.
+        optimizer_model: Model of the optimizer.
+        judge_backend: Backend of the judge model, for benchmarks graded by a judge.
+        judge_model: Model of the judge.
+        overrides: Any other setting, each `section.key=value`, e.g. optimizer.lr_scheduler=linear
+            (see `skillopt config show BENCHMARK`). The named fields above win over these.
+        config_file: A YAML config file on the machine that runs the flow, merged over the benchmark's config.
+        run_name: Name of the run directory under run.runs_dir; re-use a name to resume. Empty: a fresh name.
+        mode: train: start from the configured initial skill. nightly: warm-start from the promoted skill and
+            promote the new best only if it beats it on the selection split.
+        verbose: Also log Prefect's line for every task run ("Finished in state Completed()").
+        cli_roles: Reasoning effort per role, e.g. {"effort": {"optimizer": "high"}}, and the role choices
+            above as one object, as `skillopt train` passes them; the named fields win.
     """
+    named = {"epochs": epochs, "batch_size": batch_size, "learning_rate": learning_rate, "skill": skill,
+             "backend": backend, "model": model,
+             "target_backend": target_backend, "target_model": target_model,
+             "optimizer_backend": optimizer_backend, "optimizer_model": optimizer_model,
+             "judge_backend": judge_backend, "judge_model": judge_model}
+    all_overrides = [*(overrides or []), *named_overrides(named)]
+    roles = role_options(named, asdict(cli_roles) if cli_roles else None)
     with run_story(verbose=verbose):
-        return train(benchmark, data=data, config_file=config_file,
-                     overrides=[*([f"train.skill_init={skill}"] if skill else []), *(overrides or [])],
-                     run_name=run_name or flow_run.name, cli_roles=cli_roles, mode=mode)
+        if deployment.id is not None:
+            # A deployment run had no command line to check its input: the same checks, before any rollout.
+            check_run(load_config(benchmark, config_file=config_file,
+                                  overrides=config_overrides(data, all_overrides), env=os.environ),
+                      cli=CliRoleOptions(**roles), env=os.environ)
+        return train(benchmark, data=data, config_file=config_file, overrides=all_overrides,
+                     run_name=run_name or flow_run.name, cli_roles=CliRoleOptions(**roles) if roles else None,
+                     mode=mode)
 
 
 def train(

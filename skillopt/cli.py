@@ -14,8 +14,8 @@ import contextlib
 import logging
 import os
 import sys
-from collections.abc import Sequence
-from contextlib import nullcontext
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, nullcontext
 from typing import TYPE_CHECKING, Any, NoReturn, TextIO
 
 import yaml
@@ -166,7 +166,11 @@ def _add_server_commands(commands: argparse._SubParsersAction) -> None:
         "--port", type=int, help="port on 127.0.0.1 (default 4200, or a free one if 4200 is taken)"
     )
     server_commands.add_parser("stop", help="stop it")
-    server_commands.add_parser("status", help="say whether it runs and where (exit 1 if it does not)")
+    status = server_commands.add_parser("status",
+                                        help="say whether it runs and where (exit 1 if it does not)")
+    status.add_argument("--api-url", action="store_true",
+                        help="print only its API address, e.g. for the prefect command: export "
+                             "PREFECT_API_URL=$(skillopt server status --api-url)")
 
 
 def _add_report_commands(commands: argparse._SubParsersAction) -> None:
@@ -268,6 +272,22 @@ def _add_serve_and_skills(commands: argparse._SubParsersAction) -> None:
     where.add_argument("--global", dest="global_", action="store_true", help="install into your home folder")
     for sub in (export, install):
         sub.add_argument("--force", action="store_true", help="replace a different skill of the same name")
+    runs = commands.add_parser(
+        "runs", help="recent runs on the Prefect server: state, best score, UI link; Late runs nobody "
+                     "serves",
+        description="List the recent skill-train and skill-eval runs of the Prefect server in use "
+                    "(PREFECT_API_URL, else the local server of `skillopt server start`): state, best gate "
+                    "score and the run's page in the UI. A Late run of a deployment that no process serves "
+                    "is flagged with the `skillopt serve` command that would run it. `skillopt runs logs ID "
+                    "--follow` prints a run's log as it is written.",
+    )
+    runs.add_argument("-n", "--limit", type=int, default=10, metavar="N", help="how many runs (default 10)")
+    runs_commands = runs.add_subparsers(dest="runs_command", metavar="SUBCOMMAND")
+    logs = runs_commands.add_parser("logs", help="a run's log (the training story); --follow until it ends")
+    logs.add_argument("flow_run_id", metavar="ID",
+                      help="the flow run's id (skillopt runs, serve and the UI show it)")
+    logs.add_argument("-f", "--follow", action="store_true",
+                      help="keep printing new lines until the run ends")
 
     skills = commands.add_parser(
         "skills", help="the registry of promoted skills: list, show, promote, rollback",
@@ -498,7 +518,7 @@ def _cmd_demo(args: argparse.Namespace, out: _Output) -> int:
     out.print("  export OPENAI_API_KEY=...            # or ANTHROPIC_API_KEY, or a local server "
               "(docs/backends.md)")
     out.print("  skillopt backends check              # check the credential and endpoint first")
-    out.print("  skillopt train qa --data my_items.jsonl --backend openai --model gpt-4.1-mini")
+    out.print("  skillopt train qa --data examples/qa/my_items.jsonl --backend openai --model gpt-4.1-mini")
     out.print("Or run this demo with a local GGUF model as the target: skillopt demo --target-backend local "
               "-o model.target.options.model_path=PATH.gguf")
     return EXIT_OK
@@ -531,6 +551,9 @@ def _print_summary(summary: dict, out: _Output) -> None:
     for phase in ("baseline", "best"):
         parts = [f"{split} hard {v['hard']:.3f} soft {v['soft']:.3f}" for split, v in scores[phase].items()]
         out.print(f"  {phase:<9} " + "; ".join(parts))
+    note = best_after_the_last_step(summary)
+    if note:
+        out.print(f"  {note}")
     total = summary.get("counts", {}).get("total", {})
     if total:
         out.print(f"  steps {total.get('n', 0)}: {total.get('accepts', 0)} accepted, "
@@ -539,6 +562,38 @@ def _print_summary(summary: dict, out: _Output) -> None:
     if usage:
         out.print(f"  {usage_line(usage)}")
     out.print(f"  run directory: {summary.get('run_dir', '')}")
+
+
+def best_after_the_last_step(summary: dict) -> str | None:
+    """Why the best skill scores above the best the step lines reported, when it does: the epoch boundary
+    (slow update, meta skill) changed the last skill, which the final check found better than the best gated
+    one. None otherwise."""
+    from pathlib import Path
+
+    from skillopt.gate import gate_score
+    from skillopt.runs import RunDir
+
+    run_dir = summary.get("run_dir")
+    final = ((summary.get("scores") or {}).get("final") or {}).get("selection")
+    best = ((summary.get("scores") or {}).get("best") or {}).get("selection")
+    if not run_dir or not isinstance(final, dict) or not isinstance(best, dict):
+        return None
+    try:
+        history = RunDir(Path(run_dir)).read_history()
+    except (SkillOptError, OSError):
+        return None
+    if not history:
+        return None
+    evaluation = (summary.get("config") or {}).get("evaluation") or {}
+    metric, weight = evaluation.get("gate_metric", "hard"), float(evaluation.get("gate_mixed_weight", 0.5))
+    best_score = gate_score(best["hard"], best["soft"], metric, weight)
+    last = history[-1]
+    if best_score <= last.best_score + 1e-9:
+        return None
+    kinds = sorted({r.kind.replace("_", " ") for r in history if r.kind not in ("step", "final")})
+    after = " and ".join(kinds) or "last step"
+    return (f"best {best_score:.3f}, not the {last.best_score:.3f} of the step lines: the skill the {after} "
+            f"left scored {best_score:.3f} on the selection split at the final check, so it became the best")
 
 
 def usage_line(usage: dict) -> str:
@@ -739,12 +794,25 @@ def _cmd_serve(args: argparse.Namespace, out: _Output) -> int:
         raise SkillOptError("skillopt serve: no benchmark to serve: "
                             + "; ".join(f"{s.benchmark}: {s.reason}" for s in skipped))
 
-    from prefect.settings import PREFECT_SERVER_ANALYTICS_ENABLED, get_current_settings, temporary_settings
+    from prefect.settings import (
+        PREFECT_API_URL,
+        PREFECT_SERVER_ANALYTICS_ENABLED,
+        get_current_settings,
+        temporary_settings,
+    )
 
+    from skillopt import local_server
+
+    api: dict[Any, Any] = {}
     if not get_current_settings().api.url:
-        raise SkillOptError("skillopt serve needs a Prefect server: set PREFECT_API_URL (e.g. "
-                            "http://127.0.0.1:4200/api after `prefect server start`; see "
-                            "docs/self-hosting.md)")
+        # The local server of `skillopt server start`, as train/eval/demo use it.
+        server = local_server.running(local_server.prefect_home(os.environ))
+        if server is None:
+            raise SkillOptError("skillopt serve needs a Prefect server: start one with `skillopt server "
+                                "start` or set PREFECT_API_URL (e.g. http://127.0.0.1:4200/api; see "
+                                "docs/self-hosting.md)")
+        out.print(f"Prefect: the local server at {server.ui_url} (skillopt server)")
+        api = {PREFECT_API_URL: server.api_url}
     cron = None if args.no_schedule else (args.cron or DEFAULT_CRON)
     out.print(
         f"serving {len(benchmarks)} deployment(s): " + ", ".join(f"skill-train/{b}" for b in benchmarks)
@@ -761,13 +829,58 @@ def _cmd_serve(args: argparse.Namespace, out: _Output) -> int:
     }
     if parameters:
         out.print("  default parameters: " + ", ".join(f"{k}={v}" for k, v in parameters.items()))
-    with temporary_settings(set_defaults={PREFECT_SERVER_ANALYTICS_ENABLED: False}):
+    with temporary_settings(updates=api, set_defaults={PREFECT_SERVER_ANALYTICS_ENABLED: False}):
         # Said once the deployments exist on the server: printed before, the command it names failed with
         # "Deployment ... not found" for the 2-3 s the registration took.
         return serve_benchmarks(benchmarks, defaults, cron=cron, timezone=args.timezone or DEFAULT_TIMEZONE,
                                 registered=lambda: out.print(f"  start a run: prefect deployment run "
                                                              f"skill-train/{benchmarks[0]}   (stop serving: "
-                                                             "Ctrl-C)"))
+                                                             "Ctrl-C)"),
+                                announce=out.print)
+
+
+@contextmanager
+def _prefect_api(command: str) -> Iterator[Any]:
+    """A sync Prefect client of the API in use: ``PREFECT_API_URL``, else the local server; else an error
+    saying how to get one."""
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL, get_current_settings, temporary_settings
+
+    from skillopt import local_server
+
+    updates: dict[Any, Any] = {}
+    if not get_current_settings().api.url:
+        server = local_server.running(local_server.prefect_home(os.environ))
+        if server is None:
+            raise SkillOptError(f"{command}: no Prefect server to ask: start one with `skillopt server "
+                                "start` or set PREFECT_API_URL")
+        updates = {PREFECT_API_URL: server.api_url}
+    with temporary_settings(updates=updates), get_client(sync_client=True) as client:
+        yield client
+
+
+def _cmd_runs(args: argparse.Namespace, out: _Output) -> int:
+    from skillopt.prefect_runs import format_runs, recent_runs
+
+    with _prefect_api("skillopt runs") as client:
+        for line in format_runs(recent_runs(client, limit=args.limit)):
+            out.print(line)
+    return EXIT_OK
+
+
+def _cmd_runs_logs(args: argparse.Namespace, out: _Output) -> int:
+    from prefect.exceptions import ObjectNotFound
+
+    from skillopt.prefect_runs import follow_logs
+
+    with _prefect_api("skillopt runs logs") as client:
+        try:
+            state = follow_logs(client, args.flow_run_id, out.print, follow=args.follow)
+        except ObjectNotFound:
+            raise SkillOptError(f"skillopt runs logs: no flow run {args.flow_run_id} on this Prefect server "
+                                "(`skillopt runs` lists them)") from None
+    out.print(f"(run {state})")
+    return EXIT_OK
 
 
 def _cmd_server_start(args: argparse.Namespace, out: _Output) -> int:
@@ -813,6 +926,9 @@ def _cmd_server_status(args: argparse.Namespace, out: _Output) -> int:
         out.print(f"no local Prefect server running (PREFECT_HOME {home}); start one with `skillopt server "
                   "start`")
         return EXIT_FAILURE
+    if args.api_url:
+        out.print(server.api_url)
+        return EXIT_OK
     state = "running" if local_server.healthy(server.api_url) else "starting or not answering"
     out.print(f"{state}: UI {server.ui_url}, API {server.api_url} (pid {server.pid}), database under {home}")
     out.print(_preload_line(home))
@@ -1039,6 +1155,8 @@ def main(
         ("serve", None): _cmd_serve,
         ("skill", "export"): _cmd_skill_export,
         ("skill", "install"): _cmd_skill_install,
+        ("runs", None): _cmd_runs,
+        ("runs", "logs"): _cmd_runs_logs,
         ("skills", "list"): _cmd_skills_list,
         ("skills", "show"): _cmd_skills_show,
         ("skills", "promote"): _cmd_skills_promote,
@@ -1049,7 +1167,7 @@ def main(
     }
     key = (args.command, getattr(args, "config_command", None) or getattr(args, "backends_command", None)
            or getattr(args, "skills_command", None) or getattr(args, "server_command", None)
-           or getattr(args, "skill_command", None))
+           or getattr(args, "skill_command", None) or getattr(args, "runs_command", None))
     handler = handlers.get(key)
     if handler is None:
         if args.command in ("config", "server"):

@@ -57,9 +57,9 @@ _DEPLOYMENT_TERMS: tuple[tuple[str, str], ...] = (
     (r"--run-name\b", "the deployment parameter run_name"),
     (r"(?:-c|--config) FILE\b", "the deployment parameter config_file"),
     (r"--no-cache\b", "the override run.refresh_cache=true"),
-    (r"--(target|optimizer|judge)-backend\b", r"the deployment parameter cli_roles.role_backend.\1"),
-    (r"--(target|optimizer|judge)-model\b", r"the deployment parameter cli_roles.role_model.\1"),
-    (r"--(backend|model|effort)\b", r"the deployment parameter cli_roles.\1"),
+    (r"--(target|optimizer|judge)-(backend|model)\b", r"the deployment parameter \1_\2"),
+    (r"--(backend|model)\b", r"the deployment parameter \1"),
+    (r"--effort\b", "the deployment parameter cli_roles.effort"),
     (r"(?<![\w-])-o (?=[a-z_]+\.)", "the overrides entry "),
 )
 

@@ -127,12 +127,15 @@ def _esc(value: Any) -> str:
     return html.escape(str(value), quote=True)
 
 
-def _ticks(low: float, high: float, count: int = 5) -> list[float]:
+def _ticks(low: float, high: float, count: int = 5, *, integer: bool = False) -> list[float]:
+    """Round tick values covering ``low``..``high``; ``integer``: whole numbers only (steps, calls)."""
     if high <= low:
         return [low]
     raw = (high - low) / count
     magnitude = 10 ** math.floor(math.log10(raw))
     step = next(m * magnitude for m in (1, 2, 2.5, 5, 10) if m * magnitude >= raw)
+    if integer:
+        step = max(1, math.ceil(step))
     first = math.ceil(low / step) * step
     return [round(first + i * step, 10) for i in range(int((high - first) / step + 1e-9) + 1)]
 
@@ -144,10 +147,13 @@ def _number(value: float) -> str:
 
 
 def line_chart(chart_id: str, title: str, series: Sequence[Series], *, x_label: str, y_label: str,
-               y_range: tuple[float, float] | None = None) -> str:
+               y_range: tuple[float, float] | None = None, integer_x: bool = True,
+               baseline: tuple[str, float] | None = None) -> str:
     """A ``<figure class="chart">`` holding an inline SVG: one ``<circle class="point">`` per data
-    point (``data-x``/``data-y`` carry the values), a polyline per series, axes with ticks and a
-    legend. The figure's ``data-points`` is the number of marks drawn."""
+    point (``data-x``/``data-y`` carry the values), a polyline per series, axes with ticks (whole numbers
+    on x unless ``integer_x`` is off) and a legend. ``baseline`` (label, value): a dashed horizontal line
+    (``line.baseline``) with its own legend entry. The figure's ``data-points`` is the number of marks
+    drawn."""
     width, height, left, right, top, bottom = 660, 280, 56, 170, 16, 40
     plot_w, plot_h = width - left - right, height - top - bottom
     xs = [x for s in series for x, _ in s.points]
@@ -181,7 +187,7 @@ def line_chart(chart_id: str, title: str, series: Sequence[Series], *, x_label: 
         svg.append(f'<line class="grid" x1="{left}" y1="{y:.1f}" x2="{left + plot_w}" y2="{y:.1f}"/><text '
                    f'class="tick" x="{left - 6}" y="{y + 4:.1f}" '
                    f'text-anchor="end">{_esc(_number(tick))}</text>')
-    for tick in _ticks(x0, x1, 8):
+    for tick in _ticks(x0, x1, 8, integer=integer_x):
         x = px(tick)
         svg.append(f'<text class="tick" x="{x:.1f}" y="{top + plot_h + 16}" text-anchor="middle">'
                    f"{_esc(_number(tick))}</text>")
@@ -206,6 +212,15 @@ def line_chart(chart_id: str, title: str, series: Sequence[Series], *, x_label: 
         svg.append(f'<g class="legend" style="color:{color}"><rect x="{left + plot_w + 12}" y="{ly - 9}" '
                    f'width="10" height="10" fill="currentColor"/><text x="{left + plot_w + 28}" '
                    f'y="{ly}">{_esc(s.name)}</text></g>')
+    if baseline is not None and y0 <= baseline[1] <= y1:
+        y = py(baseline[1])
+        ly = top + 14 + 18 * len(series)
+        svg.append(f'<line class="baseline" x1="{left}" y1="{y:.1f}" x2="{left + plot_w}" y2="{y:.1f}" '
+                   f'stroke="#555" stroke-dasharray="4 3" data-y="{baseline[1]:g}"><title>'
+                   f'{_esc(baseline[0])}: {baseline[1]:.4g}</title></line>'
+                   f'<g class="legend"><line x1="{left + plot_w + 12}" y1="{ly - 4}" '
+                   f'x2="{left + plot_w + 22}" y2="{ly - 4}" stroke="#555" stroke-dasharray="4 3"/><text '
+                   f'x="{left + plot_w + 28}" y="{ly}">{_esc(baseline[0])}</text></g>')
     svg.append("</svg>")
     parts += svg
     parts.append("</figure>")
@@ -236,9 +251,30 @@ def score_chart(run: RunData, chart_id: str = "chart-scores") -> str:
     rollout = Series(
         "rollout (train batch)", [(r.step, r.rollout_hard) for r in steps if r.rollout_hard is not None]
     )
+    baseline = baseline_score(run)
     return line_chart(chart_id, "Score per step (gate marks: green accepted, red rejected; grey: step "
-                                "skipped)",
-                      [selection, candidate, rollout], x_label="step", y_label="score", y_range=(0.0, 1.0))
+                                "skipped; dashed: the initial skill)",
+                      [selection, candidate, rollout], x_label="step", y_label="score", y_range=(0.0, 1.0),
+                      baseline=None if baseline is None else ("baseline (selection)", baseline))
+
+
+def baseline_score(run: RunData) -> float | None:
+    """The initial skill's gate score on the selection split: from the summary (with the run's gate metric),
+    else, for a run in progress, the current score the first step's gate compared against."""
+    from skillopt.gate import gate_score
+
+    summary = run.summary or {}
+    selection = ((summary.get("scores") or {}).get("baseline") or {}).get("selection")
+    if isinstance(selection, dict) and isinstance(selection.get("hard"), int | float):
+        evaluation = (summary.get("config") or {}).get("evaluation") or {}
+        try:
+            return gate_score(float(selection["hard"]), float(selection.get("soft") or 0.0),
+                              evaluation.get("gate_metric", "hard"),
+                              float(evaluation.get("gate_mixed_weight", 0.5)))
+        except ValueError:
+            return float(selection["hard"])
+    first = next((r for r in run.steps if r.step == 1 and r.gate is not None), None)
+    return first.gate.current_gate if first is not None and first.gate is not None else None
 
 
 def budget_chart(run: RunData) -> str:
@@ -286,19 +322,24 @@ def _thin(points: list[tuple[float, float]], limit: int = MAX_SERIES_POINTS) -> 
 
 def diff_viewer(run: RunData) -> str:
     """One panel per skill snapshot: the unified diff from the previous snapshot, lines marked as
-    added or removed; a step picker shows one panel at a time (the last change by default)."""
+    added or removed; a step picker shows one panel at a time: the latest accepted change by default (else
+    the latest change, else the last snapshot)."""
     snapshots = sorted(run.skills.items())
     decisions = {r.step: r.decision for r in run.steps}
     panels, options = [], []
     changed = [
         step for (step, text), (_, before) in zip(snapshots[1:], snapshots, strict=False) if text != before
     ]
-    shown = changed[-1] if changed else (snapshots[-1][0] if snapshots else None)
+    accepted = [step for step in changed if decisions.get(step) in _ACCEPTED]
+    latest = [snapshots[-1][0]] if snapshots else []
+    shown: int | None = next(iter(reversed(accepted or changed or latest)), None)
+    # What else changed the skill at a step's snapshot: the epoch boundary (slow update) or the final stage.
+    also = {r.step: r.kind.replace("_", " ") for r in run.history if r.kind != "step"}
     for (step, text), previous in zip(snapshots, [None, *snapshots], strict=False):
         before = previous[1] if previous else ""
         label = f"step {step}" + (
             f" ({decisions[step]})" if step in decisions else " (initial skill)" if step == 0 else ""
-        )
+        ) + (f" + {also[step]}" if step in also and step in changed else "")
         old_name = f"step {previous[0]}" if previous else "(empty)"
         if len(skill_file_texts(before)) > 1 or len(skill_file_texts(text)) > 1:
             # A skill folder: one diff per changed file, each headed by the file's path.

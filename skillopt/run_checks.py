@@ -2,11 +2,12 @@
 
 Importing Prefect costs 2-4 s and its temporary API server 3-8 s more; a typo'd key, a missing data
 file, a bad split, an unknown backend or a missing credential found only after that reaches the user
-20-30 s late. ``skillopt train|eval|demo`` therefore call ``check_run`` first: the config, the
-benchmark and its preflight, the roles and their credentials (the checks of ``skillopt backends check``
-without the model call), and every split read from the data. The flow makes the same readings again
-when it assembles the run (it must stand on its own when a deployment starts it); the second reading
-of the data is cheap next to a run.
+20-30 s late. ``skillopt train|eval|demo`` therefore call ``check_run`` first, cheapest and most fixable
+first: the config, the benchmark and its preflight, every split read from the data, then the backends (a
+scripted target's replies, the credentials and endpoints: the checks of ``skillopt backends check``
+without the model call). A deployment run makes the same checks when its flow starts, before any
+rollout. The flow makes the same readings again when it assembles the run (it must stand on its own
+when a deployment starts it); the second reading of the data is cheap next to a run.
 """
 
 from __future__ import annotations
@@ -53,14 +54,8 @@ def check_run(loaded: LoadedConfig, *, cli: CliRoleOptions | None, env: Mapping[
     )
     name = config.benchmark.name
     wanted = list(roles_used)
-    if benchmark.needs_judge(bench_cfg):
-        if roles.judge_problem:
-            raise BenchmarkSetupError(f"benchmark {name} needs the judge role: {roles.judge_problem}")
-        wanted.append("judge")
-    check_image_support(name or "", benchmark, roles, registry,
-                        analyst_images=config.optimizer.analyst_images and "optimizer" in wanted)
-    _check_credentials(loaded, roles, registry, env, wanted)
-    check_scripted_target(benchmark.id, bench_cfg, roles.target)
+    # Cheapest and most fixable first: the data (read offline) before the backends (files they need, the
+    # credentials, the endpoints), so a malformed data file is not hidden behind a network error.
     with tempfile.TemporaryDirectory(prefix="skillopt-check-") as scratch:  # split manifests: not under runs/
         sizes = {s: len(benchmark.load_split(bench_cfg, s, run_dir=Path(scratch))) for s in SPLITS}
     if "optimizer" in wanted:
@@ -68,6 +63,14 @@ def check_run(loaded: LoadedConfig, *, cli: CliRoleOptions | None, env: Mapping[
         initial_skill(config, benchmark.prompts_dir, benchmark.id)  # a bad skill: one line, before Prefect
     if chosen is not None and sizes[chosen] == 0:
         raise ConfigError(f"--split {split}: the {chosen} split of {name} has no items")
+    if benchmark.needs_judge(bench_cfg):
+        if roles.judge_problem:
+            raise BenchmarkSetupError(f"benchmark {name} needs the judge role: {roles.judge_problem}")
+        wanted.append("judge")
+    check_image_support(name or "", benchmark, roles, registry,
+                        analyst_images=config.optimizer.analyst_images and "optimizer" in wanted)
+    check_scripted_target(benchmark.id, bench_cfg, roles.target)
+    _check_credentials(loaded, roles, registry, env, wanted)
     return CheckedRun(benchmark=name or "", split_sizes=sizes)
 
 

@@ -239,25 +239,31 @@ def publish_cost(ctx: Run) -> None:
 
 
 def publish_report_link(ctx: Run, report: Any) -> None:
-    """A link to the run's HTML report: under ``run.reports_url`` when set, else a file:// URL."""
+    """The run's report as a markdown artifact the UI renders (scores, plots as inline images, a row per
+    step; it names the HTML report's location: under ``run.reports_url`` when set, else the file), and the
+    gate table of the whole run, once."""
+    from skillopt.report import load_run
+    from skillopt.report_markdown import report_markdown
+
     url = report_url(report, run_name=ctx.run_name, reports_url=ctx.config.run.reports_url)
+    run = load_run(ctx.dir.path)
     publisher = _publisher(ctx)
+    publisher.send(GATES, publisher.table, key=_key(ctx, GATES), table=gate_table(run.history),
+                   description=f"gate decisions per step of {ctx.run_name}")
     publisher.send(
         REPORT,
-        publisher.link,
+        publisher.markdown,
         key=_key(ctx, REPORT),
-        link=url,
-        link_text=f"HTML report of {ctx.run_name}",
-        description="plots, skill diffs and summary of the run",
+        markdown=report_markdown(run, html_report=url),
+        description=f"report of {ctx.run_name}: scores, plots, steps",
     )
 
 
 def publish_step(ctx: Run, record: StepRecord, history: list[StepRecord], *, previous_skill: str,
                  current_skill: str) -> None:
-    """The gate table, the step's edits and, for an accepted candidate, the skill diff."""
+    """The step's edits and, for an accepted candidate, the skill diff (the gate table of the whole run is
+    published once, with the report)."""
     publisher = _publisher(ctx)
-    publisher.send(GATES, publisher.table, key=_key(ctx, GATES), table=gate_table(history),
-                   description="gate decisions per step")
     if record.edits:
         publisher.send(EDITS, publisher.table, key=_key(ctx, EDITS),
                        table=edits_table(record.edits, record.apply_report, record.decision),

@@ -299,16 +299,31 @@ def _options_for(role: str, info: BackendInfo, options: Mapping[str, Any], loade
                  backend_source: str) -> dict[str, Any]:
     """The options to validate for ``info``'s backend.
 
-    When the backend was replaced (command line, ``-o`` or the user's file) the options a shipped config
-    gave the backend it named there (e.g. the demo's scripted ``rules``) do not apply: the keys the new
-    backend does not take are left out. Options the user gave are always kept, and checked.
+    When a higher layer replaced the backend a config file named (``--backend``, ``-o``, an environment
+    variable, or the user's file over a shipped one) the options that file gave its backend (e.g. the demo's
+    scripted ``rules``) do not apply: the keys the new backend does not take are left out. It does not matter
+    whether the file is the shipped copy or a ``configs/`` folder in the working directory. Options the user
+    gave on the command line or in the environment are always kept, and checked.
     """
-    if backend_source.startswith(SHIPPED_SOURCE_PREFIX):
+    if _is_file_source(backend_source) and not backend_source.startswith(SHIPPED_SOURCE_PREFIX):
+        replaced_sources = _shipped_only
+    elif _is_file_source(backend_source):
         return dict(options)
+    else:
+        replaced_sources = _is_file_source
     known = set(info.options_model.model_fields)
     return {key: value for key, value in options.items()
-            if key in known
-            or not loaded.source_of(f"model.{role}.options.{key}").startswith(SHIPPED_SOURCE_PREFIX)}
+            if key in known or not replaced_sources(loaded.source_of(f"model.{role}.options.{key}"))}
+
+
+def _is_file_source(source: str) -> bool:
+    """A value set by a config file (shipped, or read from a path), or a default: not by the person on the
+    command line or in the environment."""
+    return source.startswith((SHIPPED_SOURCE_PREFIX, "yaml")) or source in ("", "default")
+
+
+def _shipped_only(source: str) -> bool:
+    return source.startswith(SHIPPED_SOURCE_PREFIX)
 
 
 def _validate_options(role: str, info: BackendInfo, options: Mapping[str, Any]) -> BaseModel:

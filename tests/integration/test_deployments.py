@@ -222,6 +222,74 @@ def test_nightly_run_promotes_and_an_identical_train_run_is_served_from_the_cach
     assert (train_dir / "best_skill.md").read_text() == (run_dir / "best_skill.md").read_text()
 
 
+def test_named_parameters_set_from_the_command_line_and_shown_in_the_ui_form(served: Served):
+    """`prefect deployment run skill-train/demo --param epochs=1` runs one epoch; the UI's run form names each
+    parameter with its description; a deployment run checks its input before any rollout."""
+    from tests.browser import chromium, screenshot
+
+    before = served.run_dirs()
+    output = served.prefect("deployment", "run", served.deployment, "--param", "epochs=1",
+                            "--param", "mode=train")
+    run_id = re.search(r"UUID: ([0-9a-f-]{36})", output).group(1)  # type: ignore[union-attr]
+    run = served.wait(run_id)
+    assert run.state.type.value == "COMPLETED", run.state.message
+    (run_dir,) = served.run_dirs() - before
+    steps = [json.loads(line) for line in (run_dir / "history.jsonl").read_text().splitlines()]
+    assert {step["epoch"] for step in steps if step["kind"] == "step"} == {1}
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["counts"]["total"]["n"] == 3  # the demo has 3 steps per epoch
+
+    # A missing credential stops the run at its start, before any rollout, naming the parameter to set.
+    failed = served.wait(served.trigger({"backend": "openai", "epochs": 1}))
+    assert failed.state.type.value == "FAILED"
+    assert "no credential: export OPENAI_API_KEY" in failed.state.message, failed.state.message
+    assert not [t for t in served.task_runs(str(failed.id)) if t.name.startswith(("rollout", "evaluate"))]
+
+    with served.settings(), served.client() as client:
+        deployment = client.read_deployment_by_name(served.deployment)
+    with chromium() as browser:
+        page = browser.new_page(viewport={"width": 1400, "height": 2400})
+        page.goto(f"{served.api.removesuffix('/api')}/deployments/deployment/{deployment.id}/run")
+        page.get_by_text("Passes over the training split").first.wait_for(timeout=60_000)
+        text = page.inner_text("body")
+        for words in ("At most this many edits to the skill per step", "Training items per step",
+                      "Backend of the target model", "Model of the optimizer", "Any other setting"):
+            assert words in text, f"{words!r} is not in the run form"
+        assert "§" not in text
+        screenshot(page, "prefect-ui-deployment-run-form")
+
+
+def test_skillopt_runs_names_a_late_run_that_nothing_serves_and_how_to_serve_it(prefect_api, tmp_path):
+    """A deployment registered while no process serves it (serve stopped, or never started): `prefect
+    deployment run` still creates the run, which turns Late; `skillopt runs` says so and gives the command."""
+    from skillopt.deployments.serve import build_deployments, run_defaults
+
+    data = str(FIXTURES / "qa")
+    env = {**os.environ, "PREFECT_API_URL": prefect_api, "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    handle = Served(api=prefect_api, workdir=tmp_path, log=tmp_path / "none.log", deployment="skill-train/qa",
+                    env=env)
+    with handle.settings():
+        (deployment,) = build_deployments(["qa"], run_defaults(data=data, cli_roles={"backend": "scripted"}),
+                                          cron=None)
+        deployment.apply()
+    run_id = handle.trigger({"epochs": 1})
+    late = handle.wait(run_id, states={"SCHEDULED"})
+    deadline = time.monotonic() + 120
+    while late.state.name != "Late":  # the server's late-runs service marks it after ~15 s
+        assert time.monotonic() < deadline, late.state
+        time.sleep(2)
+        late = handle.wait(run_id, states={"SCHEDULED"})
+    listing = subprocess.run([str(Path(sys.executable).with_name("skillopt")), "runs"], env=handle.env,
+                             cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert listing.returncode == 0, listing.stderr
+    lines = listing.stdout.splitlines()
+    (row,) = [line for line in lines if f"/runs/flow-run/{run_id}" in line]
+    assert row.startswith("Late") and late.name in row and "nothing serves it" in row, row
+    assert (f"Late: {late.name} of skill-train/qa will wait until a process serves the deployment"
+            in listing.stdout), listing.stdout
+    assert f"run: skillopt serve qa --data {data} --backend scripted" in listing.stdout, listing.stdout
+
+
 def test_a_cancelled_run_retried_from_the_cli_reuses_every_finished_task(served: Served):
     from prefect.states import Cancelling
 
@@ -287,7 +355,7 @@ def test_a_deployment_served_with_data_and_a_backend_runs_as_typed_and_tells_its
     ) as (served, process, deployment):
         assert deployment.parameters == {"benchmark": "babyvision", "mode": "nightly",
                                          "data": str(tmp_path / "tests" / "fixtures" / "babyvision"),
-                                         "cli_roles": {"backend": "scripted"}}
+                                         "backend": "scripted"}
         run_id = served.trigger()  # prefect deployment run skill-train/babyvision, nothing else
         run = served.wait(run_id, timeout=600)
         assert run.state.type.value == "COMPLETED", f"{run.state.message}\n{served.log.read_text()[-3000:]}"
@@ -321,6 +389,18 @@ def test_a_deployment_served_with_data_and_a_backend_runs_as_typed_and_tells_its
             assert page.get_by_text(run.name).count() >= 1
             assert page.get_by_text("-> accept_new_best: candidate 1.000 > current 0.600").count() == 1
             screenshot(page, "prefect-ui-deployment-run-logs")
+
+        # serve said where to watch the run: its UI page and the command that follows its log.
+        log = served.log.read_text()
+        link = f"{prefect_api.removesuffix('/api')}/runs/flow-run/{run_id}"
+        assert f"run {run.name} started: {link}" in log, log
+        assert f"follow its log: skillopt runs logs {run_id} --follow" in log, log
+        story = subprocess.run([str(Path(sys.executable).with_name("skillopt")), "runs", "logs", run_id,
+                                "--follow"], env=served.env, cwd=tmp_path, capture_output=True, text=True,
+                               timeout=120)
+        assert story.returncode == 0, story.stderr
+        assert "baseline on the selection split: 0.600 (10 items)" in story.stdout
+        assert story.stdout.rstrip().endswith("(run Completed)"), story.stdout[-500:]
 
         # A bad parameter from the UI form: the run says which parameter to set, never a command-line option.
         failed = served.wait(served.trigger({"data": "nowhere"}))

@@ -91,8 +91,11 @@ def test_artifacts_read_back_from_the_prefect_api(demo_run, prefect_api):
     assert [row["content"] for row in edits] == [" ".join(e["content"].split())[:400]
                                                  for e in last_with_edits["edits"]]
 
-    gates = table(versions(prefect_api, "gates")[-1])
-    assert [(row["step"], row["decision"]) for row in gates] == [(r["step"], r["decision"]) for r in history]
+    (gates_card,) = versions(prefect_api, "gates")  # one gates card per run, not one per step
+    gates = table(gates_card)
+    assert [(row["step"], row["decision"]) for row in gates] == [
+        (r["step"], r["decision"] if r["kind"] == "step" else f"{r['kind']}: {r['decision']}")
+        for r in demo_run["history"]]  # the steps and the epoch boundaries
     rejected = [row for row in gates if row["decision"] == "reject"]
     assert rejected and all(row["candidate"] is not None and row["flips"] for row in rejected)
 
@@ -100,9 +103,11 @@ def test_artifacts_read_back_from_the_prefect_api(demo_run, prefect_api):
     assert cost[-1]["stage"] == "total" and cost[-1]["calls"] == summary["usage"]["total"]["calls"]
     assert {row["stage"] for row in cost} >= {"rollout", "analyst", "total"}
 
-    (link,) = versions(prefect_api, "report")
+    (report_card,) = versions(prefect_api, "report")
     report = demo_run["run_dir"].resolve() / "report.html"
-    assert report.as_uri() in link["data"] and report.is_file()
+    assert report_card["type"] == "markdown" and report.is_file()
+    assert report.as_uri() in report_card["data"]  # where the full HTML report is
+    assert report_card["data"].count("](data:image/svg+xml;base64,") == 4
 
     # Every version of every key is attached to the run's top flow run (skill-train), none to its epochs.
     every = [a for kind in ("progress", "skill-diff", "edits", "gates", "cost", "report")
@@ -174,8 +179,22 @@ def test_prefect_ui_shows_the_skill_diff_and_gate_artifacts(demo_run, prefect_ap
         page.get_by_text(run["name"]).first.wait_for(timeout=60_000)
         page.get_by_text("Artifacts", exact=True).first.click()
         page.get_by_text(key("skill-diff")).first.wait_for(timeout=60_000)
-        assert page.get_by_text(key("gates")).count() >= 1
+        assert page.get_by_text(key("gates")).count() == 1
         screenshot(page, "prefect-ui-flow-run-artifacts")
+
+        # The report, from the run's Artifacts tab: its tables and its plots, drawn.
+        page.get_by_text(key("report")).first.click()
+        page.get_by_text("Training curves").first.wait_for(timeout=60_000)
+        page.wait_for_function("Array.from(document.images).filter(i => i.src.startsWith('data:image/svg'))"
+                               ".every(i => i.complete && i.naturalWidth > 0)", timeout=30_000)
+        plots = page.evaluate("Array.from(document.images).filter(i => i.src.startsWith('data:image/svg'))"
+                              ".map(i => [i.alt, i.naturalWidth, i.getBoundingClientRect().height])")
+        assert [alt for alt, _, _ in plots] == ["score per step", "edit budget per step", "skill length",
+                                                "cost by stage"], plots
+        assert all(width > 0 and height > 0 for _, width, height in plots), plots
+        assert page.locator("table").count() >= 2  # the scores and the steps
+        assert "baseline" in page.locator("table").first.inner_text()
+        screenshot(page, "prefect-ui-report-artifact")
 
         page.goto(f"{ui}/artifacts/artifact/{diff['latest_id']}")
         rendered = page.locator("pre").first

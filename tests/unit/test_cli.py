@@ -125,6 +125,28 @@ def test_demo_with_another_backend_gets_past_the_scripted_options():
     assert out.startswith("dry run of demo:")
 
 
+@pytest.mark.parametrize("local_configs", [False, True], ids=["shipped configs", "configs/ in the cwd"])
+def test_another_backend_with_overrides_drops_the_demos_options(tmp_path, monkeypatch, local_configs):
+    """Pointing the demo at one's own server: --backend replaces scripted, and the scripted `rules` option
+    goes with it, also when the demo's config is read from a configs/ folder in the working directory (a
+    checkout next to another installation) and other -o overrides are given."""
+    import shutil
+
+    from skillopt.resources import shipped_dir
+
+    if local_configs:
+        shutil.copytree(shipped_dir("configs"), tmp_path / "configs")
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run("train", "demo", "--backend", "openai_compatible", "-o",
+                         "model.target.base_url=http://127.0.0.1:9/v1", "-o", "train.epochs=1", "--dry-run")
+    assert (code, err) == (0, "")
+    assert out.startswith("dry run of demo: 1 epochs")
+    # An option the person gives the new backend is still checked.
+    code, _, err = run("train", "demo", "--backend", "openai_compatible",
+                       "-o", "model.target.options.rulez=x", "--dry-run")
+    assert code == 2 and "model.target.options.rulez: unknown option (backend openai_compatible)" in err
+
+
 @pytest.mark.parametrize(("usage", "line"), [
     ({"calls": 6, "usd": 0.0, "unpriced_calls": 6}, "model calls 6, cost unknown (6 unpriced calls)"),
     ({"calls": 6, "usd": 0.012, "unpriced_calls": 1},
@@ -162,3 +184,25 @@ def test_the_scripted_target_on_fixture_data_with_replies_passes_the_check():
     benchmark = load_benchmark("qa")
     bench_cfg = benchmark.Config.model_validate(loaded.config.benchmark.model_dump())
     check_scripted_target("qa", bench_cfg, type("Role", (), {"backend": "scripted", "options": {}})())
+
+
+def test_the_summary_explains_a_best_that_the_epoch_boundary_raised(tmp_path):
+    """The step lines said best 0.917; the final check found the slow update's skill at 1.000."""
+    from skillopt.cli import best_after_the_last_step
+    from skillopt.records import StepRecord
+    from skillopt.runs import RunDir
+
+    run = RunDir(tmp_path / "run")
+    run.path.mkdir()
+    run.record_step(StepRecord(step=1, epoch=1, step_in_epoch=1, budget=4, decision="accept_new_best",
+                               current_score=0.917, best_score=0.917))
+    run.record_step(StepRecord(step=1, epoch=1, step_in_epoch=1, budget=0, decision="slow_update",
+                               kind="slow_update", current_score=1.0, best_score=0.917))
+    summary = {"run_dir": str(run.path), "config": {"evaluation": {"gate_metric": "hard"}},
+               "scores": {"best": {"selection": {"hard": 1.0, "soft": 1.0}},
+                          "final": {"selection": {"hard": 1.0, "soft": 1.0}}}}
+    assert best_after_the_last_step(summary) == (
+        "best 1.000, not the 0.917 of the step lines: the skill the slow update left scored 1.000 on the "
+        "selection split at the final check, so it became the best")
+    summary["scores"]["best"]["selection"] = {"hard": 0.917, "soft": 0.917}
+    assert best_after_the_last_step(summary) is None

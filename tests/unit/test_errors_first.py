@@ -66,6 +66,34 @@ def test_bad_inputs_are_reported_in_one_line_with_exit_2_before_prefect_is_impor
     assert not (tmp_path / "runs").exists()  # a refused run leaves no run directory behind
 
 
+def test_a_malformed_data_file_is_reported_before_any_backend_problem(tmp_path):
+    """Data first: it is what the user can fix offline. A scripted target with no rules file, an unreachable
+    server and a missing credential each wait until the data reads."""
+    bad = tmp_path / "items.jsonl"
+    bad.write_text('{"question": "q", "answer": "a"}\nnot json\n', encoding="utf-8")
+    unreachable = "http://127.0.0.1:9/v1"
+    commands = {
+        "scripted target without rules": ["train", "qa", "--data", str(bad), "--backend", "scripted"],
+        "unreachable server": ["train", "qa", "--data", str(bad), "--backend", "openai_compatible",
+                               "-o", f"model.target.base_url={unreachable}",
+                               "-o", f"model.optimizer.base_url={unreachable}"],
+        "missing credential": ["train", "qa", "--data", str(bad), "--backend", "openai"],
+    }
+    results = _run_in_fresh_interpreter(list(commands.values()), tmp_path)
+    for case, result in zip(commands, results, strict=True):
+        assert result["code"] == 2, (case, result)
+        assert result["err"] == f"error: {bad}: line 2: malformed JSON (Expecting value at column 1)\n", \
+            (case, result["err"])
+    # With the data fixed, each backend problem is the one reported.
+    bad.write_text("".join(f'{{"question": "q{i}", "answer": "a{i}"}}\n' for i in range(20)),
+                   encoding="utf-8")
+    results = _run_in_fresh_interpreter(list(commands.values()), tmp_path)
+    expected = ["scripted target has no replies", "cannot reach 127.0.0.1:9",
+                "no credential: export OPENAI_API_KEY"]
+    for case, result, words in zip(commands, results, expected, strict=True):
+        assert result["code"] == 2 and words in result["err"], (case, result["err"])
+
+
 def test_the_dry_run_and_its_budget_check_never_import_prefect(tmp_path):
     results = _run_in_fresh_interpreter(
         [["train", "demo", "--dry-run", "-o", "budget.max_calls=10"]], tmp_path

@@ -194,3 +194,44 @@ def test_report_link_points_at_the_reports_server_or_the_file(tmp_path):
     assert report_url(report, run_name="My run", reports_url="http://127.0.0.1:8080/") == \
         "http://127.0.0.1:8080/My%20run/report.html"
     assert report_url(report, run_name="My run", reports_url=None) == report.resolve().as_uri()
+
+
+def test_step_axes_have_whole_number_ticks_and_the_score_chart_draws_the_baseline(tmp_path):
+    page = render_report(load_run(make_run(tmp_path)))
+    scores = figure(page, "chart-scores")
+    x_ticks = re.findall(r'<text class="tick" x="[\d.]+" y="\d+" text-anchor="middle">([^<]+)</text>', scores)
+    assert x_ticks and all(re.fullmatch(r"\d+", tick) for tick in x_ticks), x_ticks  # 3 steps: no "1.5"
+    baseline = re.search(r'<line class="baseline"[^>]* data-y="([\d.]+)"', scores)
+    assert baseline and float(baseline.group(1)) == 0.25  # the summary's baseline selection score
+    assert "baseline (selection)" in scores
+
+
+def test_the_diff_viewer_opens_on_the_latest_accepted_change(tmp_path):
+    """A later snapshot changed by the epoch boundary at a rejected step does not take the default."""
+    folder = make_run(tmp_path)
+    run = RunDir(folder)
+    (folder / "skills" / "step_0003.md").write_text("# Skill\n- be brief\n- guidance from the slow update\n")
+    run.record_step(StepRecord(step=3, epoch=2, step_in_epoch=1, budget=0, decision="slow_update",
+                               kind="slow_update", current_score=0.75, best_score=0.75))
+    page = render_report(load_run(folder))
+    panels = re.findall(r'<section class="diff-panel" data-step="(\d+)"( hidden)?>', page)
+    assert [step for step, hidden in panels if not hidden] == ["1"]
+    assert "step 3 (skip_no_patches) + slow update" in page
+
+
+def test_the_markdown_report_carries_the_tables_and_the_plots_as_inline_images(tmp_path):
+    import base64
+
+    from skillopt.report_markdown import report_markdown
+
+    text = report_markdown(load_run(make_run(tmp_path)), html_report="file:///x/report.html")
+    assert "| baseline | selection | 0.250 | 0.250 |" in text
+    assert "| 2 | 1 | reject | 0.500 | 0.750 | 0.750 | 0 |" in text
+    images = re.findall(r"!\[([^\]]+)\]\(data:image/svg\+xml;base64,([A-Za-z0-9+/=]+)\)", text)
+    assert [title for title, _ in images] == ["score per step", "edit budget per step", "skill length",
+                                              "cost by stage"]
+    score_svg = base64.b64decode(images[0][1]).decode()
+    assert score_svg.startswith("<svg") and "<style>" in score_svg and 'class="baseline"' in score_svg
+    assert score_svg.count('<circle class="point') == 8
+    assert HOSTILE not in text
+    assert "`file:///x/report.html`" in text

@@ -47,10 +47,18 @@ def test_every_form_field_of_the_deployment_is_typed_and_described():
     schema = deployment._parameter_openapi_schema.model_dump()
     properties = schema["properties"]
     assert set(properties) >= {"benchmark", "data", "config_file", "overrides", "run_name", "cli_roles",
-                               "mode", "verbose"}
+                               "mode", "verbose", "epochs", "batch_size", "learning_rate", "skill", "backend",
+                               "model", "target_backend", "target_model", "optimizer_backend",
+                               "optimizer_model", "judge_backend", "judge_model"}
     for name, field in properties.items():
         assert field.get("description"), f"{name} has no description in the UI form"
+        assert "§" not in field["description"], f"{name}: the description cites a design document"
         assert "type" in field or "anyOf" in field, f"{name} has no type"
+    for name in ("epochs", "batch_size", "learning_rate"):
+        assert properties[name]["anyOf"][0] == {"type": "integer"}, name
+    # The common choices come first in the form, the catch-all overrides after them.
+    order = [properties[name]["position"] for name in ("benchmark", "data", "epochs", "backend", "overrides")]
+    assert order == sorted(order)
     assert properties["mode"]["enum"] == ["train", "nightly"]
     assert properties["overrides"]["anyOf"][0] == {"items": {"type": "string"}, "type": "array"}
     assert properties["data"]["anyOf"][0] == {"type": "string"}
@@ -69,9 +77,14 @@ def test_data_backend_model_config_and_overrides_become_the_default_parameters(t
     (deployment,) = build_deployments(["babyvision"], defaults)
     assert deployment.parameters == {
         "benchmark": "babyvision", "mode": "train", "data": str(FIXTURES / "babyvision"),
-        "config_file": str(config), "overrides": ["optimizer.learning_rate=2"],
-        "cli_roles": {"backend": "scripted"},
+        "config_file": str(config), "overrides": ["optimizer.learning_rate=2"], "backend": "scripted",
     }
+    (deployment,) = build_deployments(["demo"], run_defaults(cli_roles={
+        "backend": "openai", "model": "gpt-4.1-mini", "role_backend": {"judge": "anthropic"},
+        "role_model": {"target": "m1"}, "effort": {"optimizer": "high"}}))
+    assert deployment.parameters == {
+        "benchmark": "demo", "mode": "nightly", "backend": "openai", "model": "gpt-4.1-mini",
+        "judge_backend": "anthropic", "target_model": "m1", "cli_roles": {"effort": {"optimizer": "high"}}}
     assert servable_benchmarks(["babyvision"], defaults) == (["babyvision"], [])
 
 
@@ -114,8 +127,7 @@ def test_a_deployment_run_is_told_which_parameter_to_set_never_a_command_line_op
         "the overrides entry benchmark.nosuch: unknown key; choose another name with the deployment "
         "parameter run_name")
     assert in_deployment_terms("set --judge-backend or --backend") == (
-        "set the deployment parameter cli_roles.role_backend.judge or the deployment parameter "
-        "cli_roles.backend")
+        "set the deployment parameter judge_backend or the deployment parameter backend")
 
 
 def test_a_bad_schedule_is_refused_with_the_expected_form():

@@ -1,0 +1,235 @@
+"""skillopt's runs as the Prefect API knows them: ``skillopt runs``, ``skillopt runs logs`` and what ``serve``
+prints for each run it picks up.
+
+A run of a ``skill-train/<benchmark>`` deployment is executed only while some process serves that deployment
+(``skillopt serve``). With none, Prefect still accepts ``prefect deployment run …`` and the nightly schedule
+still creates runs; they wait, turn ``Late`` and say nothing more. ``recent_runs`` lists the recent runs with
+their state, best gate score (from the run's progress artifact) and UI link, and marks each Late run whose
+deployment no process has polled lately, with the ``skillopt serve`` command that would run it.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+#: The flows whose runs are skillopt's.
+FLOWS = ("skill-train", "skill-eval")
+#: A deployment counts as served when a process polled it this recently (``skillopt serve`` polls every 10 s
+#: by default; Prefect itself marks a deployment not ready after 60 s without a poll).
+SERVED_WITHIN = timedelta(seconds=60)
+_BEST = re.compile(r"^\| best \| ([0-9.]+) \|$", re.M)
+
+
+@dataclass(frozen=True)
+class RunRow:
+    """One flow run as ``skillopt runs`` shows it."""
+
+    id: str
+    name: str
+    flow: str
+    deployment: str | None
+    state: str
+    best: float | None
+    link: str
+    #: For a Late run nobody serves: the command that would run it.
+    unserved_fix: str | None = None
+
+
+def ui_url() -> str | None:
+    """The UI of the Prefect API in use, or None when it is not known (e.g. a temporary server)."""
+    from prefect.settings import get_current_settings
+
+    settings = get_current_settings()
+    url = settings.ui_url or (settings.api.url.removesuffix("/api") if settings.api.url else None)
+    return url.rstrip("/") if url else None
+
+
+def run_link(flow_run_id: str, base: str | None = None) -> str:
+    """The flow run's page in the Prefect UI."""
+    base = base or ui_url() or ""
+    return f"{base}/runs/flow-run/{flow_run_id}"
+
+
+def follow_hint(flow_run_id: str) -> str:
+    """How to follow a run's log from a terminal."""
+    return f"skillopt runs logs {flow_run_id} --follow"
+
+
+def best_from_progress(markdown: str | None) -> float | None:
+    """The best gate score in a progress artifact's description (``| best | 0.917 |``), if any."""
+    match = _BEST.search(markdown or "")
+    return float(match.group(1)) if match else None
+
+
+def serve_command(benchmark: str, parameters: Mapping[str, Any]) -> str:
+    """The ``skillopt serve`` command that serves ``benchmark`` with the deployment's default parameters."""
+    parts = ["skillopt serve", benchmark]
+    if parameters.get("data"):
+        parts += ["--data", str(parameters["data"])]
+    for kind in ("backend", "model"):
+        if parameters.get(kind):
+            parts += [f"--{kind}", str(parameters[kind])]
+        for role in ("target", "optimizer", "judge"):
+            if parameters.get(f"{role}_{kind}"):
+                parts += [f"--{role}-{kind}", str(parameters[f"{role}_{kind}"])]
+    if parameters.get("config_file"):
+        parts += ["-c", str(parameters["config_file"])]
+    for override in parameters.get("overrides") or []:
+        parts += ["-o", str(override)]
+    return " ".join(parts)
+
+
+def _served(deployment: Any, now: datetime) -> bool:
+    polled = getattr(deployment, "last_polled", None)
+    return polled is not None and now - polled <= SERVED_WITHIN
+
+
+def recent_runs(client: Any, *, limit: int = 10, now: datetime | None = None) -> list[RunRow]:
+    """The ``limit`` most recent top-level runs of skillopt's flows, newest first (``client``: a sync
+    Prefect client)."""
+    from prefect.client.schemas.filters import (
+        ArtifactFilter,
+        ArtifactFilterFlowRunId,
+        FlowFilter,
+        FlowFilterName,
+        FlowRunFilter,
+        FlowRunFilterParentTaskRunId,
+    )
+    from prefect.client.schemas.sorting import FlowRunSort
+
+    now = now or datetime.now(UTC)
+    runs = client.read_flow_runs(
+        flow_filter=FlowFilter(name=FlowFilterName(any_=list(FLOWS))),
+        flow_run_filter=FlowRunFilter(parent_task_run_id=FlowRunFilterParentTaskRunId(is_null_=True)),
+        sort=FlowRunSort.EXPECTED_START_TIME_DESC, limit=limit)
+    deployments = {str(d.id): d for d in (client.read_deployment(run.deployment_id)
+                                          for run in {r.deployment_id: r for r in runs
+                                                      if r.deployment_id}.values())}
+    flows = {str(f.id): f.name for f in (client.read_flow(i) for i in {r.flow_id for r in runs})}
+    bests: dict[str, float | None] = {}
+    if runs:
+        artifacts = client.read_artifacts(artifact_filter=ArtifactFilter(
+            flow_run_id=ArtifactFilterFlowRunId(any_=[r.id for r in runs])))
+        for artifact in artifacts:
+            if artifact.key and artifact.key.endswith("-progress") and artifact.flow_run_id:
+                bests[str(artifact.flow_run_id)] = best_from_progress(artifact.description)
+    base = ui_url()
+    rows = []
+    for run in runs:
+        deployment = deployments.get(str(run.deployment_id)) if run.deployment_id else None
+        flow = flows.get(str(run.flow_id), "?")
+        state = run.state.name if run.state else "?"
+        fix = None
+        if deployment is not None and state == "Late" and not _served(deployment, now):
+            benchmark = str((deployment.parameters or {}).get("benchmark") or deployment.name)
+            fix = serve_command(benchmark, deployment.parameters or {})
+        rows.append(RunRow(id=str(run.id), name=run.name, flow=flow,
+                           deployment=f"{flow}/{deployment.name}" if deployment is not None else None,
+                           state=state, best=bests.get(str(run.id)), link=run_link(str(run.id), base),
+                           unserved_fix=fix))
+    return rows
+
+
+def format_runs(rows: list[RunRow]) -> list[str]:
+    """The lines of ``skillopt runs``: one per run, then one note per deployment with Late runs nobody
+    serves."""
+    if not rows:
+        return ["no skillopt runs on this Prefect server yet (skillopt demo, skillopt train, or "
+                "prefect deployment run skill-train/<benchmark> with skillopt serve running)"]
+    lines = []
+    for row in rows:
+        best = f"best {row.best:.3f}" if row.best is not None else "best –"
+        late = "  ← nothing serves it" if row.unserved_fix else ""
+        lines.append(f"{row.state:<10} {row.name:<44} {best:<10} {row.deployment or 'command line':<26} "
+                     f"{row.link}{late}")
+    fixes: dict[str, tuple[str, list[str]]] = {}
+    for row in rows:
+        if row.unserved_fix and row.deployment:
+            fixes.setdefault(row.deployment, (row.unserved_fix, []))[1].append(row.name)
+    within = int(SERVED_WITHIN.total_seconds())
+    for deployment, (command, names) in fixes.items():
+        lines.append(f"Late: {', '.join(names)} of {deployment} will wait until a process serves the "
+                     f"deployment (nothing has polled it in the last {within} s); run: {command}")
+    return lines
+
+
+def follow_logs(client: Any, flow_run_id: str, emit: Callable[[str], None], *, follow: bool,
+                poll_s: float = 1.0) -> str:
+    """Print the run's log lines (the training story) as ``prefect flow-run logs`` does; with ``follow``, keep
+    printing new lines until the run is in a final state. Returns the run's final (or current) state name."""
+    for line in _log_lines(client, flow_run_id, follow=follow, poll_s=poll_s):
+        emit(line)
+    run = client.read_flow_run(flow_run_id)
+    return run.state.name if run.state else "?"
+
+
+def _log_lines(client: Any, flow_run_id: str, *, follow: bool, poll_s: float) -> Iterator[str]:
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+    from prefect.client.schemas.sorting import LogSort
+
+    seen = 0
+    while True:
+        run = client.read_flow_run(flow_run_id)
+        final = run.state is not None and run.state.is_final()
+        while True:
+            page = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run.id])),
+                                    sort=LogSort.TIMESTAMP_ASC, limit=200, offset=seen)
+            for log in page:
+                yield f"{log.timestamp:%H:%M:%S} {log.message}"
+            seen += len(page)
+            if len(page) < 200:
+                break
+        if not follow or final:
+            return
+        time.sleep(poll_s)
+
+
+class PickedUpRuns:
+    """``serve``'s watcher: once per run of the served deployments that starts, ``emit`` the lines that say
+    where to watch it (its UI page and the command that follows its log). A run is announced once it is
+    Running: by then the flow has named it after its run directory."""
+
+    def __init__(self, deployment_names: list[str], emit: Callable[[str], None], *,
+                 poll_s: float = 2.0) -> None:
+        self.names = deployment_names
+        self.emit = emit
+        self.poll_s = poll_s
+        self.seen: set[str] = set()
+
+    def poll_once(self, client: Any) -> None:
+        from prefect.client.schemas.filters import (
+            DeploymentFilter,
+            DeploymentFilterName,
+            FlowRunFilter,
+            FlowRunFilterState,
+            FlowRunFilterStateType,
+        )
+        from prefect.client.schemas.objects import StateType
+
+        runs = client.read_flow_runs(
+            deployment_filter=DeploymentFilter(name=DeploymentFilterName(any_=self.names)),
+            flow_run_filter=FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(
+                any_=[StateType.RUNNING]))),
+            limit=50)
+        for run in runs:
+            if str(run.id) in self.seen:
+                continue
+            self.seen.add(str(run.id))
+            self.emit(f"run {run.name} started: {run_link(str(run.id))}")
+            self.emit(f"  follow its log: {follow_hint(str(run.id))}   (or prefect flow-run logs {run.id})")
+
+    def watch(self, stop: Any) -> None:
+        """Poll until ``stop`` (a ``threading.Event``) is set; a failed poll is tried again at the next."""
+        from prefect.client.orchestration import get_client
+
+        with get_client(sync_client=True) as client:
+            while not stop.wait(self.poll_s):
+                try:
+                    self.poll_once(client)
+                except Exception:  # noqa: BLE001 - a hint printer must never stop serving
+                    continue
