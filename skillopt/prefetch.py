@@ -1,5 +1,6 @@
-"""The prefetch layer: it makes the rollouts a run is about to ask for on a bounded pool of threads, so that
-their replies are already in the run's reply store when the flow's tasks make the same calls.
+"""The prefetch layer: it makes the model calls a run is about to ask for (rollouts, and the optimizer stages'
+calls) on bounded pools of threads, so that their replies are already in the run's reply store when the
+flow's tasks make the same calls.
 
 The flow and the task layer give hints ("these rollouts will be asked for"): at the run's start the first
 batch of step 1, the baseline's selection rollouts and the starting skill's test split
@@ -21,7 +22,9 @@ builds the run in the library, hints its start, and the flow adopts that same ru
 instead of building its own, so the first calls leave while Prefect imports and creates the flow run.
 
 It does nothing where it cannot help: without a reply store (the ``scripted`` backend answers instantly), when
-the tasks run in other processes (``run.task_runner: dask``), or with a budget cap (a cap must be able to
+the tasks run in other processes (``run.task_runner: dask``), when the provider limits are Prefect's
+(``model.rate_limit_mode: prefect``: they need the flow's Prefect context, which the layer's threads do not
+have), or with a budget cap (a cap must be able to
 stop the run before anything it did not decide to spend is spent). A hinted rollout whose result is already in
 the task cache is skipped (its task would never ask). A prefetched call that fails is left to its task,
 which makes it again with its retries.
@@ -50,11 +53,12 @@ def applies(run: Run) -> bool:
     """Whether prefetching can help ``run`` (see the module's docstring)."""
     config = run.config
     return (run.clients.target.replies is not None and config.run.task_runner == "threads"
-            and not config.budget.capped)
+            and config.model.rate_limit_mode == "local" and not config.budget.capped)
 
 
 class Prefetcher:
-    """The rollouts hinted for one run, made at most once each on a pool ``benchmark.workers`` wide."""
+    """The calls hinted for one run: rollouts, each made at most once on a pool ``benchmark.workers`` wide,
+    and optimizer calls on a pool ``gradient.analyst_workers`` wide."""
 
     def __init__(self, run: Run) -> None:
         self.run = run

@@ -11,18 +11,22 @@ from tests.fakes.demo_world_http import DemoWorldServer, role_overrides
 
 
 def _run(tmp_path, monkeypatch, *overrides: str):  # noqa: ANN001, ANN202
-    from skillopt.assembly import Run
+    from skillopt.assembly import Run, RunSpec
     from skillopt.config import load_config
+    from skillopt.llm.limiter import NoLimits
 
     monkeypatch.chdir(tmp_path)
     loaded = load_config("demo", overrides=["benchmark.val_size=6", *overrides], env={})
-    return Run.from_config(loaded, env={}, run_name="prefetch")
+    # Prefect's limits are the task layer's to supply; any limiter stands in for them here.
+    limiter = NoLimits() if loaded.config.model.rate_limit_mode == "prefect" else None
+    return Run.build(RunSpec.create(loaded, run_name="prefetch"), env={}, loaded=loaded, limiter=limiter)
 
 
 @pytest.mark.parametrize(("overrides", "applies"), [
     ((), True),
     (("budget.max_calls=1000",), False),
     (("run.task_runner=dask",), False),
+    (("model.rate_limit_mode=prefect",), False),
 ])
 def test_prefetch_applies_only_where_the_flow_s_tasks_can_take_its_replies(tmp_path, monkeypatch, overrides,
                                                                            applies):
