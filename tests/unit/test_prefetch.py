@@ -65,3 +65,22 @@ def test_a_prefetched_rollout_is_made_once_within_the_workers_and_its_task_takes
     records = run.clients.ledger.records()
     assert len(records) == len(ids) and not [r for r in records if r.cache_hit]
     assert sorted(rows) == sorted(ids)
+
+
+def test_a_hinted_task_call_is_made_once_and_the_task_takes_its_reply(tmp_path, monkeypatch):
+    from skillopt.llm.chat import ChatRequest, user
+
+    world = DemoWorldServer(latency_s=0.3)
+    with world.server:
+        run = _run(tmp_path, monkeypatch, *role_overrides(world.server.openai_base_url))
+        request = ChatRequest(messages=[user("What is 2 + 2? Reply with the number.")], stage="rollout")
+
+        def task_function(run, request):  # noqa: ANN001, ANN202 - a task's function: one model call
+            return run.clients.optimizer.chat(request).text
+
+        run.prefetch.calls(task_function, [{"run": run, "request": request}])
+        asked = task_function(run, request)  # the task, while the hinted call is in flight
+        run.prefetch.close()
+    assert len(world.answered) == 1, "one call"
+    records = run.clients.ledger.records()
+    assert [r.cache_hit for r in records] == [False] and asked
