@@ -2,8 +2,8 @@
 calls) on bounded pools of threads, so that their replies are already in the run's reply store when the
 flow's tasks make the same calls.
 
-The flow and the task layer give hints ("these rollouts will be asked for"): at the run's start the first
-batch of step 1, the baseline's selection rollouts and the starting skill's test split
+The flow and the task layer give hints ("these rollouts will be asked for"): at the run's start the
+baseline's selection rollouts, step 1's first batch and the starting skill's test split
 (``Prefetcher.run_start``); once a step's update is decided, the next step's first batch with the skill
 the step ends on; and each wave of rollouts the task layer is about to submit, so its calls leave together
 instead of one task start after another. The optimizer's stages hint the same way (``Prefetcher.calls``):
@@ -70,16 +70,16 @@ class Prefetcher:
         self._lock = threading.Lock()
 
     def run_start(self) -> None:
-        """The run's first rollouts: step 1's first batch (its optimizer calls wait for it alone), the
-        baseline's selection split, then the starting skill's test split (``Run.baseline_test_ids``)."""
+        """The run's first rollouts in the order the flow asks for them: the baseline's selection split,
+        step 1's first batch, then the starting skill's test split (``Run.baseline_test_ids``)."""
         if not self.enabled:
             return
         run, skill = self.run, self.run.starting_skill()
+        self.rollouts(skill, run.selection_ids("val"), training=False)
         if (first := first_batch(run)) is not None:
             batch, draws = first
             self.rollouts(skill, batch.item_ids, training=True, epoch=draws.epoch,
                           samples=draws.peek(batch.item_ids), view_seed=batch.seed)
-        self.rollouts(skill, run.selection_ids("val"), training=False)
         self.rollouts(skill, run.baseline_test_ids(), training=False)
 
     def rollouts(self, skill: str, item_ids: Sequence[str], *, training: bool, epoch: int | None = None,
