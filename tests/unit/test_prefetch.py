@@ -84,3 +84,28 @@ def test_a_hinted_task_call_is_made_once_and_the_task_takes_its_reply(tmp_path, 
     assert len(world.answered) == 1, "one call"
     records = run.clients.ledger.records()
     assert [r.cache_hit for r in records] == [False] and asked
+
+
+def test_a_waiting_flow_rollout_gets_the_next_slot_before_a_prefetched_one():
+    import time
+
+    from skillopt.llm.reply_store import PREFETCH
+    from skillopt.rollouts import RolloutSlots
+
+    slots, order = RolloutSlots(1), []
+
+    def rollout(name: str, prefetched: bool) -> None:
+        PREFETCH.set(prefetched)  # this thread's own context
+        with slots.hold():
+            order.append(name)
+
+    with slots.hold():
+        prefetch = threading.Thread(target=rollout, args=("prefetched", True))
+        prefetch.start()
+        time.sleep(0.1)  # the prefetched rollout waits first
+        flow = threading.Thread(target=rollout, args=("flow", False))
+        flow.start()
+        time.sleep(0.1)
+    prefetch.join()
+    flow.join()
+    assert order == ["flow", "prefetched"]
