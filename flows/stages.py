@@ -148,9 +148,16 @@ def aggregate(run: Run, skill: str, failures: list[Patch], successes: list[Patch
     if len(trees) == 1:
         return trees[0]
     level = max(t.merge_level for t in trees) + 1
-    run.prefetch.calls(merge_patches.fn, [{"run": run, "kind": "final", "skill": skill, "patches": trees,
-                                           "level": level, "meta_skill": meta_skill}])
-    return bound(run, merge_patches)(run, "final", skill, trees, level, meta_skill)
+    return _hinted_call(merge_patches, run=run, kind="final", skill=skill, patches=trees, level=level,
+                        meta_skill=meta_skill)
+
+
+def _hinted_call(task: Any, **arguments: Any) -> Any:
+    """``task`` run with ``arguments`` (its run among them), its model call hinted to the prefetch layer
+    first: the call leaves before Prefect has created the task run, which then takes the reply as its own."""
+    run: Run = arguments["run"]
+    run.prefetch.calls(task.fn, [arguments])
+    return bound(run, task)(**arguments)
 
 
 def merge_trees(run: Run, skill: str, trees: dict[str, list[Patch]], *, meta_skill: str) -> dict[str, Patch]:
@@ -198,9 +205,8 @@ def autonomous_budget(run: Run, state: TrainState, skill: str, pool: list[Any], 
 def select(run: Run, skill: str, pool: list[Any], budget: int, meta_skill: str) -> Picked:
     """Gradient clipping: at most ``budget`` of ``pool``, ranked by one optimizer call when it must choose."""
     if needs_ranking(pool, budget):
-        run.prefetch.calls(rank_edits.fn, [{"run": run, "skill": skill, "pool": pool, "budget": budget,
-                                            "meta_skill": meta_skill}])
-        return bound(run, rank_edits)(run, skill, pool, budget, meta_skill)
+        return _hinted_call(rank_edits, run=run, skill=skill, pool=pool, budget=budget,
+                            meta_skill=meta_skill)
     return run.update_mode.pick(pool, budget, None)
 
 
@@ -210,9 +216,8 @@ def build_candidate(run: Run, skill: str, merged: Patch, picked: Picked, *, buff
 
     def rewrite(suggestions: list[Any]) -> Any:
         with timer("rewrite"):
-            run.prefetch.calls(rewrite_skill.fn, [{"run": run, "skill": skill, "suggestions": suggestions,
-                                                   "step_buffer": buffer, "meta_skill": meta_skill}])
-            return bound(run, rewrite_skill)(run, skill, suggestions, buffer, meta_skill)
+            return _hinted_call(rewrite_skill, run=run, skill=skill, suggestions=suggestions,
+                                step_buffer=buffer, meta_skill=meta_skill)
 
     return run.update_mode.candidate(skill, merged, picked, rewrite=rewrite)
 

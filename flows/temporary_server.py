@@ -76,8 +76,8 @@ class OwnSessionServer(SubprocessASGIServer):
 
     def end_without_waiting(self) -> None:
         """The run is over and Prefect's queues are drained: SIGTERM the server and forget it. Its shutdown
-        finishes on its own; Prefect's stop at exit waited for it (up to 5 s, measured 0.8-5.4 s after the
-        last model call)."""
+        finishes on its own; Prefect's stop at exit would wait for it (up to 5 s after the last model call,
+        ``bench/README.md``)."""
         atexit.unregister(self.stop)
         self.stop_without_waiting()
         self.server_process = None

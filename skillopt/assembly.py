@@ -39,6 +39,7 @@ from skillopt.llm.reply_store import ReplyStore
 from skillopt.llm.roles import CliRoleOptions
 from skillopt.llm.usage import check_startable
 from skillopt.prefetch import Prefetcher
+from skillopt.rollouts import RolloutSlots
 from skillopt.run_checks import check_image_support
 from skillopt.runs import RunDir, config_hash, run_directory_name
 from skillopt.skill import SLOW_UPDATE, inject_block
@@ -133,7 +134,7 @@ class Run:
         self.limiter_for: LimiterFor | None = None
         #: Rollouts in flight in this process at most, whoever makes them (``skillopt.rollouts.roll_out``):
         #: the flow's tasks, several evaluations at once and the prefetch layer share ``benchmark.workers``.
-        self.rollout_slots = threading.BoundedSemaphore(max(1, int(getattr(bench_cfg, "workers", 4))))
+        self.rollout_slots = RolloutSlots(int(getattr(bench_cfg, "workers", 4)))
         #: The run's prefetch layer (``skillopt.prefetch``), fed hints by the flow and the task layer.
         self.prefetch = Prefetcher(self)
 

@@ -6,10 +6,10 @@ Prefect's SQLite configuration begins API transactions ``DEFERRED``: such a tran
 to write, and if the server's own services (the recorders of task-run events) wrote in between, SQLite
 refuses the write at once with "database is locked" (a busy timeout cannot help a deferred transaction
 that has read an older snapshot). The API answers 503 and Prefect's client retries after about 2 s. On a
-run this hit the flow's own calls right after each wave of task runs: creating the ``skill-epoch`` subflow
-took 2.1-6 s instead of 0.2 s (``bench/README.md``). Begun ``IMMEDIATE``, the transaction takes the write
-lock first and waits for it (Prefect sets a 60 s busy timeout) instead of failing. SQLite serialises
-writers either way, so nothing is lost but the retries.
+run this hits the flow's own calls right after each wave of task runs, such as creating the ``skill-epoch``
+subflow, each then waiting for the retry (``bench/README.md``). Begun ``IMMEDIATE``, the transaction takes
+the write lock first and waits for it (Prefect sets a 60 s busy timeout) instead of failing. SQLite
+serialises writers either way, so nothing is lost but the retries.
 
     python -m skillopt.prefect_server server start --host 127.0.0.1 --port 4200   # Prefect's CLI, patched
 
@@ -18,8 +18,8 @@ hook, the server runs unchanged and says so in its log.
 
 Prefect's task-run recorder (the service that turns a client's task-run events into task runs and their
 states) writes each event in a transaction of its own by default (batch size 1): a statement built and
-compiled anew per event, half of the server's processor time during a run (a batch-10 demo run: ~180 such
-events, 3-4 s of the server's CPU against 1.5-2 s of the run's own, on two cores the run has to share).
+compiled anew per event, about half of the server's processor time during a run, on cores the run has to
+share (``bench/README.md``).
 skillopt's servers record up to ``RECORDER_SETTINGS["batch_size"]`` events per transaction, flushed at least
 every ``RECORDER_SETTINGS["flush_interval"]`` seconds (the server's CPU halves); a task run then shows in the
 UI up to a second after it changed. A value the user set (environment, profile, ``prefect.toml``) wins.

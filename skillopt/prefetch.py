@@ -1,8 +1,9 @@
-"""The prefetch layer: it makes the rollouts a run is about to ask for on a bounded pool of threads, so that
-their replies are already in the run's reply store when the flow's tasks make the same calls.
+"""The prefetch layer: it makes the model calls a run is about to ask for (rollouts, and the optimizer stages'
+calls) on bounded pools of threads, so that their replies are already in the run's reply store when the
+flow's tasks make the same calls.
 
-The flow and the task layer give hints ("these rollouts will be asked for"): at the run's start the first
-batch of step 1, the baseline's selection rollouts and the starting skill's test split
+The flow and the task layer give hints ("these rollouts will be asked for"): at the run's start the
+baseline's selection rollouts, step 1's first batch and the starting skill's test split
 (``Prefetcher.run_start``); once a step's update is decided, the next step's first batch with the skill
 the step ends on; and each wave of rollouts the task layer is about to submit, so its calls leave together
 instead of one task start after another. The optimizer's stages hint the same way (``Prefetcher.calls``):
@@ -21,7 +22,9 @@ builds the run in the library, hints its start, and the flow adopts that same ru
 instead of building its own, so the first calls leave while Prefect imports and creates the flow run.
 
 It does nothing where it cannot help: without a reply store (the ``scripted`` backend answers instantly), when
-the tasks run in other processes (``run.task_runner: dask``), or with a budget cap (a cap must be able to
+the tasks run in other processes (``run.task_runner: dask``), when the provider limits are Prefect's
+(``model.rate_limit_mode: prefect``: they need the flow's Prefect context, which the layer's threads do not
+have), or with a budget cap (a cap must be able to
 stop the run before anything it did not decide to spend is spent). A hinted rollout whose result is already in
 the task cache is skipped (its task would never ask). A prefetched call that fails is left to its task,
 which makes it again with its retries.
@@ -50,11 +53,12 @@ def applies(run: Run) -> bool:
     """Whether prefetching can help ``run`` (see the module's docstring)."""
     config = run.config
     return (run.clients.target.replies is not None and config.run.task_runner == "threads"
-            and not config.budget.capped)
+            and config.model.rate_limit_mode == "local" and not config.budget.capped)
 
 
 class Prefetcher:
-    """The rollouts hinted for one run, made at most once each on a pool ``benchmark.workers`` wide."""
+    """The calls hinted for one run: rollouts, each made at most once on a pool ``benchmark.workers`` wide,
+    and optimizer calls on a pool ``gradient.analyst_workers`` wide."""
 
     def __init__(self, run: Run) -> None:
         self.run = run
@@ -66,16 +70,16 @@ class Prefetcher:
         self._lock = threading.Lock()
 
     def run_start(self) -> None:
-        """The run's first rollouts: step 1's first batch (its optimizer calls wait for it alone), the
-        baseline's selection split, then the starting skill's test split (``Run.baseline_test_ids``)."""
+        """The run's first rollouts in the order the flow asks for them: the baseline's selection split,
+        step 1's first batch, then the starting skill's test split (``Run.baseline_test_ids``)."""
         if not self.enabled:
             return
         run, skill = self.run, self.run.starting_skill()
+        self.rollouts(skill, run.selection_ids("val"), training=False)
         if (first := first_batch(run)) is not None:
             batch, draws = first
             self.rollouts(skill, batch.item_ids, training=True, epoch=draws.epoch,
                           samples=draws.peek(batch.item_ids), view_seed=batch.seed)
-        self.rollouts(skill, run.selection_ids("val"), training=False)
         self.rollouts(skill, run.baseline_test_ids(), training=False)
 
     def rollouts(self, skill: str, item_ids: Sequence[str], *, training: bool, epoch: int | None = None,

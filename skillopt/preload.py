@@ -1,7 +1,8 @@
 """A preloaded skillopt process: ``skillopt train|demo|eval`` without their start-up imports.
 
-A run command spends 2-3 s of CPU before the flow's first task on a fast machine: importing Prefect, the
-OpenAI SDK, pydantic's model building and skillopt's flows. None of it depends on the run. So ``skillopt
+A run command spends seconds of CPU before the flow's first task: importing Prefect, the OpenAI SDK,
+pydantic's model building and skillopt's flows (what that saves per run: ``bench/README.md``). None of it
+depends on the run. So ``skillopt
 server start`` also starts one more process (``python -m skillopt.preload``) that imports all of that once
 and then waits on a Unix socket, ``PREFECT_HOME/skillopt-runner.sock``. A run command connects, hands over
 its arguments, working directory, environment, umask and its standard input, output and error (file
@@ -186,7 +187,8 @@ def _send_message(conn: socket.socket, message: dict[str, Any]) -> None:
 # --------------------------------------------------------------------------------------------
 # The process, for `skillopt server start|stop|status`
 
-#: How long ``skillopt server start`` waits for the preloaded process's imports (2-4 s on two idle cores).
+#: How long ``skillopt server start`` waits for the preloaded process's imports (seconds; more on a busy
+#: machine).
 START_TIMEOUT_S = 60.0
 
 
@@ -267,8 +269,8 @@ PRELOAD = (
     "skillopt.runs", "skillopt.estimate", "skillopt.live_display", "skillopt.local_server", "openai", "httpx",
     "fastapi.encoders", "prefect.events.worker", "prefect.logging.handlers",
 )
-#: Imported too where installed: what every run imported on first use, 130 modules (0.1-0.4 s of a run's CPU
-#: on two cores): Prefect's flow and task engines, the HTTP clients' transports, the SDK's lazily loaded
+#: Imported too where installed: what every run imported on first use, about 130 modules: Prefect's flow and
+#: task engines, the HTTP clients' transports, the SDK's lazily loaded
 #: resources, rich's emoji table (read by every console log line). Each built-in backend and benchmark module
 #: is imported as well (``_warm``).
 PRELOAD_IF_PRESENT = (
@@ -278,7 +280,7 @@ PRELOAD_IF_PRESENT = (
     "skillopt.process_group", "skillopt.sandbox",
 )
 #: Modules whose pydantic models are built on first use (their packages defer it): built here once, not in
-#: every run (Prefect's client and event schemas, the Chat Completions reply types; 0.3 s in all).
+#: every run (Prefect's client and event schemas, the Chat Completions reply types).
 DEFERRED_MODELS = ("prefect.", "openai.types.chat", "openai.types.completion")
 
 
@@ -519,7 +521,7 @@ def _log(message: str) -> None:
 def _warm() -> None:
     """Import what a run would import on first use (``PRELOAD_IF_PRESENT``, every built-in backend and
     benchmark), build the shared TLS context of the SDKs' HTTP library (``http_common.shared_tls_context``;
-    loading the certificate store took 50-150 ms of a core) and the pydantic models of ``DEFERRED_MODELS``:
+    it loads the whole certificate store) and the pydantic models of ``DEFERRED_MODELS``:
     each child then finds them built."""
     import importlib
     from importlib.metadata import entry_points

@@ -15,7 +15,10 @@ by skill while every epoch samples its training items afresh.
 from __future__ import annotations
 
 import os
+import threading
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
@@ -26,11 +29,45 @@ from skillopt.cache_keys import call_key, digest
 from skillopt.data import BatchPlan, Item
 from skillopt.item_usage import ItemUsage
 from skillopt.llm.chat import ChatRequest
+from skillopt.llm.reply_store import PREFETCH
 from skillopt.records import ItemResult
 from skillopt.skill import skill_hash
 
 if TYPE_CHECKING:
     from skillopt.assembly import Run
+
+
+class RolloutSlots:
+    """At most ``size`` rollouts in flight, whoever makes them; a rollout the flow waits for goes before a
+    prefetched one (``skillopt.prefetch``), so prefetching never keeps the flow's own rollouts waiting."""
+
+    def __init__(self, size: int) -> None:
+        self.size = max(1, size)
+        self._busy = 0
+        self._flow_waiting = 0
+        self._changed = threading.Condition()
+
+    @contextmanager
+    def hold(self) -> Iterator[None]:
+        """One slot while the block runs (a prefetched rollout only when no flow rollout waits)."""
+        prefetched = PREFETCH.get()
+        with self._changed:
+            if not prefetched:
+                self._flow_waiting += 1
+            try:
+                self._changed.wait_for(
+                    lambda: self._busy < self.size and (not prefetched or not self._flow_waiting))
+            finally:
+                if not prefetched:
+                    self._flow_waiting -= 1
+                    self._changed.notify_all()
+            self._busy += 1
+        try:
+            yield
+        finally:
+            with self._changed:
+                self._busy -= 1
+                self._changed.notify_all()
 
 
 class JudgeVerdict(BaseModel):
@@ -82,7 +119,7 @@ def roll_out(run: Run, item: Item, skill: str, *, training: bool, judge: Judge |
     if epoch is not None:
         draw = {"epoch": epoch}
         target = DrawTarget(target, draw_seed(run, epoch, sample))
-    with run.rollout_slots:
+    with run.rollout_slots.hold():
         row = run_item(run.benchmark, item, skill, run.bench_cfg, target=target, judge=judge,
                        probe_instruction=probe_instruction, sample=sample,
                        tags={"training": training, "skill_sha": skill_hash(skill)[:16], **draw})

@@ -54,3 +54,29 @@ def test_the_target_never_has_more_calls_in_flight_than_the_budget(prefect_setti
     assert not [r for r in records if r.get("cache_hit") and r["tags"]]
     # The peer's own count: never above the budget, and the budget was used (the calls did run side by side).
     assert bound // 2 < target.server.max_in_flight <= bound
+
+
+@pytest.mark.slow
+def test_the_command_line_path_keeps_the_budget_too(prefect_api, tmp_path):
+    """``skillopt train`` in a process of its own: the run built and prefetched before Prefect loads
+    (``skillopt.prefetch.start_before_flow``), then adopted by the flow, stays within
+    ``benchmark.workers``."""
+    import os
+    import subprocess
+    import sys
+
+    target, optimizer = DemoWorldServer(latency_s=0.5), DemoWorldServer()
+    with target.server, optimizer.server:
+        overrides = []
+        for role, world in (("target", target), ("optimizer", optimizer)):
+            overrides += [f"model.{role}.backend=openai_compatible",
+                          f"model.{role}.base_url={world.server.openai_base_url}",
+                          f"model.{role}.model=demo-{role}", f"model.{role}.options={{}}"]
+        argv = [sys.executable, "-m", "skillopt.cli", "train", "demo", "--run-name", "budget-cli"]
+        for override in [*overrides, "model.judge=null", *BATCH_40]:
+            argv += ["-o", override]
+        env = {**os.environ, "PREFECT_API_URL": prefect_api, "PREFECT_LOGGING_LEVEL": "WARNING"}
+        done = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert len(set(target.answered)) == len(target.answered) >= 40 + 24 + 24
+    assert 12 < target.server.max_in_flight <= 24

@@ -32,8 +32,8 @@ class MergeTask:
         edits = [e for p in group for e in p.edits]
         return Future(self.log, Patch(reasoning=name, edits=edits, merge_level=level))
 
-    def __call__(self, ctx, kind, skill, trees, level, meta_skill):
-        return self.submit(ctx, kind, skill, trees, level, meta_skill).result()
+    def __call__(self, run, kind, skill, patches, level, meta_skill):  # merge_patches' parameters
+        return self.submit(run, kind, skill, patches, level, meta_skill).result()
 
 
 def patches(kind: str, n: int) -> list[Patch]:

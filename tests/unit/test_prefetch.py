@@ -11,18 +11,22 @@ from tests.fakes.demo_world_http import DemoWorldServer, role_overrides
 
 
 def _run(tmp_path, monkeypatch, *overrides: str):  # noqa: ANN001, ANN202
-    from skillopt.assembly import Run
+    from skillopt.assembly import Run, RunSpec
     from skillopt.config import load_config
+    from skillopt.llm.limiter import NoLimits
 
     monkeypatch.chdir(tmp_path)
     loaded = load_config("demo", overrides=["benchmark.val_size=6", *overrides], env={})
-    return Run.from_config(loaded, env={}, run_name="prefetch")
+    # Prefect's limits are the task layer's to supply; any limiter stands in for them here.
+    limiter = NoLimits() if loaded.config.model.rate_limit_mode == "prefect" else None
+    return Run.build(RunSpec.create(loaded, run_name="prefetch"), env={}, loaded=loaded, limiter=limiter)
 
 
 @pytest.mark.parametrize(("overrides", "applies"), [
     ((), True),
     (("budget.max_calls=1000",), False),
     (("run.task_runner=dask",), False),
+    (("model.rate_limit_mode=prefect",), False),
 ])
 def test_prefetch_applies_only_where_the_flow_s_tasks_can_take_its_replies(tmp_path, monkeypatch, overrides,
                                                                            applies):
@@ -61,3 +65,47 @@ def test_a_prefetched_rollout_is_made_once_within_the_workers_and_its_task_takes
     records = run.clients.ledger.records()
     assert len(records) == len(ids) and not [r for r in records if r.cache_hit]
     assert sorted(rows) == sorted(ids)
+
+
+def test_a_hinted_task_call_is_made_once_and_the_task_takes_its_reply(tmp_path, monkeypatch):
+    from skillopt.llm.chat import ChatRequest, user
+
+    world = DemoWorldServer(latency_s=0.3)
+    with world.server:
+        run = _run(tmp_path, monkeypatch, *role_overrides(world.server.openai_base_url))
+        request = ChatRequest(messages=[user("What is 2 + 2? Reply with the number.")], stage="rollout")
+
+        def task_function(run, request):  # noqa: ANN001, ANN202 - a task's function: one model call
+            return run.clients.optimizer.chat(request).text
+
+        run.prefetch.calls(task_function, [{"run": run, "request": request}])
+        asked = task_function(run, request)  # the task, while the hinted call is in flight
+        run.prefetch.close()
+    assert len(world.answered) == 1, "one call"
+    records = run.clients.ledger.records()
+    assert [r.cache_hit for r in records] == [False] and asked
+
+
+def test_a_waiting_flow_rollout_gets_the_next_slot_before_a_prefetched_one():
+    import time
+
+    from skillopt.llm.reply_store import PREFETCH
+    from skillopt.rollouts import RolloutSlots
+
+    slots, order = RolloutSlots(1), []
+
+    def rollout(name: str, prefetched: bool) -> None:
+        PREFETCH.set(prefetched)  # this thread's own context
+        with slots.hold():
+            order.append(name)
+
+    with slots.hold():
+        prefetch = threading.Thread(target=rollout, args=("prefetched", True))
+        prefetch.start()
+        time.sleep(0.1)  # the prefetched rollout waits first
+        flow = threading.Thread(target=rollout, args=("flow", False))
+        flow.start()
+        time.sleep(0.1)
+    prefetch.join()
+    flow.join()
+    assert order == ["flow", "prefetched"]

@@ -67,11 +67,11 @@ def _api_url_inside_a_run(monkeypatch, home) -> tuple[str | None, str]:
     return seen["api"], printer.out.getvalue()
 
 
-def test_without_a_local_server_the_run_says_once_that_one_makes_runs_start_faster(monkeypatch, tmp_path):
+def test_a_run_on_a_temporary_server_says_so_once(monkeypatch, tmp_path):
     monkeypatch.delenv("PREFECT_API_URL", raising=False)
-    api, printed = _api_url_inside_a_run(monkeypatch, tmp_path)
+    api, printed = _api_url_inside_a_run(monkeypatch, tmp_path)  # run_flow's default: a temporary server
     assert api is None  # Prefect's temporary server
-    assert printed.count("`skillopt server start`") == 1
+    assert printed.count("temporary Prefect server") == 1
 
 
 def test_a_users_own_api_url_is_never_replaced(monkeypatch, tmp_path):
