@@ -189,3 +189,5 @@ class RunSummary(BaseModel):
     config: dict[str, Any] = Field(default_factory=dict)
     #: What a reader must not miss, e.g. that most optimizer replies were unusable.
     warnings: list[str] = Field(default_factory=list)
+    #: Context windows learned during the run, by ``backend|base_url|model``: ``{"tokens", "source"}``.
+    context_windows: dict[str, Any] = Field(default_factory=dict)

@@ -167,6 +167,7 @@ def build_summary(
     stopped_message: str | None = None,
     best_skill_sha: str = "",
     redactor: Redactor | None = None,
+    context_windows: Mapping[str, Any] | None = None,
 ) -> RunSummary:
     """The ``summary.json`` record of a run.
 
@@ -217,6 +218,7 @@ def build_summary(
         best_skill_sha=best_skill_sha,
         config=redact_tree(config.model_dump(mode="json"), redactor),
         warnings=summary_warnings(history),
+        context_windows=dict(context_windows or {}),
     )
 
 
