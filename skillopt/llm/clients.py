@@ -410,25 +410,30 @@ class RoleClient:
         return f"{self.role.backend}|{self.role.base_url or ''}|{self.role.model or ''}"
 
     def _chat_structured(self, request: ChatRequest) -> ChatResponse:
-        """``chat`` for a structured request; an endpoint that refuses constrained output (a 400/422 that
-        is not an overflow) gets the schema in the prompt instead, for this and every later call of the
-        run, with one note."""
+        """``chat`` for a structured request. An endpoint that refuses how the request asks for its shape
+        (a 400/422 that is not an overflow) gets the next way (``structured_output.FALLBACKS``) for this and
+        every later call of the run, with one note per step."""
         backend = self.backend
-        refuse = getattr(backend, "refuse_constrained", None)
-        if callable(refuse) and self.modes.rejected(self.endpoint()):
-            refuse()
-        try:
+        refuse, use = getattr(backend, "refuse_constrained", None), getattr(backend, "use_mode", None)
+        if not callable(refuse) or not callable(use):
             return self.chat(request)
-        except BadRequest as error:
-            overflow = isinstance(error, (ContextLengthExceeded, ModelNotFound))
-            if overflow or not callable(refuse) or not refuse():
-                raise
-            if self.modes.reject(self.endpoint(), error.reason):
-                log.warning("[%s] %s: the server refused schema-constrained output (%s); structured calls "
-                            "carry the schema in the prompt for the rest of the run (set model.%s."
-                            "structured_output to choose)", self.role.role, self.role.short_label(),
-                            error.reason[:160], self.role.role)
-            return self.chat(request)
+        learned = self.modes.fallen_to(self.endpoint())
+        if learned is not None:
+            use(learned)
+        while True:
+            try:
+                return self.chat(request)
+            except BadRequest as error:
+                if isinstance(error, (ContextLengthExceeded, ModelNotFound)):
+                    raise
+                fallback = refuse(request)
+                if fallback is None:
+                    raise
+                if self.modes.fall_to(self.endpoint(), fallback):
+                    log.warning("[%s] %s: the server refused this way of asking for structured output (%s); "
+                                "structured calls now use %s for the rest of the run (set model.%s."
+                                "structured_output to choose)", self.role.role, self.role.short_label(),
+                                error.reason[:160], fallback, self.role.role)
 
     def _send_fitting(self, build: RequestBuilder, schema: type[BaseModel], limit: int
                       ) -> tuple[ChatRequest, ChatResponse]:
