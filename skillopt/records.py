@@ -8,6 +8,7 @@ run directory alike.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -151,6 +152,16 @@ class StepRecord(BaseModel):
     warnings: list[str] = Field(default_factory=list)
     usage: dict[str, Any] = Field(default_factory=dict)
     wall_s: dict[str, float] = Field(default_factory=dict)
+
+
+def unusable_streak(history: Sequence[StepRecord]) -> int:
+    """How many of the last step records in a row had optimizer replies and not one usable."""
+    streak = 0
+    for record in reversed([r for r in history if r.kind == "step"]):
+        if record.replies_parsed or not record.replies_fallback:
+            break
+        streak += 1
+    return streak
 
 
 def unusable_replies_warning(parsed: int, fallback: int) -> str | None:

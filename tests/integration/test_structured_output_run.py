@@ -124,3 +124,20 @@ def test_a_server_with_an_unreported_4096_token_window_is_learned_and_every_late
     # a resumed run starts with it
     kept = json.loads((Path(summary["run_dir"]) / "context_windows.json").read_text())
     assert kept == windows
+
+
+def test_a_run_whose_optimizer_is_never_usable_stops_naming_the_model_and_the_fix(prefect_settings, in_tmp):
+    from skillopt.flows.train import UnusableOptimizer, skill_train
+
+    world = DemoWorldServer(schema_only=True)  # prose unless the schema constrains the reply
+    with world.server, pytest.raises(UnusableOptimizer) as stopped:
+        overrides = [*role_overrides(world.server.openai_base_url), *TWO_STEPS, "model.retry.base=0.01",
+                     "model.optimizer.structured_output=prompt", "optimizer.max_unusable_steps=2"]
+        skill_train(benchmark="demo", overrides=overrides, run_name="unusable")
+    message = str(stopped.value)
+    assert "[optimizer] openai_compatible/demo-optimizer" in message
+    assert "optimizer.max_unusable_steps" in message and "structured_output: json_schema" in message
+    history = [json.loads(line) for line in (in_tmp / "runs" / "unusable" / "history.jsonl").read_text()
+               .splitlines()]
+    steps = [r for r in history if r["kind"] == "step"]
+    assert len(steps) == 2 and all(r["replies_parsed"] == 0 and r["replies_fallback"] for r in steps)
