@@ -9,6 +9,7 @@ every task. Nothing here is module-level state, and no Prefect import happens in
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import threading
@@ -35,6 +36,7 @@ from skillopt.llm.context_windows import ContextWindows
 from skillopt.llm.errors import (
     BackendError,
     BadRequest,
+    CallTimeout,
     ContextLengthExceeded,
     ErrorContext,
     ModelNotFound,
@@ -46,7 +48,7 @@ from skillopt.llm.limiter import LocalRateLimiter, NoLimits, RateLimiter
 from skillopt.llm.pricing import PriceTable
 from skillopt.llm.reply_store import AHEAD, ReplyStore
 from skillopt.llm.retry import Retrier
-from skillopt.llm.roles import CliRoleOptions, ResolvedRole, ResolvedRoles, resolve_roles
+from skillopt.llm.roles import CliRoleOptions, ResolvedRole, ResolvedRoles, is_loopback, resolve_roles
 from skillopt.llm.structured_output import StructuredModes
 from skillopt.llm.usage import UsageLedger, UsageRecord
 from skillopt.redact import Redactor
@@ -221,6 +223,9 @@ class RoleClient:
 
         def on_retry(error: BackendError, wait: float) -> None:
             self._with_context(error, request)
+            local = self.info.kind == "chat" and is_loopback(self.role.base_url)
+            if isinstance(error, CallTimeout) and local:
+                self._wait_until_free(backend, timeout_s)
             log.warning(
                 "[%s] retrying stage %s after %s (status %s) in %.1f s",
                 self.role.role,
@@ -260,12 +265,26 @@ class RoleClient:
             cache_hit=cache_hit, price_model=self.role.price_model, cost_usd=cost_usd,
         )
 
+    def _wait_until_free(self, backend: Any, timeout_s: float) -> None:
+        """After a timeout against a server on this machine: it is most likely still computing the abandoned
+        request (one slot), so a retry now would only queue behind it and time out in turn. One tiny request,
+        given twice the call's timeout, returns when the server is free; then the retry goes."""
+        log.warning("[%s] %s: no reply within %g s; the local server is likely still busy with that request: "
+                    "waiting for it to be free before retrying (raise model.%s.timeout_s for a slow server)",
+                    self.role.role, self.role.short_label(), timeout_s, self.role.role)
+        probe = ChatRequest(messages=[user("Reply with OK.")], stage="preflight", max_tokens=1)
+        with contextlib.suppress(BackendError):  # still busy or gone: the retry finds out and says so
+            backend.attempt(probe, timeout_s=timeout_s * 2)
+
     def _with_context(self, error: BackendError, request: ChatRequest) -> BackendError:
         error.role = error.role or self.role.role
         error.backend = error.backend or self.role.label().split("/", 1)[0]
         error.model = error.model or self.role.model
         error.stage = error.stage or request.stage
         error.reason = self.redactor(error.reason)
+        if isinstance(error, CallTimeout) and not error.hint:
+            error.hint = (f"a slow or busy server needs more time: raise model.{self.role.role}.timeout_s "
+                          f"(now {request.timeout_s or self.role.timeout_s:g} s)")
         return error
 
     # -- context window ---------------------------------------------------------------------
