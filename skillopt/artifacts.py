@@ -76,13 +76,15 @@ def progress_markdown(
     *,
     last_step: StepRecord | None = None,
     finished: bool = False,
+    totals: Mapping[str, Any] | None = None,
     redactor: Redactor | None = None,
 ) -> str:
     """Where training is and how it scores, e.g. ``**Epoch 2/4 · step 7/16 (43.8%)**`` plus a
     two-row table of the current and best gate scores (``–`` before the baseline is known), then
     what ``last_step`` was made of: its optimizer replies (parsed / fallback) and error rows, with
     a warning when most replies were unusable. ``finished``: the run's final figures (after the last
-    epoch boundary and the final check), headed ``**Finished · …**``."""
+    epoch boundary and the final check), headed ``**Finished · …**``; ``totals`` (``runs.signal_counts``):
+    the run's optimizer replies and error rows so far."""
     done = progress_percent(step, total_steps)
     position = f"Epoch {epoch}/{epochs} · step {step}/{total_steps} ({done:.1f}%)"
     text = (
@@ -96,6 +98,13 @@ def progress_markdown(
                  f"{len(last_step.gate_error_ids)} in the gate\n")
         warning = unusable_replies_warning(last_step.replies_parsed, last_step.replies_fallback)
         if warning:
+            text += f"\n**Warning:** {warning}\n"
+    if totals is not None:
+        replies, errors = totals["optimizer_replies"], totals["errors"]
+        text += (f"\nRun: optimizer replies {replies['parsed']} parsed, {replies['fallback']} fallback; "
+                 f"error rows {errors['rollout']} in batches, {errors['gate']} in gates\n")
+        warning = unusable_replies_warning(replies["parsed"], replies["fallback"])
+        if warning and finished:
             text += f"\n**Warning:** {warning}\n"
     return _redactor(redactor)(text)
 
@@ -207,7 +216,7 @@ def cost_table(summary: Mapping[str, Any] | BaseModel) -> list[dict[str, Any]]:
             "role": ROLE_OF_STAGE.get(row.get("stage", ""), "–"),
             "calls": row.get("calls", 0),
             "tokens": row.get("tokens", 0),
-            "usd": round(float(row.get("usd") or 0.0), 6),
+            "usd": _usd(row),
         }
         for row in usage.get("by_stage", [])
     ]
@@ -219,10 +228,20 @@ def cost_table(summary: Mapping[str, Any] | BaseModel) -> list[dict[str, Any]]:
                 "role": "",
                 "calls": total.get("calls", 0),
                 "tokens": total.get("tokens", 0),
-                "usd": round(float(total.get("usd") or 0.0), 6),
+                "usd": _usd(total),
             }
         )
     return rows
+
+
+def _usd(row: Mapping[str, Any]) -> float | str:
+    """A usage row's cost: the USD figure, ``unknown`` when none of its calls has a price, and the priced
+    part plus ``unknown`` when only some have."""
+    usd = round(float(row.get("usd") or 0.0), 6)
+    unpriced = int(row.get("unpriced_calls") or 0)
+    if not unpriced:
+        return usd
+    return "unknown" if not usd else f"{usd} + unknown ({unpriced} unpriced calls)"
 
 
 def report_url(report: Path, *, run_name: str, reports_url: str | None) -> str:

@@ -34,6 +34,7 @@ from skillopt.data import EpochPlan, Item, check_train_size, plan_epoch, small_s
 from skillopt.error_rows import ErrorStreak
 from skillopt.llm.base import BackendContext, BackendRegistry, EnvSecrets
 from skillopt.llm.clients import ModelClients
+from skillopt.llm.context_windows import WINDOWS_FILE, ContextWindows
 from skillopt.llm.limiter import RateLimiter
 from skillopt.llm.reply_store import ReplyStore
 from skillopt.llm.roles import CliRoleOptions
@@ -261,7 +262,8 @@ class Run:
         replies = ReplyStore(cache_dir / "replies", refresh=config.run.refresh_cache)
         clients = ModelClients.build(roles, loaded=loaded, registry=registry, secrets=EnvSecrets(env),
                                      context=context, usage_path=run_dir.path / "usage.jsonl",
-                                     limiter=limiter, replies=replies)
+                                     limiter=limiter, replies=replies,
+                                     windows=ContextWindows(run_dir.path / WINDOWS_FILE))
         used = {"target": roles.target, "optimizer": roles.optimizer}
         if benchmark.needs_judge(bench_cfg) and roles.judge is not None:
             used["judge"] = roles.judge

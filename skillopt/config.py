@@ -239,6 +239,8 @@ class OptimizerSection(_Section):
     lr_scheduler: Literal["constant", "linear", "cosine"] = "cosine"
     lr_control_mode: Literal["fixed", "autonomous"] = "fixed"
     skill_update_mode: Literal["patch", "rewrite_from_suggestions", "full_rewrite_minibatch"] = "patch"
+    #: Steps in a row whose optimizer replies were all unusable before the run stops (exit 2); 0: never.
+    max_unusable_steps: int = Field(default=3, ge=0)
     use_slow_update: Bool = True
     slow_update_samples: int = Field(default=20, ge=1)
     longitudinal_pair_policy: Literal["mixed", "changed", "unchanged"] = "mixed"

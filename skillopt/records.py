@@ -8,6 +8,7 @@ run directory alike.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -156,6 +157,16 @@ class StepRecord(BaseModel):
     wall_s: dict[str, float] = Field(default_factory=dict)
 
 
+def unusable_streak(history: Sequence[StepRecord]) -> int:
+    """How many of the last step records in a row had optimizer replies and not one usable."""
+    streak = 0
+    for record in reversed([r for r in history if r.kind == "step"]):
+        if record.replies_parsed or not record.replies_fallback:
+            break
+        streak += 1
+    return streak
+
+
 def unusable_replies_warning(parsed: int, fallback: int) -> str | None:
     """A warning when most optimizer replies took their stage's fallback (None otherwise)."""
     total = parsed + fallback
@@ -192,3 +203,5 @@ class RunSummary(BaseModel):
     config: dict[str, Any] = Field(default_factory=dict)
     #: What a reader must not miss, e.g. that most optimizer replies were unusable.
     warnings: list[str] = Field(default_factory=list)
+    #: Context windows learned during the run, by ``backend|base_url|model``: ``{"tokens", "source"}``.
+    context_windows: dict[str, Any] = Field(default_factory=dict)

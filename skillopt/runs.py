@@ -171,6 +171,8 @@ def build_summary(
     stopped_message: str | None = None,
     best_skill_sha: str = "",
     redactor: Redactor | None = None,
+    context_windows: Mapping[str, Any] | None = None,
+    answer_formats: Mapping[str, int] | None = None,
 ) -> RunSummary:
     """The ``summary.json`` record of a run.
 
@@ -213,7 +215,8 @@ def build_summary(
             "best": phase(best_selection, best_test, "best"),
             "final": phase(final_selection, None, "final"),
         },
-        counts={**decision_counts(history), **signal_counts(history)},
+        counts={**decision_counts(history), **signal_counts(history),
+                **({"answer_formats": dict(answer_formats)} if answer_formats is not None else {})},
         usage=dict(usage or {}),
         wall_s=wall_s,
         stopped_by=stopped_by,
@@ -221,12 +224,25 @@ def build_summary(
         best_skill_sha=best_skill_sha,
         config=redact_tree(config.model_dump(mode="json"), redactor),
         warnings=summary_warnings(history),
+        context_windows=dict(context_windows or {}),
     )
 
 
 def _latest_steps(history: Sequence[StepRecord]) -> list[StepRecord]:
     latest = {(record.kind, record.step): record for record in history}
     return [r for key, r in sorted(latest.items(), key=lambda kv: _history_key(kv[1])) if key[0] == "step"]
+
+
+def answer_format_counts(rows: Iterable[ItemResult]) -> dict[str, int]:
+    """How the target's answers were read in ``rows``: ``untagged`` (a fallback read them: no ``<answer>``
+    tag) and ``ambiguous`` (untagged and naming more than one option: scored 0), out of ``rows``."""
+    counts = {"rows": 0, "untagged": 0, "ambiguous": 0}
+    for row in rows:
+        counts["rows"] += 1
+        fmt = (row.extras or {}).get("format")
+        if fmt in ("untagged", "ambiguous"):
+            counts[fmt] += 1
+    return counts
 
 
 def signal_counts(history: Sequence[StepRecord]) -> dict[str, Any]:

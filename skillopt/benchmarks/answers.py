@@ -252,17 +252,27 @@ def _option_key(text: str) -> str:
 # ------------------------------------------------------------------------------- the answer reader
 
 
+#: What a fallback returns for a reply that names more than one option (or restates the option list): no
+#: answer, and the row says why.
+AMBIGUOUS = "\x00ambiguous"
+
+
 @dataclass(frozen=True)
 class AnswerReading:
     """What :func:`read_answer` found: the answer text (None: nothing readable) and whether it came
-    from the ``<answer>`` tag or from a fallback (``format`` is then ``untagged``)."""
+    from the ``<answer>`` tag or from a fallback (``format`` is then ``untagged``); ``ambiguous`` when an
+    untagged reply named more than one option (its text is then None: nothing is credited)."""
 
     text: str | None
     tagged: bool
+    ambiguous: bool = False
 
     @property
     def format(self) -> str:
-        """``tagged``, ``untagged`` (read by a fallback: the target lapsed on the format) or ``none``."""
+        """``tagged``, ``untagged`` (read by a fallback: the target lapsed on the format), ``ambiguous``
+        (untagged and naming several options) or ``none``."""
+        if self.ambiguous:
+            return "ambiguous"
         if self.text is None:
             return "none"
         return "tagged" if self.tagged else "untagged"
@@ -278,7 +288,10 @@ def read_answer(reply: str, fallback: Fallback | None = None, *, tag: str = "ans
     tagged = last_tag(reply, tag)
     if tagged is not None:
         return AnswerReading(tagged, tagged=True)
-    return AnswerReading(fallback(reply or "") if fallback else None, tagged=False)
+    found = fallback(reply or "") if fallback else None
+    if found == AMBIGUOUS:
+        return AnswerReading(None, tagged=False, ambiguous=True)
+    return AnswerReading(found, tagged=False)
 
 
 def last_line(reply: str) -> str | None:
@@ -290,9 +303,14 @@ def last_line(reply: str) -> str | None:
 def leading_choice(options: Mapping[str, str]) -> Fallback:
     """Fallback for choice items: the first non-empty line read as an option — its leading label
     (``B``, ``(B)``, ``B.``/``B)`` + text) or an option's text; the label when one resolves, the
-    line itself when its label contradicts its text (so the scorer can say so)."""
+    line itself when its label contradicts its text (so the scorer can say so); ``AMBIGUOUS`` when lines
+    of the reply name more than one option (an echoed option list credits nothing)."""
     def read(reply: str) -> str | None:
-        first = next((line.strip() for line in reply.splitlines() if line.strip()), "")
+        lines = [line.strip() for line in reply.splitlines() if line.strip()]
+        named = {label for line in lines if (label := resolve_choice(line, options)) is not None}
+        if len(named) > 1:  # several options named, or the option list restated: no answer
+            return AMBIGUOUS
+        first = lines[0] if lines else ""
         label = resolve_choice(first, options) if first else None
         if label is not None:
             return label

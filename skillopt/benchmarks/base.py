@@ -52,9 +52,20 @@ class Score(BaseModel):
 UNTAGGED_NOTE = "format: untagged (no <answer> tag; the answer was read by the fallback)"
 
 
+#: The evaluation detail of a row whose untagged reply named more than one option.
+AMBIGUOUS_NOTE = ("format: ambiguous (no <answer> tag, and the reply names more than one option; nothing is "
+                  "credited)")
+
+
 def with_reading(score: Score, reading: AnswerReading) -> Score:
     """``score`` marked ``format: untagged`` — in its extras (so the row shows the format lapse)
-    and in its evaluation detail (so the analyst does) — when a fallback read its answer."""
+    and in its evaluation detail (so the analyst does) — when a fallback read its answer; marked
+    ``format: ambiguous`` (and scored 0) when the untagged reply named several options."""
+    if reading.ambiguous:
+        return score.model_copy(update={
+            "hard": 0.0, "soft": 0.0, "extras": {**score.extras, "format": "ambiguous"},
+            "fail_reason": score.fail_reason or "ambiguous: the reply names more than one option",
+            "detail": f"{score.detail}\n{AMBIGUOUS_NOTE}".strip()})
     if reading.tagged or reading.text is None:
         return score
     return score.model_copy(update={"extras": {**score.extras, "format": reading.format},

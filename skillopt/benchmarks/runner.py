@@ -18,10 +18,12 @@ from pydantic import BaseModel
 
 from skillopt.benchmarks.base import Benchmark, Judge, RolloutInfrastructureError, Score
 from skillopt.benchmarks.episode import EpisodeContext
+from skillopt.config import RetryPolicy
 from skillopt.data import Item
 from skillopt.item_limit import item_limit_s
 from skillopt.llm.chat import ChatRequest, Message, TextPart, assistant, user
 from skillopt.llm.clients import RoleClient
+from skillopt.llm.roles import ResolvedRole
 from skillopt.records import ItemResult
 from skillopt.skill import target_text
 from skillopt.skill_render import render_inline
@@ -32,6 +34,12 @@ SELF_CHECK = (
 )
 FORMAT_ONLY = "Your reply has no answer in the required format. Give only your final answer in that format."
 READOUT_HEADING = "## Training readout"
+#: The role a stand-in target (no ``RoleClient``) is timed as: a chat role with the default timeout.
+_STAND_IN_ROLE = ResolvedRole(
+    role="target", backend="scripted", model=None, price_model=None, reasoning_effort=None, max_tokens=None,
+    temperature=None, seed=None, timeout_s=120.0, base_url=None, api_key_env=None, api_key_secret=None,
+    key_required=False, rate_limit_key="scripted", extra_body={}, options={}, capabilities={},
+    strict_params=False, provenance={})
 
 
 def run_item(
@@ -48,9 +56,7 @@ def run_item(
 ) -> ItemResult:
     """Roll out one item with ``skill`` and score it."""
     started = time.monotonic()
-    # Run assembly binds the limit (benchmarks.resolve); an item run on its own derives it from the target.
-    deadline = getattr(cfg, "item_timeout_s", None) or item_limit_s(
-        cfg, target.role, None, target.retrier.policy, exec_target=_is_exec(target))
+    deadline = _item_deadline(cfg, target)
     messages = first_messages(benchmark, item, skill, cfg, probe_instruction=probe_instruction)
     system_text = "\n\n".join(m.text() for m in messages if m.role == "system")
     user_text = "\n\n".join(m.text() for m in messages if m.role == "user")
@@ -93,6 +99,18 @@ def run_item(
         target_system_prompt=system_text,
         target_user_prompt=user_text,
     )
+
+
+def _item_deadline(cfg: BaseModel, target: Any) -> float:
+    """``benchmark.item_timeout_s``: bound by run assembly (``benchmarks.resolve``); an item run on its own
+    derives it from its target client's role and retry policy."""
+    bound = getattr(cfg, "item_timeout_s", None)
+    if bound:
+        return float(bound)
+    role, retrier = getattr(target, "role", None), getattr(target, "retrier", None)
+    if role is None or retrier is None:  # a stand-in target without a role: the limit's plain default
+        return item_limit_s(cfg, _STAND_IN_ROLE, None, RetryPolicy(), exec_target=False)
+    return item_limit_s(cfg, role, None, retrier.policy, exec_target=_is_exec(target))
 
 
 def first_messages(benchmark: Benchmark[Any], item: Item, skill: str, cfg: BaseModel, *,

@@ -64,11 +64,15 @@ class AnthropicBackend:
         #: Set when the endpoint refused the forced tool: the schema then travels in the prompt.
         self.constrained_refused = False
 
-    def refuse_constrained(self) -> bool:
-        """Send the schema in the prompt from now on; True when that changes anything."""
-        changed = not self.constrained_refused
+    def refuse_constrained(self, request: ChatRequest) -> str | None:
+        """Send the schema in the prompt from now on; the new mode, or None when it already was."""
+        if self.constrained_refused:
+            return None
         self.constrained_refused = True
-        return changed
+        return "prompt"
+
+    def use_mode(self, mode: str) -> None:
+        self.constrained_refused = mode == "prompt"
 
     def body(self, request: ChatRequest) -> dict[str, Any]:
         max_tokens = request.max_tokens or self.role.max_tokens or 4096

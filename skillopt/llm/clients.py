@@ -9,12 +9,13 @@ every task. Nothing here is module-level state, and no Prefect import happens in
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -25,14 +26,17 @@ from skillopt.errors import ConfigError
 from skillopt.llm.base import BackendContext, BackendInfo, BackendRegistry, EnvSecrets, SecretSource
 from skillopt.llm.chat import ChatRequest, ChatResponse, Message, TextPart, Usage, user
 from skillopt.llm.context import (
+    CHARS_PER_TOKEN,
     DEFAULT_CONTEXT_TOKENS,
     PromptRoom,
     known_context_tokens,
     window_from_error,
 )
+from skillopt.llm.context_windows import ContextWindows
 from skillopt.llm.errors import (
     BackendError,
     BadRequest,
+    CallTimeout,
     ContextLengthExceeded,
     ErrorContext,
     ModelNotFound,
@@ -44,7 +48,7 @@ from skillopt.llm.limiter import LocalRateLimiter, NoLimits, RateLimiter
 from skillopt.llm.pricing import PriceTable
 from skillopt.llm.reply_store import PREFETCH, ReplyStore
 from skillopt.llm.retry import Retrier
-from skillopt.llm.roles import CliRoleOptions, ResolvedRole, ResolvedRoles, resolve_roles
+from skillopt.llm.roles import CliRoleOptions, ResolvedRole, ResolvedRoles, is_loopback, resolve_roles
 from skillopt.llm.structured_output import StructuredModes
 from skillopt.llm.usage import UsageLedger, UsageRecord
 from skillopt.redact import Redactor
@@ -57,6 +61,13 @@ M = TypeVar("M", bound=BaseModel)
 MAX_REASK_TOKENS = 65536
 #: After an overflow the request is rebuilt at most this share of its size (or to the learned window).
 SHRINK_AFTER_OVERFLOW = 0.6
+#: A reply cut at ``finish_reason: length`` with fewer tokens than this share of its cap was cut by the
+#: window.
+SHORT_REPLY_SHARE = 0.5
+#: Tokens kept free beside a prompt and its reply cap (chat template, estimate error), plus 1 % of the window.
+FIT_MARGIN_TOKENS = 16
+#: No window smaller than this is learned from a short reply (nor can ``context_tokens`` state one).
+MIN_WINDOW_TOKENS = 256
 #: A structured call's request, or a function from a prompt size in characters to a request that fits it.
 RequestBuilder = Callable[[int], ChatRequest]
 
@@ -65,6 +76,10 @@ def _schema_chars(schema: type[BaseModel]) -> int:
     """What the schema adds to a prompt on servers that take it in the text (its instruction and a blank
     line)."""
     return len(schema_instruction(schema)) + 2
+
+
+def _schema_chars_of(request: ChatRequest) -> int:
+    return _schema_chars(request.response_schema) if request.response_schema is not None else 0
 
 
 def _fixed(request: ChatRequest) -> RequestBuilder:
@@ -109,9 +124,11 @@ class RoleClient:
         redactor: Redactor,
         replies: ReplyStore | None = None,
         modes: StructuredModes | None = None,
+        windows: ContextWindows | None = None,
     ) -> None:
         self.role = role
         self.modes = modes or StructuredModes()
+        self.windows = windows or ContextWindows()
         # Deterministic, free backends gain nothing from storing replies.
         self.replies = replies if role.backend != "scripted" else None
         self.info = info
@@ -124,6 +141,12 @@ class RoleClient:
         self._backend: Any = None
         self._lock = threading.Lock()
         self._window: int | None = None
+        #: Whether the window was stated, reported or learned (not the default guess): then every request's
+        #: reply cap is fitted to it.
+        self._window_known = False
+        #: Set by the user or reported by the server: then a short reply teaches nothing.
+        self._window_stated = False
+        self._chars_per_token = float(CHARS_PER_TOKEN)
         self._window_lock = threading.Lock()
 
     @property
@@ -137,7 +160,16 @@ class RoleClient:
     # -- plain calls ------------------------------------------------------------------------
 
     def chat(self, request: ChatRequest) -> ChatResponse:
-        """One call with retries, rate limits and accounting. Raises ``BackendError`` naming the role."""
+        """One call with retries, rate limits and accounting. Raises ``BackendError`` naming the role.
+
+        Once the role's window is known, the reply cap is lowered to what the window leaves beside the
+        prompt; a reply cut short far below its cap teaches the window (``_learn_from_reply``)."""
+        request = self._fit_cap(request)
+        response = self._chat(request)
+        self._learn_from_reply(request, response)
+        return response
+
+    def _chat(self, request: ChatRequest) -> ChatResponse:
         backend = self.backend
         timeout_s = request.timeout_s or self.role.timeout_s
         cap = request.max_tokens or self.role.max_tokens or 1024
@@ -176,6 +208,9 @@ class RoleClient:
 
         def on_retry(error: BackendError, wait: float) -> None:
             self._with_context(error, request)
+            local = self.info.kind == "chat" and is_loopback(self.role.base_url)
+            if isinstance(error, CallTimeout) and local:
+                self._wait_until_free(backend, timeout_s)
             log.warning(
                 "[%s] retrying stage %s after %s (status %s) in %.1f s",
                 self.role.role,
@@ -215,12 +250,26 @@ class RoleClient:
             cache_hit=cache_hit, price_model=self.role.price_model, cost_usd=cost_usd,
         )
 
+    def _wait_until_free(self, backend: Any, timeout_s: float) -> None:
+        """After a timeout against a server on this machine: it is most likely still computing the abandoned
+        request (one slot), so a retry now would only queue behind it and time out in turn. One tiny request,
+        given twice the call's timeout, returns when the server is free; then the retry goes."""
+        log.warning("[%s] %s: no reply within %g s; the local server is likely still busy with that request: "
+                    "waiting for it to be free before retrying (raise model.%s.timeout_s for a slow server)",
+                    self.role.role, self.role.short_label(), timeout_s, self.role.role)
+        probe = ChatRequest(messages=[user("Reply with OK.")], stage="preflight", max_tokens=1)
+        with contextlib.suppress(BackendError):  # still busy or gone: the retry finds out and says so
+            backend.attempt(probe, timeout_s=timeout_s * 2)
+
     def _with_context(self, error: BackendError, request: ChatRequest) -> BackendError:
         error.role = error.role or self.role.role
         error.backend = error.backend or self.role.label().split("/", 1)[0]
         error.model = error.model or self.role.model
         error.stage = error.stage or request.stage
         error.reason = self.redactor(error.reason)
+        if isinstance(error, CallTimeout) and not error.hint:
+            error.hint = (f"a slow or busy server needs more time: raise model.{self.role.role}.timeout_s "
+                          f"(now {request.timeout_s or self.role.timeout_s:g} s)")
         return error
 
     # -- context window ---------------------------------------------------------------------
@@ -231,20 +280,73 @@ class RoleClient:
         with self._window_lock:
             if self._window is None:
                 self._window = self._find_window()
+            learned = self.windows.get(self.endpoint())  # another role on this endpoint may have learned it
+            if learned and learned < self._window and not self.role.context_tokens:
+                self._window, self._window_known = learned, True
             return self._window
 
     def _find_window(self) -> int:
+        self._window_known = True
         if self.role.context_tokens:
+            self._window_stated = True
             return self.role.context_tokens
         ask = getattr(self.backend, "context_tokens", None)
         reported = ask() if callable(ask) else None
-        if reported:
-            return int(reported)
-        return known_context_tokens(self.role.price_model) or DEFAULT_CONTEXT_TOKENS
+        learned = self.windows.get(self.endpoint())
+        self._window_stated = bool(reported)
+        if reported or learned:
+            return min(int(w) for w in (reported, learned) if w)
+        table = known_context_tokens(self.role.price_model)
+        self._window_known = table is not None
+        return table or DEFAULT_CONTEXT_TOKENS
 
     def prompt_room(self) -> PromptRoom:
         """The room a structured call's prompt and reply have in this role's window."""
-        return PromptRoom.of(self.context_window(), self.role.max_tokens)
+        return PromptRoom.of(self.context_window(), self.role.max_tokens, self._chars_per_token)
+
+    def _fit_cap(self, request: ChatRequest) -> ChatRequest:
+        """``request`` with its reply cap lowered to what a known window leaves beside its prompt."""
+        if self.role.backend == "scripted" or self.info.kind != "chat":
+            return request
+        room = self.prompt_room()
+        if not self._window_known:
+            return request
+        wanted = request.max_tokens or self.role.max_tokens
+        prompt = room.prompt_tokens(request.prompt_chars() + _schema_chars_of(request))
+        free = room.context_tokens - prompt - FIT_MARGIN_TOKENS - room.context_tokens // 100
+        if wanted is not None and wanted <= free:
+            return request
+        return request.model_copy(update={"max_tokens": max(16, free)})
+
+    def _learn_from_reply(self, request: ChatRequest, response: ChatResponse) -> None:
+        """What a reply shows about the window: its prompt's characters per token, and, when it was cut
+        short far below its cap, the window itself (prompt plus reply tokens)."""
+        prompt_tokens = response.usage.prompt_tokens
+        if not prompt_tokens or response.attempts == 0:  # a stored reply says nothing new
+            return
+        density = request.prompt_chars() / prompt_tokens
+        if density < self._chars_per_token:
+            with self._window_lock:
+                self._chars_per_token = max(1.0, density)
+        cap = request.max_tokens or self.role.max_tokens
+        reply_tokens = response.usage.completion_tokens
+        implied = prompt_tokens + (reply_tokens or 0)
+        self.context_window()
+        if self._window_stated or implied < MIN_WINDOW_TOKENS:
+            return
+        if response.truncated and cap and reply_tokens is not None and reply_tokens < cap * SHORT_REPLY_SHARE:
+            self._learn(prompt_tokens + reply_tokens, f"a reply cut short at {reply_tokens} of max_tokens "
+                        f"{cap} after a {prompt_tokens}-token prompt")
+
+    def window_cut(self, response: ChatResponse, cap: int | None) -> str | None:
+        """Why ``response`` was cut, when the window (not ``max_tokens``) did it."""
+        reply_tokens, prompt_tokens = response.usage.completion_tokens, response.usage.prompt_tokens
+        if not (response.truncated and cap and reply_tokens is not None and prompt_tokens):
+            return None
+        if reply_tokens >= cap * SHORT_REPLY_SHARE:
+            return None
+        return (f"the reply was cut short by the context window ({prompt_tokens} prompt + {reply_tokens} "
+                f"reply tokens; max_tokens was {cap}); later prompts are built to fit it")
 
     def prompt_chars(self, schema: type[BaseModel]) -> int:
         """How long a structured call's prompt for ``schema`` may be: the room the window leaves, less what a
@@ -254,11 +356,19 @@ class RoleClient:
     def _learn_window(self, error: BackendError) -> None:
         window = window_from_error(error.reason)
         if window:
-            with self._window_lock:
-                if self._window is None or window < self._window:
-                    log.warning("[%s] the server's context window is %d tokens; prompts are sized to it",
-                                self.role.role, window)
-                    self._window = window
+            self._learn(window, "an overflow error")
+
+    def _learn(self, window: int, source: str) -> None:
+        """Hold ``window`` for this role and every role on its endpoint, for the run (and its resume)."""
+        self.context_window()
+        with self._window_lock:
+            if self._window_known and self._window is not None and window >= self._window:
+                return
+            self._window, self._window_known = window, True
+        if self.windows.learn(self.endpoint(), window, source):
+            log.warning("[%s] %s: the context window is %d tokens (learned from %s); prompts and reply caps "
+                        "are built to fit it (set model.%s.context_tokens to state it)", self.role.role,
+                        self.role.short_label(), window, source, self.role.role)
 
     # -- structured calls -------------------------------------------------------------------
 
@@ -288,7 +398,8 @@ class RoleClient:
         except ParseError as error:
             problem = error.reason
         correction = "\n\n" + correction_text(problem, schema)
-        rebuilt = build(first_request.prompt_chars() - len(correction))
+        # never larger than the first call, and within the window as now known (it may have been learned)
+        rebuilt = build(min(first_request.prompt_chars(), self.prompt_chars(schema)) - len(correction))
         cap = first_request.max_tokens or self.role.max_tokens or 1024
         if first.truncated:
             cap = self.prompt_room().answer_cap(rebuilt.prompt_chars(), min(cap * 2, MAX_REASK_TOKENS))
@@ -303,25 +414,30 @@ class RoleClient:
         return f"{self.role.backend}|{self.role.base_url or ''}|{self.role.model or ''}"
 
     def _chat_structured(self, request: ChatRequest) -> ChatResponse:
-        """``chat`` for a structured request; an endpoint that refuses constrained output (a 400/422 that
-        is not an overflow) gets the schema in the prompt instead, for this and every later call of the
-        run, with one note."""
+        """``chat`` for a structured request. An endpoint that refuses how the request asks for its shape
+        (a 400/422 that is not an overflow) gets the next way (``structured_output.FALLBACKS``) for this and
+        every later call of the run, with one note per step."""
         backend = self.backend
-        refuse = getattr(backend, "refuse_constrained", None)
-        if callable(refuse) and self.modes.rejected(self.endpoint()):
-            refuse()
-        try:
+        refuse, use = getattr(backend, "refuse_constrained", None), getattr(backend, "use_mode", None)
+        if not callable(refuse) or not callable(use):
             return self.chat(request)
-        except BadRequest as error:
-            overflow = isinstance(error, (ContextLengthExceeded, ModelNotFound))
-            if overflow or not callable(refuse) or not refuse():
-                raise
-            if self.modes.reject(self.endpoint(), error.reason):
-                log.warning("[%s] %s: the server refused schema-constrained output (%s); structured calls "
-                            "carry the schema in the prompt for the rest of the run (set model.%s."
-                            "structured_output to choose)", self.role.role, self.role.short_label(),
-                            error.reason[:160], self.role.role)
-            return self.chat(request)
+        learned = self.modes.fallen_to(self.endpoint())
+        if learned is not None:
+            use(learned)
+        while True:
+            try:
+                return self.chat(request)
+            except BadRequest as error:
+                if isinstance(error, (ContextLengthExceeded, ModelNotFound)):
+                    raise
+                fallback = refuse(request)
+                if fallback is None:
+                    raise
+                if self.modes.fall_to(self.endpoint(), fallback):
+                    log.warning("[%s] %s: the server refused this way of asking for structured output (%s); "
+                                "structured calls now use %s for the rest of the run (set model.%s."
+                                "structured_output to choose)", self.role.role, self.role.short_label(),
+                                error.reason[:160], fallback, self.role.role)
 
     def _send_fitting(self, build: RequestBuilder, schema: type[BaseModel], limit: int
                       ) -> tuple[ChatRequest, ChatResponse]:
@@ -361,7 +477,9 @@ class RoleClient:
             "stage": request.stage,
         }
         if response.truncated:
-            raise ParseError("the reply was cut off at max_tokens", excerpt=response.text[-300:], **context)
+            cap = request.max_tokens or self.role.max_tokens
+            raise ParseError(self.window_cut(response, cap) or f"the reply was cut off at max_tokens ({cap})",
+                             excerpt=response.text[-300:], **context)
         if response.parsed is not None:
             try:
                 return schema.model_validate(response.parsed)
@@ -410,6 +528,7 @@ class ModelClients:
     judge: RoleClient | None
     ledger: UsageLedger
     limiter: RateLimiter
+    windows: ContextWindows = field(default_factory=ContextWindows)
 
     def get(self, role: str) -> RoleClient:
         client = getattr(self, role)
@@ -430,6 +549,7 @@ class ModelClients:
         limiter: RateLimiter | None = None,
         usage_path: Path | None = None,
         replies: ReplyStore | None = None,
+        windows: ContextWindows | None = None,
         sleep: Callable[[float], None] = time.sleep,
         clock: Callable[[], float] = time.monotonic,
     ) -> ModelClients:
@@ -451,6 +571,7 @@ class ModelClients:
                                            defaults=_exec_defaults(roles))
         redactor = Redactor.from_environment(secrets.env if isinstance(secrets, EnvSecrets) else None)
         modes = StructuredModes()
+        windows = windows or ContextWindows()
 
         def client(role: ResolvedRole | None) -> RoleClient | None:
             if role is None:
@@ -466,12 +587,13 @@ class ModelClients:
                 redactor=redactor,
                 replies=replies,
                 modes=modes,
+                windows=windows,
             )
 
         target, optimizer = client(roles.target), client(roles.optimizer)
         assert target is not None and optimizer is not None
         judge = client(roles.judge) if roles.judge_problem is None else None
-        return cls(roles, target, optimizer, judge, ledger, limiter)
+        return cls(roles, target, optimizer, judge, ledger, limiter, windows)
 
     @classmethod
     def from_config(

@@ -21,6 +21,7 @@ estimate errs towards a prompt that fits.
 from __future__ import annotations
 
 import fnmatch
+import math
 import re
 from dataclasses import dataclass
 
@@ -84,22 +85,31 @@ class PromptRoom:
 
     context_tokens: int
     answer_tokens: int
+    #: Characters per token: ``CHARS_PER_TOKEN``, or lower when the server's usage showed a denser text.
+    chars_per_token: float = CHARS_PER_TOKEN
 
     @classmethod
-    def of(cls, context_tokens: int, max_tokens: int | None) -> PromptRoom:
+    def of(cls, context_tokens: int, max_tokens: int | None,
+           chars_per_token: float = CHARS_PER_TOKEN) -> PromptRoom:
         """The room in a window of ``context_tokens`` for a reply of up to ``max_tokens``: the reply
         keeps ``max_tokens`` when that leaves three quarters of the window to the prompt, else a
         quarter of the window."""
         share = context_tokens // ANSWER_SHARE
-        return cls(context_tokens=context_tokens, answer_tokens=max(1, min(max_tokens or share, share)))
+        return cls(context_tokens=context_tokens, answer_tokens=max(1, min(max_tokens or share, share)),
+                   chars_per_token=chars_per_token)
 
     @property
     def prompt_chars(self) -> int:
-        return max(0, (self.context_tokens - self.answer_tokens) * CHARS_PER_TOKEN - PROMPT_MARGIN_CHARS)
+        return max(0, int((self.context_tokens - self.answer_tokens) * self.chars_per_token)
+                   - PROMPT_MARGIN_CHARS)
+
+    def prompt_tokens(self, prompt_chars: int) -> int:
+        """The tokens a prompt of ``prompt_chars`` characters is taken to use (rounded up)."""
+        return math.ceil(prompt_chars / self.chars_per_token)
 
     def answer_cap(self, prompt_chars: int, max_tokens: int | None) -> int:
         """The reply cap for a prompt of ``prompt_chars``: ``max_tokens`` unless that would overflow
         the window, then what the window leaves (never below ``answer_tokens``)."""
-        free = self.context_tokens - prompt_chars // CHARS_PER_TOKEN
+        free = self.context_tokens - self.prompt_tokens(prompt_chars)
         cap = max_tokens if max_tokens is not None else self.answer_tokens
         return cap if cap <= free else max(self.answer_tokens, free)

@@ -86,8 +86,8 @@ class OpenAIWire:
         self.capabilities: Capabilities = capabilities_for(role.price_model, role.capabilities)
         self.warn = WarnOnce()
         self.openai = import_openai()
-        #: Set when the endpoint refused constrained output: the schema then travels in the prompt.
-        self.constrained_refused = False
+        #: The mode used since the endpoint refused the configured one (None: as configured).
+        self.fallen_to: str | None = None
 
     # -- request building -------------------------------------------------------------------
 
@@ -122,17 +122,25 @@ class OpenAIWire:
         ``model.<role>.structured_output`` decides; ``auto`` follows the capability table (or preset)."""
         if request.response_schema is None:
             return "none"
-        if self.constrained_refused:
-            return "prompt"
+        if self.fallen_to is not None:
+            return self.fallen_to
         chosen = self.role.structured_output
         return self.capabilities.structured if chosen == "auto" else chosen
 
-    def refuse_constrained(self) -> bool:
-        """Send the schema in the prompt from now on (the endpoint refused constrained output); True when
-        that changes anything."""
-        changed = not self.constrained_refused
-        self.constrained_refused = True
-        return changed
+    #: What a refused mode falls back to.
+    FALLBACK = {"json_schema": "prompt", "json_object": "prompt"}
+
+    def refuse_constrained(self, request: ChatRequest) -> str | None:
+        """The endpoint refused how ``request`` asked for its shape: the mode to use from now on, or None
+        when there is nothing left to drop."""
+        fallback = self.FALLBACK.get(self.structured_mode(request))
+        if fallback is not None:
+            self.fallen_to = fallback
+        return fallback
+
+    def use_mode(self, mode: str) -> None:
+        """Start at ``mode``: what another role learned this endpoint takes."""
+        self.fallen_to = mode
 
     def chat_messages(self, request: ChatRequest, *, schema_in_prompt: bool) -> list[dict[str, Any]]:
         messages = [_chat_message(m, self) for m in request.messages]

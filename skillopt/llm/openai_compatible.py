@@ -22,10 +22,11 @@ from skillopt.errors import ConfigError
 from skillopt.llm.base import BackendContext, BackendInfo, SecretSource
 from skillopt.llm.capabilities import Capabilities
 from skillopt.llm.chat import ChatRequest, ChatResponse, Usage
-from skillopt.llm.errors import CallTimeout, ServerError
+from skillopt.llm.errors import BadRequest, CallTimeout, ServerError
 from skillopt.llm.http_common import SERVER_NOTES, http_library, sdk_http_client, shared_tls_context
 from skillopt.llm.openai import OpenAIWire, import_openai, sdk_timeout, split_think_tags
 from skillopt.llm.roles import ResolvedRole
+from skillopt.llm.structured_output import wire_schema
 from skillopt.redact import Redactor
 
 #: Sent when a server needs no key: the SDK insists on one.
@@ -121,6 +122,17 @@ class CompatibleWire(OpenAIWire):
         extras.update(self.role.extra_body)
         return extras
 
+    #: A compatible server that refuses ``json_schema`` may still take ``json_object`` with a schema.
+    FALLBACK = {"json_schema": "json_object", "json_object": "prompt"}
+
+    def chat_body(self, request: ChatRequest) -> dict[str, Any]:
+        body = super().chat_body(request)
+        if request.response_schema is not None and body.get("response_format") == {"type": "json_object"}:
+            # llama.cpp's servers constrain a json_object reply to a schema given beside it; others ignore it
+            schema = wire_schema(request.response_schema)[0]
+            body["response_format"] = {"type": "json_object", "schema": schema}
+        return body
+
     def chat_reply_hook(self, response: ChatResponse) -> ChatResponse:
         strip = self.options.strip_think_tags
         if strip is None:
@@ -177,7 +189,14 @@ class CompatibleWire(OpenAIWire):
     def attempt(self, request: ChatRequest, *, timeout_s: float) -> ChatResponse:
         if self.preset.stream_thinking and self.thinking == "on":
             return self._streamed(request, timeout_s=timeout_s)
-        return super().attempt(request, timeout_s=timeout_s)
+        try:
+            return super().attempt(request, timeout_s=timeout_s)
+        except ServerError as error:
+            # llama-cpp-python answers a response_format it does not know with HTTP 500 and the validation
+            # message: a refusal of the request, not a server fault worth retrying.
+            if request.response_schema is not None and "response_format" in error.reason:
+                raise BadRequest(error.reason, status=error.status) from None
+            raise
 
     def _streamed(self, request: ChatRequest, *, timeout_s: float) -> ChatResponse:
         """Thinking calls on DashScope must stream; reassemble text, reasoning and usage."""

@@ -102,11 +102,7 @@ class ResolvedRole(BaseModel):
     def short_label(self) -> str:
         """``backend/model`` with a model file path cut to its name (``…/SmolLM2-135M-Instruct-Q4_1.gguf``
         reads ``SmolLM2-135M-Instruct-Q4_1``): how notes and warnings name the model."""
-        name = self.model or "?"
-        if name.startswith("/") or "\\" in name or name.lower().endswith(".gguf"):
-            name = PurePath(name.replace("\\", "/")).name
-            name = name[: -len(".gguf")] if name.lower().endswith(".gguf") else name
-        return f"{self.backend}/{name}"
+        return f"{self.backend}/{short_model_name(self.model)}"
 
     def fingerprint(self) -> str:
         """A hash of what changes a reply (never secrets): part of every task's cache key."""
@@ -273,6 +269,16 @@ def _resolve_one(
         structured_output=values.get("structured_output") or "auto",
         provenance={k: v for k, v in provenance.items() if k in ResolvedRole.model_fields},
     )
+
+
+def short_model_name(name: str | None) -> str:
+    """A model id as messages show it: a file path (a GGUF on disk) cut to the file's name without
+    ``.gguf``; any other id as it is."""
+    name = name or "?"
+    if name.startswith("/") or "\\" in name or name.lower().endswith(".gguf"):
+        name = PurePath(name.replace("\\", "/")).name
+        name = name[: -len(".gguf")] if name.lower().endswith(".gguf") else name
+    return name
 
 
 def is_loopback(url: str | None) -> bool:

@@ -12,7 +12,9 @@
 - ``auto`` (the default): what the backend does best. On ``openai_compatible`` that is ``json_schema``
   unless the preset knows the server takes only ``json_object``; the first structured call to an
   endpoint is the probe: a server that rejects the field (HTTP 400/422) is remembered for the rest of
-  the run, gets the schema in the prompt instead, and one note says so.
+  the run, gets ``json_object`` with the schema beside it (``{"type": "json_object", "schema": …}``: how
+  llama-cpp-python's server takes a schema), and if it refuses that too, the schema in the prompt; one note
+  says so each time.
 
 Whatever the mode, the reply is still validated against the schema and parsed from text as a last
 resort (``skillopt.llm.json_extract``).
@@ -30,6 +32,8 @@ from skillopt.llm.json_extract import strict_json_schema
 
 log = logging.getLogger("skillopt.llm")
 
+#: The order an endpoint that refuses a mode falls back in.
+FALLBACKS: tuple[str, ...] = ("json_schema", "json_object", "prompt")
 StructuredOutput = Literal["auto", "json_schema", "json_object", "prompt"]
 STRUCTURED_OUTPUTS: tuple[str, ...] = ("auto", "json_schema", "json_object", "prompt")
 
@@ -52,17 +56,17 @@ class StructuredModes:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._rejected: dict[str, str] = {}
+        self._fallen_to: dict[str, str] = {}
 
-    def rejected(self, key: str) -> bool:
-        """Whether the endpoint ``key`` refused constrained output earlier in this run."""
+    def fallen_to(self, key: str) -> str | None:
+        """The mode endpoint ``key`` was moved to after refusing the one before, or None."""
         with self._lock:
-            return key in self._rejected
+            return self._fallen_to.get(key)
 
-    def reject(self, key: str, reason: str) -> bool:
-        """Remember that endpoint ``key`` refused constrained output; True the first time (say so then)."""
+    def fall_to(self, key: str, mode: str) -> bool:
+        """Remember that endpoint ``key`` now gets ``mode``; True the first time (say so then)."""
         with self._lock:
-            if key in self._rejected:
+            if FALLBACKS.index(self._fallen_to.get(key, "json_schema")) >= FALLBACKS.index(mode):
                 return False
-            self._rejected[key] = reason
+            self._fallen_to[key] = mode
             return True

@@ -32,6 +32,7 @@ from skillopt.errors import ConfigError, storage_error
 from skillopt.llm.chat import STAGES, Stage, Usage
 from skillopt.llm.errors import BudgetExceeded
 from skillopt.llm.pricing import PriceTable
+from skillopt.llm.roles import short_model_name
 
 _log = logging.getLogger(__name__)
 
@@ -287,7 +288,7 @@ class UsageLedger:
                 "no price known for %s/%s; its calls are recorded with cost null. Add an entry to a "
                 "pricing file (model.pricing_file) or set model.<role>.price_model to a priced model.",
                 backend,
-                price_model,
+                short_model_name(price_model),
             )
         return record
 

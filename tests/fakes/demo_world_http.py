@@ -22,6 +22,13 @@ Two variants serve the structured-output tests:
   optimizer call gets prose that no parser can use.
 - ``refuse_schema``: a server that rejects ``response_format`` with HTTP 400 and otherwise answers like the
   demo world (the schema then has to travel in the prompt).
+
+``window_tokens`` makes it a server with that context window and nothing to say about it (no ``/props``,
+no window in ``/models``), counting ``ceil(characters / 4) + 4`` tokens per message: like llama.cpp's
+OpenAI-compatible server it rejects a prompt larger than the window with "Requested tokens (N) exceed context
+window of W", and silently shrinks ``max_tokens`` to the room the prompt leaves, so a longer reply is cut
+there with ``finish_reason: length``. ``window_log`` records each request's arrival (``time.time()``), prompt
+tokens, ``max_tokens`` and what happened (``ok``, ``short``, ``overflow``).
 """
 
 from __future__ import annotations
@@ -48,7 +55,9 @@ class DemoWorldServer:
     def __init__(self, *, failing: frozenset[str] = frozenset(), evidence_in_reply: bool = False,
                  reply_padding: int = 0, latency_s: float = 0.0, schema_only: bool = False,
                  refuse_schema: bool = False, slow: frozenset[str] = frozenset(),
-                 slow_s: float = 0.0) -> None:
+                 slow_s: float = 0.0, window_tokens: int | None = None) -> None:
+        self.window_tokens = window_tokens
+        self.window_log: list[tuple[float, int, int | None, str]] = []
         self.failing = failing
         #: How long each model reply takes (the server holds the request that long).
         self.latency_s = latency_s
@@ -81,6 +90,13 @@ class DemoWorldServer:
             return ok(text="too late")
         if self.refuse_schema and "response_format" in body:
             return status(400, message="'response_format' is not supported by this server")
+        received = time.time()
+        prompt_tokens = fake_prompt_tokens(body)
+        if self.window_tokens is not None and prompt_tokens > self.window_tokens:
+            with self.lock:
+                self.window_log.append((received, prompt_tokens, body.get("max_tokens"), "overflow"))
+            return status(400, message=f"Requested tokens ({prompt_tokens}) exceed context window of "
+                                       f"{self.window_tokens}")
         chat = self.as_chat_request(body)
         if chat.stage == "rollout" and chat.last_user_text() in self.failing:
             return status(500, message="the fake server fails this item every time")
@@ -112,8 +128,25 @@ class DemoWorldServer:
             answer = self.with_self_check(chat, str(answer))
         with self.lock:
             self.answered.append(canonical(body))
-        reply = ok(text=answer if isinstance(answer, str) else json.dumps(answer), usage=self.usage)
+        text = answer if isinstance(answer, str) else json.dumps(answer)
+        if self.window_tokens is not None:
+            return self.within_window(body, prompt_tokens, text, received)
+        reply = ok(text=text, usage=self.usage)
         return slow(self.latency_s, reply) if self.latency_s else reply
+
+    def within_window(self, body: dict, prompt_tokens: int, text: str, received: float):
+        """The reply as a server with ``window_tokens`` gives it: cut where the window ends."""
+        assert self.window_tokens is not None
+        room = self.window_tokens - prompt_tokens
+        wanted = -(-len(text) // 4)
+        cap = body.get("max_tokens")
+        short = wanted > room and (cap is None or cap > room)
+        with self.lock:
+            self.window_log.append((received, prompt_tokens, cap, "short" if short else "ok"))
+        if short:
+            return ok(text=text[: room * 4], finish_reason="length",
+                      usage={"prompt_tokens": prompt_tokens, "completion_tokens": room})
+        return ok(text=text, usage={"prompt_tokens": prompt_tokens, "completion_tokens": wanted})
 
     def with_self_check(self, chat: ChatRequest, answer: str) -> str:
         """The reply with ``reply_padding`` characters of notes before it and the conventions line after
@@ -143,6 +176,11 @@ class DemoWorldServer:
         elif "## Previous epoch's last skill" in user_text:
             stage = "meta_skill"
         return ChatRequest(messages=[system(system_text), user(user_text)], stage=stage, tags=tags)
+
+
+def fake_prompt_tokens(body: dict) -> int:
+    """The prompt's tokens as the ``window_tokens`` server counts them."""
+    return sum(-(-len(str(m.get("content") or "")) // 4) + 4 for m in body.get("messages") or [])
 
 
 def constraining_schema(body: dict) -> dict | None:

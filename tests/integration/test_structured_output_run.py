@@ -17,6 +17,17 @@ from tests.fakes.demo_world_http import TWO_STEPS, DemoWorldServer, constraining
 pytestmark = pytest.mark.slow
 
 
+class Kept(logging.Handler):
+    """Keeps the records of the logger it is added to (the flow's log setup may not reach pytest's)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
 def train(world: DemoWorldServer, run_name: str) -> dict:
     from skillopt.flows.train import skill_train
 
@@ -71,12 +82,62 @@ def test_a_server_that_refuses_response_format_gets_the_schema_in_the_prompt_aft
         summary = train(world, "refused")
 
     bodies = optimizer_bodies(world)
-    refused = [b for b in bodies if "response_format" in b]
+    refused = [b["response_format"]["type"] for b in bodies if "response_format" in b]
     prompted = [b for b in bodies if "response_format" not in b]
-    assert len(refused) == 1  # the endpoint's first structured call was the probe; nothing after it
+    assert refused == ["json_schema", "json_object"]  # the endpoint's first structured call probed; no more
     assert prompted and all("must match this JSON schema" in b["messages"][0]["content"] for b in prompted)
-    notes = [r.getMessage() for r in caplog.records if "refused schema-constrained output" in r.getMessage()]
-    assert len(notes) == 1 and "structured_output" in notes[0]
+    notes = [r.getMessage() for r in caplog.records if "the server refused" in r.getMessage()]
+    assert len(notes) == 2 and "structured_output" in notes[0]
     assert not [b for b in chat_bodies(world) if CORRECTION_LEAD in json.dumps(b)]
     replies = optimizer_replies(summary)
     assert replies["fallback"] == 0 and replies["parsed"] > 0
+
+
+def test_a_server_with_an_unreported_4096_token_window_is_learned_and_every_later_request_fits(
+        prefect_settings, in_tmp):
+    world = DemoWorldServer(window_tokens=4096, evidence_in_reply=True, reply_padding=5000)
+    records = Kept()
+    logging.getLogger("skillopt.llm").addHandler(records)
+    with world.server:
+        from skillopt.flows.train import skill_train
+
+        overrides = [*role_overrides(world.server.openai_base_url), *TWO_STEPS, "model.retry.base=0.01",
+                     "model.retry.cap=0.02", "model.target.model=small-model",
+                     "model.optimizer.model=small-model"]
+        try:
+            summary = skill_train(benchmark="demo", overrides=overrides, run_name="window")
+        finally:
+            logging.getLogger("skillopt.llm").removeHandler(records)
+
+    assert any(what != "ok" for *_, what in world.window_log), "the window never showed"
+    learned = [r.created for r in records.records if "the context window is 4096 tokens" in r.getMessage()]
+    assert len(learned) == 1
+    # requests already on the wire when the window showed could not know it; every one sent after did
+    later = [(prompt, cap, what) for received, prompt, cap, what in world.window_log if received > learned[0]]
+    assert later, "nothing was sent after the window was learned"
+    assert not [(prompt, cap) for prompt, cap, _ in later if prompt + (cap or 0) > 4096]
+    assert all(what == "ok" for *_, what in later)
+    written = json.loads((Path(summary["run_dir"]) / "summary.json").read_text())
+    windows = written["context_windows"]
+    assert [entry["tokens"] for entry in windows.values()] == [4096]
+    assert next(iter(windows)).endswith("|small-model")
+    # a resumed run starts with it
+    kept = json.loads((Path(summary["run_dir"]) / "context_windows.json").read_text())
+    assert kept == windows
+
+
+def test_a_run_whose_optimizer_is_never_usable_stops_naming_the_model_and_the_fix(prefect_settings, in_tmp):
+    from skillopt.flows.train import UnusableOptimizer, skill_train
+
+    world = DemoWorldServer(schema_only=True)  # prose unless the schema constrains the reply
+    with world.server, pytest.raises(UnusableOptimizer) as stopped:
+        overrides = [*role_overrides(world.server.openai_base_url), *TWO_STEPS, "model.retry.base=0.01",
+                     "model.optimizer.structured_output=prompt", "optimizer.max_unusable_steps=2"]
+        skill_train(benchmark="demo", overrides=overrides, run_name="unusable")
+    message = str(stopped.value)
+    assert "[optimizer] openai_compatible/demo-optimizer" in message
+    assert "optimizer.max_unusable_steps" in message and "structured_output: json_schema" in message
+    history = [json.loads(line) for line in (in_tmp / "runs" / "unusable" / "history.jsonl").read_text()
+               .splitlines()]
+    steps = [r for r in history if r["kind"] == "step"]
+    assert len(steps) == 2 and all(r["replies_parsed"] == 0 and r["replies_fallback"] for r in steps)

@@ -56,8 +56,9 @@ def clients(server) -> ModelClients:
 
 
 def test_two_roles_and_the_window_probe_load_the_certificates_once(openai_server, loads):
-    openai_server.plan(MODELS, raw(200, json.dumps({"object": "list", "data": [
-        {"id": "small-model", "object": "model", "max_model_len": 4096}]})))
+    listing = raw(200, json.dumps({"object": "list", "data": [
+        {"id": "small-model", "object": "model", "max_model_len": 4096}]}))
+    openai_server.plan(MODELS, listing, listing)  # each role asks once: its reply caps are fitted to it
     openai_server.plan(CHAT, ok("hello"), ok("again"))
     models = clients(openai_server)
     assert models.target.chat(ChatRequest(messages=[user("hi")], stage="rollout")).text == "hello"

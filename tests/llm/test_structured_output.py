@@ -59,37 +59,51 @@ def test_a_schema_that_cannot_be_strict_is_still_sent_as_a_constraint(openai_ser
     assert json_schema["strict"] is False and "scores" in json_schema["schema"]["properties"]
 
 
-@pytest.mark.parametrize(("mode", "response_format"), [("json_object", {"type": "json_object"}),
-                                                        ("prompt", None)])
+@pytest.mark.parametrize(("mode", "response_format"), [("json_object", "json_object"), ("prompt", None)])
 def test_json_object_and_prompt_carry_the_schema_in_the_prompt(openai_server, mode, response_format):
     openai_server.plan(CHAT, ok(json={"verdict": "correct"}))
     clients = clients_for(openai_server, f"model.optimizer.structured_output={mode}")
     clients.optimizer.structured(request(), Verdict)
     body = openai_server.last(CHAT).body
-    assert body.get("response_format") == response_format
+    assert body.get("response_format", {}).get("type") == response_format
     assert "must match this JSON schema" in body["messages"][0]["content"]
 
 
 def test_a_refusal_is_learned_once_per_endpoint_for_every_role_on_it(openai_server, caplog):
     refusal = status(400, message="response_format json_schema is not supported")
-    openai_server.plan(CHAT, refusal, ok(json={"verdict": "correct"}), ok(json={"verdict": "incorrect"}))
+    openai_server.plan(CHAT, refusal, refusal, ok(json={"verdict": "correct"}),
+                       ok(json={"verdict": "incorrect"}))
     clients = clients_for(openai_server, judge_too=True)
     first, _ = clients.optimizer.structured(request(), Verdict)
     second, _ = clients.get("judge").structured(request().model_copy(update={"stage": "judge"}), Verdict)
     assert (first.verdict, second.verdict) == ("correct", "incorrect")
-    sent = [r.body for r in openai_server.requests_for(CHAT)]
-    assert ["response_format" in body for body in sent] == [True, False, False]
-    notes = [r for r in caplog.records if "refused schema-constrained output" in r.getMessage()]
-    assert len(notes) == 1 and "model.optimizer.structured_output" in notes[0].getMessage()
+    sent = [r.body.get("response_format", {}).get("type") for r in openai_server.requests_for(CHAT)]
+    assert sent == ["json_schema", "json_object", None, None]
+    notes = [r.getMessage() for r in caplog.records if "the server refused" in r.getMessage()]
+    assert len(notes) == 2 and "model.optimizer.structured_output" in notes[0]
+    assert "now use json_object" in notes[0] and "now use prompt" in notes[1]
+
+
+def test_llama_cpp_python_takes_json_object_with_the_schema_beside_it(openai_server):
+    # llama-cpp-python's server: HTTP 500 and a validation message for json_schema; json_object + schema works
+    rejected = status(500, message="1 validation error: ('body', 'response_format', 'type') Input should be "
+                                   "'text' or 'json_object'")
+    openai_server.plan(CHAT, rejected, ok(json={"verdict": "correct"}))
+    verdict, _ = clients_for(openai_server).optimizer.structured(request(), Verdict)
+    assert verdict.verdict == "correct" and openai_server.calls(CHAT) == 2  # no retry of the 500
+    response_format = openai_server.last(CHAT).body["response_format"]
+    assert response_format["type"] == "json_object"
+    assert response_format["schema"]["required"] == ["verdict", "reason"]
 
 
 def test_an_unrelated_bad_request_is_not_taken_for_a_refusal_twice(openai_server):
-    openai_server.plan(CHAT, status(400, message="bad"), status(400, message="bad"))
+    bad = status(400, message="bad")
+    openai_server.plan(CHAT, bad, bad, bad, bad)
     from skillopt.llm.errors import BadRequest
 
     with pytest.raises(BadRequest):
         clients_for(openai_server).optimizer.structured(request(), Verdict)
-    assert openai_server.calls(CHAT) == 2  # the constrained try, then the prompt-only one: no more
+    assert openai_server.calls(CHAT) == 3  # json_schema, json_object, the prompt: no more
 
 
 def test_anthropic_takes_a_forced_tool_unless_the_role_asks_for_the_prompt(anthropic_server):

@@ -90,3 +90,29 @@ def test_livemath_marks_its_last_line_fallback_untagged():
     tagged = livemath.score(item, "<answer>B</answer>", None)
     assert (tagged.hard, tagged.extras.get("format", "tagged")) == (1.0, "tagged")
     assert livemath.score(item, "<answer>A. G is abelian</answer>", None).hard == 0.0
+
+
+@pytest.mark.parametrize("scoring", ["choice", "exact"])
+@pytest.mark.parametrize("reply", ["A. plausible\nB. implausible", "plausible\nimplausible",
+                                   "B. implausible\nA. plausible", "(A)\n(B)"])
+def test_an_untagged_reply_restating_the_options_scores_0_marked_ambiguous(scoring, reply):
+    hard, fail, fmt = scored(sports_item(scoring), reply)  # gold B is among the options named
+    assert (hard, fmt) == (0.0, "ambiguous") and "more than one option" in fail
+    row = qa.score(sports_item(scoring), reply, None)
+    assert "format: ambiguous" in evaluation_event(sports_item(scoring), row)
+
+
+def test_a_tagged_answer_after_the_option_list_is_read_as_tagged():
+    hard, _, fmt = scored(sports_item("choice"), "A. plausible\nB. implausible\n<answer>B</answer>")
+    assert (hard, fmt) == (1.0, "tagged")
+
+
+def test_the_summary_counts_untagged_and_ambiguous_answers():
+    from skillopt.records import ItemResult
+    from skillopt.runs import answer_format_counts
+
+    replies = ["<answer>B</answer>", "B. implausible", "A. plausible\nB. implausible"]
+    results = [qa.score(sports_item("choice"), reply, None) for reply in replies]
+    rows = [ItemResult(id=f"s{k}", task_type="sports", hard=r.hard, soft=r.soft, extras=r.extras)
+            for k, r in enumerate(results)]
+    assert answer_format_counts(rows) == {"rows": 3, "untagged": 1, "ambiguous": 1}

@@ -441,3 +441,23 @@ def test_cost_table_has_a_row_per_stage_and_a_total() -> None:
 def test_a_redactor_can_be_passed_explicitly() -> None:
     text = artifacts.progress_markdown(1, 1, 1, 1, 0.5, 0.5, redactor=Redactor(["0.500"]))
     assert "0.500" not in text
+
+
+def test_the_cost_table_says_unknown_for_unpriced_calls():
+    from skillopt.artifacts import cost_table
+
+    usage = {"by_stage": [{"stage": "rollout", "calls": 3, "tokens": 90, "usd": 0.0, "unpriced_calls": 3},
+                          {"stage": "analyst", "calls": 1, "tokens": 50, "usd": 0.002, "unpriced_calls": 0}],
+             "total": {"calls": 4, "tokens": 140, "usd": 0.002, "unpriced_calls": 3}}
+    rows = {row["stage"]: row["usd"] for row in cost_table({"usage": usage})}
+    assert rows == {"rollout": "unknown", "analyst": 0.002, "total": "0.002 + unknown (3 unpriced calls)"}
+
+
+def test_the_finished_progress_keeps_the_run_s_reply_counts():
+    from skillopt.artifacts import progress_markdown
+
+    totals = {"optimizer_replies": {"parsed": 1, "fallback": 5}, "errors": {"rollout": 2, "gate": 0}}
+    text = progress_markdown(1, 1, 3, 3, 0.4, 0.5, finished=True, totals=totals)
+    assert text.startswith("**Finished")
+    assert "optimizer replies 1 parsed, 5 fallback" in text and "error rows 2 in batches" in text
+    assert "**Warning:**" in text

@@ -396,6 +396,9 @@ class QABenchmark(Benchmark[QAConfig]):
         expected = _expected(item)
         parts = _ScoreParts(scoring=scoring, gold_answers=list(item["answers"]), expected=expected)
         reading = read_answer(response_text, _fallback(item) if item.get("answer_fallback", True) else None)
+        if reading.ambiguous:
+            return with_reading(parts.score(0.0, 0.0, "", "ambiguous: the reply names more than one option"),
+                                reading)
         if reading.text is None:
             return parts.score(0.0, 0.0, "", "no-answer: no <answer> tag")
         return with_reading(_score_with(scoring, item, reading.text, judge, parts), reading)

@@ -1,0 +1,46 @@
+"""Convert a BIG-bench JSON task (``task.json`` with ``examples`` of ``input`` and ``target_scores``) into the
+``qa`` benchmark's JSONL: one row per example, the question with the task's prefix, the best-scored target as
+the answer.
+
+    python bench/bigbench_to_qa.py TASK_JSON OUT_JSONL [--limit N] [--id-prefix sports]
+
+The BIG-bench data stays where it was downloaded; nothing of it is committed here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def convert(task: dict, *, limit: int, id_prefix: str) -> list[dict]:
+    prefix = str(task.get("task_prefix") or "").strip()
+    rows = []
+    for number, example in enumerate(task["examples"][: limit or None], start=1):
+        scores = example.get("target_scores") or {}
+        if scores:
+            answer = max(scores, key=lambda option: scores[option])
+        else:
+            target = example["target"]
+            answer = target[0] if isinstance(target, list) else target
+        question = f"{prefix}\n{example['input']}".strip() if prefix else str(example["input"])
+        rows.append({"id": f"{id_prefix}-{number:04d}", "question": question, "answer": answer})
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("task_json", type=Path)
+    parser.add_argument("out_jsonl", type=Path)
+    parser.add_argument("--limit", type=int, default=0, help="first N examples only (0: all)")
+    parser.add_argument("--id-prefix", default="item")
+    args = parser.parse_args()
+    task = json.loads(args.task_json.read_text(encoding="utf-8"))
+    rows = convert(task, limit=args.limit, id_prefix=args.id_prefix)
+    args.out_jsonl.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    print(f"{args.out_jsonl}: {len(rows)} rows")
+
+
+if __name__ == "__main__":
+    main()
