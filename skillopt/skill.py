@@ -12,6 +12,9 @@ A skill is one markdown document. It may end with up to two *protected blocks*, 
     execution notes (§4.9)
     <!-- APPENDIX_END -->
 
+The body may hold several files of an Agent Skills folder, each after a ``<!-- FILE: <path> -->``
+line (``skill_files``); an edit names the file it changes and works inside it.
+
 Edits (patch mode) only ever change the body; the blocks are written by their own stages
 (``inject_block`` / ``replace_block``) and survive full rewrites (``restore_protected``).
 
