@@ -12,6 +12,7 @@ to the flow run.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from contextlib import ExitStack
@@ -199,6 +200,4 @@ def _table_row(cell: dict[str, Any]) -> dict[str, Any]:
 
 
 def _json(data: Any) -> str:
-    import json
-
     return json.dumps(data, indent=2, ensure_ascii=False)
