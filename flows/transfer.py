@@ -90,6 +90,8 @@ def skill_transfer(benchmarks: list[str], skills: list[str], targets: list[str],
     if not targets or not skills or not benchmarks:
         raise ConfigError("skill-transfer needs at least one skill, one named target (model.targets.NAME) "
                           "and one benchmark")
+    if data and len(benchmarks) != 1:
+        raise ConfigError("skill-transfer: data is one benchmark's data: give exactly one benchmark with it")
     split = resolve_split(split)
     name = run_name or flow_run.name or "transfer"
     specs: list[tuple[str, str, RunSpec, Any]] = []
