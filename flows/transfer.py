@@ -12,6 +12,7 @@ to the flow run.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from contextlib import ExitStack
@@ -89,6 +90,8 @@ def skill_transfer(benchmarks: list[str], skills: list[str], targets: list[str],
     if not targets or not skills or not benchmarks:
         raise ConfigError("skill-transfer needs at least one skill, one named target (model.targets.NAME) "
                           "and one benchmark")
+    if data and len(benchmarks) != 1:
+        raise ConfigError("skill-transfer: data is one benchmark's data: give exactly one benchmark with it")
     split = resolve_split(split)
     name = run_name or flow_run.name or "transfer"
     specs: list[tuple[str, str, RunSpec, Any]] = []
@@ -199,6 +202,4 @@ def _table_row(cell: dict[str, Any]) -> dict[str, Any]:
 
 
 def _json(data: Any) -> str:
-    import json
-
     return json.dumps(data, indent=2, ensure_ascii=False)

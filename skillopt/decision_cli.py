@@ -17,11 +17,9 @@ CompareMode = Literal["skills", "runs"]
 
 
 def registered_benchmarks() -> list[str]:
-    from importlib.metadata import entry_points
+    from skillopt.deployments.serve import registered_benchmarks as registered
 
-    from skillopt.benchmarks.base import ENTRY_POINT_GROUP
-
-    return sorted({entry.name for entry in entry_points(group=ENTRY_POINT_GROUP)})
+    return registered()
 
 
 def compare_mode(items: Sequence[str], runs: Sequence[str] | None) -> CompareMode:

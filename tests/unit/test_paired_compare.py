@@ -156,3 +156,18 @@ def test_run_directories_alone_still_compare_runs(tmp_path, capsys):
     assert main(["compare", str(first), str(second), "--out", str(out)]) == 0
     assert main(["compare", "--runs", str(first), str(second), "--out", str(tmp_path / "b.html")]) == 0
     assert "2 runs compared" in out.read_text() and (tmp_path / "b.html").is_file()
+
+
+def test_compare_and_transfer_refuse_bad_input_before_prefect_is_imported(tmp_path):
+    from tests.unit.test_errors_first import _run_in_fresh_interpreter
+
+    (tmp_path / "broken.md").write_text("- a\n<!-- APPENDIX_START -->\n", encoding="utf-8")
+    results = _run_in_fresh_interpreter([
+        ["compare", "initial", "broken.md", "demo"],
+        ["compare", "initial", "initial", "demo", "--target", "nope"],
+        ["transfer", "--skills", "initial", "--targets", "scripted_a", "--bench", "qa"],
+        ["eval", "demo", "--skill", "broken.md"],
+    ], tmp_path)
+    for result in results:
+        assert result["code"] == 2 and len(result["err"].strip().splitlines()) == 1, result
+        assert not result["prefect_imported"], result["argv"]
