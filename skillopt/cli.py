@@ -342,9 +342,10 @@ def _cmd_train(args: argparse.Namespace, out: _Output) -> int:
     if args.no_cache:
         overrides.append("run.refresh_cache=true")
     loaded = _check_before_prefect(args.benchmark, args, overrides)
+    started = _now_iso()
     summary = _run_flow("train", out, benchmark=args.benchmark, config_file=args.config,
                        overrides=overrides, run_name=_start_early(loaded, args), cli_roles=_cli_roles(args))
-    _print_summary(summary, out)
+    _print_summary(summary, out, started=started)
     return EXIT_OK
 
 
@@ -421,9 +422,10 @@ def _cmd_demo(args: argparse.Namespace, out: _Output) -> int:
     out.print("skillopt demo: a simulated run on the built-in demo benchmark with the deterministic "
               "`scripted`")
     out.print("backend (no model, no key, no network). Every number below comes from that simulation.")
+    started = _now_iso()
     summary = _run_flow("train", out, benchmark="demo", config_file=args.config, overrides=overrides,
                        run_name=_start_early(loaded, args), cli_roles=_cli_roles(args))
-    _print_summary(summary, out)
+    _print_summary(summary, out, started=started)
     out.print()
     out.print("Next: train on your own data with a real model, for example")
     out.print("  export OPENAI_API_KEY=...            # or ANTHROPIC_API_KEY, or a local server "
@@ -455,7 +457,31 @@ def _cmd_eval(args: argparse.Namespace, out: _Output) -> int:
     return EXIT_OK
 
 
-def _print_summary(summary: dict, out: _Output) -> None:
+def _now_iso() -> str:
+    """Now, in the format of ``usage.jsonl``'s ``ts`` (ISO 8601 UTC with milliseconds), so they compare."""
+    import time
+
+    now = time.time()
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1000):03d}Z"
+
+
+def attempt_line(summary: dict, started: str) -> str | None:
+    """For a resumed run: how many of its model calls this attempt made and how many earlier attempts did
+    (the summary's total counts both). None for a run with one attempt."""
+    from pathlib import Path
+
+    from skillopt.runs import RunDir
+
+    if not summary.get("run_dir"):
+        return None
+    run = RunDir(Path(summary["run_dir"]))
+    total, new = run.paid_calls(), run.paid_calls(since=started)
+    if total == new:
+        return None
+    return f"of the {total} model calls, {new} were made by this attempt and {total - new} by earlier ones"
+
+
+def _print_summary(summary: dict, out: _Output, *, started: str | None = None) -> None:
     scores = summary["scores"]
     out.print()
     out.print(f"run {summary['run_name']} finished" + (f" (stopped by {summary['stopped_by']})"
@@ -475,6 +501,9 @@ def _print_summary(summary: dict, out: _Output) -> None:
     usage = summary.get("usage", {}).get("total", {})
     if usage:
         out.print(f"  {usage_line(usage)}")
+    attempts = attempt_line(summary, started) if started else None
+    if attempts:
+        out.print(f"  {attempts}")
     out.print(f"  run directory: {summary.get('run_dir', '')}")
 
 
