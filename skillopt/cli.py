@@ -195,7 +195,8 @@ def _add_serve_and_skills(commands: argparse._SubParsersAction) -> None:
                     "and mode: nightly, then run their flow runs until interrupted. --data, --backend, "
                     "--model, -c and -o become the deployments' default parameters. With no names, every "
                     "installed benchmark whose config and data check out is served and the others are "
-                    "listed with the reason. Needs a Prefect server: set PREFECT_API_URL.",
+                    "listed with the reason. Needs a Prefect server: PREFECT_API_URL, else the local "
+                    "server of `skillopt server start`. Prints each run it picks up with its UI link.",
     )
     serve.add_argument("benchmarks", nargs="*", metavar="BENCHMARK",
                        help="benchmarks to serve (default: every one whose data resolves)")
