@@ -228,7 +228,8 @@ def _add_serve_and_skills(commands: argparse._SubParsersAction) -> None:
                     "and mode: nightly, then run their flow runs until interrupted. --data, --backend, "
                     "--model, -c and -o become the deployments' default parameters. With no names, every "
                     "installed benchmark whose config and data check out is served and the others are "
-                    "listed with the reason. Needs a Prefect server: set PREFECT_API_URL.",
+                    "listed with the reason. Needs a Prefect server: PREFECT_API_URL, else the local "
+                    "server of `skillopt server start`. Prints each run it picks up with its UI link.",
     )
     serve.add_argument("benchmarks", nargs="*", metavar="BENCHMARK",
                        help="benchmarks to serve (default: every one whose data resolves)")
@@ -413,10 +414,11 @@ def _cmd_train(args: argparse.Namespace, out: _Output) -> int:
     if args.no_cache:
         overrides.append("run.refresh_cache=true")
     loaded = _check_before_prefect(args.benchmark, args, overrides)
+    started = _now_iso()
     summary = _run_flow("train", out, prefect_server=_prefect_server(loaded, args), benchmark=args.benchmark,
                         config_file=args.config, overrides=overrides, run_name=_prefetch(loaded, args),
                         cli_roles=_cli_roles(args))
-    _print_summary(summary, out)
+    _print_summary(summary, out, started=started)
     return EXIT_OK
 
 
@@ -509,10 +511,11 @@ def _cmd_demo(args: argparse.Namespace, out: _Output) -> int:
     out.print("skillopt demo: a simulated run on the built-in demo benchmark with the deterministic "
               "`scripted`")
     out.print("backend (no model, no key, no network). Every number below comes from that simulation.")
+    started = _now_iso()
     summary = _run_flow("train", out, prefect_server=_prefect_server(loaded, args), benchmark="demo",
                         config_file=args.config, overrides=overrides, run_name=_prefetch(loaded, args),
                         cli_roles=_cli_roles(args))
-    _print_summary(summary, out)
+    _print_summary(summary, out, started=started)
     out.print()
     out.print("Next: train on your own data with a real model, for example")
     out.print("  export OPENAI_API_KEY=...            # or ANTHROPIC_API_KEY, or a local server "
@@ -541,7 +544,31 @@ def _cmd_eval(args: argparse.Namespace, out: _Output) -> int:
     return EXIT_OK
 
 
-def _print_summary(summary: dict, out: _Output) -> None:
+def _now_iso() -> str:
+    """Now, in the format of ``usage.jsonl``'s ``ts`` (ISO 8601 UTC with milliseconds), so they compare."""
+    import time
+
+    now = time.time()
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1000):03d}Z"
+
+
+def attempt_line(summary: dict, started: str) -> str | None:
+    """For a resumed run: how many of its model calls this attempt made and how many earlier attempts did
+    (the summary's total counts both). None for a run with one attempt."""
+    from pathlib import Path
+
+    from skillopt.runs import RunDir
+
+    if not summary.get("run_dir"):
+        return None
+    run = RunDir(Path(summary["run_dir"]))
+    total, new = run.paid_calls(), run.paid_calls(since=started)
+    if total == new:
+        return None
+    return f"of the {total} model calls, {new} were made by this attempt and {total - new} by earlier ones"
+
+
+def _print_summary(summary: dict, out: _Output, *, started: str | None = None) -> None:
     scores = summary["scores"]
     out.print()
     out.print(f"run {summary['run_name']} finished" + (f" (stopped by {summary['stopped_by']})"
@@ -561,6 +588,9 @@ def _print_summary(summary: dict, out: _Output) -> None:
     usage = summary.get("usage", {}).get("total", {})
     if usage:
         out.print(f"  {usage_line(usage)}")
+    attempts = attempt_line(summary, started) if started else None
+    if attempts:
+        out.print(f"  {attempts}")
     out.print(f"  run directory: {summary.get('run_dir', '')}")
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -21,6 +22,8 @@ from skillopt.llm.usage import Totals, UsageRecord
 
 #: Stages whose calls belong to the items of a rollout stage (reported by ``stage`` and ``item`` events).
 _ITEM_STAGES = frozenset({"rollout", "judge"})
+#: What the run waits for until its flow reports a stage: Prefect creating the flow run and its first tasks.
+WAITING = "waiting for Prefect to start the flow run"
 
 
 @dataclass
@@ -30,15 +33,23 @@ class LiveState:
     epoch: int = 0
     step: int = 0
     total_steps: int = 0
-    stage: str = "setting up"
+    stage: str = WAITING
     items_done: int = 0
     items_total: int = 0
     totals: Totals = field(default_factory=Totals)
+    clock: Callable[[], float] = time.monotonic
+    #: When the first step this display saw began (and its number), and when the current one began.
+    first_step: tuple[int, float] | None = None
+    step_started: float | None = None
 
     def apply(self, event: dict[str, Any]) -> None:
         kind = event.get("kind")
         if kind == "step":
             self.epoch, self.step, self.total_steps = event["epoch"], event["step"], event["total_steps"]
+            now = self.clock()
+            self.step_started = now
+            if self.first_step is None:
+                self.first_step = (self.step, now)
         elif kind == "stage":
             self.stage, self.items_done, self.items_total = event["name"], 0, event.get("total", 0)
         elif kind == "item":
@@ -50,14 +61,29 @@ class LiveState:
                 # An optimizer stage has no items: its calls say where the run is.
                 self.stage, self.items_done, self.items_total = record.stage, 0, 0
 
+    def eta_s(self) -> float | None:
+        """Seconds until the last step ends, from the plan (steps left) and the measured time per step so far
+        (known once a step has finished); None before that."""
+        if self.first_step is None or self.step_started is None or self.step <= self.first_step[0]:
+            return None
+        first, since = self.first_step
+        per_step = (self.step_started - since) / (self.step - first)
+        left = per_step * (self.total_steps - self.step + 1) - (self.clock() - self.step_started)
+        return max(left, 0.0)
+
     def line(self) -> str:
-        """One line, e.g. ``epoch 1 · step 3/6 · rollout val 7/12 items · 55 calls · 23,100 tokens ·
-        $0.0123``."""
+        """One line, e.g. ``epoch 1 · step 3/6 · ~1m 20s left · rollout val 7/12 items · 55 calls · 23,100
+        tokens · $0.0123``."""
         totals = self.totals
         parts = [f"epoch {self.epoch} · step {self.step}/{self.total_steps}"] if self.total_steps else []
+        eta = self.eta_s()
+        if eta is not None:
+            parts.append(f"~{_duration(eta)} left in the steps")
         stage = self.stage
         if self.items_total:
             stage += f" {self.items_done}/{self.items_total} items"
+        elif stage == WAITING and totals.calls:
+            stage += " (the baseline's calls have started)"
         parts.append(stage)
         calls = f"{totals.calls} calls" + (f" (+{totals.cache_hits} from cache)" if totals.cache_hits else "")
         parts += [calls, f"{totals.tokens:,} tokens"]
@@ -67,6 +93,17 @@ class LiveState:
             unpriced = f" + {totals.unpriced_calls} unpriced" if totals.unpriced_calls else ""
             parts.append(f"${totals.usd:.4f}{unpriced}")
         return " · ".join(parts)
+
+
+def _duration(seconds: float) -> str:
+    whole = int(round(seconds))
+    if whole < 60:
+        return f"{whole}s"
+    minutes, secs = divmod(whole, 60)
+    if minutes < 60:
+        return f"{minutes}m {secs:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h {minutes:02d}m"
 
 
 def wants_live_display(stream: TextIO) -> bool:

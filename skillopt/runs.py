@@ -80,6 +80,8 @@ USAGE_FILE = "usage.jsonl"
 LOCK_FILE = ".lock"
 
 _log = logging.getLogger(__name__)
+#: The lines a run prints (the command line shows them; a flow run's logs hold them).
+_progress = logging.getLogger("skillopt.progress")
 
 _HASH_HEADER = re.compile(r"^# config_hash: ([0-9a-f]{64})\s*$", re.MULTILINE)
 _RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -481,6 +483,7 @@ class RunDir:
                 )
             history = run.read_history()  # a damaged record stops the resume now, before anything is written
             run._replaying_through = max((r.step for r in history if r.kind == "step"), default=0)
+            _progress.info("resuming %s: %d calls from the cache", name, run.paid_calls())
             return run
         if run.config_path.is_file():
             # A run that stopped before its first step (a set-up error, a failed baseline) has no result to
@@ -567,6 +570,22 @@ class RunDir:
     @property
     def best_skill_path(self) -> Path:
         return self.path / BEST_SKILL_FILE
+
+    def paid_calls(self, *, since: str | None = None) -> int:
+        """Model calls recorded in ``usage.jsonl`` that were made (not served from a cache), all of them or
+        those recorded at or after the ISO time ``since``. Lines that do not read are not counted."""
+        if not self.usage_path.is_file():
+            return 0
+        count = 0
+        for line in self.usage_path.read_text(encoding="utf-8", errors="replace").splitlines():
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(record, dict) and not record.get("cache_hit") and (
+                    since is None or str(record.get("ts", "")) >= since):
+                count += 1
+        return count
 
     @property
     def usage_path(self) -> Path:

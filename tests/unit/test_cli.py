@@ -206,3 +206,36 @@ def test_the_summary_explains_a_best_that_the_epoch_boundary_raised(tmp_path):
         "selection split at the final check, so it became the best")
     summary["scores"]["best"]["selection"] = {"hard": 0.917, "soft": 0.917}
     assert best_after_the_last_step(summary) is None
+
+
+def test_a_resumed_run_separates_this_attempts_calls_from_the_earlier_ones(tmp_path, caplog):
+    import json as _json
+    import logging
+
+    from skillopt.cli import attempt_line
+    from skillopt.runs import RunDir
+
+    run = RunDir(tmp_path / "run")
+    run.path.mkdir()
+    lines = [{"ts": "2026-12-04T10:00:00.000Z", "cache_hit": False}] * 3 + \
+        [{"ts": "2026-12-04T10:00:01.000Z", "cache_hit": True}] + [{"ts": "2026-12-04T11:00:00.500Z"}] * 2
+    run.usage_path.write_text("".join(_json.dumps(line) + "\n" for line in lines) + "{cut sho")
+    assert run.paid_calls() == 5 and run.paid_calls(since="2026-12-04T11:00:00.000Z") == 2
+    summary = {"run_dir": str(run.path)}
+    assert attempt_line(summary, "2026-12-04T11:00:00.000Z") == (
+        "of the 5 model calls, 2 were made by this attempt and 3 by earlier ones")
+    assert attempt_line(summary, "2026-12-04T09:00:00.000Z") is None  # one attempt: nothing to separate
+
+    from skillopt.config import load_config
+    from skillopt.records import StepRecord
+    from skillopt.runs import config_hash
+
+    loaded = load_config("demo", env={})
+    digest = config_hash(loaded.config)
+    with caplog.at_level(logging.INFO, logger="skillopt.progress"):
+        first = RunDir.open(tmp_path / "runs", "r1", loaded.config, config_hash=digest, provenance={})
+        first.usage_path.write_text("".join(_json.dumps(line) + "\n" for line in lines))
+        first.record_step(StepRecord(step=1, epoch=1, step_in_epoch=1, budget=4, decision="reject",
+                                     current_score=0.5, best_score=0.5))
+        RunDir.open(tmp_path / "runs", "r1", loaded.config, config_hash=digest, provenance={})
+    assert "resuming r1: 5 calls from the cache" in caplog.messages

@@ -24,7 +24,7 @@ def call(stage: str, *, tokens: int = 100, usd: float | None = 0.001, cache_hit:
 
 def test_events_fold_into_epoch_step_stage_items_calls_tokens_and_cost():
     state = LiveState()
-    assert state.line() == "setting up · 0 calls · 0 tokens · $0.0000"
+    assert state.line() == "waiting for Prefect to start the flow run · 0 calls · 0 tokens · $0.0000"
     state.apply({"kind": "step", "epoch": 1, "step": 3, "total_steps": 6})
     state.apply({"kind": "stage", "name": "rollout train", "total": 8})
     for _ in range(5):
@@ -36,6 +36,22 @@ def test_events_fold_into_epoch_step_stage_items_calls_tokens_and_cost():
     state.apply(call("analyst", tokens=2000, usd=None))
     assert state.line() == ("epoch 1 · step 3/6 · analyst · 6 calls (+1 from cache) · 2,500 tokens · "
                             "$0.0050 + 1 unpriced")
+
+
+def test_the_eta_comes_from_the_steps_left_and_the_measured_time_per_step():
+    now = [100.0]
+    state = LiveState(clock=lambda: now[0])
+    state.apply(call("rollout"))
+    assert state.line().startswith(
+        "waiting for Prefect to start the flow run (the baseline's calls have started)")
+    state.apply({"kind": "step", "epoch": 1, "step": 1, "total_steps": 6})
+    now[0] = 130.0
+    assert state.eta_s() is None and "left" not in state.line()  # no step finished yet: nothing measured
+    state.apply({"kind": "step", "epoch": 1, "step": 2, "total_steps": 6})  # step 1 took 30 s
+    now[0] = 140.0
+    # Five steps to go at 30 s each, 10 s of the current one spent.
+    assert state.eta_s() == 140.0
+    assert state.line().startswith("epoch 1 · step 2/6 · ~2m 20s left in the steps · ")
 
 
 def test_every_call_unpriced_reads_cost_unknown():
