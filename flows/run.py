@@ -52,15 +52,15 @@ class _UserErrorsWithoutTraceback(logging.Filter):
 
 
 class _QuietAfterInterrupt(logging.Filter):
-    """After Ctrl-C, drop Prefect's "Crash detected" lines of every run and task (and of its engine): the CLI
-    says it once."""
+    """After Ctrl-C, or once the run is being stopped for a reason (a dead API server, a lost Dask cluster),
+    drop Prefect's "Crash detected" lines of every run and task (and of its engine): the CLI says it once."""
 
     def __init__(self, guard: InterruptGuard) -> None:
         super().__init__()
         self.guard = guard
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not self.guard.interrupted
+        return not (self.guard.interrupted or self.guard.reason)
 
 
 class _ProgressHandler(logging.Handler):

@@ -818,8 +818,9 @@ def _interrupted(out: _Output, guard: InterruptGuard | None) -> int:
             out.error(guard.reason)
         else:
             out.err.write(f"{INTERRUPTED_MESSAGE}\n")
-    if guard.signals:
-        # A real signal: exit now rather than wait for the model calls still in flight in worker threads.
+    if guard.signals or guard.reason:
+        # A real signal, or a stop for a reason (whose SIGINT may still be on its way): exit now rather than
+        # wait for the model calls still in flight in worker threads.
         guard.force_exit()
     return guard.exit_code()
 
@@ -880,6 +881,13 @@ def main(
         # task run it had not finished creating raised "Task run is not set" in place of the
         # KeyboardInterrupt, and the command printed that traceback. Any other error is reported as it is.
         if guard is not None and guard.interrupted and _while_interrupted(exc):
+            return _interrupted(out, guard)
+        if guard is not None and guard.reason:  # raised while the run was being stopped for that reason
+            return _interrupted(out, guard)
+        raise
+    except BaseException:
+        # A stop for a reason from another thread (a lost Dask cluster) also raises where the run waited.
+        if guard is not None and guard.reason:
             return _interrupted(out, guard)
         raise
 
