@@ -17,7 +17,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 from skillopt.interrupt import RESUME_HINT, active_guard
 
@@ -32,6 +32,16 @@ class ClusterLost(BaseException):
 
     A ``BaseException``, like ``KeyboardInterrupt``: it is not an item's failure, so the code that turns
     a rollout's exception into an error row lets it through."""
+
+
+def lose_cluster(what: str) -> NoReturn:
+    """Stop the run because its cluster stopped answering: through the command's interrupt guard (one line,
+    exit 2) and by raising :class:`ClusterLost` where the run waited."""
+    message = f"{what}; {RESUME_HINT}"
+    guard = active_guard()
+    if guard is not None:
+        guard.stop_because(message, exit_code=EXIT_CLUSTER_LOST)
+    raise ClusterLost(message)
 
 
 class ClusterWatch:
@@ -149,4 +159,4 @@ class BoundedFuture:
             self._watch.finished()
 
 
-__all__ = ["EXIT_CLUSTER_LOST", "SLICE_S", "BoundedFuture", "ClusterLost", "ClusterWatch"]
+__all__ = ["EXIT_CLUSTER_LOST", "SLICE_S", "BoundedFuture", "ClusterLost", "ClusterWatch", "lose_cluster"]

@@ -32,7 +32,8 @@ def limiter_for(config: SkillOptConfig, *, dask_client: Any = None) -> RateLimit
     if config.model.rate_limit_mode == "local" and config.run.task_runner == "dask":
         from skillopt.tasks.dask_limits import DaskRateLimiter
 
-        return DaskRateLimiter(config.model.providers, client=dask_client)
+        return DaskRateLimiter(config.model.providers, client=dask_client,
+                               timeout_s=config.run.dask_timeout_s)
     return None
 
 

@@ -272,3 +272,45 @@ def test_the_timeout_is_a_positive_run_setting():
     assert config("run.task_runner=dask", "run.dask_timeout_s=30").run.dask_timeout_s == 30
     with pytest.raises(ConfigError, match=r"dask_timeout_s"):
         config("run.dask_timeout_s=0")
+
+
+@pytest.mark.slow
+def test_the_flow_s_limiter_gives_up_on_a_frozen_scheduler_within_its_timeout(tmp_path, monkeypatch):
+    """An analyst's call in the flow's process waits on the scheduler for a lease: frozen (SIGSTOP), the
+    scheduler would hold it for ever; the limiter stops the run after run.dask_timeout_s."""
+    import json
+    import signal
+    import subprocess
+    import sys
+
+    distributed = pytest.importorskip("distributed")
+    from skillopt.tasks import dask_wait
+    from skillopt.tasks.dask_limits import DaskRateLimiter
+
+    stops = []
+    monkeypatch.setattr(dask_wait, "active_guard", lambda: type("G", (), {
+        "stop_because": staticmethod(lambda reason, exit_code: stops.append(exit_code))})())
+    file = tmp_path / "scheduler.json"
+    scheduler = subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_scheduler", "--port", "0",
+                                  "--no-dashboard", "--scheduler-file", str(file)],
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not file.exists() or not file.read_text().strip():
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        with distributed.Client(json.loads(file.read_text())["address"], timeout=30) as client:
+            limiter = DaskRateLimiter({"api.example": ProviderLimits(max_concurrency=1)}, client=client,
+                                      timeout_s=3)
+            with limiter.acquire("api.example", tokens=1):
+                pass  # answered while the scheduler runs
+            os.kill(scheduler.pid, signal.SIGSTOP)
+            started = time.monotonic()
+            with pytest.raises(dask_wait.ClusterLost, match=r"within 3 s \(run.dask_timeout_s\)"), \
+                    limiter.acquire("api.example", tokens=1):
+                pass
+            assert time.monotonic() - started < 15 and stops == [2]
+            os.kill(scheduler.pid, signal.SIGKILL)
+    finally:
+        os.kill(scheduler.pid, signal.SIGKILL)
+        scheduler.wait(timeout=30)
