@@ -112,11 +112,16 @@ class ClusterWatch:
 
 
 class BoundedFuture:
-    """A prefect-dask future whose ``result`` and ``wait`` never wait past the run's cluster watch."""
+    """A prefect-dask future whose ``result`` and ``wait`` never wait past the run's cluster watch.
 
-    def __init__(self, future: Any, watch: ClusterWatch) -> None:
+    A task the scheduler drops (its future comes back cancelled: the scheduler lost its state, or the client
+    its connection to the scheduler) is submitted again with ``resubmit``; the watch bounds how long that
+    goes on."""
+
+    def __init__(self, future: Any, watch: ClusterWatch, resubmit: Callable[[], Any] | None = None) -> None:
         self._future = future
         self._watch = watch
+        self._resubmit = resubmit
         self._counted = True
         watch.submitted()
 
@@ -142,16 +147,30 @@ class BoundedFuture:
 
     def _wait_done(self, timeout: float | None) -> None:
         started = time.monotonic()
-        wrapped = self._future.wrapped_future
-        while not wrapped.done():
+        while True:
+            wrapped = self._future.wrapped_future
+            while not wrapped.done():
+                self._watch.check()
+                left = None if timeout is None else timeout - (time.monotonic() - started)
+                if left is not None and left <= 0:
+                    raise TimeoutError(f"task run {self.task_run_id} did not complete within {timeout} s")
+                try:
+                    wrapped.result(timeout=SLICE_S if left is None else min(SLICE_S, left))
+                except Exception:  # noqa: BLE001 - done (with an error, read below) or still running
+                    continue
+            if self._resubmit is None or not wrapped.cancelled():
+                return
+            self._submit_again()
+
+    def _submit_again(self) -> None:
+        """Submit the dropped task again, retrying until the scheduler takes it or the watch gives up."""
+        while True:
             self._watch.check()
-            left = None if timeout is None else timeout - (time.monotonic() - started)
-            if left is not None and left <= 0:
-                raise TimeoutError(f"task run {self.task_run_id} did not complete within {timeout} seconds")
             try:
-                wrapped.result(timeout=SLICE_S if left is None else min(SLICE_S, left))
-            except Exception:  # noqa: BLE001 - done (with an error, read below) or still running
-                continue
+                self._future = self._resubmit() if self._resubmit is not None else self._future
+                return
+            except Exception:  # noqa: BLE001 - no scheduler to take it yet
+                time.sleep(SLICE_S)
 
     def _settle(self) -> None:
         if self._counted:

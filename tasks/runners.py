@@ -145,7 +145,11 @@ class _BoundedDask:
 
     def submit(self, task: Any, parameters: dict[str, Any], *args: Any, **kwargs: Any) -> BoundedFuture:
         self._watch.check()
-        return BoundedFuture(self._runner.submit(task, parameters, *args, **kwargs), self._watch)
+
+        def submit() -> Any:
+            return self._runner.submit(task, parameters, *args, **kwargs)
+
+        return BoundedFuture(submit(), self._watch, resubmit=submit)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._runner, name)

@@ -191,9 +191,13 @@ class _Wrapped:
     def __init__(self) -> None:
         self.value = None
         self.finished = False
+        self.dropped = False
 
     def done(self) -> bool:
         return self.finished
+
+    def cancelled(self) -> bool:
+        return self.dropped
 
     def result(self, timeout=None):
         if not self.finished:
@@ -314,3 +318,21 @@ def test_the_flow_s_limiter_gives_up_on_a_frozen_scheduler_within_its_timeout(tm
     finally:
         os.kill(scheduler.pid, signal.SIGKILL)
         scheduler.wait(timeout=30)
+
+
+def test_a_task_the_scheduler_dropped_is_submitted_again():
+    from skillopt.tasks import dask_wait
+
+    watch = dask_wait.ClusterWatch(_Client(), 30)
+    dropped = _Future()
+    dropped.wrapped_future.finished = dropped.wrapped_future.dropped = True
+    again = _Future()
+    again.wrapped_future.finished, again.wrapped_future.value = True, "row"
+    submitted = []
+
+    def resubmit():
+        submitted.append(1)
+        return again
+
+    assert dask_wait.BoundedFuture(dropped, watch, resubmit=resubmit).result() == "row"
+    assert submitted == [1] and watch.stalled_for() == 0.0
