@@ -68,10 +68,12 @@ def started_run(spec: RunSpec, *, loaded: LoadedConfig | None = None) -> Iterato
     after it (a local Dask cluster with them)."""
     from skillopt.tasks.rollout import settle_evaluations
     from skillopt.tasks.runners import TaskPools, use_pools
+    from skillopt.tasks.stale_runs import settle_previous_flow_run
 
     loaded = loaded or spec.loaded()
     with TaskPools(loaded.config.run) as pools:
         run = start_run(spec, loaded=loaded, dask_client=pools.client())
+        settle_previous_flow_run(run.dir.path)  # this process holds the run directory's lock now
         use_pools(run, pools)
         try:
             yield run
