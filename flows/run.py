@@ -55,15 +55,37 @@ class _UserErrorsWithoutTraceback(logging.Filter):
 
 
 class _QuietAfterInterrupt(logging.Filter):
-    """After Ctrl-C, drop Prefect's "Crash detected" lines of every run and task (and of its engine): the CLI
-    says it once."""
+    """After Ctrl-C, or once the run is being stopped for a reason (a dead API server, a lost Dask cluster),
+    drop Prefect's "Crash detected" lines of every run and task (and of its engine): the CLI says it once."""
 
     def __init__(self, guard: InterruptGuard) -> None:
         super().__init__()
         self.guard = guard
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not self.guard.interrupted
+        return not (self.guard.interrupted or self.guard.reason)
+
+
+class _ApiOutageNote(logging.Filter):
+    """While the Prefect API does not answer, Prefect's event client logs every event it could not send (a
+    full dump each) and a warning per reconnect. The run goes on (its requests are retried, see
+    ``PREFECT_CLIENT_MAX_RETRIES`` below): say so once, instead."""
+
+    MARKS = ("Service 'EventsWorker' failed to process item", "Unable to connect to")
+
+    def __init__(self, out: _Printer) -> None:
+        super().__init__()
+        self.out = out
+        self.said = False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not any(mark in record.getMessage() for mark in self.MARKS):
+            return True
+        if not self.said:
+            self.said = True
+            self.out.print("note: the Prefect API does not answer; the run goes on and retries it (the UI "
+                           "may miss some of this run's events)")
+        return False
 
 
 class _ProgressHandler(logging.Handler):
@@ -80,6 +102,7 @@ def command_line_defaults() -> dict[Any, Any]:
     logging from them when its flow module is first imported: that import happens under them too (here, and
     in the preloaded process of ``skillopt.preload``)."""
     from prefect.settings import (
+        PREFECT_CLIENT_MAX_RETRIES,
         PREFECT_FLOWS_HEARTBEAT_FREQUENCY,
         PREFECT_LOGGING_LEVEL,
         PREFECT_SERVER_ANALYTICS_ENABLED,
@@ -96,6 +119,10 @@ def command_line_defaults() -> dict[Any, Any]:
         # that finished correctly. Failures that matter reach the client and are reported there.
         PREFECT_SERVER_LOGGING_LEVEL: "CRITICAL",
         PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None,
+        # An API server that restarts, or a network outage, is retried with exponential back-off (1, 2, 4 …
+        # 128 s: about four minutes in all) before a request fails; Prefect's default of 5 tries gives up
+        # after about 30 s and the run crashes. Finished calls are stored either way, so a re-run resumes.
+        PREFECT_CLIENT_MAX_RETRIES: 8,
     }
 
 
@@ -127,6 +154,11 @@ def run_flow(kind: str, out: _Printer, guard: InterruptGuard | None = None, *,
     for logger in run_loggers:
         for log_filter in filters:
             logger.addFilter(log_filter)
+    outage = _ApiOutageNote(out)
+    event_loggers = [logging.getLogger(name) for name in ("prefect._internal.concurrency",
+                                                          "prefect.events.clients")]
+    for logger in event_loggers:
+        logger.addFilter(outage)
     try:
         with temporary_settings(set_defaults=defaults, updates=_api_choice(out, prefect_server)):
             starting = _TemporaryServerStart.if_needed()
@@ -154,6 +186,8 @@ def run_flow(kind: str, out: _Printer, guard: InterruptGuard | None = None, *,
         for logger in run_loggers:
             for log_filter in filters:
                 logger.removeFilter(log_filter)
+        for logger in event_loggers:
+            logger.removeFilter(outage)
         # The ephemeral API server stops when this process exits and may log the cancellation of
         # its last event flush as an error; the run is complete by then, so keep that off the screen.
         logging.getLogger("prefect.server").setLevel(logging.CRITICAL)

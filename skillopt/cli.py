@@ -22,7 +22,7 @@ import yaml
 
 from skillopt import __version__
 from skillopt.errors import SkillOptError
-from skillopt.interrupt import EXIT_INTERRUPTED, INTERRUPTED_MESSAGE, InterruptGuard
+from skillopt.interrupt import EXIT_INTERRUPTED, INTERRUPTED_MESSAGE, RESUME_HINT, InterruptGuard
 from skillopt.redact import Redactor
 
 if TYPE_CHECKING:
@@ -1156,8 +1156,9 @@ def _interrupted(out: _Output, guard: InterruptGuard | None) -> int:
             out.error(guard.reason)
         else:
             out.err.write(f"{INTERRUPTED_MESSAGE}\n")
-    if guard.signals:
-        # A real signal: exit now rather than wait for the model calls still in flight in worker threads.
+    if guard.signals or guard.reason:
+        # A real signal, or a stop for a reason (whose SIGINT may still be on its way): exit now rather than
+        # wait for the model calls still in flight in worker threads.
         guard.force_exit()
     return guard.exit_code()
 
@@ -1225,7 +1226,35 @@ def main(
         # KeyboardInterrupt, and the command printed that traceback. Any other error is reported as it is.
         if guard is not None and guard.interrupted and _while_interrupted(exc):
             return _interrupted(out, guard)
+        if guard is not None and guard.reason:  # raised while the run was being stopped for that reason
+            return _interrupted(out, guard)
+        api = _api_unreachable(exc)
+        if api is not None:
+            out.error(f"the Prefect API at {api} stopped answering and did not come back: "
+                      f"{RESUME_HINT} once it is up")
+            return EXIT_FAILURE
         raise
+    except BaseException:
+        # A stop for a reason from another thread (a lost Dask cluster) also raises where the run waited.
+        if guard is not None and guard.reason:
+            return _interrupted(out, guard)
+        raise
+
+
+def _api_unreachable(error: BaseException) -> str | None:
+    """The Prefect API's address when ``error`` (or what caused it) is a failure to reach it after Prefect's
+    own retries, else None."""
+    seen: set[int] = set()
+    cause: BaseException | None = error
+    while cause is not None and id(cause) not in seen:
+        if type(cause).__module__.startswith(("httpx", "httpcore")) and type(cause).__name__ in (
+                "ConnectError", "ConnectTimeout", "RemoteProtocolError", "ReadError"):
+            from prefect.settings import PREFECT_API_URL
+
+            return PREFECT_API_URL.value() or "its address"
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
+    return None
 
 
 def _while_interrupted(error: BaseException) -> bool:

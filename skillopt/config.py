@@ -355,6 +355,10 @@ class RunSection(_Section):
     #: What goes to the cluster: ``rollouts`` (rollouts and their judge calls; the optimizer's few calls
     #: stay in the flow's process) or ``rollouts_and_analysts`` (the analysts' reflections too).
     dask_scope: Literal["rollouts", "rollouts_and_analysts"] = "rollouts"
+    #: With ``dask``: the longest the run waits on the cluster while no task of its finishes (no workers
+    #: left, the scheduler gone or frozen, results that cannot be gathered). Then it stops with exit 2 and
+    #: a re-run resumes from the cache. Keep it above the longest single rollout.
+    dask_timeout_s: float = Field(default=600.0, gt=0)
 
     @model_validator(mode="after")
     def _dask_keys_fit_the_runner(self) -> RunSection:

@@ -9,9 +9,14 @@ A second SIGINT does that at once. Nothing is lost by exiting early: every finis
 already in the cache and the run directory's files are written atomically, so re-running the same
 command resumes.
 
-The same path stops a run whose temporary Prefect API server died (``stop_because``): the main
-thread gets a real SIGINT (so a blocking socket call returns) and the reason is reported instead
-of "interrupted".
+The same path stops a run whose temporary Prefect API server died, or whose Dask cluster stopped
+finishing work (``stop_because``): the main thread gets a real SIGINT (so a blocking socket call
+returns) and the reason is reported instead of "interrupted".
+
+SIGTERM (``timeout``, a container stop) ends a run the same way, with exit 143. While a flow runs,
+Prefect puts its own SIGTERM handler in place (it marks the flow run crashed);
+:func:`terminate_promptly` puts one in front of it that arms the same deadline first, so a flow
+whose orderly exit waits on work that will never finish still ends.
 """
 
 from __future__ import annotations
@@ -21,11 +26,12 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from types import FrameType, TracebackType
 from typing import TextIO
 
 EXIT_INTERRUPTED = 130
+EXIT_TERMINATED = 143
 RESUME_HINT = "re-run the same command to resume"
 INTERRUPTED_MESSAGE = f"interrupted — {RESUME_HINT}"
 #: How long the first Ctrl-C waits for an orderly exit before the process exits anyway.
@@ -48,22 +54,31 @@ class InterruptGuard:
         self._lock = threading.Lock()
         self._reported = False
         self._previous: object = None
+        self._previous_term: object = None
         self._installed = False
+        self._exit_code: int | None = None
 
     # ---- context manager -----------------------------------------------------------------
 
     def __enter__(self) -> InterruptGuard:
+        global _active
         if threading.current_thread() is threading.main_thread():
             self._previous = signal.signal(signal.SIGINT, self._on_sigint)
+            self._previous_term = signal.signal(signal.SIGTERM, self._on_sigterm)
             self._installed = True
+        _active = self
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         # Once interrupted, the process is on its way out (possibly waiting for worker threads): the
         # handler stays, so another Ctrl-C still exits at once.
+        global _active
+        if _active is self:
+            _active = None
         if self._installed and not self.interrupted:
             signal.signal(signal.SIGINT, self._previous)  # type: ignore[arg-type]
+            signal.signal(signal.SIGTERM, self._previous_term)  # type: ignore[arg-type]
             self._installed = False
 
     # ---- API -----------------------------------------------------------------------------
@@ -76,17 +91,32 @@ class InterruptGuard:
         """Run ``cleanup`` before a forced exit (never twice, errors ignored)."""
         self._cleanups.append(cleanup)
 
-    def stop_because(self, reason: str) -> None:
-        """Stop the run from another thread with ``reason`` (e.g. the API server died)."""
+    def stop_because(self, reason: str, *, exit_code: int = 1) -> None:
+        """Stop the run from another thread with ``reason`` (e.g. the API server died) and
+        ``exit_code``."""
         if self.reason is None:
             self.reason = reason
+            self._exit_code = exit_code
         os.kill(os.getpid(), signal.SIGINT)
 
     def message(self) -> str:
         return self.reason or INTERRUPTED_MESSAGE
 
     def exit_code(self) -> int:
+        if self._exit_code is not None:
+            return self._exit_code
         return EXIT_INTERRUPTED if self.reason is None else 1
+
+    def terminating(self) -> None:
+        """A SIGTERM arrived: the run ends with exit 143, at the latest ``grace_s`` from now."""
+        if self._exit_code is None:
+            self._exit_code = EXIT_TERMINATED
+        self.signals += 1
+        if self.signals >= 2:
+            self.force_exit()
+        deadline = threading.Timer(self.grace_s, self.force_exit)
+        deadline.daemon = True
+        deadline.start()
 
     # ---- internals -----------------------------------------------------------------------
 
@@ -97,6 +127,10 @@ class InterruptGuard:
         deadline = threading.Timer(self.grace_s, self.force_exit)
         deadline.daemon = True
         deadline.start()
+        raise KeyboardInterrupt
+
+    def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
+        self.terminating()
         raise KeyboardInterrupt
 
     def force_exit(self) -> None:
@@ -122,3 +156,35 @@ class InterruptGuard:
                 return False
             self._reported = True
             return True
+
+
+_active: InterruptGuard | None = None
+
+
+def active_guard() -> InterruptGuard | None:
+    """The guard of the run this process is running, if a command installed one."""
+    return _active
+
+
+@contextlib.contextmanager
+def terminate_promptly() -> Iterator[None]:
+    """While the block runs (in the main thread, inside a flow), a SIGTERM first arms the active guard's
+    deadline (exit 143), then goes on to the handler that was in place (Prefect's)."""
+    guard = _active
+    if guard is None or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def on_sigterm(signum: int, frame: FrameType | None) -> None:
+        guard.terminating()
+        if callable(previous):
+            previous(signum, frame)
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        yield
+    finally:
+        if signal.getsignal(signal.SIGTERM) is on_sigterm:
+            signal.signal(signal.SIGTERM, previous)

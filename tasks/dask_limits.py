@@ -13,6 +13,11 @@ primitives, kept by the cluster's scheduler:
   monotonic clock (hosts keep their clocks in step with NTP);
 - a 429 sets the key's pause in the same record, so every process backs off, not just the one that was told
   (each caller still with its own jitter after the pause, as in one process).
+
+Every exchange with the scheduler is bounded by ``timeout_s`` (``run.dask_timeout_s``): a scheduler that is
+gone or frozen would otherwise hold a call in the flow's process (an analyst's, say) for ever. In the flow's
+process that stops the run the way a lost cluster does (exit 2, :mod:`skillopt.tasks.dask_wait`); on a
+worker the call fails with ``TimeoutError``.
 """
 
 from __future__ import annotations
@@ -21,10 +26,11 @@ import threading
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, NoReturn
 
 from skillopt.config import ProviderLimits
 from skillopt.llm.limiter import LocalRateLimiter, Pause
+from skillopt.tasks.dask_wait import lose_cluster
 from skillopt.tasks.limits import limit_name
 
 
@@ -36,9 +42,11 @@ class DaskRateLimiter:
     scheduler while it holds them."""
 
     def __init__(self, providers: Mapping[str, ProviderLimits], *, client: Any = None,
-                 defaults: Mapping[str, ProviderLimits] | None = None) -> None:
+                 defaults: Mapping[str, ProviderLimits] | None = None,
+                 timeout_s: float | None = None) -> None:
         self.providers = providers
         self.defaults = defaults or {}
+        self.timeout_s = timeout_s
         self._client = client
         self._semaphores: dict[str, Any] = {}
         self._lock = threading.Lock()
@@ -60,7 +68,7 @@ class DaskRateLimiter:
         if not limits.max_concurrency:
             yield
             return
-        with self._semaphore(limit_name(key, "conc"), limits.max_concurrency):
+        with self._held(self._semaphore(limit_name(key, "conc"), limits.max_concurrency)):
             yield
 
     def pause(self, key: str, seconds: float) -> None:
@@ -92,8 +100,8 @@ class DaskRateLimiter:
         under the key's cluster-wide lock: both limiters reserve with the same arithmetic."""
         connection = self._connection()
         name = limit_name(key, "reservations")
-        with self._semaphore(limit_name(key, "lock"), 1):
-            saved = _sync(connection, connection.scheduler.get_metadata, keys=[name], default=None) or {}
+        with self._held(self._semaphore(limit_name(key, "lock"), 1)):
+            saved = self._sync(connection, connection.scheduler.get_metadata, keys=[name], default=None) or {}
             local = LocalRateLimiter(providers={key: limits}, clock=time.time)
             bucket = local._bucket(key)  # noqa: SLF001 - the one bucket, loaded from the shared record
             bucket.request_at = saved.get("request_at", float("-inf"))
@@ -102,13 +110,38 @@ class DaskRateLimiter:
                 until=saved.get("pause_until", float("-inf")), spread=saved.get("pause_spread", 0.0)
             )
             yield local
-            _sync(connection, connection.scheduler.set_metadata, keys=[name],
+            self._sync(connection, connection.scheduler.set_metadata, keys=[name],
                   value={"request_at": bucket.request_at, "tokens_at": bucket.tokens_at,
                          "pause_until": bucket.pause.until, "pause_spread": bucket.pause.spread})
 
 
-def _sync(connection: Any, call: Any, **kwargs: Any) -> Any:
-    """Run a scheduler call from a thread that is not the connection's event loop."""
-    from distributed.utils import sync
+    @contextmanager
+    def _held(self, semaphore: Any) -> Iterator[None]:
+        """One lease of ``semaphore`` for the block; asking for it waits at most ``timeout_s`` in all
+        (``Semaphore.acquire``'s own timeout does not cover a scheduler that does not answer)."""
+        try:
+            acquired = semaphore.sync(semaphore._acquire, timeout=self.timeout_s,  # noqa: SLF001
+                                      callback_timeout=self.timeout_s)
+        except TimeoutError:
+            acquired = False
+        if not acquired:
+            self._lost(f"the Dask scheduler gave no {semaphore.name!r} lease within {self.timeout_s:g} s")
+        try:
+            yield
+        finally:
+            semaphore.release()
 
-    return sync(connection.loop, call, **kwargs)
+    def _sync(self, connection: Any, call: Any, **kwargs: Any) -> Any:
+        """Run a scheduler call from a thread that is not the connection's event loop, for at most
+        ``timeout_s``."""
+        from distributed.utils import sync
+
+        try:
+            return sync(connection.loop, call, callback_timeout=self.timeout_s, **kwargs)
+        except TimeoutError:
+            self._lost(f"the Dask scheduler did not answer within {self.timeout_s:g} s")
+
+    def _lost(self, what: str) -> NoReturn:
+        if self._client is None:  # on a worker: the call fails (its task cannot report to the scheduler)
+            raise TimeoutError(f"{what} (run.dask_timeout_s)")
+        lose_cluster(f"{what} (run.dask_timeout_s)")

@@ -32,7 +32,8 @@ def limiter_for(config: SkillOptConfig, *, dask_client: Any = None) -> RateLimit
     if config.model.rate_limit_mode == "local" and config.run.task_runner == "dask":
         from skillopt.tasks.dask_limits import DaskRateLimiter
 
-        return DaskRateLimiter(config.model.providers, client=dask_client)
+        return DaskRateLimiter(config.model.providers, client=dask_client,
+                               timeout_s=config.run.dask_timeout_s)
     return None
 
 
@@ -62,10 +63,12 @@ def started_run(spec: RunSpec, *, loaded: LoadedConfig | None = None) -> Iterato
     """The flow's run with its task pools (``run.task_runner``) started around the flow's work, and stopped
     after it (a local Dask cluster with them), with the run's prefetch layer closed at the end."""
     from skillopt.tasks.runners import TaskPools, use_pools
+    from skillopt.tasks.stale_runs import settle_previous_flow_run
 
     loaded = loaded or spec.loaded()
     with TaskPools(loaded.config.run) as pools:
         run = start_run(spec, loaded=loaded, dask_client=pools.client())
+        settle_previous_flow_run(run.dir.path)  # this process holds the run directory's lock now
         use_pools(run, pools)
         try:
             yield run

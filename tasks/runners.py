@@ -27,6 +27,8 @@ from prefect.task_runners import TaskRunner, ThreadPoolTaskRunner
 from skillopt.assembly import Run
 from skillopt.config import RunSection
 from skillopt.errors import ConfigError
+from skillopt.interrupt import terminate_promptly
+from skillopt.tasks.dask_wait import BoundedFuture, ClusterWatch
 
 #: The stages whose tasks can leave the flow's process.
 Stage = Literal["rollouts", "analysts"]
@@ -68,20 +70,28 @@ class TaskPools:
     def __init__(self, run: RunSection) -> None:
         self.settings = run
         self._dask: Any = None  # the started DaskTaskRunner
+        self._watch: ClusterWatch | None = None
         self._stack = contextlib.ExitStack()
 
     def __enter__(self) -> TaskPools:
         if self.settings.task_runner == "dask":
             # first: a missing extra stops the run before anything starts
             runner = dask_task_runner(self.settings)
+            self._stack.enter_context(terminate_promptly())
             self._stack.enter_context(_api_the_workers_reach())
             self._stack.enter_context(runner)
             runner.client  # noqa: B018 - start the cluster (or connect) now, not in whichever thread submits first
             self._dask = runner
+            self._watch = ClusterWatch(runner.client, self.settings.dask_timeout_s)
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._dask = None
+        if self._watch is not None and self._watch.lost:
+            # The cluster is gone or frozen: closing the client (or a local cluster) would wait on it. The
+            # process is about to exit; its worker processes die with it.
+            self._stack.pop_all()
+            return
         self._stack.close()
 
     @property
@@ -97,7 +107,8 @@ class TaskPools:
         if self._dask is not None and (
             stage == "rollouts" or self.settings.dask_scope == "rollouts_and_analysts"
         ):
-            return _shared(self._dask)
+            assert self._watch is not None
+            return _shared(_BoundedDask(self._dask, self._watch))
         return ThreadPoolTaskRunner(max_workers=max(1, workers))
 
 
@@ -121,8 +132,28 @@ def pool_for(run: Run, stage: Stage, workers: int) -> AbstractContextManager[Any
     return pools.pool(stage, workers)
 
 
+class _BoundedDask:
+    """The started ``DaskTaskRunner`` as a stage sees it: ``submit`` hands back futures that never wait past
+    the run's :class:`~skillopt.tasks.dask_wait.ClusterWatch`."""
+
+    def __init__(self, runner: Any, watch: ClusterWatch) -> None:
+        self._runner = runner
+        self._watch = watch
+
+    def submit(self, task: Any, parameters: dict[str, Any], *args: Any, **kwargs: Any) -> BoundedFuture:
+        self._watch.check()
+
+        def submit() -> Any:
+            return self._runner.submit(task, parameters, *args, **kwargs)
+
+        return BoundedFuture(submit(), self._watch, resubmit=submit)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._runner, name)
+
+
 @contextlib.contextmanager
-def _shared(runner: TaskRunner) -> Iterator[TaskRunner]:
+def _shared(runner: Any) -> Iterator[Any]:
     """An already started runner, lent for one stage (leaving the block does not stop it)."""
     yield runner
 

@@ -179,3 +179,160 @@ def test_a_run_pickles_as_its_spec_and_a_worker_joins_it_without_the_flow_s_lock
     assert done.returncode == 0, done.stderr[-2000:]
     train, path, pid = done.stdout.split()
     assert int(train) == len(run.split_ids["train"]) and path == str(run.dir.path) and int(pid) != os.getpid()
+
+
+# --------------------------------------------------------------------------------------------
+# Waiting on the cluster with a bound
+
+
+class _Wrapped:
+    """A distributed future's face: ``done`` and ``result(timeout)``; it never finishes unless told to."""
+
+    def __init__(self) -> None:
+        self.value = None
+        self.finished = False
+        self.dropped = False
+
+    def done(self) -> bool:
+        return self.finished
+
+    def cancelled(self) -> bool:
+        return self.dropped
+
+    def result(self, timeout=None):
+        if not self.finished:
+            time.sleep(min(timeout or 0.01, 0.01))
+            raise TimeoutError
+        return self.value
+
+
+class _Future:
+    def __init__(self) -> None:
+        self.wrapped_future = _Wrapped()
+        self.task_run_id = "run-1"
+
+    def result(self, raise_on_failure=True):
+        return self.wrapped_future.result()
+
+
+class _Scheduler:
+    address = "tcp://127.0.0.1:1"
+
+    def identity(self):
+        return {"workers": {}}
+
+
+class _Client:
+    scheduler = _Scheduler()
+
+    def sync(self, call, callback_timeout=None):
+        return call()
+
+
+def test_a_wait_on_a_cluster_that_finishes_nothing_stops_at_the_timeout_and_says_why(monkeypatch):
+    from skillopt.interrupt import InterruptGuard
+    from skillopt.tasks import dask_wait
+
+    monkeypatch.setattr(dask_wait, "SLICE_S", 0.01)
+    now = [100.0]
+    watch = dask_wait.ClusterWatch(_Client(), 30, clock=lambda: now[0])
+    done, stuck = dask_wait.BoundedFuture(_Future(), watch), dask_wait.BoundedFuture(_Future(), watch)
+    now[0] += 29
+    done._future.wrapped_future.finished = True
+    done._future.wrapped_future.value = "row"
+    assert done.result() == "row"  # a finished task restarts the clock
+    now[0] += 29
+    stopped = []
+    guard = InterruptGuard(err=None)  # type: ignore[arg-type]
+    guard.stop_because = lambda reason, exit_code=1: stopped.append((reason, exit_code))
+    monkeypatch.setattr(dask_wait, "active_guard", lambda: guard)
+    now[0] += 1.5
+    with pytest.raises(dask_wait.ClusterLost) as lost:
+        stuck.result()
+    message = str(lost.value)
+    assert message == ("the Dask cluster finished no task for 30 s (run.dask_timeout_s): the scheduler at "
+                       "tcp://127.0.0.1:1 has no workers left; re-run the same command to resume")
+    assert stopped == [(message, 2)]
+    with pytest.raises(dask_wait.ClusterLost):  # any later wait stops too, and the guard is told once
+        dask_wait.BoundedFuture(_Future(), watch).result()
+    assert len(stopped) == 1 and watch.lost
+
+
+def test_the_clock_starts_with_the_first_outstanding_task_not_at_the_last_idle():
+    from skillopt.tasks import dask_wait
+
+    now = [0.0]
+    watch = dask_wait.ClusterWatch(_Client(), 30, clock=lambda: now[0])
+    now[0] += 3600  # an hour of optimizer calls with nothing on the cluster
+    assert watch.stalled_for() == 0.0
+    dask_wait.BoundedFuture(_Future(), watch)
+    now[0] += 10
+    assert watch.stalled_for() == 10.0
+    watch.check()  # within the bound: no stop
+
+
+def test_the_timeout_is_a_positive_run_setting():
+    assert config().run.dask_timeout_s == 600
+    assert config("run.task_runner=dask", "run.dask_timeout_s=30").run.dask_timeout_s == 30
+    with pytest.raises(ConfigError, match=r"dask_timeout_s"):
+        config("run.dask_timeout_s=0")
+
+
+@pytest.mark.slow
+def test_the_flow_s_limiter_gives_up_on_a_frozen_scheduler_within_its_timeout(tmp_path, monkeypatch):
+    """An analyst's call in the flow's process waits on the scheduler for a lease: frozen (SIGSTOP), the
+    scheduler would hold it for ever; the limiter stops the run after run.dask_timeout_s."""
+    import json
+    import signal
+    import subprocess
+    import sys
+
+    distributed = pytest.importorskip("distributed")
+    from skillopt.tasks import dask_wait
+    from skillopt.tasks.dask_limits import DaskRateLimiter
+
+    stops = []
+    monkeypatch.setattr(dask_wait, "active_guard", lambda: type("G", (), {
+        "stop_because": staticmethod(lambda reason, exit_code: stops.append(exit_code))})())
+    file = tmp_path / "scheduler.json"
+    scheduler = subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_scheduler", "--port", "0",
+                                  "--no-dashboard", "--scheduler-file", str(file)],
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not file.exists() or not file.read_text().strip():
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        with distributed.Client(json.loads(file.read_text())["address"], timeout=30) as client:
+            limiter = DaskRateLimiter({"api.example": ProviderLimits(max_concurrency=1)}, client=client,
+                                      timeout_s=3)
+            with limiter.acquire("api.example", tokens=1):
+                pass  # answered while the scheduler runs
+            os.kill(scheduler.pid, signal.SIGSTOP)
+            started = time.monotonic()
+            with pytest.raises(dask_wait.ClusterLost, match=r"within 3 s \(run.dask_timeout_s\)"), \
+                    limiter.acquire("api.example", tokens=1):
+                pass
+            assert time.monotonic() - started < 15 and stops == [2]
+            os.kill(scheduler.pid, signal.SIGKILL)
+    finally:
+        os.kill(scheduler.pid, signal.SIGKILL)
+        scheduler.wait(timeout=30)
+
+
+def test_a_task_the_scheduler_dropped_is_submitted_again():
+    from skillopt.tasks import dask_wait
+
+    watch = dask_wait.ClusterWatch(_Client(), 30)
+    dropped = _Future()
+    dropped.wrapped_future.finished = dropped.wrapped_future.dropped = True
+    again = _Future()
+    again.wrapped_future.finished, again.wrapped_future.value = True, "row"
+    submitted = []
+
+    def resubmit():
+        submitted.append(1)
+        return again
+
+    assert dask_wait.BoundedFuture(dropped, watch, resubmit=resubmit).result() == "row"
+    assert submitted == [1] and watch.stalled_for() == 0.0

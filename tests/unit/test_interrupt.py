@@ -108,3 +108,49 @@ def test_an_error_raised_while_ctrl_c_unwinds_a_run_is_reported_as_the_interrupt
                              capture_output=True, timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert process.returncode == 130, process.stderr
     assert process.stderr.strip().splitlines() == [INTERRUPTED_MESSAGE]
+
+
+def test_sigterm_exits_143_with_the_resume_line_although_a_worker_is_still_busy():
+    process = _start(grace=0.5)
+    started = time.monotonic()
+    process.send_signal(signal.SIGTERM)
+    _, err = process.communicate(timeout=30)
+    assert time.monotonic() - started < 10
+    assert process.returncode == 143
+    assert err.splitlines() == [INTERRUPTED_MESSAGE, "cleanup ran"]
+
+
+# Inside a flow Prefect's SIGTERM handler replaces the guard's (it raises its own TerminationSignal and the
+# flow's orderly exit may wait for ever); terminate_promptly puts the guard's deadline in front of it.
+_IN_A_FLOW = textwrap.dedent("""
+    import signal, sys, threading, time
+    from skillopt.interrupt import InterruptGuard, terminate_promptly
+
+    class TerminationSignal(BaseException):
+        pass
+
+    def prefects_handler(signum, frame):
+        raise TerminationSignal
+
+    guard = InterruptGuard(sys.stderr, grace_s=0.5)
+    with guard:
+        signal.signal(signal.SIGTERM, prefects_handler)
+        with terminate_promptly():
+            try:
+                print("ready", flush=True)
+                time.sleep(60)
+            except TerminationSignal:
+                threading.Event().wait(60)  # an orderly exit that waits on work that never ends
+""")
+
+
+def test_sigterm_inside_a_flow_still_exits_143_promptly():
+    process = subprocess.Popen([sys.executable, "-c", _IN_A_FLOW], cwd=ROOT, text=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert process.stdout is not None and process.stdout.readline().strip() == "ready"
+    started = time.monotonic()
+    process.send_signal(signal.SIGTERM)
+    _, err = process.communicate(timeout=30)
+    assert time.monotonic() - started < 10
+    assert process.returncode == 143 and err.splitlines() == [INTERRUPTED_MESSAGE]
