@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
+from typing import Any
 from uuid import UUID
 
 from skillopt.atomic import atomic_write_bytes
@@ -53,19 +54,40 @@ def settle_previous_flow_run(run_dir: Path) -> None:
 
 def _crash_unfinished(flow_run_id: UUID) -> int:
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId
+    from prefect.client.schemas.filters import (
+        FlowRunFilter,
+        FlowRunFilterParentTaskRunId,
+        FlowRunFilterState,
+        FlowRunFilterStateType,
+    )
+    from prefect.client.schemas.objects import StateType
     from prefect.states import Crashed
 
     message = "its process ended without reporting (the Prefect API was unreachable); the run was resumed"
+    unfinished = [StateType.RUNNING, StateType.PENDING, StateType.SCHEDULED, StateType.PAUSED]
     settled = 0
     with get_client(sync_client=True) as client:
-        children = client.read_flow_runs(flow_run_filter=FlowRunFilter(
-            parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[flow_run_id])))
-        for run in [client.read_flow_run(flow_run_id), *children]:
+        parent = client.read_flow_run(flow_run_id)
+        # Its sub-flows (the epochs): unfinished flow runs whose parent task run belongs to it.
+        children = [
+            run for run in client.read_flow_runs(flow_run_filter=FlowRunFilter(
+                parent_task_run_id=FlowRunFilterParentTaskRunId(is_null_=False),
+                state=FlowRunFilterState(type=FlowRunFilterStateType(any_=unfinished))))
+            if run.parent_task_run_id is not None
+            and _task_run_of(client, run.parent_task_run_id) == flow_run_id
+        ]
+        for run in [parent, *children]:
             if run.state is not None and not run.state.is_final():
                 client.set_flow_run_state(run.id, Crashed(message=message), force=True)
                 settled += 1
     return settled
+
+
+def _task_run_of(client: Any, task_run_id: UUID) -> UUID | None:
+    try:
+        return client.read_task_run(task_run_id).flow_run_id
+    except Exception:  # noqa: BLE001 - a task run the server never got
+        return None
 
 
 __all__ = ["FLOW_RUN_FILE", "settle_previous_flow_run"]

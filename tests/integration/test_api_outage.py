@@ -112,3 +112,39 @@ def test_a_run_outlives_its_api_server_dying_and_coming_back_or_stops_resumably(
             os.killpg(run.pid, signal.SIGKILL)
             run.communicate()
         stop(server)
+
+
+def test_the_run_that_resumes_a_killed_run_settles_its_flow_run_left_running(tmp_path):
+    """A process killed mid-run cannot report its end: its flow run (and its epoch's) stays Running on the
+    server, holding whatever it held there, until the run that resumes the directory sets it Crashed."""
+    home, port = tmp_path / "prefect-home", free_port()
+    server = start_server(home, port)
+    env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_API_URL": f"http://127.0.0.1:{port}/api",
+           "PREFECT_LOGGING_LEVEL": "WARNING"}
+    command = [sys.executable, "-m", "skillopt.cli", "train", "spreadsheetbench", "--data", str(FIXTURES),
+               "--backend", "scripted", "--run-name", "killed", "-o", "train.epochs=3",
+               "-o", "train.batch_size=1"]
+    run = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 600
+        while not list((tmp_path / "runs" / "killed").glob("steps/*")):
+            assert run.poll() is None and time.monotonic() < deadline, run.communicate()[0][-3000:]
+            time.sleep(0.2)
+        os.killpg(run.pid, signal.SIGKILL)
+        run.communicate()
+        left = [(name, state) for name, state in flow_runs(port) if state == "RUNNING"]
+        assert ("killed", "RUNNING") in left, left
+        run = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        output, _ = run.communicate(timeout=900)
+        assert run.returncode == 0, output[-4000:]
+        assert f"set Crashed ({len(left)} flow run(s))" in output, output[-3000:]
+        states = flow_runs(port)
+        assert not [name for name, state in states if state in ("RUNNING", "PENDING")], states
+        assert ("killed", "CRASHED") in states and ("killed", "COMPLETED") in states
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+            run.communicate()
+        stop(server)
