@@ -144,10 +144,11 @@ def skill_train(benchmark: str, data: str | None = None, epochs: int | None = No
     roles = role_options(named, asdict(cli_roles) if cli_roles else None)
     with run_story(verbose=verbose):
         if deployment.id is not None:
-            # A deployment run had no command line to check its input: the same checks, before any rollout.
+            # A deployment run had no command line to check its input: the same checks, before any rollout
+            # (credentials by presence: the run's own clients are the ones that reach the endpoints).
             check_run(load_config(benchmark, config_file=config_file,
                                   overrides=config_overrides(data, all_overrides), env=os.environ),
-                      cli=CliRoleOptions(**roles), env=os.environ)
+                      cli=CliRoleOptions(**roles), env=os.environ, probe=False)
         return train(benchmark, data=data, config_file=config_file, overrides=all_overrides,
                      run_name=run_name or flow_run.name, cli_roles=CliRoleOptions(**roles) if roles else None,
                      mode=mode)

@@ -40,11 +40,13 @@ class CheckedRun:
 
 def check_run(loaded: LoadedConfig, *, cli: CliRoleOptions | None, env: Mapping[str, str],
               roles_used: Collection[str] = ("target", "optimizer"), split: str | None = None,
-              command: str = "skillopt train BENCHMARK") -> CheckedRun:
+              command: str = "skillopt train BENCHMARK", probe: bool = True) -> CheckedRun:
     """Raise the ``SkillOptError`` a run of ``loaded`` would fail on at set-up; return the split sizes.
 
     ``roles_used``: the roles the command calls (an evaluation calls only the target); the judge is
     checked when the benchmark needs it. ``split``: the split an evaluation scores, which must not be empty.
+    ``probe`` False: the credentials are checked for presence only, with no client built and no endpoint
+    reached (the check a deployment run makes inside its flow, next to the run's own clients).
     """
     config = loaded.config
     chosen = resolve_split(split) if split is not None else None
@@ -70,7 +72,10 @@ def check_run(loaded: LoadedConfig, *, cli: CliRoleOptions | None, env: Mapping[
     check_image_support(name or "", benchmark, roles, registry,
                         analyst_images=config.optimizer.analyst_images and "optimizer" in wanted)
     check_scripted_target(benchmark.id, bench_cfg, roles.target)
-    _check_credentials(loaded, roles, registry, env, wanted)
+    if probe:
+        _check_credentials(loaded, roles, registry, env, wanted)
+    else:
+        _check_keys(roles, env, wanted)
     return CheckedRun(benchmark=name or "", split_sizes=sizes)
 
 
@@ -102,6 +107,18 @@ def _check_credentials(loaded: LoadedConfig, roles: Any, registry: BackendRegist
         result = check_role(client, env, call=False)
         if not result.ok:
             raise ConfigError(f"{role} ({result.label}): {result.problem}")
+
+
+def _check_keys(roles: Any, env: Mapping[str, str], wanted: Collection[str]) -> None:
+    """Per role: its credential is there (the first check of ``_check_credentials``), without building a
+    client or reaching the endpoint."""
+    for name in wanted:
+        role = getattr(roles, name)
+        if role is None or not role.key_required:
+            continue
+        if not role.api_key_secret and not env.get(role.api_key_env or ""):
+            raise ConfigError(f"{name} ({role.label()}): no credential: export {role.api_key_env} or set "
+                              f"model.{name}.api_key_env")
 
 
 def _no_limits() -> Any:
