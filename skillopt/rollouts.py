@@ -29,6 +29,7 @@ from skillopt.cache_keys import call_key, digest
 from skillopt.data import BatchPlan, Item
 from skillopt.item_usage import ItemUsage
 from skillopt.llm.chat import ChatRequest
+from skillopt.llm.clients import BEFORE_SEND
 from skillopt.llm.reply_store import PREFETCH
 from skillopt.records import ItemResult
 from skillopt.skill import skill_hash
@@ -49,7 +50,15 @@ class RolloutSlots:
 
     @contextmanager
     def hold(self) -> Iterator[None]:
-        """One slot while the block runs (a prefetched rollout only when no flow rollout waits)."""
+        """One slot while the block runs."""
+        self.acquire()
+        try:
+            yield
+        finally:
+            self.release()
+
+    def acquire(self) -> None:
+        """Wait for a slot (a prefetched rollout only when no flow rollout waits) and take it."""
         prefetched = PREFETCH.get()
         with self._changed:
             if not prefetched:
@@ -62,12 +71,30 @@ class RolloutSlots:
                     self._flow_waiting -= 1
                     self._changed.notify_all()
             self._busy += 1
-        try:
-            yield
-        finally:
-            with self._changed:
-                self._busy -= 1
-                self._changed.notify_all()
+
+    def release(self) -> None:
+        with self._changed:
+            self._busy -= 1
+            self._changed.notify_all()
+
+
+class LazySlot:
+    """One rollout's slot, taken when the rollout first sends a request (``BEFORE_SEND``) and given back when
+    it ends: a rollout answered from stored or prefetched replies takes none."""
+
+    def __init__(self, slots: RolloutSlots) -> None:
+        self.slots = slots
+        self.held = False
+
+    def __call__(self) -> None:
+        if not self.held:
+            self.slots.acquire()
+            self.held = True
+
+    def release(self) -> None:
+        if self.held:
+            self.held = False
+            self.slots.release()
 
 
 class JudgeVerdict(BaseModel):
@@ -119,10 +146,15 @@ def roll_out(run: Run, item: Item, skill: str, *, training: bool, judge: Judge |
     if epoch is not None:
         draw = {"epoch": epoch}
         target = DrawTarget(target, draw_seed(run, epoch, sample))
-    with run.rollout_slots.hold():
+    slot = LazySlot(run.rollout_slots)
+    token = BEFORE_SEND.set(slot)
+    try:
         row = run_item(run.benchmark, item, skill, run.bench_cfg, target=target, judge=judge,
                        probe_instruction=probe_instruction, sample=sample,
                        tags={"training": training, "skill_sha": skill_hash(skill)[:16], **draw})
+    finally:
+        BEFORE_SEND.reset(token)
+        slot.release()
     return row.model_copy(update={"worker_pid": os.getpid(), "usage": {**counted.totals(), **row.usage}})
 
 

@@ -10,6 +10,7 @@ every task. Nothing here is module-level state, and no Prefect import happens in
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import json
 import logging
 import threading
@@ -108,6 +109,19 @@ def correction_text(problem: str, schema: type[BaseModel]) -> str:
             f"{keys}, as the instructions describe, and nothing else.")
 
 
+#: Run just before this context sends a request that no stored or prefetched reply answers: a rollout
+#: takes its concurrency slot there (``skillopt.rollouts.roll_out``), so a rollout whose replies are all
+#: stored (prefetched, or cached by an earlier run) never waits for a slot it would not use.
+BEFORE_SEND: contextvars.ContextVar[Callable[[], None] | None] = contextvars.ContextVar(
+    "skillopt_before_send", default=None)
+
+
+def _before_send() -> None:
+    hook = BEFORE_SEND.get()
+    if hook is not None:
+        hook()
+
+
 class RoleClient:
     """All calls of one role. Thread-safe; the backend object is built on first use."""
 
@@ -175,6 +189,7 @@ class RoleClient:
         cap = request.max_tokens or self.role.max_tokens or 1024
         estimate = request.prompt_chars() // 4 + cap
         if self.replies is None:
+            _before_send()
             return self._call(request, backend, timeout_s, estimate, None)
         store_key = ReplyStore.key(self.role.fingerprint(), request)
         # One call per request at a time in this process: a prefetched call (skillopt.prefetch) and the task's
@@ -190,6 +205,7 @@ class RoleClient:
                     self._record(request.stage, request.tags, model_served=stored.model, usage=stored.usage,
                                  latency_s=0.0, attempts=0, status="ok", cache_hit=True)
                 return stored.model_copy(update={"cost_usd": 0.0, "attempts": 0})
+            _before_send()
             response = self._call(request, backend, timeout_s, estimate, store_key)
             if prefetching:
                 self.replies.keep_prefetched(store_key, response)
