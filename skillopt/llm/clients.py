@@ -407,7 +407,10 @@ class RoleClient:
             repair = self.role.role == "optimizer"
         build = request if callable(request) else _fixed(request)
         # json_object servers carry the schema in the prompt: leave it room.
-        first_request, first = self._send_fitting(build, schema, self.prompt_chars(schema))
+        # The endpoint's first structured call goes alone: a refused mode or an overflow it meets is learned
+        # before any other is sent.
+        with self.modes.first_call(self.endpoint()):
+            first_request, first = self._send_fitting(build, schema, self.prompt_chars(schema))
         try:
             return self._parse(first, schema, first_request, repair), first
         except ParseError as error:
@@ -436,6 +439,10 @@ class RoleClient:
         refuse, use = getattr(backend, "refuse_constrained", None), getattr(backend, "use_mode", None)
         if not callable(refuse) or not callable(use):
             return self.chat(request)
+        return self._chat_falling_back(request, refuse, use)
+
+    def _chat_falling_back(self, request: ChatRequest, refuse: Callable[[ChatRequest], str | None],
+                           use: Callable[[str], None]) -> ChatResponse:
         learned = self.modes.fallen_to(self.endpoint())
         if learned is not None:
             use(learned)
