@@ -30,7 +30,8 @@ def convert(task: dict, *, limit: int, id_prefix: str) -> list[dict]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("task_json", type=Path)
     parser.add_argument("out_jsonl", type=Path)
     parser.add_argument("--limit", type=int, default=0, help="first N examples only (0: all)")
