@@ -39,7 +39,7 @@ def main() -> None:
     parser.add_argument("out_jsonl", type=Path)
     parser.add_argument("--limit", type=int, default=0, help="first N examples only (0: all)")
     parser.add_argument("--id-prefix", default="item")
-    parser.add_argument("--choices", action="store_true", help="give each item its options (target_scores keys)")
+    parser.add_argument("--choices", action="store_true", help="give each item its options")
     args = parser.parse_args()
     task = json.loads(args.task_json.read_text(encoding="utf-8"))
     rows = convert(task, limit=args.limit, id_prefix=args.id_prefix, choices=args.choices)
