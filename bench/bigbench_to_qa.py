@@ -2,7 +2,7 @@
 ``qa`` benchmark's JSONL: one row per example, the question with the task's prefix, the best-scored target as
 the answer.
 
-    python bench/bigbench_to_qa.py TASK_JSON OUT_JSONL [--limit N] [--id-prefix sports]
+    python bench/bigbench_to_qa.py TASK_JSON OUT_JSONL [--limit N] [--id-prefix sports] [--choices]
 
 The BIG-bench data stays where it was downloaded; nothing of it is committed here.
 """
@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 
 
-def convert(task: dict, *, limit: int, id_prefix: str) -> list[dict]:
+def convert(task: dict, *, limit: int, id_prefix: str, choices: bool = False) -> list[dict]:
     prefix = str(task.get("task_prefix") or "").strip()
     rows = []
     for number, example in enumerate(task["examples"][: limit or None], start=1):
@@ -25,19 +25,24 @@ def convert(task: dict, *, limit: int, id_prefix: str) -> list[dict]:
             target = example["target"]
             answer = target[0] if isinstance(target, list) else target
         question = f"{prefix}\n{example['input']}".strip() if prefix else str(example["input"])
-        rows.append({"id": f"{id_prefix}-{number:04d}", "question": question, "answer": answer})
+        row = {"id": f"{id_prefix}-{number:04d}", "question": question, "answer": answer}
+        if choices and scores:
+            row["choices"] = list(scores)  # the gold is then read as its option (qa's choice scoring)
+        rows.append(row)
     return rows
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("task_json", type=Path)
     parser.add_argument("out_jsonl", type=Path)
     parser.add_argument("--limit", type=int, default=0, help="first N examples only (0: all)")
     parser.add_argument("--id-prefix", default="item")
+    parser.add_argument("--choices", action="store_true", help="give each item its options")
     args = parser.parse_args()
     task = json.loads(args.task_json.read_text(encoding="utf-8"))
-    rows = convert(task, limit=args.limit, id_prefix=args.id_prefix)
+    rows = convert(task, limit=args.limit, id_prefix=args.id_prefix, choices=args.choices)
     args.out_jsonl.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
     print(f"{args.out_jsonl}: {len(rows)} rows")
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -29,6 +30,7 @@ from skillopt import live
 from skillopt.assembly import Run, RunSpec
 from skillopt.config import load_config
 from skillopt.data import StepPlan
+from skillopt.errors import SkillOptError
 from skillopt.flows.front import choose_final, start_from_front
 from skillopt.flows.naming import config_overrides, train_run_name
 from skillopt.flows.parameters import named_overrides, role_options
@@ -58,7 +60,7 @@ from skillopt.flows.stages import (
 from skillopt.flows.story import STORY_LOGGER, run_story
 from skillopt.llm.roles import CliRoleOptions
 from skillopt.probe import probe_record
-from skillopt.records import Patch, StepRecord, unusable_replies_warning
+from skillopt.records import Patch, StepRecord, unusable_replies_warning, unusable_streak
 from skillopt.registry import SkillRegistry
 from skillopt.rollouts import Draws
 from skillopt.run_checks import check_run
@@ -293,12 +295,30 @@ def skill_epoch(run: Any, state: TrainState, epoch: int) -> TrainState:
         publish_progress(run, state.step, state.total_steps, epoch, cfg.train.epochs, state.current_score,
                          state.best_score, last_step=record)
         publish_cost(run)
+        stop_if_optimizer_unusable(run, state.history)
     state.epoch_last_skills.append(state.current_skill)
     if epoch >= 2 and not budget_stop(run, state, f"the epoch {epoch} boundary"):
         epoch_boundary(run, state, epoch, epoch_start_skill, draws)
     progress.info("epoch %d/%d done: current %.3f, best %.3f", epoch, cfg.train.epochs, state.current_score,
                   state.best_score)
     return state
+
+
+class UnusableOptimizer(SkillOptError):
+    """``optimizer.max_unusable_steps`` steps in a row had no usable optimizer reply."""
+
+
+def stop_if_optimizer_unusable(run: Run, history: Sequence[StepRecord]) -> None:
+    """Stop the run (exit 2) once ``optimizer.max_unusable_steps`` steps in a row had no usable optimizer
+    reply: the run can only spend time without changing the skill."""
+    limit = run.config.optimizer.max_unusable_steps
+    if not limit or unusable_streak(history) < limit:
+        return
+    role = run.clients.optimizer.role
+    raise UnusableOptimizer(
+        f"[optimizer] {role.short_label()}: no usable optimizer reply in {limit} steps in a row "
+        f"(optimizer.max_unusable_steps); use a stronger optimizer model or set "
+        f"model.optimizer.structured_output: json_schema (a server that constrains replies to the schema)")
 
 
 # --------------------------------------------------------------------------------------------
@@ -479,7 +499,7 @@ def epoch_boundary(run: Run, state: TrainState, epoch: int, epoch_start_skill: s
 def finish(run: Run, state: TrainState, *, wall_s: float) -> dict[str, Any]:
     """Promote the last skill if it beats the best, evaluate on test, write ``summary.json``."""
     from skillopt.report import write_report
-    from skillopt.runs import build_summary, summary_dict, summary_line
+    from skillopt.runs import answer_format_counts, build_summary, signal_counts, summary_dict, summary_line
 
     cfg = run.config
     with_test = cfg.evaluation.eval_test and state.stopped_by != "budget"
@@ -531,11 +551,16 @@ def finish(run: Run, state: TrainState, *, wall_s: float) -> dict[str, Any]:
         best_test=tests["best"].scores if tests else None, final_selection=final_selection.scores,
         history=state.history, usage=run.clients.ledger.summary(), wall_s=wall_s, stopped_by=state.stopped_by,
         stopped_message=state.stopped_message, best_skill_sha=skill_hash(state.best_skill), config=run.config,
+        context_windows=run.clients.windows.learned(),
+        answer_formats=answer_format_counts(
+            [*final_selection.rows, *(row for evaluation in tests.values() for row in evaluation.rows)]),
     )
     run.dir.write_summary(summary)
     publish_progress(run, state.step, state.total_steps, state.history[-1].epoch if state.history else 0,
                      cfg.train.epochs, gate_value(run, final_selection.scores),
-                     gate_value(run, best_selection.scores), finished=True)
+                     gate_value(run, best_selection.scores), finished=True,
+                     last_step=next((r for r in reversed(state.history) if r.kind == "step"), None),
+                     totals=signal_counts(state.history))
     story.info("%s", summary_line(summary_dict(summary)))
     progress.info("wrote %s", run.dir.summary_path)
     publish_cost(run)

@@ -24,7 +24,7 @@ import queue
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 from uuid import UUID
@@ -217,12 +217,13 @@ def published(ctx: Run) -> Iterator[None]:
 
 
 def publish_progress(ctx: Run, step: int, total_steps: int, epoch: int, epochs: int, current: float,
-                     best: float, *, finished: bool = False, last_step: StepRecord | None = None) -> None:
+                     best: float, *, finished: bool = False, last_step: StepRecord | None = None,
+                     totals: Mapping[str, Any] | None = None) -> None:
     """Prefect's progress artifact of the run, created once and then updated in place: the share of
     steps done, with the epoch, step and current/best gate scores as its description (``finished``:
     the run's final figures), and the last step's optimizer replies and error rows."""
     description = progress_markdown(epoch, epochs, step, total_steps, current, best, finished=finished,
-                                    last_step=last_step)
+                                    last_step=last_step, totals=totals)
     _publisher(ctx).send_progress(progress_percent(step, total_steps), description, _key(ctx, PROGRESS))
 
 

@@ -67,6 +67,8 @@ SHRINK_AFTER_OVERFLOW = 0.6
 SHORT_REPLY_SHARE = 0.5
 #: Tokens kept free beside a prompt and its reply cap (chat template, estimate error), plus 1 % of the window.
 FIT_MARGIN_TOKENS = 16
+#: Only prompts of at least this many tokens teach the characters-per-token figure prompts are sized by.
+DENSITY_MIN_TOKENS = 256
 #: No window smaller than this is learned from a short reply (nor can ``context_tokens`` state one).
 MIN_WINDOW_TOKENS = 256
 #: A structured call's request, or a function from a prompt size in characters to a request that fits it.
@@ -341,7 +343,8 @@ class RoleClient:
         if not prompt_tokens or response.attempts == 0:  # a stored reply says nothing new
             return
         density = request.prompt_chars() / prompt_tokens
-        if density < self._chars_per_token:
+        # a short prompt's tokens are mostly the chat template's: only a long one says how dense text is
+        if prompt_tokens >= DENSITY_MIN_TOKENS and density < self._chars_per_token:
             with self._window_lock:
                 self._chars_per_token = max(1.0, density)
         cap = request.max_tokens or self.role.max_tokens
@@ -408,7 +411,10 @@ class RoleClient:
             repair = self.role.role == "optimizer"
         build = request if callable(request) else _fixed(request)
         # json_object servers carry the schema in the prompt: leave it room.
-        first_request, first = self._send_fitting(build, schema, self.prompt_chars(schema))
+        # The endpoint's first structured call goes alone: a refused mode or an overflow it meets is learned
+        # before any other is sent.
+        with self.modes.first_call(self.endpoint()):
+            first_request, first = self._send_fitting(build, schema, self.prompt_chars(schema))
         try:
             return self._parse(first, schema, first_request, repair), first
         except ParseError as error:
@@ -437,6 +443,10 @@ class RoleClient:
         refuse, use = getattr(backend, "refuse_constrained", None), getattr(backend, "use_mode", None)
         if not callable(refuse) or not callable(use):
             return self.chat(request)
+        return self._chat_falling_back(request, refuse, use)
+
+    def _chat_falling_back(self, request: ChatRequest, refuse: Callable[[ChatRequest], str | None],
+                           use: Callable[[str], None]) -> ChatResponse:
         learned = self.modes.fallen_to(self.endpoint())
         if learned is not None:
             use(learned)

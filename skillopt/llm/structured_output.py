@@ -22,8 +22,10 @@ resort (``skillopt.llm.json_extract``).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
+from collections.abc import Iterator
 from typing import Any, Literal
 
 from pydantic import BaseModel
@@ -57,6 +59,25 @@ class StructuredModes:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._fallen_to: dict[str, str] = {}
+        self._settled: set[str] = set()
+        self._probes: dict[str, threading.Lock] = {}
+
+    @contextlib.contextmanager
+    def first_call(self, key: str) -> Iterator[None]:
+        """Around a structured call to endpoint ``key``: the endpoint's first one runs alone (it is the
+        probe: what it learns, a refused mode or the context window, every later call starts with); once it
+        has ended, calls pass straight through."""
+        with self._lock:
+            probe = None if key in self._settled else self._probes.setdefault(key, threading.Lock())
+        if probe is None:
+            yield
+            return
+        with probe:
+            try:
+                yield
+            finally:
+                with self._lock:
+                    self._settled.add(key)
 
     def fallen_to(self, key: str) -> str | None:
         """The mode endpoint ``key`` was moved to after refusing the one before, or None."""

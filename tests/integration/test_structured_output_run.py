@@ -76,17 +76,21 @@ def test_every_structured_call_parses_first_time_against_a_server_that_answers_j
 
 
 def test_a_server_that_refuses_response_format_gets_the_schema_in_the_prompt_after_one_note(
-        prefect_settings, in_tmp, caplog):
+        prefect_settings, in_tmp):
     world = DemoWorldServer(refuse_schema=True)
-    with caplog.at_level(logging.WARNING, logger="skillopt.llm"):
+    records = Kept()
+    logging.getLogger("skillopt.llm").addHandler(records)
+    try:
         summary = train(world, "refused")
+    finally:
+        logging.getLogger("skillopt.llm").removeHandler(records)
 
     bodies = optimizer_bodies(world)
     refused = [b["response_format"]["type"] for b in bodies if "response_format" in b]
     prompted = [b for b in bodies if "response_format" not in b]
     assert refused == ["json_schema", "json_object"]  # the endpoint's first structured call probed; no more
     assert prompted and all("must match this JSON schema" in b["messages"][0]["content"] for b in prompted)
-    notes = [r.getMessage() for r in caplog.records if "the server refused" in r.getMessage()]
+    notes = [r.getMessage() for r in records.records if "the server refused" in r.getMessage()]
     assert len(notes) == 2 and "structured_output" in notes[0]
     assert not [b for b in chat_bodies(world) if CORRECTION_LEAD in json.dumps(b)]
     replies = optimizer_replies(summary)

@@ -138,3 +138,15 @@ def test_a_re_ask_is_never_larger_than_the_first_call(openai_server):
 ])
 def test_the_window_is_read_from_overflow_messages(message, window):
     assert window_from_error(message) == window
+
+
+def test_prompt_density_comes_from_long_prompts_not_the_chat_template_of_short_ones(openai_server):
+    clients = optimizer(openai_server, "model.optimizer.context_tokens=4096")
+    short = ChatRequest(messages=[user("hi")], stage="analyst")
+    openai_server.plan(CHAT, ok(text="a", usage={"prompt_tokens": 40, "completion_tokens": 1}))
+    clients.optimizer.chat(short)  # 2 characters in 40 tokens: the template, not the text
+    assert clients.optimizer.prompt_room().chars_per_token == CHARS_PER_TOKEN
+    long = ChatRequest(messages=[user("x" * 2500)], stage="analyst")
+    openai_server.plan(CHAT, ok(text="a", usage={"prompt_tokens": 1000, "completion_tokens": 1}))
+    clients.optimizer.chat(long)
+    assert clients.optimizer.prompt_room().chars_per_token == 2.5

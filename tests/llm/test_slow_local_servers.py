@@ -1,7 +1,7 @@
 """Slow servers on this machine: a timeout names the setting to raise, a retry after a timeout against a
 loopback server waits (one tiny request) for it to be free instead of queueing behind the abandoned request,
-loopback
-``openai_compatible`` and ``local`` roles default to a 600 s timeout, and notes name the model briefly."""
+loopback ``openai_compatible`` and ``local`` roles default to a 600 s timeout, and notes name the model
+briefly."""
 
 from __future__ import annotations
 
