@@ -341,8 +341,9 @@ def test_a_cancelled_run_retried_from_the_cli_reuses_every_finished_task(served:
 
     assert answered_before & answered_after == set(), "a call answered before the cancel was made again"
     # Every task that had finished comes back in the retry without a new model call (asserted above): served
-    # from Prefect's cache, or, when it finished inside an evaluation the cancel cut short (Prefect commits a
-    # nested task's result with its enclosing task's transaction), run again and answered from the reply store.
+    # from Prefect's cache, or, when it finished inside an evaluation the cancel cut short (Prefect commits
+    # a nested task's result with its enclosing task's transaction), run again and answered from the reply
+    # store.
     deadline = time.monotonic() + 60
     while True:
         retried_keys = {result_key(t.state) for t in served.task_runs(run_id, settled=False)
