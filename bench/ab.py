@@ -44,7 +44,7 @@ def tree_env(tree: Path, home: Path) -> dict[str, str]:
 
 
 def server(env: dict[str, str], command: str) -> None:
-    done = subprocess.run([sys.executable, "-m", "skillopt.cli", "server", command], env=env,
+    done = subprocess.run([sys.executable, "-m", "skillopt.shell.cli", "server", command], env=env,
                           capture_output=True, text=True, timeout=300, check=False)
     if command == "start" and done.returncode != 0:
         raise RuntimeError(f"skillopt server start failed:\n{done.stdout}\n{done.stderr}")
@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     missing = [str(t) for t in args.trees if not (t / "skillopt" / "cli.py").is_file()]
     if missing:
-        parser.error(f"not a skillopt source tree (no skillopt/cli.py): {', '.join(missing)}")
+        parser.error(f"not a skillopt source tree (no skillopt/shell/cli.py): {', '.join(missing)}")
     trees = [t.resolve() for t in args.trees]
     load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="skillopt-ab-") as tmp:

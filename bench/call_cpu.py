@@ -44,10 +44,10 @@ def measure(calls: int) -> dict[str, Any]:
         url = found.group(1)
         sys.path.insert(1, str(ROOT))
         from bench.run import train_overrides
-        from skillopt.assembly import Run, RunSpec
-        from skillopt.config import load_config
+        from skillopt.core.config import load_config
         from skillopt.llm.chat import ChatRequest, system, user
         from skillopt.llm.http_common import http_library
+        from skillopt.run.assembly import Run, RunSpec
 
         os.chdir(tempfile.mkdtemp(prefix="call-cpu-"))
         overrides = train_overrides(url, workers=1, batch=1, train_size=4, val_size=2, epochs=1, seed=1,

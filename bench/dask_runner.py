@@ -129,8 +129,8 @@ import json, os, sys, time
 
 from prefect import flow
 
-from skillopt.assembly import RunSpec
-from skillopt.config import load_config
+from skillopt.run.assembly import RunSpec
+from skillopt.core.config import load_config
 from skillopt.tasks.rollout import run_rollouts
 from skillopt.tasks.run import started_run
 

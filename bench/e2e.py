@@ -1,6 +1,6 @@
 """What a user feels: ``skillopt train`` from process start to exit, against the latency world.
 
-Every row runs the real command (``python -m skillopt.cli train demo``) in a subprocess with target and
+Every row runs the real command (``python -m skillopt.shell.cli train demo``) in a subprocess with target and
 optimizer on the ``openai_compatible`` backend pointed at ``bench/latency_world.py``, exactly as a user runs
 it: no ``PREFECT_API_URL``, so the run finds the local server of ``skillopt server start`` in the bench's own
 ``PREFECT_HOME`` (rows "with server") or starts Prefect's temporary server (rows "without server", a
@@ -151,7 +151,7 @@ def skillopt_env(home: Path) -> dict[str, str]:
 
 
 def train_argv(config: Config, world: LatencyWorld, run_name: str) -> list[str]:
-    argv = [sys.executable, "-m", "skillopt.cli", "train", "demo", "--run-name", run_name]
+    argv = [sys.executable, "-m", "skillopt.shell.cli", "train", "demo", "--run-name", run_name]
     for item in config.overrides(world.base_url):
         argv += ["-o", item]
     return argv
@@ -211,7 +211,7 @@ class CpuMeter:
     that runs it) and the local server of ``home``; None where there is no running server."""
 
     def __init__(self, home: Path) -> None:
-        from skillopt import local_server, preload
+        from skillopt.shell import local_server, preload
 
         server = local_server.running(home)
         self.server = server.pid if server else None
@@ -295,13 +295,14 @@ def with_path(timeline: Timeline, run_dir: Path, config: Config) -> Timeline:
 def local_server(home: Path) -> Any:
     """``skillopt server start`` in ``home``; returns a callable that stops it."""
     env = skillopt_env(home)
-    started = subprocess.run([sys.executable, "-m", "skillopt.cli", "server", "start"], env=env,
+    started = subprocess.run([sys.executable, "-m", "skillopt.shell.cli", "server", "start"], env=env,
                              capture_output=True, text=True, timeout=300, check=False)
     if started.returncode != 0:
         raise RuntimeError(f"skillopt server start failed:\n{started.stdout}\n{started.stderr}")
 
     def stop() -> None:
-        subprocess.run([sys.executable, "-m", "skillopt.cli", "server", "stop"], env=env, capture_output=True,
+        subprocess.run([sys.executable, "-m", "skillopt.shell.cli", "server", "stop"], env=env,
+                       capture_output=True,
                        timeout=120, check=False)
     return stop
 

@@ -41,9 +41,9 @@ if str(ROOT) not in sys.path:  # bench/ is not installed: reach the repository's
     sys.path.insert(0, str(ROOT))
 
 from skillopt.benchmarks.demo import scripted as demo  # noqa: E402
+from skillopt.core.prompts import optimizer_prompt  # noqa: E402
 from skillopt.llm.chat import ChatRequest, Message  # noqa: E402
 from skillopt.llm.clients import CORRECTION_LEAD  # noqa: E402
-from skillopt.prompts import optimizer_prompt  # noqa: E402
 from tests.fakes.http_fakes import (  # noqa: E402
     Entry,
     FakeOpenAIServer,

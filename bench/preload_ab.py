@@ -45,7 +45,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="skillopt-preload-ab-") as folder:
         work = Path(folder)
         env = e2e.skillopt_env(work / "prefect-home")
-        cli = [sys.executable, "-m", "skillopt.cli"]
+        cli = [sys.executable, "-m", "skillopt.shell.cli"]
         subprocess.run([*cli, "server", "start"], env=env, cwd=work, check=True, capture_output=True,
                        timeout=300)
         try:

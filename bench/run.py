@@ -1,6 +1,7 @@
 """Performance and fault-tolerance benchmarks of ``skillopt train`` against the latency world.
 
-Every measurement runs the real command (``python -m skillopt.cli train demo``) in a subprocess, with target
+Every measurement runs the real command (``python -m skillopt.shell.cli train demo``) in a subprocess, with
+target
 and optimizer on the ``openai_compatible`` backend pointed at ``bench/latency_world.py`` and a ``prefect
 server start`` on loopback (SQLite in a temporary ``PREFECT_HOME``). Reported (see ``bench/README.md`` for the
 definitions):
@@ -88,7 +89,7 @@ def _wait_healthy(url: str, process: subprocess.Popen, log: Path, timeout: float
 
 @contextlib.contextmanager
 def prefect_server(workdir: Path, *, database_url: str | None = None,
-                   server_module: str = "skillopt.prefect_server") -> Iterator[str]:
+                   server_module: str = "skillopt.shell.prefect_server") -> Iterator[str]:
     """``prefect server start`` on 127.0.0.1 with its own PREFECT_HOME, as skillopt starts it (SQLite
     transactions begun IMMEDIATE; ``server_module="prefect"``: Prefect's own); yields the API URL."""
     home = workdir / "prefect-home"
@@ -303,7 +304,7 @@ def launch(spec: Spec, *, world: LatencyWorld, api: str, cwd: Path, run_name: st
     """Run ``skillopt train demo`` for ``spec``; with ``kill_when_held`` the process group gets SIGKILL that
     many seconds after the world starts holding requests."""
     cwd.mkdir(parents=True, exist_ok=True)
-    argv = [sys.executable, "-m", "skillopt.cli", "train", "demo", "--run-name", run_name]
+    argv = [sys.executable, "-m", "skillopt.shell.cli", "train", "demo", "--run-name", run_name]
     for item in spec.overrides(world.base_url):
         argv += ["-o", item]
     env = client_env(api)
@@ -371,7 +372,7 @@ def initial_skill_sha(usage: list[dict[str, Any]]) -> str | None:
 def made_ahead(record: dict[str, Any], initial_sha: str | None) -> bool:
     """Of a call answered before the baseline's snapshot: one of step 1's — an optimizer call, or a rollout of
     another skill than the initial one (step 1's candidate). The baseline's own calls and step 1's first batch
-    (prefetched with it, ``skillopt.prefetch``) roll out the initial skill."""
+    (prefetched with it, ``skillopt.run.prefetch``) roll out the initial skill."""
     return record["stage"] != "rollout" or record.get("tags", {}).get("skill_sha") != initial_sha
 
 
@@ -485,9 +486,9 @@ def library_call_ms(world: LatencyWorld, api: str, workdir: Path, n: int = 40) -
     anything."""
     from prefect.settings import PREFECT_API_URL, PREFECT_LOGGING_LEVEL, temporary_settings
 
-    from skillopt.assembly import Run
     from skillopt.benchmarks.runner import run_item
-    from skillopt.config import load_config
+    from skillopt.core.config import load_config
+    from skillopt.run.assembly import Run
 
     world.reset(latency_s=0.0, faults=Faults())
     spec = Spec("library", batch=n, concurrency=1, latency=0.0)

@@ -3,10 +3,10 @@
 The server's web framework builds the request handling of its API routes on the first request routed
 through them, so the first run after a server start paid for it inside its own start-up (in its first
 request, the client's API version check). ``skillopt server start`` and the temporary server now send
-one warm-up request (``skillopt.local_server.warm_up``) before a run needs the server.
+one warm-up request (``skillopt.shell.local_server.warm_up``) before a run needs the server.
 
-Per trial, a new server (``bench.run.prefect_server``: ``python -m skillopt.prefect_server server start`` on a
-free port, a new ``PREFECT_HOME``) is started and, once healthy:
+Per trial, a new server (``bench.run.prefect_server``: ``python -m skillopt.shell.prefect_server server
+start`` on a free port, a new ``PREFECT_HOME``) is started and, once healthy:
 
 - **cold**: the time of its first ``GET /api/admin/version``;
 - **warmed**: ``warm_up`` first (its own time is reported too), then the same request.
@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.run import prefect_server  # noqa: E402
-from skillopt.local_server import warm_up  # noqa: E402
+from skillopt.shell.local_server import warm_up  # noqa: E402
 
 
 def _timed_get(url: str) -> float:

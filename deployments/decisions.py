@@ -51,8 +51,8 @@ def shared_parameters(defaults: Any) -> dict[str, Any]:
 def common_targets(benchmarks: Sequence[str], defaults: Any,
                    env: Mapping[str, str] = os.environ) -> list[str]:
     """The named target models (``model.targets``) that every benchmark's config defines, sorted."""
-    from skillopt.config import load_config
-    from skillopt.data import data_overrides
+    from skillopt.core.config import load_config
+    from skillopt.core.data import data_overrides
 
     names: set[str] | None = None
     for benchmark in benchmarks:

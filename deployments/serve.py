@@ -33,7 +33,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from skillopt import __version__
 from skillopt.benchmarks.base import ENTRY_POINT_GROUP
-from skillopt.errors import ConfigError, SkillOptError
+from skillopt.core.errors import ConfigError, SkillOptError
 
 DEFAULT_CRON = "0 3 * * *"
 DEFAULT_TIMEZONE = "UTC"
@@ -116,8 +116,8 @@ def check_benchmark(benchmark: str, defaults: RunDefaults, env: Mapping[str, str
     """Raise the ``SkillOptError`` a run of ``benchmark`` with ``defaults`` would stop on before its first
     model call: the config, the data (``--data`` resolved as training does), the plug-in's preflight."""
     from skillopt.benchmarks.resolve import resolve_benchmark
-    from skillopt.config import load_config
-    from skillopt.data import SplitSpec, data_overrides
+    from skillopt.core.config import load_config
+    from skillopt.core.data import SplitSpec, data_overrides
     from skillopt.llm.base import BackendRegistry
     from skillopt.llm.roles import CliRoleOptions
 
@@ -140,8 +140,8 @@ def check_benchmark(benchmark: str, defaults: RunDefaults, env: Mapping[str, str
 def _check_data_source(benchmark: str, spec: Any) -> None:
     """The configured data exists (a plug-in's preflight need not check it): the ``data_path`` of ratio mode,
     the ``train/ val/ test/`` folders of split_dir mode; generated data always does."""
-    from skillopt.data import SPLIT_NAMES
-    from skillopt.errors import DataError
+    from skillopt.core.data import SPLIT_NAMES
+    from skillopt.core.errors import DataError
 
     if spec.split_mode == "ratio" and not (spec.data_path and Path(spec.data_path).exists()):
         where = f" at {spec.data_path}" if spec.data_path else ""
@@ -266,7 +266,7 @@ def serve_benchmarks(benchmarks: Sequence[str], defaults: RunDefaults, *, cron: 
         registered()
     stop_watching = threading.Event()
     if announce is not None:
-        from skillopt.prefect_runs import PickedUpRuns
+        from skillopt.shell.prefect_runs import PickedUpRuns
 
         watcher = PickedUpRuns(list(benchmarks), announce)
         threading.Thread(target=watcher.watch, args=(stop_watching,), name="skillopt-serve-runs",
@@ -318,6 +318,6 @@ def _child_processes() -> list[int]:
 
 
 if __name__ == "__main__":  # pragma: no cover - the CLI is the documented entry point
-    from skillopt.cli import main
+    from skillopt.shell.cli import main
 
     sys.exit(main(["serve", *sys.argv[1:]]))

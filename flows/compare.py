@@ -1,7 +1,7 @@
 """The ``skill-compare`` flow: two skills on the same items of one benchmark, with a paired test.
 
 Both skills are scored on every item of the same split (as ``skill-eval`` scores a skill) through the cached
-``evaluate_skill`` task, at once; the comparison (``skillopt.paired``) goes to
+``evaluate_skill`` task, at once; the comparison (``skillopt.core.paired``) goes to
 ``compare.json`` and ``compare.html`` in the run directory and to a Prefect markdown artifact.
 """
 
@@ -16,16 +16,16 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.runtime import flow_run
 from prefect.task_runners import ThreadPoolTaskRunner
 
-from skillopt.artifacts import artifact_key
-from skillopt.assembly import Run, RunSpec
-from skillopt.atomic import atomic_write_bytes
-from skillopt.config import load_config
-from skillopt.data import resolve_split
-from skillopt.decision_pages import compare_page
+from skillopt.core.atomic import atomic_write_bytes
+from skillopt.core.config import load_config
+from skillopt.core.data import resolve_split
+from skillopt.core.paired import PairedComparison, compare_rows, per_item_cost
 from skillopt.flows.naming import config_overrides, run_directory_of
-from skillopt.paired import PairedComparison, compare_rows, per_item_cost
-from skillopt.skill_source import SkillSource, read_skill, skill_tokens
-from skillopt.targets import with_target
+from skillopt.run.artifacts import artifact_key
+from skillopt.run.assembly import Run, RunSpec
+from skillopt.run.decision_pages import compare_page
+from skillopt.run.skill_source import SkillSource, read_skill, skill_tokens
+from skillopt.run.targets import with_target
 from skillopt.tasks.rollout import Evaluation, evaluate_many
 from skillopt.tasks.run import started_run
 

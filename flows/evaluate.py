@@ -9,12 +9,12 @@ from prefect import flow
 from prefect.runtime import flow_run
 from prefect.task_runners import ThreadPoolTaskRunner
 
-from skillopt.assembly import RunSpec
-from skillopt.config import load_config
-from skillopt.data import resolve_split
+from skillopt.core.config import load_config
+from skillopt.core.data import resolve_split
 from skillopt.flows.naming import eval_run_name
-from skillopt.runs import per_task_type
-from skillopt.skill import skill_hash
+from skillopt.run.assembly import RunSpec
+from skillopt.run.runs import per_task_type
+from skillopt.skill.document import skill_hash
 from skillopt.tasks.rollout import evaluate
 from skillopt.tasks.run import started_run
 
@@ -43,8 +43,8 @@ def skill_eval(benchmark: str, skill_file: str = "registry:", split: str = "test
         data: The benchmark's data on the machine that runs the flow (a folder with train/ val/ test/ or one
             data file). Empty: the data named in the benchmark's config.
     """
-    from skillopt.decision_cli import read_skills
     from skillopt.flows.naming import config_overrides
+    from skillopt.shell.decision_cli import read_skills
 
     split = resolve_split(split)
     loaded = load_config(benchmark, config_file=config_file, overrides=config_overrides(data, overrides),

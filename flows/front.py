@@ -1,5 +1,5 @@
 """``train.selection: pareto`` in the training flow: keeping the front, starting steps from it, the final
-choice (the rules are ``skillopt.pareto``'s; this module feeds them the run's evaluations).
+choice (the rules are ``skillopt.optimizer.pareto``'s; this module feeds them the run's evaluations).
 
 Every evaluation used here is the selection split's, already made by the gate (or the baseline), so it is
 answered from the run's finished evaluations without a new call.
@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import logging
 
-from skillopt.assembly import Run
-from skillopt.error_rows import answered_rows
+from skillopt.core.error_rows import answered_rows
+from skillopt.core.paired import per_item_cost
 from skillopt.flows.stages import TrainState, gate_value
-from skillopt.paired import per_item_cost
-from skillopt.pareto import FRONT_FILE, Member, member_of
-from skillopt.skill_source import skill_tokens
+from skillopt.optimizer.pareto import FRONT_FILE, Member, member_of
+from skillopt.run.assembly import Run
+from skillopt.run.skill_source import skill_tokens
 from skillopt.tasks.rollout import evaluate
 
 progress = logging.getLogger("skillopt.progress")

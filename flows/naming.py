@@ -7,11 +7,11 @@ from typing import Any
 
 from prefect.runtime import flow_run
 
-from skillopt.config import load_config
-from skillopt.data import data_overrides
-from skillopt.errors import SkillOptError
+from skillopt.core.config import load_config
+from skillopt.core.data import data_overrides
+from skillopt.core.errors import SkillOptError
 from skillopt.flows.parameters import run_overrides
-from skillopt.runs import run_directory_name
+from skillopt.run.runs import run_directory_name
 
 
 def config_overrides(data: str | None, overrides: list[str] | None, skill: str | None = None) -> list[str]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from skillopt.data import data_overrides
+from skillopt.core.data import data_overrides
 
 #: Named parameter -> the config key it sets.
 CONFIG_PARAMETERS: dict[str, str] = {

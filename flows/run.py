@@ -27,7 +27,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Protocol
 
-from skillopt.interrupt import InterruptGuard
+from skillopt.shell.interrupt import InterruptGuard
 
 PROGRESS_LOGGER = "skillopt.progress"
 #: How long the exit waits for Prefect's log and event queues to reach the API (instant with a responsive
@@ -44,7 +44,7 @@ class _UserErrorsWithoutTraceback(logging.Filter):
     """Drop the traceback of a skillopt user error from Prefect's run logs: the CLI prints the message."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        from skillopt.errors import SkillOptError
+        from skillopt.core.errors import SkillOptError
 
         if record.exc_info and isinstance(record.exc_info[1], SkillOptError):
             record.msg = f"{record.getMessage()}: {record.exc_info[1]}"
@@ -100,7 +100,7 @@ class _ProgressHandler(logging.Handler):
 def command_line_defaults() -> dict[Any, Any]:
     """The Prefect settings a run from the command line has unless the user set them. Prefect configures its
     logging from them when its flow module is first imported: that import happens under them too (here, and
-    in the preloaded process of ``skillopt.preload``)."""
+    in the preloaded process of ``skillopt.shell.preload``)."""
     from prefect.settings import (
         PREFECT_CLIENT_MAX_RETRIES,
         PREFECT_FLOWS_HEARTBEAT_FREQUENCY,
@@ -218,8 +218,8 @@ def _api_choice(out: _Printer, prefect_server: str) -> dict[Any, Any]:
     ``prefect_server="background"``) one started now; else nothing (Prefect's temporary server)."""
     from prefect.settings import PREFECT_API_URL, get_current_settings
 
-    from skillopt import local_server
-    from skillopt.errors import SkillOptError
+    from skillopt.core.errors import SkillOptError
+    from skillopt.shell import local_server
 
     settings = get_current_settings()
     if settings.api.url:

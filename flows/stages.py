@@ -15,20 +15,21 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from skillopt.appendix import with_execution_notes
-from skillopt.assembly import Run
-from skillopt.error_rows import answered_rows, paired_answered, too_many_errors
-from skillopt.gate import GateResult, Scores, decide, gate_score, score_rows
+from skillopt.core.error_rows import answered_rows, paired_answered, too_many_errors
+from skillopt.core.gate import GateResult, Scores, decide, gate_score, score_rows
+from skillopt.core.records import ItemResult, Patch, StepRecord, unusable_replies_warning
 from skillopt.llm.usage import Totals, check_budget, projection_from_history
-from skillopt.merge import merge_groups
-from skillopt.pareto import Front
-from skillopt.records import ItemResult, Patch, StepRecord, unusable_replies_warning
-from skillopt.reflect import split_and_batch
-from skillopt.registry import PromotedSkill, SkillRegistry
-from skillopt.rollouts import Draws
-from skillopt.select import needs_ranking
-from skillopt.skill import Edit, skill_hash
-from skillopt.slow_update import Pairs, pair_by_id, select_pairs
+from skillopt.optimizer.appendix import with_execution_notes
+from skillopt.optimizer.merge import merge_groups
+from skillopt.optimizer.pareto import Front
+from skillopt.optimizer.reflect import split_and_batch
+from skillopt.optimizer.select import needs_ranking
+from skillopt.optimizer.slow_update import Pairs, pair_by_id, select_pairs
+from skillopt.optimizer.update_modes import Picked, Update
+from skillopt.run.assembly import Run
+from skillopt.run.registry import PromotedSkill, SkillRegistry
+from skillopt.run.rollouts import Draws
+from skillopt.skill.document import Edit, skill_hash
 from skillopt.tasks.artifacts import publish_promotion
 from skillopt.tasks.cache import bound
 from skillopt.tasks.optimize import (
@@ -40,7 +41,6 @@ from skillopt.tasks.optimize import (
 )
 from skillopt.tasks.rollout import evaluate, evaluate_many
 from skillopt.tasks.runners import pool_for
-from skillopt.update_modes import Picked, Update
 
 progress = logging.getLogger("skillopt.progress")
 
@@ -419,8 +419,9 @@ def longitudinal_pairs(run: Run, epoch: int, before_skill: str, after_skill: str
 
 
 def step_estimate(run: Run) -> Totals:
-    """The dry-run estimate of one step's spend (``skillopt.estimate``), from this run's data and roles."""
-    from skillopt.estimate import estimate_benchmark_run
+    """The dry-run estimate of one step's spend (``skillopt.run.estimate``), from this run's data and
+    roles."""
+    from skillopt.run.estimate import estimate_benchmark_run
 
     items = {split: run.rows_of(ids) for split, ids in run.split_ids.items()}
     return estimate_benchmark_run(run.config, benchmark=run.benchmark, bench_cfg=run.bench_cfg, items=items,

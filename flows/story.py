@@ -20,7 +20,7 @@ from contextlib import contextmanager
 
 from prefect.logging.handlers import APILogHandler
 
-from skillopt.errors import SkillOptError, in_deployment_terms
+from skillopt.core.errors import SkillOptError, in_deployment_terms
 from skillopt.flows.run import PROGRESS_LOGGER, _UserErrorsWithoutTraceback
 
 #: Prefect's logger of task-run states: one INFO line per task run.

@@ -24,8 +24,8 @@ import prefect
 from prefect.server.api.server import SubprocessASGIServer
 from prefect.settings import get_current_settings
 
-from skillopt.local_server import warm_up
-from skillopt.process_group import own_group
+from skillopt.sandbox.process_group import own_group
+from skillopt.shell.local_server import warm_up
 
 #: The temporary server's output, under ``PREFECT_HOME``.
 SERVER_LOG = "temporary-server.log"
@@ -33,7 +33,8 @@ SERVER_LOG = "temporary-server.log"
 WATCH_INTERVAL_S = 0.5
 
 # Run in the server's process before uvicorn: die with the parent (Linux; elsewhere the atexit stop
-# that Prefect registers is the only clean-up), take skillopt's server changes (skillopt.prefect_server), then
+# that Prefect registers is the only clean-up), take skillopt's server changes
+# (skillopt.shell.prefect_server), then
 # hand over to uvicorn's command line.
 _CHILD = """
 import ctypes, os, signal, sys
@@ -44,7 +45,7 @@ except (OSError, AttributeError):
 if os.getppid() != int(sys.argv[1]):
     sys.exit(0)
 sys.argv = ["uvicorn", *sys.argv[2:]]
-from skillopt.prefect_server import skillopt_server
+from skillopt.shell.prefect_server import skillopt_server
 from uvicorn.main import main
 with skillopt_server():
     main()

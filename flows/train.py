@@ -26,11 +26,11 @@ from prefect.runtime import deployment, flow_run
 from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
 from prefect.task_runners import ThreadPoolTaskRunner
 
-from skillopt import live
-from skillopt.assembly import Run, RunSpec
-from skillopt.config import load_config
-from skillopt.data import StepPlan
-from skillopt.errors import SkillOptError
+from skillopt.core import live
+from skillopt.core.config import load_config
+from skillopt.core.data import StepPlan
+from skillopt.core.errors import SkillOptError
+from skillopt.core.records import Patch, StepRecord, unusable_replies_warning, unusable_streak
 from skillopt.flows.front import choose_final, start_from_front
 from skillopt.flows.naming import config_overrides, train_run_name
 from skillopt.flows.parameters import named_overrides, role_options
@@ -59,16 +59,17 @@ from skillopt.flows.stages import (
 )
 from skillopt.flows.story import STORY_LOGGER, run_story
 from skillopt.llm.roles import CliRoleOptions
-from skillopt.probe import probe_record
-from skillopt.records import Patch, StepRecord, unusable_replies_warning, unusable_streak
-from skillopt.registry import SkillRegistry
-from skillopt.rollouts import Draws
-from skillopt.run_checks import check_run
-from skillopt.schedule import EditBudgetSchedule
-from skillopt.skill import SLOW_UPDATE, replace_block, skill_hash
-from skillopt.skill_diff import file_diffs
-from skillopt.skill_folder import load_skill
-from skillopt.step_buffer import StepBuffer, StepBufferEntry, failure_patterns
+from skillopt.optimizer.probe import probe_record
+from skillopt.optimizer.schedule import EditBudgetSchedule
+from skillopt.optimizer.step_buffer import StepBuffer, StepBufferEntry, failure_patterns
+from skillopt.optimizer.update_modes import Picked
+from skillopt.run.assembly import Run, RunSpec
+from skillopt.run.registry import SkillRegistry
+from skillopt.run.rollouts import Draws
+from skillopt.run.run_checks import check_run
+from skillopt.skill.diff import file_diffs
+from skillopt.skill.document import SLOW_UPDATE, replace_block, skill_hash
+from skillopt.skill.folder import load_skill
 from skillopt.tasks.artifacts import (
     publish_cost,
     publish_progress,
@@ -81,7 +82,6 @@ from skillopt.tasks.epoch import meta_skill, slow_update
 from skillopt.tasks.optimize import deep_probe
 from skillopt.tasks.rollout import Evaluation, evaluate, evaluate_many
 from skillopt.tasks.run import started_run
-from skillopt.update_modes import Picked
 
 progress = logging.getLogger(PROGRESS_LOGGER)
 story = logging.getLogger(STORY_LOGGER)
@@ -498,8 +498,14 @@ def epoch_boundary(run: Run, state: TrainState, epoch: int, epoch_start_skill: s
 
 def finish(run: Run, state: TrainState, *, wall_s: float) -> dict[str, Any]:
     """Promote the last skill if it beats the best, evaluate on test, write ``summary.json``."""
-    from skillopt.report import write_report
-    from skillopt.runs import answer_format_counts, build_summary, signal_counts, summary_dict, summary_line
+    from skillopt.run.report import write_report
+    from skillopt.run.runs import (
+        answer_format_counts,
+        build_summary,
+        signal_counts,
+        summary_dict,
+        summary_line,
+    )
 
     cfg = run.config
     with_test = cfg.evaluation.eval_test and state.stopped_by != "budget"

@@ -6,8 +6,8 @@ the split as one ``evaluate_skill`` task, named ``cell <skill> | <target> | <ben
 cached like any evaluation (its key is its rollouts' keys, the target's identity among them). The initial
 skill is scored on every target and benchmark too (a ``baseline`` task, unless it is one of the skills), so
 each cell carries its difference to the initial skill, with its 95% interval and p-value
-(``skillopt.paired``). The matrix goes to ``matrix.json``, a heatmap to ``matrix.html`` and a table artifact
-to the flow run.
+(``skillopt.core.paired``). The matrix goes to ``matrix.json``, a heatmap to ``matrix.html`` and a table
+artifact to the flow run.
 """
 
 from __future__ import annotations
@@ -24,18 +24,18 @@ from prefect.artifacts import create_table_artifact
 from prefect.runtime import flow_run
 from prefect.task_runners import ThreadPoolTaskRunner
 
-from skillopt.artifacts import slug
-from skillopt.assembly import Run, RunSpec
-from skillopt.atomic import atomic_write_bytes
-from skillopt.config import load_config
-from skillopt.data import resolve_split
-from skillopt.decision_pages import matrix_page
-from skillopt.errors import ConfigError, SkillOptError
+from skillopt.core.atomic import atomic_write_bytes
+from skillopt.core.config import load_config
+from skillopt.core.data import resolve_split
+from skillopt.core.errors import ConfigError, SkillOptError
+from skillopt.core.paired import CONFIDENCE, compare_rows, per_item_cost
 from skillopt.flows.naming import config_overrides
-from skillopt.paired import CONFIDENCE, compare_rows, per_item_cost
-from skillopt.runs import run_directory_name
-from skillopt.skill_source import INITIAL, SkillSource, read_skill, skill_tokens
-from skillopt.targets import check_targets, with_target
+from skillopt.run.artifacts import slug
+from skillopt.run.assembly import Run, RunSpec
+from skillopt.run.decision_pages import matrix_page
+from skillopt.run.runs import run_directory_name
+from skillopt.run.skill_source import INITIAL, SkillSource, read_skill, skill_tokens
+from skillopt.run.targets import check_targets, with_target
 from skillopt.tasks.cache import bound
 from skillopt.tasks.rollout import Evaluation, PartialEvaluation, evaluate_skill
 from skillopt.tasks.run import started_run

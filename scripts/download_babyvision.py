@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from skillopt.atomic import atomic_write_bytes
-from skillopt.data import safe_id
+from skillopt.core.atomic import atomic_write_bytes
+from skillopt.core.data import safe_id
 
 HF_DATASET = "UnipatAI/BabyVision"
 HF_SPLIT = "train"

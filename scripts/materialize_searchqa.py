@@ -28,9 +28,9 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from skillopt.atomic import atomic_write_bytes
 from skillopt.benchmarks.searchqa import normalise_row
-from skillopt.data import SPLIT_NAMES
+from skillopt.core.atomic import atomic_write_bytes
+from skillopt.core.data import SPLIT_NAMES
 
 HF_DATASET = "lucadiliello/searchqa"
 #: The HF splits searched for the manifest's keys (the released items come from both).

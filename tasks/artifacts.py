@@ -1,6 +1,6 @@
 """Publishing what a person sees in the Prefect UI.
 
-The content is built by ``skillopt.artifacts`` (pure); this module only hands it to Prefect under
+The content is built by ``skillopt.run.artifacts`` (pure); this module only hands it to Prefect under
 stable keys ``<bench>-<run>-<kind>``, so each key shows its latest version and its history.
 Artifacts are a view: failing to publish one is logged, never fatal to training.
 
@@ -33,7 +33,8 @@ from prefect.artifacts import Artifact, LinkArtifact, MarkdownArtifact, Progress
 from prefect.client.schemas.actions import ArtifactCreate, ArtifactUpdate
 from prefect.utilities.context import get_task_and_flow_run_ids
 
-from skillopt.artifacts import (
+from skillopt.core.records import StepRecord
+from skillopt.run.artifacts import (
     COST,
     EDITS,
     GATES,
@@ -50,11 +51,10 @@ from skillopt.artifacts import (
     report_url,
     skill_diff_markdown,
 )
-from skillopt.assembly import Run
-from skillopt.records import StepRecord
-from skillopt.registry import RegistryEvent, promotion_markdown
+from skillopt.run.assembly import Run
+from skillopt.run.registry import RegistryEvent, promotion_markdown
 
-log = logging.getLogger("skillopt.artifacts")
+log = logging.getLogger("skillopt.run.artifacts")
 
 
 #: How long the end of a flow waits for its queued artifacts to reach the API.
@@ -243,8 +243,8 @@ def publish_report_link(ctx: Run, report: Any) -> None:
     """The run's report as a markdown artifact the UI renders (scores, plots as inline images, a row per
     step; it names the HTML report's location: under ``run.reports_url`` when set, else the file), and the
     gate table of the whole run, once."""
-    from skillopt.report import load_run
-    from skillopt.report_markdown import report_markdown
+    from skillopt.run.report import load_run
+    from skillopt.run.report_markdown import report_markdown
 
     url = report_url(report, run_name=ctx.run_name, reports_url=ctx.config.run.reports_url)
     run = load_run(ctx.dir.path)

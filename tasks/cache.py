@@ -5,8 +5,8 @@ text, images by content, the role's model identity and sampling parameters, the 
 through ``ChatRequest.cache_key``, the same function the reply store files replies under. A task's key is
 therefore ``skillopt-<stage>-<the reply store key of its request>``: editing a prompt makes new keys for
 exactly the calls whose request holds it, and nothing else (no version constant, no template hash).
-Rollout keys (``skillopt.rollouts.rollout_key``) add what decides the score and which draw it is; pure tasks
-(the epoch plan) hash their inputs with the package version (``content_key``).
+Rollout keys (``skillopt.run.rollouts.rollout_key``) add what decides the score and which draw it is; pure
+tasks (the epoch plan) hash their inputs with the package version (``content_key``).
 
 Never the run id or the flow-run id: re-running a command, retrying a flow run or restarting after a crash
 finds every finished call. Results are JSON files under the run's ``cache_dir`` (Prefect's local file
@@ -23,10 +23,10 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from skillopt.assembly import Run
-from skillopt.cache_keys import call_key
 from skillopt.llm.chat import ChatRequest
 from skillopt.llm.errors import BackendError
+from skillopt.run.assembly import Run
+from skillopt.run.cache_keys import call_key
 from skillopt.tasks.cache_hits import cache_hit_hook
 
 CacheKeyFn = Callable[[Any, dict[str, Any]], str]

@@ -28,7 +28,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, NoReturn
 
-from skillopt.config import ProviderLimits
+from skillopt.core.config import ProviderLimits
 from skillopt.llm.limiter import LocalRateLimiter, Pause
 from skillopt.tasks.dask_wait import lose_cluster
 from skillopt.tasks.limits import limit_name

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-from skillopt.interrupt import RESUME_HINT, active_guard
+from skillopt.shell.interrupt import RESUME_HINT, active_guard
 
 #: How often a waiting thread looks up from its future (and at the watch's clock).
 SLICE_S = 1.0

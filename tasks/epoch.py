@@ -9,14 +9,14 @@ from typing import Any
 from prefect import task
 from pydantic import BaseModel
 
-from skillopt.assembly import Run
 from skillopt.llm.chat import ChatRequest
-from skillopt.meta_skill import MetaSkillReply, meta_skill_request
-from skillopt.slow_update import Pairs, SlowUpdateReply, slow_update_request
-from skillopt.stage_call import structured_or_fallback
+from skillopt.optimizer.meta_skill import MetaSkillReply, meta_skill_request
+from skillopt.optimizer.slow_update import Pairs, SlowUpdateReply, slow_update_request
+from skillopt.optimizer.stage_call import structured_or_fallback
+from skillopt.optimizer.trajectory import trajectory_chars
+from skillopt.run.assembly import Run
 from skillopt.tasks.cache import OPTIMIZER_TASK_OPTIONS as _OPTIONS
 from skillopt.tasks.cache import keyed_by_request
-from skillopt.trajectory import trajectory_chars
 
 
 def _epoch_request(build: Callable[..., ChatRequest], schema: type[BaseModel]) -> Callable[..., ChatRequest]:

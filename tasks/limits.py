@@ -24,7 +24,7 @@ from contextlib import contextmanager
 
 from prefect.concurrency.sync import concurrency, rate_limit
 
-from skillopt.config import ProviderLimits
+from skillopt.core.config import ProviderLimits
 from skillopt.llm.limiter import Pause
 
 

@@ -14,24 +14,24 @@ from typing import Any
 from prefect import task
 from pydantic import BaseModel, Field
 
-from skillopt.assembly import Run
-from skillopt.autonomous import BudgetReply, budget_request, decide_budget
 from skillopt.benchmarks.images import item_image_paths
-from skillopt.cache_keys import digest
+from skillopt.core.records import ItemResult, Patch, Suggestion
 from skillopt.llm.chat import ChatRequest
-from skillopt.probe import ProbeReply, pick_probe_items, probe_request
-from skillopt.records import ItemResult, Patch, Suggestion
-from skillopt.reflect import analyst_fallback, with_item_images
-from skillopt.rewrite import RewriteReply, rewrite_request
-from skillopt.rollouts import rollout_key
-from skillopt.select import RankingReply
-from skillopt.skill import Edit
-from skillopt.stage_call import structured_or_fallback
+from skillopt.optimizer.autonomous import BudgetReply, budget_request, decide_budget
+from skillopt.optimizer.probe import ProbeReply, pick_probe_items, probe_request
+from skillopt.optimizer.reflect import analyst_fallback, with_item_images
+from skillopt.optimizer.rewrite import RewriteReply, rewrite_request
+from skillopt.optimizer.select import RankingReply
+from skillopt.optimizer.stage_call import structured_or_fallback
+from skillopt.optimizer.trajectory import trajectory_chars
+from skillopt.optimizer.update_modes import Picked
+from skillopt.run.assembly import Run
+from skillopt.run.cache_keys import digest
+from skillopt.run.rollouts import rollout_key
+from skillopt.skill.document import Edit
 from skillopt.tasks.cache import OPTIMIZER_TASK_OPTIONS as _OPTIONS
 from skillopt.tasks.cache import keyed_by_request
 from skillopt.tasks.rollout import PartialEvaluation, run_rollouts
-from skillopt.trajectory import trajectory_chars
-from skillopt.update_modes import Picked
 
 
 def analyst_request(run: Run, kind: str, skill: str, rows: list[ItemResult], budget: int, step_buffer: str,

@@ -1,6 +1,6 @@
 """Rollout tasks: one item, one judge verdict, one whole evaluation of a skill on a split.
 
-A rollout's body and key are in the library (``skillopt.rollouts``: ``roll_out``, ``rollout_key``); each
+A rollout's body and key are in the library (``skillopt.run.rollouts``: ``roll_out``, ``rollout_key``); each
 ``rollout_item`` task is keyed by the rollout it makes, so a re-run finds every finished item.
 
 ``evaluate_skill`` is the selection cache: its key is the list of its items' rollout keys, so an unchanged
@@ -19,18 +19,18 @@ from typing import Any
 from prefect import task
 from pydantic import BaseModel
 
-from skillopt import live
-from skillopt.assembly import Run
 from skillopt.benchmarks.runner import check_infrastructure, error_row
-from skillopt.cache_keys import digest
-from skillopt.data import Item
-from skillopt.error_rows import answered_rows
-from skillopt.errors import SkillOptError, StorageError
-from skillopt.gate import Scores, score_rows
+from skillopt.core import live
+from skillopt.core.data import Item
+from skillopt.core.error_rows import answered_rows
+from skillopt.core.errors import SkillOptError, StorageError
+from skillopt.core.gate import Scores, score_rows
+from skillopt.core.records import ItemResult
 from skillopt.llm.chat import ChatRequest
-from skillopt.records import ItemResult
-from skillopt.rollouts import JudgeVerdict, judge_call_key, roll_out, rollout_key
-from skillopt.skill import skill_hash
+from skillopt.run.assembly import Run
+from skillopt.run.cache_keys import digest
+from skillopt.run.rollouts import JudgeVerdict, judge_call_key, roll_out, rollout_key
+from skillopt.skill.document import skill_hash
 from skillopt.tasks.cache import bound, keyed, retry_only_retryable
 from skillopt.tasks.cache_hits import record_hits
 from skillopt.tasks.runners import pool_for
@@ -61,7 +61,8 @@ def _rollout_item_key(p: dict[str, Any]) -> str:
       result_serializer="json", tags=["llm:target"], retry_condition_fn=retry_only_retryable)
 def rollout_item(run: Run, item: Item, skill: str, *, training: bool, probe_instruction: str | None = None,
                  sample: int = 0, epoch: int | None = None, view_seed: int | None = None) -> ItemResult:
-    """The target runs one item with ``skill``; the benchmark scores it (``skillopt.rollouts.roll_out``)."""
+    """The target runs one item with ``skill``; the benchmark scores it
+    (``skillopt.run.rollouts.roll_out``)."""
     judge = _judge_for(run) if run.benchmark.needs_judge(run.bench_cfg) else None
     return roll_out(run, item, skill, training=training, judge=judge, probe_instruction=probe_instruction,
                     sample=sample, epoch=epoch, view_seed=view_seed)

@@ -2,7 +2,7 @@
 
 ``start_run`` builds the flow's run in its own process; ``run_of`` gives any process (a worker that received
 only the ``RunSpec``) the same run, built once per process. A ``Run`` sent to a Dask worker unpickles through
-``skillopt.assembly.join_run`` with ``limiter_for`` below, so the worker's clients take the same limits.
+``skillopt.run.assembly.join_run`` with ``limiter_for`` below, so the worker's clients take the same limits.
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from skillopt.assembly import Run, RunSpec, open_run, remember_run
-from skillopt.config import LoadedConfig, SkillOptConfig
+from skillopt.core.config import LoadedConfig, SkillOptConfig
 from skillopt.llm.limiter import RateLimiter
-from skillopt.prefetch import take_prepared
+from skillopt.run.assembly import Run, RunSpec, open_run, remember_run
+from skillopt.run.prefetch import take_prepared
 
 progress = logging.getLogger("skillopt.progress")
 
@@ -43,7 +43,7 @@ def start_run(spec: RunSpec, *, loaded: LoadedConfig | None = None, dask_client:
     loaded = loaded or spec.loaded()
     limiter = limiter_for(loaded.config, dask_client=dask_client)
     prepared = take_prepared(spec) if limiter is None else None
-    if prepared is not None:  # built by the CLI before Prefect was loaded (skillopt.prefetch)
+    if prepared is not None:  # built by the CLI before Prefect was loaded (skillopt.run.prefetch)
         run, messages = prepared
         for level, message in messages:
             progress.log(level, "%s", message)

@@ -24,10 +24,10 @@ from typing import Any, Literal
 
 from prefect.task_runners import TaskRunner, ThreadPoolTaskRunner
 
-from skillopt.assembly import Run
-from skillopt.config import RunSection
-from skillopt.errors import ConfigError
-from skillopt.interrupt import terminate_promptly
+from skillopt.core.config import RunSection
+from skillopt.core.errors import ConfigError
+from skillopt.run.assembly import Run
+from skillopt.shell.interrupt import terminate_promptly
 from skillopt.tasks.dask_wait import BoundedFuture, ClusterWatch
 
 #: The stages whose tasks can leave the flow's process.

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 from uuid import UUID
 
-from skillopt.atomic import atomic_write_bytes
+from skillopt.core.atomic import atomic_write_bytes
 
 log = logging.getLogger("skillopt.stale_runs")
 progress = logging.getLogger("skillopt.progress")

@@ -20,9 +20,16 @@ from skillopt.benchmarks.answers import AnswerReading, last_tag, normalise_squad
 from skillopt.benchmarks.episode import EpisodeContext, EpisodeResult
 from skillopt.benchmarks.grading import GENERIC_RUBRIC, verdict_request
 from skillopt.benchmarks.rows import check_item_size, roots_of
-from skillopt.config import BenchmarkSection
-from skillopt.data import Item, SplitSpec, identity_normaliser, load_splits, read_records, split_output_dir
-from skillopt.errors import BenchmarkSetupError, ConfigError, SkillOptError
+from skillopt.core.config import BenchmarkSection
+from skillopt.core.data import (
+    Item,
+    SplitSpec,
+    identity_normaliser,
+    load_splits,
+    read_records,
+    split_output_dir,
+)
+from skillopt.core.errors import BenchmarkSetupError, ConfigError, SkillOptError
 from skillopt.llm.chat import ChatRequest, Message, system
 
 ENTRY_POINT_GROUP = "skillopt.benchmarks"
@@ -275,7 +282,7 @@ def as_list(value: Any) -> list[Any]:
 
 def split_items(cfg: BaseModel, split: str, *, run_dir: Path, benchmark: str, default_split_mode: str,
                 **loader: Any) -> list[Item]:
-    """The items of one split through the shared machinery (``skillopt.data.load_splits``).
+    """The items of one split through the shared machinery (``skillopt.core.data.load_splits``).
 
     ``loader`` passes the benchmark's own ``reader``, ``normalise``, ``default_task_type`` and
     ``native_extensions``; ratio output goes to ``split_output_dir`` under the run directory. An
@@ -304,7 +311,7 @@ def check_split_folder(cfg: Any, *, benchmark: str, default_split_mode: str, fix
 
 def shipped_prompts_dir(benchmark: str) -> Path:
     """Where a built-in benchmark's three prompt files ship: ``prompts/benchmarks/<id>/``."""
-    from skillopt.resources import shipped_dir
+    from skillopt.core.resources import shipped_dir
 
     return shipped_dir("prompts") / "benchmarks" / benchmark
 

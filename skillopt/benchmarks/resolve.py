@@ -1,5 +1,5 @@
-"""Resolving the configured benchmark before anything runs: shared by training (``skillopt/assembly.py``)
-and the dry run (``skillopt/estimate.py``), and free of Prefect so a dry run starts quickly."""
+"""Resolving the configured benchmark before anything runs: shared by training (``skillopt/run/assembly.py``)
+and the dry run (``skillopt/run/estimate.py``), and free of Prefect so a dry run starts quickly."""
 
 from __future__ import annotations
 
@@ -11,13 +11,13 @@ from typing import Any
 from pydantic import BaseModel
 
 from skillopt.benchmarks.base import Benchmark, benchmark_config, load_benchmark
-from skillopt.config import LoadedConfig, SkillOptConfig
-from skillopt.errors import ConfigError
-from skillopt.item_limit import item_limit_s
+from skillopt.benchmarks.item_limit import item_limit_s
+from skillopt.core.config import LoadedConfig, SkillOptConfig
+from skillopt.core.errors import ConfigError
 from skillopt.llm.base import BackendRegistry
 from skillopt.llm.roles import CliRoleOptions, resolve_roles
-from skillopt.skill_folder import LoadedSkill, load_skill
-from skillopt.skill_spec import skill_name_from
+from skillopt.skill.folder import LoadedSkill, load_skill
+from skillopt.skill.spec import skill_name_from
 
 progress = logging.getLogger("skillopt.progress")
 

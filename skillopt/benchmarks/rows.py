@@ -3,7 +3,7 @@
 Every plug-in reads its raw rows through these helpers, so each gets the same checks:
 
 - :func:`read_table` reads a CSV file (or the one CSV in a folder) or any shape
-  :func:`skillopt.data.read_records` accepts; :func:`rows_from` marks each row with its file's
+  :func:`skillopt.core.data.read_records` accepts; :func:`rows_from` marks each row with its file's
   folder (``ROW_DIR``), where relative paths in the row may also resolve;
 - :func:`parse_list` reads a list cell (a list, a JSON or Python-literal list, or one value);
   :func:`text_field`, :func:`first_text` and :func:`required_text` read text fields, and
@@ -28,8 +28,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from skillopt.data import read_records
-from skillopt.errors import DataError
+from skillopt.core.data import read_records
+from skillopt.core.errors import DataError
 
 __all__ = [
     "ROW_DIR",

@@ -18,15 +18,15 @@ from pydantic import BaseModel
 
 from skillopt.benchmarks.base import Benchmark, Judge, RolloutInfrastructureError, Score
 from skillopt.benchmarks.episode import EpisodeContext
-from skillopt.config import RetryPolicy
-from skillopt.data import Item
-from skillopt.item_limit import item_limit_s
+from skillopt.benchmarks.item_limit import item_limit_s
+from skillopt.core.config import RetryPolicy
+from skillopt.core.data import Item
+from skillopt.core.records import ItemResult
 from skillopt.llm.chat import ChatRequest, Message, TextPart, assistant, user
 from skillopt.llm.clients import RoleClient
 from skillopt.llm.roles import ResolvedRole
-from skillopt.records import ItemResult
-from skillopt.skill import target_text
-from skillopt.skill_render import render_inline
+from skillopt.skill.document import target_text
+from skillopt.skill.render import render_inline
 
 TASK_DESCRIPTION_CHARS = 2000
 SELF_CHECK = (

@@ -45,7 +45,7 @@ def target_rules(benchmark_id: str, bench_cfg: BaseModel) -> tuple[dict[str, Any
     if found is not None:
         import yaml
 
-        from skillopt.errors import ConfigError
+        from skillopt.core.errors import ConfigError
 
         try:
             rules = yaml.safe_load(found.read_text(encoding="utf-8")) or []

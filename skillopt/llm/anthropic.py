@@ -17,7 +17,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from skillopt.errors import ConfigError
+from skillopt.core.errors import ConfigError
+from skillopt.core.redact import Redactor
 from skillopt.llm.base import BackendContext, BackendInfo, SecretSource
 from skillopt.llm.chat import ChatRequest, ChatResponse, ImagePart, Usage
 from skillopt.llm.http_common import (
@@ -33,7 +34,6 @@ from skillopt.llm.http_common import (
 from skillopt.llm.json_extract import schema_instruction
 from skillopt.llm.roles import ResolvedRole
 from skillopt.llm.structured_output import wire_schema
-from skillopt.redact import Redactor
 
 DEFAULT_THINKING_BUDGETS = {"minimal": 1024, "low": 2048, "medium": 8192, "high": 24576, "max": 32000}
 _IMAGE_TYPES = {"image/png", "image/jpeg", "image/gif", "image/webp"}

@@ -21,12 +21,12 @@ from urllib.parse import urlparse
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from skillopt.errors import ConfigError, SecurityError
+from skillopt.core.errors import ConfigError, SecurityError
+from skillopt.core.redact import Redactor
 from skillopt.llm.base import BackendContext, BackendInfo, SecretSource
 from skillopt.llm.http_common import sdk_http_client
 from skillopt.llm.openai import OpenAIWire, import_openai
 from skillopt.llm.roles import ResolvedRole
-from skillopt.redact import Redactor
 
 DEFAULT_API_VERSION = "2024-10-21"
 DEFAULT_SCOPE = "https://cognitiveservices.azure.com/.default"

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict
 
-from skillopt.errors import ConfigError
+from skillopt.core.errors import ConfigError
 from skillopt.llm.chat import ChatRequest, ChatResponse
 
 if TYPE_CHECKING:

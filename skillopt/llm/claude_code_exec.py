@@ -27,7 +27,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from skillopt.config import Bool
+from skillopt.core.config import Bool
 from skillopt.llm.base import BackendInfo
 from skillopt.llm.chat import Usage
 from skillopt.llm.exec_harness import (

@@ -22,8 +22,9 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from skillopt.config import LoadedConfig
-from skillopt.errors import ConfigError
+from skillopt.core.config import LoadedConfig
+from skillopt.core.errors import ConfigError
+from skillopt.core.redact import Redactor
 from skillopt.llm.base import BackendContext, BackendInfo, BackendRegistry, EnvSecrets, SecretSource
 from skillopt.llm.chat import ChatRequest, ChatResponse, Message, TextPart, Usage, user
 from skillopt.llm.context import (
@@ -52,7 +53,6 @@ from skillopt.llm.retry import Retrier
 from skillopt.llm.roles import CliRoleOptions, ResolvedRole, ResolvedRoles, is_loopback, resolve_roles
 from skillopt.llm.structured_output import StructuredModes
 from skillopt.llm.usage import UsageLedger, UsageRecord
-from skillopt.redact import Redactor
 
 log = logging.getLogger("skillopt.llm")
 
@@ -112,7 +112,7 @@ def correction_text(problem: str, schema: type[BaseModel]) -> str:
 
 
 #: Run just before this context sends a request that no stored or prefetched reply answers: a rollout
-#: takes its concurrency slot there (``skillopt.rollouts.roll_out``), so a rollout whose replies are all
+#: takes its concurrency slot there (``skillopt.run.rollouts.roll_out``), so a rollout whose replies are all
 #: stored (prefetched, or cached by an earlier run) never waits for a slot it would not use.
 BEFORE_SEND: contextvars.ContextVar[Callable[[], None] | None] = contextvars.ContextVar(
     "skillopt_before_send", default=None)
@@ -194,7 +194,8 @@ class RoleClient:
             _before_send()
             return self._call(request, backend, timeout_s, estimate, None)
         store_key = ReplyStore.key(self.role.fingerprint(), request)
-        # One call per request at a time in this process: a prefetched call (skillopt.prefetch) and the task's
+        # One call per request at a time in this process: a prefetched call (skillopt.run.prefetch) and the
+        # task's
         # own are one call.
         with self.replies.claim(store_key):
             prefetching = PREFETCH.get()
@@ -642,7 +643,7 @@ def _path_or_none(value: str | None) -> Path | None:
 
 
 def _exec_defaults(roles: ResolvedRoles) -> dict[str, Any]:
-    from skillopt.config import ProviderLimits
+    from skillopt.core.config import ProviderLimits
 
     defaults = {}
     for role in (roles.target, roles.optimizer, roles.judge):

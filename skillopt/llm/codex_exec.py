@@ -25,7 +25,7 @@ from typing import Any, Literal
 
 from pydantic import field_validator
 
-from skillopt.config import Bool
+from skillopt.core.config import Bool
 from skillopt.llm.base import BackendInfo
 from skillopt.llm.chat import Usage
 from skillopt.llm.exec_harness import (

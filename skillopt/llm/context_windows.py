@@ -13,7 +13,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from skillopt.atomic import atomic_write_bytes
+from skillopt.core.atomic import atomic_write_bytes
 
 #: The file in the run directory that keeps the learned windows.
 WINDOWS_FILE = "context_windows.json"

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TypedDict, Unpack
 
-from skillopt.errors import SkillOptError
+from skillopt.core.errors import SkillOptError
 
 
 class ErrorContext(TypedDict, total=False):

@@ -40,17 +40,17 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from skillopt.config import Bool
-from skillopt.errors import ConfigError, DataError, SecurityError
+from skillopt.core.config import Bool
+from skillopt.core.errors import ConfigError, DataError, SecurityError
+from skillopt.core.redact import Redactor
+from skillopt.core.resources import load_prompt
 from skillopt.llm.base import BackendContext, SecretSource
 from skillopt.llm.chat import Usage
 from skillopt.llm.errors import BackendError, EmptyAnswer, ErrorContext, ExecError, ExecTimeout
 from skillopt.llm.http_common import WarnOnce, require_key, resolve_key
 from skillopt.llm.roles import ResolvedRole
-from skillopt.process_group import run_in_group
-from skillopt.redact import Redactor
-from skillopt.resources import load_prompt
-from skillopt.sandbox import SANDBOX_FIX, ProcessOutcome, limits_prefix, run_confined, sandbox_status
+from skillopt.sandbox.confine import SANDBOX_FIX, ProcessOutcome, limits_prefix, run_confined, sandbox_status
+from skillopt.sandbox.process_group import run_in_group
 
 log = logging.getLogger("skillopt.llm.exec")
 
@@ -294,9 +294,9 @@ def _write_workspace(root: Path, task: ExecTask, run_id: str,
     ``SKILL.md`` holds the skill as a chat target sees it (``skill_render.render_inline``). A skill of
     several files is also installed as a folder under ``skills_dir/<name>/`` (where the CLI discovers
     skills), so the agent can load it and its reference files natively."""
-    from skillopt.skill_files import has_file_markers
-    from skillopt.skill_folder import skill_folder_files, skill_from_text, write_skill_folder
-    from skillopt.skill_render import render_inline
+    from skillopt.skill.files import has_file_markers
+    from skillopt.skill.folder import skill_folder_files, skill_from_text, write_skill_folder
+    from skillopt.skill.render import render_inline
 
     description = f"The skill to follow for the task in task.md (skillopt run {run_id})."
     (root / "SKILL.md").write_text(

@@ -19,7 +19,8 @@ from types import ModuleType
 from typing import Any
 from urllib.parse import urlparse
 
-from skillopt.errors import ConfigError
+from skillopt.core.errors import ConfigError
+from skillopt.core.redact import Redactor
 from skillopt.llm.errors import (
     AuthError,
     BackendError,
@@ -35,7 +36,6 @@ from skillopt.llm.errors import (
 )
 from skillopt.llm.retry import parse_retry_after
 from skillopt.llm.roles import ResolvedRole
-from skillopt.redact import Redactor
 
 log = logging.getLogger("skillopt.llm")
 

@@ -24,7 +24,7 @@ from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from skillopt.config import ProviderLimits
+from skillopt.core.config import ProviderLimits
 
 
 class RateLimiter(Protocol):

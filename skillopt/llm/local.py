@@ -28,7 +28,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from skillopt.errors import ConfigError
+from skillopt.core.errors import ConfigError
 from skillopt.llm.base import BackendContext, BackendInfo, SecretSource
 from skillopt.llm.chat import ChatRequest, ChatResponse, ImagePart, Message, Usage
 from skillopt.llm.errors import (

@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from skillopt.core.redact import Redactor
 from skillopt.llm.base import BackendContext, BackendInfo, SecretSource
 from skillopt.llm.capabilities import Capabilities, capabilities_for
 from skillopt.llm.chat import ChatRequest, ChatResponse, ImagePart, Message, TextPart, Usage
@@ -35,7 +36,6 @@ from skillopt.llm.http_common import (
 from skillopt.llm.json_extract import schema_instruction
 from skillopt.llm.roles import ResolvedRole
 from skillopt.llm.structured_output import wire_schema
-from skillopt.redact import Redactor
 
 #: Reasoning effort as the OpenAI API names it (Codex takes the same names, plus ``xhigh``).
 OPENAI_EFFORT = {
@@ -334,7 +334,7 @@ def _responses_item(message: Message, wire: OpenAIWire) -> dict[str, Any]:
 
 def _check_vision(part: ImagePart, wire: OpenAIWire) -> None:
     if not wire.capabilities.vision:
-        from skillopt.errors import ConfigError
+        from skillopt.core.errors import ConfigError
 
         raise ConfigError(
             f"[{wire.role.role}] {wire.role.label()} cannot take images ({part.basename()}); choose a vision "

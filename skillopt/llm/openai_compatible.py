@@ -18,7 +18,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from skillopt.errors import ConfigError
+from skillopt.core.errors import ConfigError
+from skillopt.core.redact import Redactor
 from skillopt.llm.base import BackendContext, BackendInfo, SecretSource
 from skillopt.llm.capabilities import Capabilities
 from skillopt.llm.chat import ChatRequest, ChatResponse, Usage
@@ -27,7 +28,6 @@ from skillopt.llm.http_common import SERVER_NOTES, http_library, sdk_http_client
 from skillopt.llm.openai import OpenAIWire, import_openai, sdk_timeout, split_think_tags
 from skillopt.llm.roles import ResolvedRole
 from skillopt.llm.structured_output import wire_schema
-from skillopt.redact import Redactor
 
 #: Sent when a server needs no key: the SDK insists on one.
 PLACEHOLDER_KEY = "no-key-needed"

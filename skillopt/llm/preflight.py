@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
 
-from skillopt.errors import SkillOptError
+from skillopt.core.errors import SkillOptError
 from skillopt.llm.chat import ChatRequest, user
 from skillopt.llm.clients import RoleClient
 from skillopt.llm.roles import credential_state

@@ -31,8 +31,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from skillopt.config import parse_yaml_text
-from skillopt.errors import ConfigError
+from skillopt.core.config import parse_yaml_text
+from skillopt.core.errors import ConfigError
 from skillopt.llm.chat import Usage
 
 #: The price table shipped with skillopt (package data).

@@ -29,12 +29,13 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from skillopt.atomic import atomic_write_bytes
+from skillopt.core.atomic import atomic_write_bytes
 from skillopt.llm.chat import ChatRequest, ChatResponse
 
 #: A temporary reply file older than this is an orphan whoever wrote it (a write takes milliseconds).
 ORPHAN_AGE_S = 3600.0
-#: True while this context prefetches (``skillopt.prefetch``): a reply it gets is also kept in memory for the
+#: True while this context prefetches (``skillopt.run.prefetch``): a reply it gets is also kept in memory for
+#: the
 #: first task of this process that asks for the same request, which takes it as its own call.
 PREFETCH = contextvars.ContextVar("skillopt_prefetch", default=False)
 

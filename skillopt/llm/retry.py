@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from skillopt.config import RetryPolicy
+from skillopt.core.config import RetryPolicy
 from skillopt.llm.errors import BackendError, RateLimited
 
 log = logging.getLogger("skillopt.llm.retry")

@@ -22,8 +22,8 @@ from urllib.parse import urlparse
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from skillopt.config import ROLES, SHIPPED_SOURCE_PREFIX, LoadedConfig, RoleSpec
-from skillopt.errors import ConfigError
+from skillopt.core.config import ROLES, SHIPPED_SOURCE_PREFIX, LoadedConfig, RoleSpec
+from skillopt.core.errors import ConfigError
 from skillopt.llm.base import BackendInfo, BackendRegistry
 
 RoleName = Literal["target", "optimizer", "judge"]

@@ -60,7 +60,7 @@ from typing import Any, Protocol
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
-from skillopt.errors import ConfigError
+from skillopt.core.errors import ConfigError
 from skillopt.llm import errors as backend_errors
 from skillopt.llm.base import BackendContext, BackendInfo, SecretSource
 from skillopt.llm.chat import ChatRequest, ChatResponse, Stage, Usage

@@ -26,9 +26,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, ValidationError, computed_field
 
-from skillopt import live
-from skillopt.config import ROLES, BudgetSection
-from skillopt.errors import ConfigError, storage_error
+from skillopt.core import live
+from skillopt.core.config import ROLES, BudgetSection
+from skillopt.core.errors import ConfigError, storage_error
 from skillopt.llm.chat import STAGES, Stage, Usage
 from skillopt.llm.errors import BudgetExceeded
 from skillopt.llm.pricing import PriceTable

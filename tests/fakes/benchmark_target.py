@@ -47,8 +47,8 @@ def fixture_config_of(benchmark: Any, overrides: Sequence[str] = (), *, data: Pa
     """The benchmark config a user gets from ``skillopt train <id> --data tests/fixtures/<id> -o ...``
     (``--data <data>`` when a folder is given)."""
     from skillopt.benchmarks.base import benchmark_config
-    from skillopt.cli import _data_overrides
-    from skillopt.config import load_config
+    from skillopt.core.config import load_config
+    from skillopt.shell.cli import _data_overrides
 
     data_overrides = _data_overrides(str(data or FIXTURES_ROOT / benchmark.id))
     loaded = load_config(benchmark.id, overrides=[*data_overrides, *overrides], env={})

@@ -14,11 +14,11 @@ from pydantic import BaseModel
 
 from skillopt.benchmarks.demo import DemoConfig, plugin
 from skillopt.benchmarks.runner import run_item
-from skillopt.data import Item
+from skillopt.core.data import Item
+from skillopt.core.records import ItemResult
 from skillopt.llm.base import BackendContext
 from skillopt.llm.chat import ChatRequest, ChatResponse
 from skillopt.llm.scripted import ScriptedBackend, resolve_rule_set
-from skillopt.records import ItemResult
 
 INITIAL_SKILL = (plugin.prompts_dir / "initial_skill.md").read_text(encoding="utf-8")
 

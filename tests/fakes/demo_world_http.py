@@ -40,8 +40,8 @@ import time
 
 from skillopt.benchmarks.demo import scripted as demo
 from skillopt.benchmarks.demo.world import gold_answer, parse_question, score_response
+from skillopt.core.prompts import optimizer_prompt
 from skillopt.llm.chat import ChatRequest, system, user
-from skillopt.prompts import optimizer_prompt
 from tests.fakes.http_fakes import FakeOpenAIServer, ok, slow, status
 
 #: The evaluation event's detail line, struck from optimizer messages in ``evidence_in_reply`` mode.

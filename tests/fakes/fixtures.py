@@ -39,7 +39,7 @@ def anthropic_server() -> Iterator[FakeAnthropicServer]:
 @pytest.fixture
 def editable_prompts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A private, editable copy of the shipped prompts and configs that skillopt reads for this test."""
-    import skillopt.resources as resources
+    import skillopt.core.resources as resources
 
     package = tmp_path / "package"
     (package / "skillopt").mkdir(parents=True)

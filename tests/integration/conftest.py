@@ -43,7 +43,8 @@ def prefect_api(prefect_home: Path) -> Iterator[str]:
     env.pop("PREFECT_API_URL", None)
     log = (home / "server.log").open("w")
     server = subprocess.Popen(
-        [sys.executable, "-m", "skillopt.prefect_server", "server", "start", "--host", "127.0.0.1", "--port",
+        [sys.executable, "-m", "skillopt.shell.prefect_server", "server", "start", "--host", "127.0.0.1",
+         "--port",
          str(port)],
         env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
     )
@@ -100,7 +101,7 @@ def train_fixture(prefect_api: str) -> Callable[..., subprocess.CompletedProcess
         env = {**os.environ, "PREFECT_API_URL": prefect_api, "PREFECT_LOGGING_LEVEL": "WARNING"}
         options = [arg for override in ("train.epochs=1", *overrides) for arg in ("-o", override)]
         return subprocess.run(
-            [sys.executable, "-m", "skillopt.cli", "train", name, "--data", str(FIXTURES / name),
+            [sys.executable, "-m", "skillopt.shell.cli", "train", name, "--data", str(FIXTURES / name),
              "--backend", "scripted", *options, "--run-name", run_name or name],
             cwd=cwd, env=env, capture_output=True, text=True, timeout=600,
         )

@@ -36,7 +36,8 @@ def start_server(home: Path, port: int) -> subprocess.Popen:
     env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
            "PREFECT_LOGGING_LEVEL": "WARNING"}
     env.pop("PREFECT_API_URL", None)
-    server = subprocess.Popen([sys.executable, "-m", "skillopt.prefect_server", "server", "start", "--host",
+    server = subprocess.Popen([sys.executable, "-m", "skillopt.shell.prefect_server", "server", "start",
+                               "--host",
                                "127.0.0.1", "--port", str(port)], env=env, stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.monotonic() + 120
@@ -70,7 +71,8 @@ def test_a_run_outlives_its_api_server_dying_and_coming_back_or_stops_resumably(
     server = start_server(home, port)
     env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_API_URL": f"http://127.0.0.1:{port}/api",
            "PREFECT_LOGGING_LEVEL": "WARNING"}
-    command = [sys.executable, "-m", "skillopt.cli", "train", "spreadsheetbench", "--data", str(FIXTURES),
+    command = [sys.executable, "-m", "skillopt.shell.cli", "train", "spreadsheetbench", "--data",
+               str(FIXTURES),
                "--backend", "scripted", "--run-name", "outage", "-o", "train.epochs=3",
                "-o", "train.batch_size=1"]
 
@@ -121,7 +123,8 @@ def test_the_run_that_resumes_a_killed_run_settles_its_flow_run_left_running(tmp
     server = start_server(home, port)
     env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_API_URL": f"http://127.0.0.1:{port}/api",
            "PREFECT_LOGGING_LEVEL": "WARNING"}
-    command = [sys.executable, "-m", "skillopt.cli", "train", "spreadsheetbench", "--data", str(FIXTURES),
+    command = [sys.executable, "-m", "skillopt.shell.cli", "train", "spreadsheetbench", "--data",
+               str(FIXTURES),
                "--backend", "scripted", "--run-name", "killed", "-o", "train.epochs=3",
                "-o", "train.batch_size=1"]
     run = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

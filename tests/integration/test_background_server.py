@@ -22,7 +22,7 @@ def test_demo_starts_the_background_server_once_and_the_next_command_uses_it(tmp
     env.pop("SKILLOPT_PREFECT_SERVER", None)
 
     def skillopt(*argv: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "skillopt.cli", *argv], env=env, cwd=tmp_path,
+        return subprocess.run([sys.executable, "-m", "skillopt.shell.cli", *argv], env=env, cwd=tmp_path,
                               capture_output=True, text=True, timeout=600, check=False)
 
     pid = None

@@ -33,7 +33,7 @@ def test_the_template_is_registered_listed_and_trained_on(prefect_api, tmp_path)
         "PREFECT_LOGGING_LEVEL": "WARNING",
     }
 
-    listed = subprocess.run([sys.executable, "-m", "skillopt.cli", "benchmarks"], cwd=work, env=env,
+    listed = subprocess.run([sys.executable, "-m", "skillopt.shell.cli", "benchmarks"], cwd=work, env=env,
                             capture_output=True, text=True, timeout=120)
     assert listed.returncode == 0, listed.stderr
     assert any(
@@ -41,7 +41,7 @@ def test_the_template_is_registered_listed_and_trained_on(prefect_api, tmp_path)
     )
 
     trained = subprocess.run(
-        [sys.executable, "-m", "skillopt.cli", "train", "mybench", "--data", str(TEMPLATE / "fixtures"),
+        [sys.executable, "-m", "skillopt.shell.cli", "train", "mybench", "--data", str(TEMPLATE / "fixtures"),
          "--backend", "scripted", "-o", "train.epochs=1", "--run-name", "template"],
         cwd=work, env=env, capture_output=True, text=True, timeout=600)
     assert trained.returncode == 0, trained.stdout[-2000:] + trained.stderr[-2000:]

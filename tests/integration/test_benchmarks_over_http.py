@@ -10,7 +10,7 @@ import pytest
 
 from skillopt.benchmarks.base import benchmark_config, load_benchmark
 from skillopt.benchmarks.runner import run_item
-from skillopt.config import load_config
+from skillopt.core.config import load_config
 from skillopt.llm.base import BackendContext, BackendRegistry
 from skillopt.llm.chat import ChatRequest, ImagePart, TextPart, assistant, system, user
 from skillopt.llm.clients import ModelClients
@@ -67,7 +67,7 @@ def test_fixture_items_roll_out_through_the_openai_sdk(name, openai_server, tmp_
         judge_client = clients.get("judge")
 
         def judge(item, prediction):
-            from skillopt.rollouts import JudgeVerdict
+            from skillopt.run.rollouts import JudgeVerdict
 
             verdict, _ = judge_client.structured(benchmark.judge_request(item, prediction), JudgeVerdict)
             return verdict.verdict == "correct", verdict.reason

@@ -1,6 +1,6 @@
 """One concurrency budget for every call a run makes: ``benchmark.workers`` bounds the rollouts in flight and
-``model.providers.<key>.max_concurrency`` the calls per provider, the prefetched calls (``skillopt.prefetch``)
-and the flow's own together.
+``model.providers.<key>.max_concurrency`` the calls per provider, the prefetched calls
+(``skillopt.run.prefetch``) and the flow's own together.
 
 The target is the demo world behind its own loopback OpenAI-compatible server, 0.5 s per reply, which counts
 the requests it is answering at once; the optimizer has a server of its own. A batch of 40 with the test split
@@ -59,7 +59,7 @@ def test_the_target_never_has_more_calls_in_flight_than_the_budget(prefect_setti
 @pytest.mark.slow
 def test_the_command_line_path_keeps_the_budget_too(prefect_api, tmp_path):
     """``skillopt train`` in a process of its own: the run built and prefetched before Prefect loads
-    (``skillopt.prefetch.start_before_flow``), then adopted by the flow, stays within
+    (``skillopt.run.prefetch.start_before_flow``), then adopted by the flow, stays within
     ``benchmark.workers``."""
     import os
     import subprocess
@@ -72,7 +72,7 @@ def test_the_command_line_path_keeps_the_budget_too(prefect_api, tmp_path):
             overrides += [f"model.{role}.backend=openai_compatible",
                           f"model.{role}.base_url={world.server.openai_base_url}",
                           f"model.{role}.model=demo-{role}", f"model.{role}.options={{}}"]
-        argv = [sys.executable, "-m", "skillopt.cli", "train", "demo", "--run-name", "budget-cli"]
+        argv = [sys.executable, "-m", "skillopt.shell.cli", "train", "demo", "--run-name", "budget-cli"]
         for override in [*overrides, "model.judge=null", *BATCH_40]:
             argv += ["-o", override]
         env = {**os.environ, "PREFECT_API_URL": prefect_api, "PREFECT_LOGGING_LEVEL": "WARNING"}

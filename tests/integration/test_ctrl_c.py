@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from skillopt.interrupt import INTERRUPTED_MESSAGE
+from skillopt.shell.interrupt import INTERRUPTED_MESSAGE
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,7 +31,7 @@ def _env(home: Path) -> dict[str, str]:
 
 
 def _demo(tmp_path: Path, run_name: str) -> list[str]:
-    return [sys.executable, "-m", "skillopt.cli", "demo", "--run-name", run_name,
+    return [sys.executable, "-m", "skillopt.shell.cli", "demo", "--run-name", run_name,
             "-o", f"run.runs_dir={tmp_path / 'runs'}", "-o", f"run.cache_dir={tmp_path / 'cache'}"]
 
 

@@ -2,7 +2,7 @@
 processes, the run ends with the same best skill and scores as on the thread pool, and a worker killed mid-run
 costs only its in-flight calls.
 
-Every run is the real command (``python -m skillopt.cli train spreadsheetbench --data ... --backend
+Every run is the real command (``python -m skillopt.shell.cli train spreadsheetbench --data ... --backend
 scripted``) in a subprocess against the session's Prefect server. The data is the fixture's three tasks copied
 into several items per split, so that each evaluation has rollouts for both workers and training sees
 failures.
@@ -56,7 +56,7 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def start(cwd: Path, api: str, data: Path, *overrides: str) -> subprocess.Popen:
     cwd.mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, "-m", "skillopt.cli", "train", "spreadsheetbench", "--data", str(data),
+    command = [sys.executable, "-m", "skillopt.shell.cli", "train", "spreadsheetbench", "--data", str(data),
                "--backend", "scripted", "--run-name", "sb", *TRAIN, *overrides]
     env = {**os.environ, "PREFECT_API_URL": api, "PREFECT_LOGGING_LEVEL": "WARNING"}
     return subprocess.Popen(

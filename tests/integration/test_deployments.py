@@ -125,7 +125,8 @@ def serving(prefect_api: str, workdir: Path, benchmark: str, *options: str,
            # Pick up scheduled runs (a retry) every 2 s instead of 10 s.
            "PREFECT_RUNNER_POLL_FREQUENCY": "2", **(env or {})}
     console_script = Path(sys.executable).with_name("skillopt")
-    command = [str(console_script)] if console_script.exists() else [sys.executable, "-m", "skillopt.cli"]
+    command = [str(console_script)] if console_script.exists() else [sys.executable, "-m",
+                                                                     "skillopt.shell.cli"]
     log = workdir / "serve.log"
     with log.open("w") as sink:
         process = subprocess.Popen([*command, "serve", benchmark, *options], cwd=workdir, env=env,

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from skillopt.cli import main
+from skillopt.shell.cli import main
 
 pytestmark = pytest.mark.slow
 
@@ -155,6 +155,6 @@ def test_serve_registers_the_evaluation_deployments_and_skill_eval_scores_a_regi
         assert flow_run.state.type.value == "COMPLETED", handle.log.read_text()[-3000:]
     (eval_dir,) = (tmp_path / "runs").glob("demo-eval-*")
     scores = json.loads((eval_dir / "eval" / "test" / "scores.json").read_text())
-    from skillopt.skill import skill_hash
+    from skillopt.skill.document import skill_hash
 
     assert scores["n"] == 24 and scores["skill_sha"] == skill_hash(TRAINED)

@@ -17,8 +17,8 @@ def test_a_finished_evaluation_asked_again_makes_no_task_run_and_counts_its_cach
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
     from prefect.context import get_run_context
 
-    from skillopt.assembly import RunSpec
-    from skillopt.config import load_config
+    from skillopt.core.config import load_config
+    from skillopt.run.assembly import RunSpec
     from skillopt.tasks.rollout import evaluate, evaluate_many
     from skillopt.tasks.run import started_run
 

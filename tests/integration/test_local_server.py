@@ -37,7 +37,7 @@ def test_server_start_status_a_run_that_uses_it_and_stop(tmp_path):
     env.pop("PREFECT_LOGGING_LEVEL", None)
 
     def skillopt(*argv: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "skillopt.cli", *argv], env=env, cwd=tmp_path,
+        return subprocess.run([sys.executable, "-m", "skillopt.shell.cli", *argv], env=env, cwd=tmp_path,
                               capture_output=True, text=True, timeout=timeout, check=False)
 
     assert skillopt("server", "status").returncode == 1

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from skillopt.benchmarks.demo import plugin
-from skillopt.registry import SkillRegistry
-from skillopt.skill import skill_hash
+from skillopt.run.registry import SkillRegistry
+from skillopt.skill.document import skill_hash
 
 pytestmark = pytest.mark.slow
 

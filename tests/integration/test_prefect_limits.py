@@ -29,7 +29,7 @@ def create_limit(name: str, limit: int, decay: float = 0.0) -> None:
 
 
 def test_concurrency_limit_holds_calls_in_flight_across_threads():
-    from skillopt.config import ProviderLimits
+    from skillopt.core.config import ProviderLimits
     from skillopt.tasks.limits import PrefectRateLimiter, limit_name
 
     key = "openai_compatible:127.0.0.1:9999"
@@ -59,7 +59,7 @@ def test_concurrency_limit_holds_calls_in_flight_across_threads():
 
 
 def test_a_missing_limit_fails_the_call_naming_it():
-    from skillopt.config import ProviderLimits
+    from skillopt.core.config import ProviderLimits
     from skillopt.tasks.limits import PrefectRateLimiter
 
     limiter = PrefectRateLimiter({"anthropic:api.anthropic.com": ProviderLimits(rpm=50)})

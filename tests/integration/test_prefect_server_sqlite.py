@@ -1,9 +1,9 @@
 """The Prefect server skillopt starts begins SQLite transactions IMMEDIATE and records task runs in batches
-(``skillopt.prefect_server``).
+(``skillopt.shell.prefect_server``).
 
 With Prefect's own DEFERRED transactions, a subflow created right after a wave of task runs was refused
 by SQLite ("database is locked"), answered 503, and Prefect's client retried it ~2 s later. The session's
-server (tests/integration/conftest.py) is started through ``skillopt.prefect_server`` and logs every
+server (tests/integration/conftest.py) is started through ``skillopt.shell.prefect_server`` and logs every
 request it answers 503 (``PREFECT_API_LOG_RETRYABLE_ERRORS``).
 """
 
@@ -46,7 +46,7 @@ def test_a_subflow_after_a_wave_of_task_runs_is_not_refused(prefect_settings, pr
 def test_the_patch_is_applied_once_and_keeps_the_original_transaction(monkeypatch):
     from prefect.server.database.configurations import AioSqliteConfiguration
 
-    from skillopt.prefect_server import immediate_sqlite_transactions
+    from skillopt.shell.prefect_server import immediate_sqlite_transactions
 
     original = AioSqliteConfiguration.begin_transaction
     monkeypatch.setattr(AioSqliteConfiguration, "begin_transaction", original)

@@ -1,4 +1,4 @@
-"""`skillopt train` starts the run's first rollouts before Prefect has loaded (``skillopt.prefetch``), and
+"""`skillopt train` starts the run's first rollouts before Prefect has loaded (``skillopt.run.prefetch``), and
 the flow's tasks take their replies as their own calls instead of calling again.
 
 The run goes through the loopback OpenAI-compatible fake playing the demo world, which records every
@@ -37,7 +37,7 @@ def test_train_prefetches_before_the_flow_starts_and_makes_each_call_once(prefec
     with world.server:
         overrides = [p for o in role_overrides(world.server.openai_base_url) for p in ("-o", o)]
         env = {**os.environ, "PREFECT_API_URL": prefect_api, "PREFECT_LOGGING_LEVEL": "WARNING"}
-        command = [sys.executable, "-m", "skillopt.cli", "train", "demo", "--run-name", "prefetched",
+        command = [sys.executable, "-m", "skillopt.shell.cli", "train", "demo", "--run-name", "prefetched",
                    *overrides]
         done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

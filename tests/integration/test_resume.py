@@ -33,7 +33,7 @@ UNCHANGED_SKILL = ("optimizer.learning_rate=0", "optimizer.min_learning_rate=0",
 
 def train_command(url: str, extra: tuple[str, ...] = ()) -> list[str]:
     overrides = [part for override in (*role_overrides(url), *extra) for part in ("-o", override)]
-    return [sys.executable, "-m", "skillopt.cli", "train", "demo", "--run-name", "resume", *overrides]
+    return [sys.executable, "-m", "skillopt.shell.cli", "train", "demo", "--run-name", "resume", *overrides]
 
 
 def start(cwd: Path, api: str, url: str, extra: tuple[str, ...] = ()) -> subprocess.Popen:

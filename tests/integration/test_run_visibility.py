@@ -120,8 +120,8 @@ def test_artifacts_read_back_from_the_prefect_api(demo_run, prefect_api):
 
 
 def test_dry_run_estimate_is_within_20_percent_of_the_calls_made(demo_run, monkeypatch):
-    from skillopt.config import load_config
-    from skillopt.estimate import dry_run
+    from skillopt.core.config import load_config
+    from skillopt.run.estimate import dry_run
 
     monkeypatch.chdir(demo_run["cwd"])
     estimate = dry_run(load_config("demo", overrides=[], env=os.environ), env=os.environ)

@@ -13,10 +13,10 @@ import pytest
 import yaml
 from skills_ref.validator import validate
 
-from skillopt.artifacts import artifact_key
 from skillopt.benchmarks.base import shipped_prompts_dir
 from skillopt.benchmarks.demo.scripted import DEMO_RULES
-from skillopt.skill_install import export_run_skill, install_run_skill
+from skillopt.run.artifacts import artifact_key
+from skillopt.run.skill_install import export_run_skill, install_run_skill
 
 pytestmark = pytest.mark.slow
 

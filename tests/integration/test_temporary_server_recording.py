@@ -1,6 +1,6 @@
 """A run on Prefect's temporary server (no ``PREFECT_API_URL``, no ``skillopt server start``) leaves every
 task and flow run final in the server's database once the server has stopped, and the server recorded the
-task runs in batches (``skillopt.prefect_server.batched_task_run_recorder``)."""
+task runs in batches (``skillopt.shell.prefect_server.batched_task_run_recorder``)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ def test_a_run_on_the_temporary_server_leaves_only_final_runs_recorded_in_batche
     env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
            "PYTHONPATH": str(ROOT)}
     env.pop("PREFECT_API_URL", None)
-    run = subprocess.run([sys.executable, "-m", "skillopt.cli", "demo", "--run-name", "recorded",
+    run = subprocess.run([sys.executable, "-m", "skillopt.shell.cli", "demo", "--run-name", "recorded",
                           "-o", "train.epochs=1", "-o", f"run.runs_dir={tmp_path / 'runs'}",
                           "-o", f"run.cache_dir={tmp_path / 'cache'}"],
                          env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from skillopt.schedule import EditBudgetSchedule
+from skillopt.optimizer.schedule import EditBudgetSchedule
 
 pytestmark = pytest.mark.slow
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 import socket
 
-from skillopt.cli import main
+from skillopt.shell.cli import main
 from tests.fakes.http_fakes import ok
 
 

@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from skillopt.config import load_config
-from skillopt.errors import ConfigError, SecurityError
+from skillopt.core.config import load_config
+from skillopt.core.errors import ConfigError, SecurityError
 from skillopt.llm import claude_code_exec, codex_exec
 from skillopt.llm.base import BackendContext, BackendInfo, BackendRegistry, EnvSecrets
 from skillopt.llm.errors import EmptyAnswer, ExecError, ExecTimeout

@@ -14,8 +14,8 @@ import time
 import pytest
 from pydantic import BaseModel
 
-from skillopt.config import load_config
-from skillopt.errors import ConfigError, SecurityError
+from skillopt.core.config import load_config
+from skillopt.core.errors import ConfigError, SecurityError
 from skillopt.llm import anthropic, azure_openai, openai, openai_compatible
 from skillopt.llm.base import BackendRegistry
 from skillopt.llm.chat import ChatRequest, ImagePart, TextPart, system, user
@@ -559,7 +559,8 @@ def test_a_request_in_flight_is_asked_once_and_a_prefetched_reply_is_the_asking_
                                           "model.target.options.api=chat_completions"], env=env)
     clients = ModelClients.from_config(loaded, env=env, registry=REGISTRY, replies=ReplyStore(tmp_path / "r"))
 
-    # Prefetched (skillopt.prefetch) while the task asks for the same request: one call, one usage line, and
+    # Prefetched (skillopt.run.prefetch) while the task asks for the same request: one call, one usage line,
+    # and
     # the task's answer is that call's, not a cache hit.
     openai_server.plan(CHAT, slow(0.5, ok(text="prefetched", usage={"prompt_tokens": 10,
                                                                      "completion_tokens": 2})))

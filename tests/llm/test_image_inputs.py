@@ -17,13 +17,13 @@ import pytest
 
 from skillopt.benchmarks.base import BenchmarkSetupError, load_benchmark
 from skillopt.benchmarks.runner import run_item
-from skillopt.cli import _data_overrides
-from skillopt.config import load_config
+from skillopt.core.config import load_config
 from skillopt.llm.base import BackendContext, BackendRegistry
 from skillopt.llm.capabilities import image_support_problem
 from skillopt.llm.chat import ChatRequest, ImagePart, TextPart, user
 from skillopt.llm.clients import ModelClients
 from skillopt.llm.reply_store import ReplyStore
+from skillopt.shell.cli import _data_overrides
 from tests.fakes.benchmark_target import FIXTURES_ROOT, fixture_config_of, items_by_id
 from tests.fixtures.make_images import tiny_png
 from tests.llm.test_exec_backends import FakeCli, fake_cli  # noqa: F401 - the fixture
@@ -85,7 +85,7 @@ def test_the_fake_codex_refuses_a_missing_image_like_the_real_one(tmp_path, fake
 
 
 def test_an_image_that_is_not_a_file_cannot_go_to_an_exec_target():
-    from skillopt.errors import ConfigError
+    from skillopt.core.errors import ConfigError
     from skillopt.llm.exec_harness import exec_task_from_messages
 
     message = user([TextPart(text="What is it?"), ImagePart(source=tiny_png((1, 2, 3)))])
@@ -140,7 +140,7 @@ def run_context_overrides(name: str, tmp_path: Path, *extra: str) -> list[str]:
 
 
 def test_a_target_without_vision_stops_an_image_benchmark_in_preflight(tmp_path):
-    from skillopt.assembly import Run
+    from skillopt.run.assembly import Run
 
     overrides = run_context_overrides("docvqa", tmp_path, "model.target.backend=openai",
                                       "model.target.model=gpt-3.5-turbo", "model.judge=null")
@@ -176,7 +176,7 @@ def test_which_backends_take_images(backend, kind, model, options, overrides, ok
 
 @pytest.mark.parametrize("name", ["babyvision", "mathverse"])
 def test_judge_benchmarks_stop_in_preflight_without_a_judge_role(name, tmp_path):
-    from skillopt.assembly import Run
+    from skillopt.run.assembly import Run
 
     overrides = run_context_overrides(name, tmp_path, "model.target.backend=scripted", "model.judge=null")
     with pytest.raises(BenchmarkSetupError, match=f"benchmark {name} needs the judge role: .*switched off"):
@@ -192,8 +192,8 @@ def test_judge_benchmarks_stop_in_preflight_without_a_judge_role(name, tmp_path)
 
 def test_the_analyst_sees_image_names_by_default_and_the_images_only_with_analyst_images(tmp_path):
     from skillopt.benchmarks.images import item_image_paths
-    from skillopt.config import OptimizerSection
-    from skillopt.reflect import analyst_request, with_item_images
+    from skillopt.core.config import OptimizerSection
+    from skillopt.optimizer.reflect import analyst_request, with_item_images
     from tests.fakes.benchmark_target import PluginScriptedTarget
 
     plugin = load_benchmark("mmrb")
@@ -220,7 +220,7 @@ def test_the_analyst_sees_image_names_by_default_and_the_images_only_with_analys
 
 
 def test_analyst_images_needs_an_optimizer_that_takes_images(tmp_path):
-    from skillopt.assembly import Run
+    from skillopt.run.assembly import Run
 
     overrides = run_context_overrides("mmrb", tmp_path, "model.target.backend=scripted", "model.judge=null",
                                       "model.optimizer.backend=openai", "model.optimizer.model=gpt-3.5-turbo",

@@ -20,8 +20,8 @@ from typing import Any, Literal
 import pytest
 from pydantic import BaseModel, Field
 
-from skillopt.config import load_config
-from skillopt.errors import ConfigError
+from skillopt.core.config import load_config
+from skillopt.core.errors import ConfigError
 from skillopt.llm import local
 from skillopt.llm.base import BackendContext, BackendRegistry, EnvSecrets
 from skillopt.llm.chat import ChatRequest, ImagePart, TextPart, system, user

@@ -13,7 +13,7 @@ import threading
 
 import pytest
 
-from skillopt.config import ProviderLimits, RetryPolicy, load_config
+from skillopt.core.config import ProviderLimits, RetryPolicy, load_config
 from skillopt.llm.base import BackendRegistry
 from skillopt.llm.chat import ChatRequest, user
 from skillopt.llm.clients import ModelClients

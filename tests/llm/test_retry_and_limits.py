@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from skillopt.config import ProviderLimits, RetryPolicy
+from skillopt.core.config import ProviderLimits, RetryPolicy
 from skillopt.llm.errors import AuthError, RateLimited, ServerError
 from skillopt.llm.limiter import LocalRateLimiter
 from skillopt.llm.retry import Retrier, parse_retry_after

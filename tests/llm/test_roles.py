@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from skillopt.config import load_config
-from skillopt.errors import ConfigError
+from skillopt.core.config import load_config
+from skillopt.core.errors import ConfigError
 from skillopt.llm import anthropic, azure_openai, openai, openai_compatible
 from skillopt.llm.base import BackendRegistry
 from skillopt.llm.roles import CliRoleOptions, credential_state, resolve_roles

@@ -12,8 +12,8 @@ from typing import Any, Literal
 import pytest
 from pydantic import BaseModel, Field
 
-from skillopt.config import load_config
-from skillopt.errors import ConfigError
+from skillopt.core.config import load_config
+from skillopt.core.errors import ConfigError
 from skillopt.llm import scripted
 from skillopt.llm.base import BackendContext, BackendRegistry, EnvSecrets
 from skillopt.llm.chat import ChatRequest, ImagePart, Message, TextPart, system, user
@@ -494,7 +494,7 @@ def test_auto_rollout_uses_the_benchmark_target_rules() -> None:
 
 
 def test_auto_lets_the_data_rules_script_an_optimizer_stage_and_answers_the_rest_itself() -> None:
-    from skillopt.reflect import AnalystReply as Analyst
+    from skillopt.optimizer.reflect import AnalystReply as Analyst
 
     edit = {"op": "append", "content": "Count the hidden cubes."}
     context = BackendContext(scripted_target_rules=(

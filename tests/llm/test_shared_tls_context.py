@@ -15,7 +15,7 @@ import certifi
 import openai
 import pytest
 
-from skillopt.config import load_config
+from skillopt.core.config import load_config
 from skillopt.llm import http_common
 from skillopt.llm.base import BackendRegistry
 from skillopt.llm.chat import ChatRequest, user

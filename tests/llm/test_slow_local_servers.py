@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from skillopt.config import load_config
+from skillopt.core.config import load_config
 from skillopt.llm.base import BackendRegistry
 from skillopt.llm.chat import ChatRequest, user
 from skillopt.llm.clients import ModelClients

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from pydantic import BaseModel
 
-from skillopt.config import load_config
+from skillopt.core.config import load_config
 from skillopt.llm.base import BackendRegistry
 from skillopt.llm.chat import ChatRequest, system, user
 from skillopt.llm.clients import ModelClients

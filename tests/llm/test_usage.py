@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from skillopt.config import BudgetSection
-from skillopt.errors import ConfigError
+from skillopt.core.config import BudgetSection
+from skillopt.core.errors import ConfigError
 from skillopt.llm.chat import Usage
 from skillopt.llm.errors import BudgetExceeded
 from skillopt.llm.pricing import PriceTable

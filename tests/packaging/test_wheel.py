@@ -55,7 +55,7 @@ def test_wheel_installed_outside_the_repo_loads_shipped_prompts_and_configs(tmp_
     work = tmp_path / "elsewhere"
     work.mkdir()
     script = (
-        "import skillopt, skillopt.resources as r, skillopt.config as c\n"
+        "import skillopt, skillopt.core.resources as r, skillopt.core.config as c\n"
         "print(skillopt.__file__)\n"
         "print(r.shipped_dir('configs'))\n"
         "print(r.load_prompt('benchmarks/searchqa/initial_skill').splitlines()[0])\n"

@@ -16,7 +16,7 @@ KEY_VARIABLES = ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "AZURE_OPENAI_API_KEY", 
 
 
 def skillopt(*args: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "skillopt.cli", *args], cwd=cwd, env=env,
+    return subprocess.run([sys.executable, "-m", "skillopt.shell.cli", *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=60)
 
 

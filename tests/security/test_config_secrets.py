@@ -12,9 +12,9 @@ import re
 
 import pytest
 
-from skillopt.config import dump_config, load_config
-from skillopt.errors import ConfigError
-from skillopt.redact import REDACTED, Redactor, names_credential, redact_tree
+from skillopt.core.config import dump_config, load_config
+from skillopt.core.errors import ConfigError
+from skillopt.core.redact import REDACTED, Redactor, names_credential, redact_tree
 
 PASSWORD = "hunter2-SENTINEL-p4ss"
 

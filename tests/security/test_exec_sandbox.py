@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from skillopt.errors import ConfigError
+from skillopt.core.errors import ConfigError
 from skillopt.llm import codex_exec
 from skillopt.llm.exec_harness import ExecTask, installation_paths
 from tests.llm.test_exec_backends import fake_cli, make_backend  # noqa: F401 - fake_cli is a fixture

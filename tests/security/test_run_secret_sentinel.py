@@ -44,7 +44,7 @@ def test_no_planted_secret_in_any_file_a_run_writes_or_in_the_prefect_database(t
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SKILLOPT_", "PREFECT_"))}
     env.update(SECRETS, PREFECT_HOME=str(prefect_home), PREFECT_SERVER_ANALYTICS_ENABLED="false")
     command = [
-        sys.executable, "-m", "skillopt.cli", "eval", "qa", "--skill", "skill.md",
+        sys.executable, "-m", "skillopt.shell.cli", "eval", "qa", "--skill", "skill.md",
         "--data", str(FIXTURES / "qa"), "--run-name", "sentinel",
         "-o", "model.target.backend=openai_compatible",
         "-o", f"model.target.base_url={openai_server.openai_base_url}",

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from skillopt.sandbox import run_confined, run_sandboxed, sandbox_status
+from skillopt.sandbox.confine import run_confined, run_sandboxed, sandbox_status
 
 # CI sets SKILLOPT_REQUIRE_SANDBOX=1: there a missing sandbox fails the tests that need one instead of
 # skipping them (the other security modules import this mark).

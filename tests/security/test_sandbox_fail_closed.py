@@ -17,8 +17,8 @@ import pytest
 from skillopt.benchmarks.base import BenchmarkSetupError
 from skillopt.benchmarks.spreadsheetbench import plugin as spreadsheetbench
 from skillopt.benchmarks.swebench import plugin as swebench
-from skillopt.cli import main
-from skillopt.sandbox import SandboxUnavailable, run_sandboxed, sandbox_status
+from skillopt.sandbox.confine import SandboxUnavailable, run_sandboxed, sandbox_status
+from skillopt.shell.cli import main
 from tests.fakes.benchmark_target import fixture_config_of
 from tests.security.test_sandbox_escapes import requires_sandbox
 
@@ -57,7 +57,7 @@ def test_the_swebench_fake_harness_with_repositories_stops_too(no_bwrap):
 
 def test_sandbox_none_runs_with_a_warning_every_time(no_bwrap, caplog, tmp_path):
     config = fixture_config_of(spreadsheetbench, ["benchmark.sandbox=none"])
-    caplog.set_level(logging.WARNING, logger="skillopt.sandbox")
+    caplog.set_level(logging.WARNING, logger="skillopt.sandbox.confine")
     spreadsheetbench.preflight(config)
     spreadsheetbench.preflight(config)
     warnings = [r.getMessage() for r in caplog.records if "WITHOUT an OS sandbox" in r.getMessage()]

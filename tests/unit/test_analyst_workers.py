@@ -10,7 +10,7 @@ from prefect import flow, task
 from prefect.cache_policies import NONE
 
 import skillopt.flows.stages as stages
-from skillopt.records import ItemResult, Patch
+from skillopt.core.records import ItemResult, Patch
 
 
 class Gauge:

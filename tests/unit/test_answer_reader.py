@@ -13,7 +13,7 @@ from skillopt.benchmarks.answers import read_answer, resolve_choice
 from skillopt.benchmarks.livemathematicianbench import plugin as livemath
 from skillopt.benchmarks.qa import plugin as qa
 from skillopt.benchmarks.runner import evaluation_event
-from skillopt.data import Item
+from skillopt.core.data import Item
 
 PLAUSIBLE = {"A": "plausible", "B": "implausible"}
 
@@ -108,8 +108,8 @@ def test_a_tagged_answer_after_the_option_list_is_read_as_tagged():
 
 
 def test_the_summary_counts_untagged_and_ambiguous_answers():
-    from skillopt.records import ItemResult
-    from skillopt.runs import answer_format_counts
+    from skillopt.core.records import ItemResult
+    from skillopt.run.runs import answer_format_counts
 
     replies = ["<answer>B</answer>", "B. implausible", "A. plausible\nB. implausible"]
     results = [qa.score(sports_item("choice"), reply, None) for reply in replies]

@@ -1,5 +1,5 @@
 """How ``bench/`` reads a finished run's rounds from ``usage.jsonl`` and the skill snapshots: step 1's calls
-answered before the baseline's snapshot (its first batch's rollouts are prefetched, ``skillopt.prefetch``)
+answered before the baseline's snapshot (its first batch's rollouts are prefetched, ``skillopt.run.prefetch``)
 still count as step 1's."""
 
 from __future__ import annotations

@@ -34,8 +34,8 @@ from skillopt.benchmarks.alfworld.env import (
 )
 from skillopt.benchmarks.base import Benchmark, BenchmarkSetupError, EpisodeContext, benchmark_config
 from skillopt.benchmarks.runner import READOUT_HEADING, run_item
-from skillopt.config import load_config
-from skillopt.errors import DataError
+from skillopt.core.config import load_config
+from skillopt.core.errors import DataError
 from skillopt.llm.errors import ServerError
 from skillopt.llm.scripted import parse_rules
 from tests.fakes.benchmark_target import PluginScriptedTarget, fixture_config_of, fixture_rules, items_by_id

@@ -17,7 +17,7 @@ from skillopt.benchmarks.babyvision import (
     resolve_correct,
 )
 from skillopt.benchmarks.base import BenchmarkSetupError
-from skillopt.data import DropRow, Item
+from skillopt.core.data import DropRow, Item
 from tests.fakes.benchmark_target import FIXTURES_ROOT, fixture_config_of, items_by_id, scripted_judge_of
 
 FIXTURES = FIXTURES_ROOT / "babyvision"

@@ -17,7 +17,7 @@ from skillopt.benchmarks.answers import last_tag
 from skillopt.benchmarks.base import Benchmark, BenchmarkConfig, BenchmarkSetupError, Judge, Score
 from skillopt.benchmarks.rows import required_text
 from skillopt.benchmarks.runner import run_item
-from skillopt.data import Item
+from skillopt.core.data import Item
 from skillopt.llm.chat import Message, user
 from tests.fakes.benchmark_target import RecordingScriptedTarget
 

@@ -9,7 +9,7 @@ import pytest
 
 from skillopt.benchmarks.base import BenchmarkSetupError
 from skillopt.benchmarks.docvqa import DocVQAConfig, anls, levenshtein, normalise_row, plugin
-from skillopt.data import Item
+from skillopt.core.data import Item
 from tests.fakes.benchmark_target import FIXTURES_ROOT, fixture_config_of, items_by_id
 
 FIXTURES = FIXTURES_ROOT / "docvqa"

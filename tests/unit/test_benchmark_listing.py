@@ -9,7 +9,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 
 from skillopt.benchmarks.base import ENTRY_POINT_GROUP, load_benchmark
-from skillopt.cli import main
+from skillopt.shell.cli import main
 
 PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
 #: The eleven public benchmarks, the bring-your-own ``qa`` and the built-in ``demo``.
@@ -63,7 +63,7 @@ def test_every_shipped_benchmark_is_listed_available_with_its_extras():
 
 
 def test_listing_lines_show_the_description_without_rest_markup():
-    from skillopt.cli import _one_line_summary
+    from skillopt.shell.cli import _one_line_summary
 
     assert _one_line_summary("DocVQA (``docvqa``): answers read off a page. More detail.\n\nLater.") == (
         "answers read off a page")

@@ -30,8 +30,8 @@ from skillopt.benchmarks.livemathematicianbench import (
     shuffled_view,
 )
 from skillopt.benchmarks.runner import check_infrastructure, error_row, run_item
-from skillopt.config import load_config
-from skillopt.data import DropRow, Item
+from skillopt.core.config import load_config
+from skillopt.core.data import DropRow, Item
 from skillopt.llm.errors import ServerError
 from tests.fakes.benchmark_target import PluginScriptedTarget, fixture_config_of, items_by_id
 

@@ -17,7 +17,7 @@ from skillopt.benchmarks.mathverse import (
     plugin,
     split_choices,
 )
-from skillopt.data import Item
+from skillopt.core.data import Item
 from tests.fakes.benchmark_target import FIXTURES_ROOT, fixture_config_of, items_by_id, scripted_judge_of
 
 FIXTURES = FIXTURES_ROOT / "mathverse"

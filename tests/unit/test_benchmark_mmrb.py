@@ -10,7 +10,7 @@ import pytest
 from skillopt.benchmarks.base import UNTAGGED_NOTE
 from skillopt.benchmarks.mmrb import MMRBConfig, extract, normalise_row, open_match, plugin
 from skillopt.benchmarks.runner import run_item
-from skillopt.data import DropRow, Item
+from skillopt.core.data import DropRow, Item
 from skillopt.llm.chat import ImagePart, TextPart
 from tests.fakes.benchmark_target import FIXTURES_ROOT, PluginScriptedTarget, fixture_config_of, items_by_id
 

@@ -50,9 +50,9 @@ from skillopt.benchmarks.officeqa.tools import (
     parse_tool_call,
 )
 from skillopt.benchmarks.runner import check_infrastructure, error_row, run_item
-from skillopt.config import load_config
-from skillopt.data import Item
-from skillopt.errors import DataError
+from skillopt.core.config import load_config
+from skillopt.core.data import Item
+from skillopt.core.errors import DataError
 from skillopt.llm.errors import ServerError
 from skillopt.llm.scripted import parse_rules
 from tests.fakes.benchmark_target import PluginScriptedTarget, fixture_config_of, fixture_rules, items_by_id

@@ -22,13 +22,13 @@ from skillopt.benchmarks.base import (
 )
 from skillopt.benchmarks.qa import QAConfig, plugin
 from skillopt.benchmarks.runner import check_infrastructure, error_row, run_item
-from skillopt.cli import _data_overrides
-from skillopt.config import load_config
-from skillopt.data import Item
-from skillopt.errors import DataError
+from skillopt.core.config import load_config
+from skillopt.core.data import Item
+from skillopt.core.errors import DataError
 from skillopt.llm.base import BackendContext
 from skillopt.llm.errors import ServerError
 from skillopt.llm.scripted import ScriptedBackend, parse_rules, resolve_rule_set
+from skillopt.shell.cli import _data_overrides
 from tests.fakes.benchmark_target import PluginScriptedTarget, fixture_config_of, fixture_rules, items_by_id
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "qa"
@@ -375,7 +375,7 @@ def test_judge_scoring_asks_the_judge_role_with_question_golds_and_prediction(tm
 
 
 def test_judge_scoring_without_a_judge_role_fails_before_any_rollout(tmp_path):
-    from skillopt.assembly import Run
+    from skillopt.run.assembly import Run
 
     overrides = [
         *_data_overrides(str(FIXTURES)),

@@ -38,13 +38,13 @@ from skillopt.benchmarks.sealqa import (
     string_match,
 )
 from skillopt.benchmarks.sealqa.fetch import page_text
-from skillopt.cli import _data_overrides
-from skillopt.config import load_config
-from skillopt.data import Item
-from skillopt.errors import DataError
+from skillopt.core.config import load_config
+from skillopt.core.data import Item
+from skillopt.core.errors import DataError
 from skillopt.llm.base import BackendContext
 from skillopt.llm.errors import ServerError
 from skillopt.llm.scripted import ScriptedBackend, parse_rules, resolve_rule_set
+from skillopt.shell.cli import _data_overrides
 from tests.fakes.benchmark_target import PluginScriptedTarget, fixture_config_of, fixture_rules, items_by_id
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "sealqa"
@@ -351,7 +351,7 @@ def test_grader_llm_without_a_judge_callable_is_a_setup_error_not_a_string_match
 
 
 def test_grader_llm_without_a_judge_role_fails_preflight_and_never_falls_back(tmp_path):
-    from skillopt.assembly import Run
+    from skillopt.run.assembly import Run
 
     overrides = [
         *_data_overrides(str(FIXTURES)),

@@ -21,9 +21,9 @@ from skillopt.benchmarks.base import (
 )
 from skillopt.benchmarks.runner import check_infrastructure, error_row, run_item
 from skillopt.benchmarks.searchqa import TRUNCATED, SearchQAConfig, cut_context, plugin
-from skillopt.config import load_config
-from skillopt.data import Item
-from skillopt.errors import DataError
+from skillopt.core.config import load_config
+from skillopt.core.data import Item
+from skillopt.core.errors import DataError
 from skillopt.llm.errors import ServerError
 from tests.fakes.benchmark_target import PluginScriptedTarget, fixture_config_of, items_by_id
 

@@ -33,11 +33,11 @@ from skillopt.benchmarks.spreadsheetbench import (
     prepare_script,
 )
 from skillopt.benchmarks.spreadsheetbench.cells import cells_equal, find_test_cases, split_ranges
-from skillopt.config import load_config
-from skillopt.data import Item
+from skillopt.core.config import load_config
+from skillopt.core.data import Item
 from skillopt.llm.errors import ServerError
 from skillopt.llm.scripted import parse_rules
-from skillopt.trajectory import format_trajectory
+from skillopt.optimizer.trajectory import format_trajectory
 from tests.fakes.benchmark_target import PluginScriptedTarget, fixture_config_of, fixture_rules, items_by_id
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "spreadsheetbench"

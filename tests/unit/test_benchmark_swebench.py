@@ -36,9 +36,9 @@ from skillopt.benchmarks.swebench.harness import (
     read_report,
     report_path,
 )
-from skillopt.config import load_config
-from skillopt.data import Item, SplitSpec
-from skillopt.errors import DataError
+from skillopt.core.config import load_config
+from skillopt.core.data import Item, SplitSpec
+from skillopt.core.errors import DataError
 from skillopt.llm.base import BackendContext, BackendRegistry
 from skillopt.llm.chat import ChatResponse
 from skillopt.llm.clients import ModelClients

@@ -137,7 +137,7 @@ def test_scripted_rules_are_valid_and_the_three_prompts_ship(bench):
 
 def test_the_shipped_config_is_valid_for_the_plugin(bench):
     from skillopt.benchmarks.base import benchmark_config
-    from skillopt.config import load_config
+    from skillopt.core.config import load_config
 
     config = benchmark_config(bench, load_config(bench.id, env={}).config.benchmark)
     assert config.split_mode == bench.default_split_mode and config.image_detail == "auto"

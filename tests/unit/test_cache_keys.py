@@ -8,14 +8,14 @@ from pathlib import Path
 import pytest
 
 import skillopt.benchmarks.demo as demo
-from skillopt.assembly import Run
-from skillopt.cache_keys import call_key
-from skillopt.config import load_config
+from skillopt.core.config import load_config
+from skillopt.core.records import ItemResult
 from skillopt.llm.chat import ChatRequest, system, user
 from skillopt.llm.reply_store import ReplyStore
-from skillopt.records import ItemResult
-from skillopt.rollouts import Draws, DrawTarget, rollout_key
-from skillopt.slow_update import Pairs
+from skillopt.optimizer.slow_update import Pairs
+from skillopt.run.assembly import Run
+from skillopt.run.cache_keys import call_key
+from skillopt.run.rollouts import Draws, DrawTarget, rollout_key
 from skillopt.tasks.epoch import slow_update
 from skillopt.tasks.optimize import reflect_minibatch
 

@@ -10,7 +10,7 @@ from collections import Counter
 
 import pytest
 
-from skillopt.cli import main
+from skillopt.shell.cli import main
 
 
 def run(*argv: str) -> tuple[int, str, str]:
@@ -87,13 +87,13 @@ def test_schedule_rejects_min_above_max():
 
 def test_installed_command_runs_as_a_subprocess():
     proc = subprocess.run(
-        [sys.executable, "-m", "skillopt.cli", "config", "show", "qa", "--no-sources"],
+        [sys.executable, "-m", "skillopt.shell.cli", "config", "show", "qa", "--no-sources"],
         capture_output=True, text=True, timeout=60,
     )
     assert proc.returncode == 0, proc.stderr
     assert "split_mode: ratio" in proc.stdout
     help_proc = subprocess.run(
-        [sys.executable, "-m", "skillopt.cli", "--help"], capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "skillopt.shell.cli", "--help"], capture_output=True, text=True, timeout=60
     )
     assert help_proc.returncode == 0
     for command in ("config", "schedule"):
@@ -132,7 +132,7 @@ def test_another_backend_with_overrides_drops_the_demos_options(tmp_path, monkey
     checkout next to another installation) and other -o overrides are given."""
     import shutil
 
-    from skillopt.resources import shipped_dir
+    from skillopt.core.resources import shipped_dir
 
     if local_configs:
         shutil.copytree(shipped_dir("configs"), tmp_path / "configs")
@@ -156,7 +156,7 @@ def test_another_backend_with_overrides_drops_the_demos_options(tmp_path, monkey
      "model calls 0, cost $0.0000; 12 calls served from cache"),
 ])
 def test_the_usage_line_never_prints_a_zero_cost_for_unpriced_calls(usage, line):
-    from skillopt.cli import usage_line
+    from skillopt.shell.cli import usage_line
 
     assert usage_line(usage) == line
 
@@ -176,8 +176,8 @@ def test_the_scripted_target_on_data_without_replies_is_refused_once_before_any_
 
 def test_the_scripted_target_on_fixture_data_with_replies_passes_the_check():
     from skillopt.benchmarks.base import load_benchmark
-    from skillopt.config import load_config
-    from skillopt.run_checks import check_scripted_target
+    from skillopt.core.config import load_config
+    from skillopt.run.run_checks import check_scripted_target
 
     loaded = load_config("qa", env={}, overrides=["benchmark.split_mode=split_dir",
                                                   "benchmark.split_dir=tests/fixtures/qa"])
@@ -188,9 +188,9 @@ def test_the_scripted_target_on_fixture_data_with_replies_passes_the_check():
 
 def test_the_summary_explains_a_best_that_the_epoch_boundary_raised(tmp_path):
     """The step lines said best 0.917; the final check found the slow update's skill at 1.000."""
-    from skillopt.cli import best_after_the_last_step
-    from skillopt.records import StepRecord
-    from skillopt.runs import RunDir
+    from skillopt.core.records import StepRecord
+    from skillopt.run.runs import RunDir
+    from skillopt.shell.cli import best_after_the_last_step
 
     run = RunDir(tmp_path / "run")
     run.path.mkdir()
@@ -212,8 +212,8 @@ def test_a_resumed_run_separates_this_attempts_calls_from_the_earlier_ones(tmp_p
     import json as _json
     import logging
 
-    from skillopt.cli import attempt_line
-    from skillopt.runs import RunDir
+    from skillopt.run.runs import RunDir
+    from skillopt.shell.cli import attempt_line
 
     run = RunDir(tmp_path / "run")
     run.path.mkdir()
@@ -226,9 +226,9 @@ def test_a_resumed_run_separates_this_attempts_calls_from_the_earlier_ones(tmp_p
         "of the 5 model calls, 2 were made by this attempt and 3 by earlier ones")
     assert attempt_line(summary, "2026-12-04T09:00:00.000Z") is None  # one attempt: nothing to separate
 
-    from skillopt.config import load_config
-    from skillopt.records import StepRecord
-    from skillopt.runs import config_hash
+    from skillopt.core.config import load_config
+    from skillopt.core.records import StepRecord
+    from skillopt.run.runs import config_hash
 
     loaded = load_config("demo", env={})
     digest = config_hash(loaded.config)

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from skillopt.config import (
+from skillopt.core.config import (
     BenchmarkSection,
     SkillOptConfig,
     find_benchmark_config,
@@ -15,8 +15,8 @@ from skillopt.config import (
     load_config,
     load_config_file,
 )
-from skillopt.errors import ConfigError
-from skillopt.resources import shipped_config_names, shipped_dir
+from skillopt.core.errors import ConfigError
+from skillopt.core.resources import shipped_config_names, shipped_dir
 
 SENTINEL = "sk-SENTINEL-7f3a9c1e5b2d4a6f"
 

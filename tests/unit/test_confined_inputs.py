@@ -17,7 +17,7 @@ import pytest
 
 from skillopt.benchmarks.base import load_benchmark
 from skillopt.benchmarks.rows import confined_path
-from skillopt.errors import DataError
+from skillopt.core.errors import DataError
 from tests.fakes.benchmark_target import FIXTURES_ROOT, fixture_config_of
 
 SPLITS = ("train", "val", "test")

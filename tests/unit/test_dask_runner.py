@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from skillopt.config import ProviderLimits, load_config
-from skillopt.errors import ConfigError
+from skillopt.core.config import ProviderLimits, load_config
+from skillopt.core.errors import ConfigError
 
 
 def config(*overrides: str):
@@ -155,7 +155,7 @@ def test_a_run_pickles_as_its_spec_and_a_worker_joins_it_without_the_flow_s_lock
     import subprocess
     import sys
 
-    from skillopt.assembly import RunSpec
+    from skillopt.run.assembly import RunSpec
     from skillopt.tasks.run import limiter_for, start_run
 
     loaded = load_config(
@@ -230,7 +230,7 @@ class _Client:
 
 
 def test_a_wait_on_a_cluster_that_finishes_nothing_stops_at_the_timeout_and_says_why(monkeypatch):
-    from skillopt.interrupt import InterruptGuard
+    from skillopt.shell.interrupt import InterruptGuard
     from skillopt.tasks import dask_wait
 
     monkeypatch.setattr(dask_wait, "SLICE_S", 0.01)

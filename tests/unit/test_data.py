@@ -1,4 +1,4 @@
-"""Splits, ids and epoch planning (skillopt.data)."""
+"""Splits, ids and epoch planning (skillopt.core.data)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from pydantic import BaseModel
 
 from skillopt.benchmarks.rows import required_text
 from skillopt.benchmarks.searchqa import normalise_row as searchqa_row
-from skillopt.data import (
+from skillopt.core.data import (
     DropRow,
     EpochPlan,
     Item,
@@ -32,7 +32,7 @@ from skillopt.data import (
     split_output_dir,
     steps_per_epoch,
 )
-from skillopt.errors import ConfigError, DataError
+from skillopt.core.errors import ConfigError, DataError
 
 # ------------------------------------------------------------------------------------------ helpers
 
@@ -402,7 +402,7 @@ def test_empty_train_or_val_is_an_error_giving_the_counts(tmp_path: Path) -> Non
 def test_empty_test_split_only_warns(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     root = make_split_dir(tmp_path / "data")
     write_json(root / "test" / "items.json", [])
-    with caplog.at_level(logging.WARNING, logger="skillopt.data"):
+    with caplog.at_level(logging.WARNING, logger="skillopt.core.data"):
         splits = load_splits(SplitSpec(split_dir=root), benchmark="qa")
     assert splits.test == [] and "test split is empty" in caplog.text
 
@@ -750,7 +750,7 @@ def test_check_train_size() -> None:
 
 
 def test_small_splits_are_named_with_their_sizes_and_the_ratio_to_set():
-    from skillopt.data import small_split_warning
+    from skillopt.core.data import small_split_warning
 
     warning = small_split_warning({"train": 2, "val": 1, "test": 9}, min_items=10, split_mode="ratio",
                                   split_ratio="2:1:7")

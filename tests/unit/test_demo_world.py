@@ -30,17 +30,17 @@ from skillopt.benchmarks.demo.world import (
     read_style,
     score_response,
 )
-from skillopt.config import BenchmarkSection
-from skillopt.data import Item
+from skillopt.core.config import BenchmarkSection
+from skillopt.core.data import Item
+from skillopt.core.records import ItemResult, Patch
 from skillopt.llm.chat import ChatRequest, system, user
-from skillopt.merge import MergeReply, merge_request, patch_from_merge
-from skillopt.meta_skill import MetaSkillReply, meta_skill_request
-from skillopt.records import ItemResult, Patch
-from skillopt.reflect import AnalystReply, analyst_request, patch_from_reply, split_and_batch
-from skillopt.select import RankingReply, needs_ranking, ranking_request, select_edits
-from skillopt.skill import Edit, apply_edits, replace_block, target_text
-from skillopt.slow_update import SlowUpdateReply, pair_by_id, slow_update_request
-from skillopt.step_buffer import StepBuffer, StepBufferEntry
+from skillopt.optimizer.merge import MergeReply, merge_request, patch_from_merge
+from skillopt.optimizer.meta_skill import MetaSkillReply, meta_skill_request
+from skillopt.optimizer.reflect import AnalystReply, analyst_request, patch_from_reply, split_and_batch
+from skillopt.optimizer.select import RankingReply, needs_ranking, ranking_request, select_edits
+from skillopt.optimizer.slow_update import SlowUpdateReply, pair_by_id, slow_update_request
+from skillopt.optimizer.step_buffer import StepBuffer, StepBufferEntry
+from skillopt.skill.document import Edit, apply_edits, replace_block, target_text
 from tests.fakes.demo_world import INITIAL_SKILL, accuracy, ask, backend, items, rollout
 
 SIZES = {"train": 24, "val": 12, "test": 24}
@@ -473,9 +473,9 @@ def test_a_thousands_comma_rule_in_the_body_alone_is_overlooked_until_the_append
 
 def test_with_a_rules_file_the_analyst_adds_rules_there_and_deletes_where_a_line_lives() -> None:
     from skillopt.benchmarks.base import shipped_prompts_dir
-    from skillopt.reflect import current_skill_section
-    from skillopt.skill_files import split_files
-    from skillopt.skill_folder import load_skill
+    from skillopt.optimizer.reflect import current_skill_section
+    from skillopt.skill.files import split_files
+    from skillopt.skill.folder import load_skill
 
     folder = shipped_prompts_dir("demo") / "skill" / "demo-word-problems"
     skill = load_skill(folder, max_file_bytes=100_000).text

@@ -9,16 +9,22 @@ from __future__ import annotations
 
 import pytest
 
-from skillopt import artifacts
-from skillopt.config import SkillOptConfig
-from skillopt.error_rows import ErrorStreak, TooManyErrors, answered_rows, paired_answered, too_many_errors
-from skillopt.probe import pick_probe_items
-from skillopt.records import ItemResult, StepRecord
-from skillopt.reflect import split_and_batch
-from skillopt.report import RunData, render_report
-from skillopt.runs import build_summary, summary_dict
-from skillopt.slow_update import pair_by_id
-from skillopt.step_buffer import failure_patterns
+from skillopt.core.config import SkillOptConfig
+from skillopt.core.error_rows import (
+    ErrorStreak,
+    TooManyErrors,
+    answered_rows,
+    paired_answered,
+    too_many_errors,
+)
+from skillopt.core.records import ItemResult, StepRecord
+from skillopt.optimizer.probe import pick_probe_items
+from skillopt.optimizer.reflect import split_and_batch
+from skillopt.optimizer.slow_update import pair_by_id
+from skillopt.optimizer.step_buffer import failure_patterns
+from skillopt.run import artifacts
+from skillopt.run.report import RunData, render_report
+from skillopt.run.runs import build_summary, summary_dict
 
 
 def result(item_id: str, hard: float = 0.0, *, error: bool = False) -> ItemResult:

@@ -17,7 +17,7 @@ QA_DATA = ROOT / "tests" / "fixtures" / "qa"
 
 _SCRIPT = """
 import io, json, sys
-from skillopt.cli import main
+from skillopt.shell.cli import main
 results = []
 for argv in json.loads(sys.argv[1]):
     out, err = io.StringIO(), io.StringIO()
@@ -104,14 +104,16 @@ def test_the_dry_run_and_its_budget_check_never_import_prefect(tmp_path):
 
 
 def test_the_console_command_keeps_exit_codes_and_flushes_its_output(tmp_path):
-    """`python -m skillopt.cli` leaves through os._exit after the exit handlers: nothing printed may be
+    """`python -m skillopt.shell.cli` leaves through os._exit after the exit handlers: nothing printed may be
     lost."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    bad = subprocess.run([sys.executable, "-m", "skillopt.cli", "demo", "-o", "train.epocs=2"], cwd=tmp_path,
+    bad = subprocess.run([sys.executable, "-m", "skillopt.shell.cli", "demo", "-o", "train.epocs=2"],
+                         cwd=tmp_path,
                          env=env, capture_output=True, text=True, timeout=120, check=False)
     assert bad.returncode == 2
     assert [line[:7] for line in bad.stderr.splitlines()] == ["error: "]
-    good = subprocess.run([sys.executable, "-m", "skillopt.cli", "schedule", "--steps", "300"], cwd=tmp_path,
+    good = subprocess.run([sys.executable, "-m", "skillopt.shell.cli", "schedule", "--steps", "300"],
+                          cwd=tmp_path,
                           env=env, capture_output=True, text=True, timeout=120, check=False)
     assert good.returncode == 0, good.stderr
     lines = good.stdout.splitlines()

@@ -7,9 +7,9 @@ import textwrap
 
 import pytest
 
-from skillopt.cli import main
-from skillopt.config import load_config
-from skillopt.estimate import dry_run, merge_calls
+from skillopt.core.config import load_config
+from skillopt.run.estimate import dry_run, merge_calls
+from skillopt.shell.cli import main
 
 
 def estimate(*overrides: str):

@@ -8,7 +8,7 @@ from fractions import Fraction
 
 import pytest
 
-from skillopt.gate import (
+from skillopt.core.gate import (
     GateResult,
     Scores,
     decide,

@@ -10,7 +10,7 @@ import textwrap
 import time
 from pathlib import Path
 
-from skillopt.interrupt import INTERRUPTED_MESSAGE
+from skillopt.shell.interrupt import INTERRUPTED_MESSAGE
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 _RUN = textwrap.dedent("""
     import sys, time
     from concurrent.futures import ThreadPoolExecutor
-    from skillopt.interrupt import InterruptGuard
+    from skillopt.shell.interrupt import InterruptGuard
 
     guard = InterruptGuard(sys.stderr, grace_s={grace})
     guard.add_cleanup(lambda: sys.stderr.write("cleanup ran\\n"))
@@ -69,7 +69,7 @@ def test_second_sigint_exits_at_once():
 def test_stop_because_reports_the_reason_and_exits_1(tmp_path: Path):
     script = textwrap.dedent("""
         import sys, threading, time
-        from skillopt.interrupt import InterruptGuard
+        from skillopt.shell.interrupt import InterruptGuard
 
         guard = InterruptGuard(sys.stderr, grace_s=0.5)
         with guard:
@@ -92,7 +92,7 @@ def test_an_error_raised_while_ctrl_c_unwinds_a_run_is_reported_as_the_interrupt
     # task run it was still creating): one line and exit 130, no traceback.
     script = textwrap.dedent("""
         import os, signal, time
-        import skillopt.cli as cli
+        import skillopt.shell.cli as cli
 
         def train(args, out):
             try:
@@ -124,7 +124,7 @@ def test_sigterm_exits_143_with_the_resume_line_although_a_worker_is_still_busy(
 # flow's orderly exit may wait for ever); terminate_promptly puts the guard's deadline in front of it.
 _IN_A_FLOW = textwrap.dedent("""
     import signal, sys, threading, time
-    from skillopt.interrupt import InterruptGuard, terminate_promptly
+    from skillopt.shell.interrupt import InterruptGuard, terminate_promptly
 
     class TerminationSignal(BaseException):
         pass

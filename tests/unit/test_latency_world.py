@@ -9,11 +9,11 @@ import urllib.error
 import urllib.request
 
 from bench.latency_world import Faults, LatencyWorld
-from skillopt.config import load_config
+from skillopt.core.config import load_config
 from skillopt.llm.base import BackendRegistry
 from skillopt.llm.chat import ChatRequest, system, user
 from skillopt.llm.clients import ModelClients
-from skillopt.reflect import AnalystReply, analyst_request
+from skillopt.optimizer.reflect import AnalystReply, analyst_request
 from tests.fakes.demo_world import INITIAL_SKILL, items, rollout
 
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 import io
 import logging
 
-from skillopt import live
-from skillopt.live import LIVE_LOGGER
-from skillopt.live_display import LiveDisplay, LiveState, wants_live_display
+from skillopt.core import live
+from skillopt.core.live import LIVE_LOGGER
 from skillopt.llm.chat import Usage
 from skillopt.llm.pricing import PriceTable
 from skillopt.llm.usage import UsageLedger
+from skillopt.shell.live_display import LiveDisplay, LiveState, wants_live_display
 
 
 def call(stage: str, *, tokens: int = 100, usd: float | None = 0.001, cache_hit: bool = False) -> dict:

@@ -7,8 +7,8 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import skillopt.flows.stages as stages
-from skillopt.records import Patch
-from skillopt.skill import Edit
+from skillopt.core.records import Patch
+from skillopt.skill.document import Edit
 
 
 class Future:

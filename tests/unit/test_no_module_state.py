@@ -36,7 +36,8 @@ def test_model_layer_has_no_module_level_mutable_state():
 
 def _exempt_lines(path: Path, tree: ast.Module) -> set[int]:
     """The one place that sets the environment: the preloaded process's forked child takes on the environment
-    of the command it runs in place of (``skillopt.preload._child``), as that command's own process has it."""
+    of the command it runs in place of (``skillopt.shell.preload._child``), as that command's own process has
+    it."""
     if path.name != "preload.py":
         return set()
     return {line for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == "_child"

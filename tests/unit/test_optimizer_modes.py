@@ -20,17 +20,17 @@ from typing import Any
 import pytest
 from pydantic import BaseModel, ValidationError
 
-from skillopt.appendix import merge_notes, with_execution_notes
-from skillopt.autonomous import BudgetReply, budget_request, decide_budget
 from skillopt.benchmarks.demo.scripted import DROP_RATE, PROBE_INSTRUCTION, analyst, target
 from skillopt.benchmarks.demo.world import CONVENTIONS, HARMFUL_RULES, RULES, USELESS_RULES, read_style
+from skillopt.core.prompts import OPTIMIZER_PROMPTS, ReplyModel, optimizer_prompt
+from skillopt.core.records import Diagnosis, ItemResult, Patch, Suggestion
 from skillopt.llm.chat import ChatRequest, system, user
-from skillopt.merge import MergeReply, merge_groups, merge_request, patch_from_merge
-from skillopt.probe import ProbeReply, pick_probe_items, probe_record, probe_request
-from skillopt.prompts import OPTIMIZER_PROMPTS, ReplyModel, optimizer_prompt
-from skillopt.records import Diagnosis, ItemResult, Patch, Suggestion
-from skillopt.reflect import AnalystReply, analyst_request, patch_from_reply, split_and_batch
-from skillopt.rewrite import (
+from skillopt.optimizer.appendix import merge_notes, with_execution_notes
+from skillopt.optimizer.autonomous import BudgetReply, budget_request, decide_budget
+from skillopt.optimizer.merge import MergeReply, merge_groups, merge_request, patch_from_merge
+from skillopt.optimizer.probe import ProbeReply, pick_probe_items, probe_record, probe_request
+from skillopt.optimizer.reflect import AnalystReply, analyst_request, patch_from_reply, split_and_batch
+from skillopt.optimizer.rewrite import (
     FullRewriteAnalystReply,
     RewriteReply,
     SkillMergeReply,
@@ -50,8 +50,11 @@ from skillopt.rewrite import (
     rewrite_request,
     suggestion_ranking_request,
 )
-from skillopt.select import RankingReply, needs_ranking, ranking_request, select_edits, select_items
-from skillopt.skill import (
+from skillopt.optimizer.select import RankingReply, needs_ranking, ranking_request, select_edits, select_items
+from skillopt.optimizer.step_buffer import StepBuffer, StepBufferEntry
+from skillopt.optimizer.trajectory import format_trajectory
+from skillopt.optimizer.update_modes import FullRewriteMode, Picked, SuggestionsMode, UpdateMode
+from skillopt.skill.document import (
     APPENDIX,
     SLOW_UPDATE,
     Edit,
@@ -60,9 +63,6 @@ from skillopt.skill import (
     replace_block,
     target_text,
 )
-from skillopt.step_buffer import StepBuffer, StepBufferEntry
-from skillopt.trajectory import format_trajectory
-from skillopt.update_modes import FullRewriteMode, Picked, SuggestionsMode, UpdateMode
 from tests.fakes.demo_world import INITIAL_SKILL, accuracy, ask, items, rollout
 
 SKILL = "# Skill\n\n- Answer briefly.\n\n<!-- SLOW_UPDATE_START -->\nBe careful.\n<!-- SLOW_UPDATE_END -->\n"

@@ -1,15 +1,16 @@
-"""The paired comparison of two skills (``skillopt.paired``), skill references (``skillopt.skill_source``) and
+"""The paired comparison of two skills (``skillopt.core.paired``), skill references
+(``skillopt.run.skill_source``) and
 ``skillopt compare``'s bad input, which stops with one line and exit 2 before any model call."""
 
 from __future__ import annotations
 
 import pytest
 
-from skillopt.cli import main
-from skillopt.gate import sign_test_p_value
-from skillopt.paired import bootstrap_interval, compare_rows, per_item_cost
-from skillopt.records import ItemResult
-from skillopt.skill_source import SkillSourceError, read_skill
+from skillopt.core.gate import sign_test_p_value
+from skillopt.core.paired import bootstrap_interval, compare_rows, per_item_cost
+from skillopt.core.records import ItemResult
+from skillopt.run.skill_source import SkillSourceError, read_skill
+from skillopt.shell.cli import main
 
 
 def rows(values: dict[str, float], *, errors: tuple[str, ...] = (),
@@ -90,7 +91,7 @@ def test_skill_references(tmp_path):
     assert read_skill(str(folder)).text.endswith("- rule\n")
     assert read_skill("initial", initial="- start\n").origin == "the benchmark's initial skill"
 
-    from skillopt.registry import SkillRegistry
+    from skillopt.run.registry import SkillRegistry
 
     registry = SkillRegistry(tmp_path / "skills")
     registry.promote("demo", "- one\n", source="a", reason="r")
@@ -112,12 +113,12 @@ def test_skill_references(tmp_path):
 @pytest.fixture
 def no_model_calls(monkeypatch):
     """Any flow start fails the test: bad input must stop before Prefect and before any call."""
-    import skillopt.cli
+    import skillopt.shell.cli
 
     def refuse(*args, **kwargs):
         raise AssertionError("a flow started on bad input")
 
-    monkeypatch.setattr(skillopt.cli, "_run_flow", refuse)
+    monkeypatch.setattr(skillopt.shell.cli, "_run_flow", refuse)
 
 
 @pytest.mark.parametrize(("argv", "message"), [

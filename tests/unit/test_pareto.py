@@ -1,10 +1,10 @@
-"""The Pareto front of ``train.selection: pareto`` (``skillopt.pareto``): what is kept, where a step starts,
-what is chosen."""
+"""The Pareto front of ``train.selection: pareto`` (``skillopt.optimizer.pareto``): what is kept, where a step
+starts, what is chosen."""
 
 from __future__ import annotations
 
-from skillopt.config import EvaluationSection
-from skillopt.pareto import Front, Member, dominates
+from skillopt.core.config import EvaluationSection
+from skillopt.optimizer.pareto import Front, Member, dominates
 
 STRICT = EvaluationSection()
 PAIRED = EvaluationSection(gate_test="paired", gate_alpha=0.1)

@@ -1,4 +1,5 @@
-"""skillopt's changes to the Prefect server it starts (``skillopt.prefect_server``), in this process: the
+"""skillopt's changes to the Prefect server it starts (``skillopt.shell.prefect_server``), in this process:
+the
 task-run recorder's batches and the wait for queued events before a stopping server stops its services. The
 servers themselves are checked in tests/integration (test_prefect_server_sqlite.py,
 test_temporary_server_recording.py).
@@ -11,7 +12,7 @@ import uuid
 
 import pytest
 
-from skillopt.prefect_server import (
+from skillopt.shell.prefect_server import (
     RECORDER_SETTINGS,
     batched_task_run_recorder,
     drained_event_queues_at_shutdown,

@@ -1,5 +1,5 @@
-"""The prefetch layer (``skillopt.prefetch``): a hinted rollout is made once, on the run's rollout slots, and
-the task that asks for it afterwards (or while it is in flight) takes its reply as that same call."""
+"""The prefetch layer (``skillopt.run.prefetch``): a hinted rollout is made once, on the run's rollout slots,
+and the task that asks for it afterwards (or while it is in flight) takes its reply as that same call."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from tests.fakes.demo_world_http import DemoWorldServer, role_overrides
 
 
 def _run(tmp_path, monkeypatch, *overrides: str):  # noqa: ANN001, ANN202
-    from skillopt.assembly import Run, RunSpec
-    from skillopt.config import load_config
+    from skillopt.core.config import load_config
     from skillopt.llm.limiter import NoLimits
+    from skillopt.run.assembly import Run, RunSpec
 
     monkeypatch.chdir(tmp_path)
     loaded = load_config("demo", overrides=["benchmark.val_size=6", *overrides], env={})
@@ -41,7 +41,7 @@ def test_the_scripted_backend_prefetches_nothing(tmp_path, monkeypatch):
 
 
 def test_a_prefetched_rollout_is_made_once_within_the_workers_and_its_task_takes_it(tmp_path, monkeypatch):
-    from skillopt.rollouts import roll_out
+    from skillopt.run.rollouts import roll_out
 
     world = DemoWorldServer(latency_s=0.3)
     with world.server:
@@ -90,7 +90,7 @@ def test_a_waiting_flow_rollout_gets_the_next_slot_before_a_prefetched_one():
     import time
 
     from skillopt.llm.reply_store import PREFETCH
-    from skillopt.rollouts import RolloutSlots
+    from skillopt.run.rollouts import RolloutSlots
 
     slots, order = RolloutSlots(1), []
 

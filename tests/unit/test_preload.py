@@ -1,5 +1,6 @@
-"""The preloaded process of ``skillopt server start`` (``skillopt.preload``), run as users run it: the real
-``python -m skillopt.preload HOME`` process and the real ``skillopt`` command as its client, in separate
+"""The preloaded process of ``skillopt server start`` (``skillopt.shell.preload``), run as users run it: the
+real
+``python -m skillopt.shell.preload HOME`` process and the real ``skillopt`` command as its client, in separate
 processes. No Prefect server is needed: the commands used here stop before a flow starts (a dry run, an
 input error, an endpoint that never answers).
 """
@@ -21,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from bench.e2e import skillopt_env
-from skillopt import preload
+from skillopt.shell import preload
 from tests.processes import alive
 
 
@@ -62,7 +63,7 @@ def _served_pids(home: Path) -> list[int]:
 
 
 def _skillopt(env: dict[str, str], cwd: Path, *argv: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "skillopt.cli", *argv], env=env, cwd=cwd,
+    return subprocess.run([sys.executable, "-m", "skillopt.shell.cli", *argv], env=env, cwd=cwd,
                           capture_output=True, text=True, timeout=120, check=False)
 
 
@@ -141,7 +142,7 @@ class _SilentEndpoint:
 
 
 def _start_hanging(env: dict[str, str], cwd: Path, endpoint: _SilentEndpoint) -> subprocess.Popen[str]:
-    argv = [sys.executable, "-m", "skillopt.cli", "train", "demo", "--backend", "openai_compatible",
+    argv = [sys.executable, "-m", "skillopt.shell.cli", "train", "demo", "--backend", "openai_compatible",
             "-o", f"model.target.base_url={endpoint.url}", "-o", f"model.optimizer.base_url={endpoint.url}",
             "-o", "model.target.model=m", "-o", "model.optimizer.model=m"]
     return subprocess.Popen(argv, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -199,7 +200,8 @@ def test_commands_that_run_no_flow_are_not_handed_over():
 
 def test_the_record_names_a_live_preloaded_process_only(tmp_path):
     (tmp_path / preload.RECORD).write_text(json.dumps({"pid": os.getpid()}))
-    assert preload.recorded_process(tmp_path) is None  # this process is not `python -m skillopt.preload`
+    # this process is not `python -m skillopt.shell.preload`
+    assert preload.recorded_process(tmp_path) is None
 
 
 def test_the_preloaded_process_holds_what_a_run_would_load_on_first_use():
@@ -210,7 +212,7 @@ def test_the_preloaded_process_holds_what_a_run_would_load_on_first_use():
 import importlib, json, sys, threading
 from importlib.metadata import entry_points
 from prefect.settings import temporary_settings
-from skillopt import preload
+from skillopt.shell import preload
 from skillopt.flows.run import command_line_defaults
 from skillopt.llm import http_common
 from skillopt.llm.base import builtin_backend_modules

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 
 from skillopt.benchmarks.base import load_benchmark
+from skillopt.core.records import ItemResult
 from skillopt.llm.base import BackendContext
 from skillopt.llm.scripted import AUTO_PROBE_INSTRUCTION, ScriptedBackend, resolve_rule_set
-from skillopt.probe import ProbeReply, probe_request
-from skillopt.records import ItemResult
+from skillopt.optimizer.probe import ProbeReply, probe_request
 
 
 def failed_row() -> ItemResult:

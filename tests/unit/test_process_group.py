@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from skillopt.process_group import end_group, own_group, run_in_group
+from skillopt.sandbox.process_group import end_group, own_group, run_in_group
 from tests.processes import alive
 
 pytestmark = pytest.mark.skipif(os.name == "nt", reason="POSIX process groups")

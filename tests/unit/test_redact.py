@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import logging
 
-from skillopt.redact import REDACTED, RedactingFilter, Redactor, looks_like_secret, secret_values_from_env
+from skillopt.core.redact import (
+    REDACTED,
+    RedactingFilter,
+    Redactor,
+    looks_like_secret,
+    secret_values_from_env,
+)
 
 
 def test_values_of_credential_variables_are_redacted_wherever_they_appear():

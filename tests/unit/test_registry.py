@@ -6,14 +6,14 @@ import json
 
 import pytest
 
-from skillopt.registry import (
+from skillopt.run.registry import (
     RegistryError,
     RegistryEvent,
     SkillRegistry,
     promotion_markdown,
     promotion_verdict,
 )
-from skillopt.skill import skill_hash
+from skillopt.skill.document import skill_hash
 
 
 def test_promote_writes_a_version_current_md_and_a_history_line(tmp_path):
@@ -127,7 +127,7 @@ def test_promotion_markdown_shows_decision_and_scores():
 def test_the_registry_stores_and_serves_skill_folders(tmp_path):
     from skills_ref.validator import validate
 
-    from skillopt.skill_files import join_files, split_files
+    from skillopt.skill.files import join_files, split_files
 
     registry = SkillRegistry(tmp_path / "skills")
     front = "---\nname: word-problems\ndescription: Solve word problems.\n---\n\n# Body"
@@ -156,7 +156,7 @@ def test_the_registry_stores_and_serves_skill_folders(tmp_path):
 def test_skills_promote_takes_a_skill_folder(tmp_path):
     import io
 
-    from skillopt.cli import main
+    from skillopt.shell.cli import main
 
     skill = tmp_path / "word-problems"
     (skill / "references").mkdir(parents=True)

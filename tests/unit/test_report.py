@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from skillopt.cli import main
-from skillopt.gate import decide
-from skillopt.records import StepRecord
-from skillopt.report import ReportError, load_run, render_compare, render_report, write_report
-from skillopt.runs import RunDir
+from skillopt.core.gate import decide
+from skillopt.core.records import StepRecord
+from skillopt.run.report import ReportError, load_run, render_compare, render_report, write_report
+from skillopt.run.runs import RunDir
+from skillopt.shell.cli import main
 
 HOSTILE = '<script>alert("x")</script><img src=http://example.invalid/x.png>'
 
@@ -188,7 +188,7 @@ def test_a_secret_in_the_run_directory_never_reaches_the_report(tmp_path, monkey
 
 
 def test_report_link_points_at_the_reports_server_or_the_file(tmp_path):
-    from skillopt.artifacts import report_url
+    from skillopt.run.artifacts import report_url
 
     report = tmp_path / "runs" / "My run" / "report.html"
     assert report_url(report, run_name="My run", reports_url="http://127.0.0.1:8080/") == \
@@ -222,7 +222,7 @@ def test_the_diff_viewer_opens_on_the_latest_accepted_change(tmp_path):
 def test_the_markdown_report_carries_the_tables_and_the_plots_as_inline_images(tmp_path):
     import base64
 
-    from skillopt.report_markdown import report_markdown
+    from skillopt.run.report_markdown import report_markdown
 
     text = report_markdown(load_run(make_run(tmp_path)), html_report="file:///x/report.html")
     assert "| baseline | selection | 0.250 | 0.250 |" in text

@@ -11,9 +11,9 @@ import pickle
 
 from prefect.utilities.collections import visit_collection
 
-from skillopt.assembly import Run, RunSpec, open_run, remember_run
-from skillopt.config import load_config
-from skillopt.data import Item
+from skillopt.core.config import load_config
+from skillopt.core.data import Item
+from skillopt.run.assembly import Run, RunSpec, open_run, remember_run
 from skillopt.tasks.cache import bound
 
 

@@ -86,7 +86,7 @@ def test_after_ctrl_c_prefect_s_crash_lines_are_dropped_from_every_run_logger_th
     after Ctrl-C the command says it once, so that line goes too."""
     import logging
 
-    from skillopt.interrupt import InterruptGuard
+    from skillopt.shell.interrupt import InterruptGuard
 
     guard = InterruptGuard(io.StringIO())
     seen: list[str] = []

@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from skillopt.atomic import check_writable
-from skillopt.config import SkillOptConfig
-from skillopt.errors import ConfigError, StorageError
-from skillopt.records import StepRecord
-from skillopt.report import load_run
-from skillopt.runs import RunDir, RunDirError, config_hash
+from skillopt.core.atomic import check_writable
+from skillopt.core.config import SkillOptConfig
+from skillopt.core.errors import ConfigError, StorageError
+from skillopt.core.records import StepRecord
+from skillopt.run.report import load_run
+from skillopt.run.runs import RunDir, RunDirError, config_hash
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -63,9 +63,9 @@ def test_a_second_process_on_the_same_run_gets_an_error_naming_the_holder(tmp_pa
     open_run(tmp_path)  # this process holds the run now
     result = python(f"""
         from pathlib import Path
-        from skillopt.config import SkillOptConfig
-        from skillopt.errors import StorageError
-        from skillopt.runs import RunDir, config_hash
+        from skillopt.core.config import SkillOptConfig
+        from skillopt.core.errors import StorageError
+        from skillopt.run.runs import RunDir, config_hash
         config = SkillOptConfig.model_validate({{"benchmark": {{"name": "demo"}}}})
         try:
             RunDir.open(Path({str(tmp_path / "runs")!r}), "run1", config, config_hash=config_hash(config),
@@ -81,8 +81,8 @@ def test_a_second_process_on_the_same_run_gets_an_error_naming_the_holder(tmp_pa
 def test_the_lock_goes_with_the_process_that_held_it(tmp_path: Path):
     holder = python(f"""
         from pathlib import Path
-        from skillopt.config import SkillOptConfig
-        from skillopt.runs import RunDir, config_hash
+        from skillopt.core.config import SkillOptConfig
+        from skillopt.run.runs import RunDir, config_hash
         config = SkillOptConfig.model_validate({{"benchmark": {{"name": "demo"}}}})
         RunDir.open(Path({str(tmp_path / "runs")!r}), "run1", config, config_hash=config_hash(config),
                     provenance={{}})
@@ -191,8 +191,8 @@ def test_a_read_only_folder_is_one_line_naming_it_and_the_setting(tmp_path: Path
     folder.mkdir()
     probe = bwrap_python(tmp_path, f"""
         from pathlib import Path
-        from skillopt.atomic import check_writable
-        from skillopt.errors import StorageError
+        from skillopt.core.atomic import check_writable
+        from skillopt.core.errors import StorageError
         try:
             check_writable(Path({str(folder)!r}), "run.cache_dir")
         except StorageError as error:
@@ -212,8 +212,8 @@ def test_a_full_disk_is_one_line_naming_the_file(tmp_path: Path):
     result = python(f"""
         import resource, signal
         from pathlib import Path
-        from skillopt.errors import StorageError
-        from skillopt.runs import RunDir
+        from skillopt.core.errors import StorageError
+        from skillopt.run.runs import RunDir
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         run = RunDir(Path({str(tmp_path / "run")!r}))
         run.write_text("small.txt", "fits")

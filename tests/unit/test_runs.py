@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from skillopt import artifacts
-from skillopt.config import SkillOptConfig
-from skillopt.errors import ConfigError
-from skillopt.gate import Scores, decide
-from skillopt.records import ItemResult, StepRecord
-from skillopt.redact import Redactor
-from skillopt.runs import (
+from skillopt.core.config import SkillOptConfig
+from skillopt.core.errors import ConfigError
+from skillopt.core.gate import Scores, decide
+from skillopt.core.records import ItemResult, StepRecord
+from skillopt.core.redact import Redactor
+from skillopt.run import artifacts
+from skillopt.run.runs import (
     RunDir,
     RunDirError,
     build_summary,
@@ -26,7 +26,7 @@ from skillopt.runs import (
     run_directory_name,
     summary_dict,
 )
-from skillopt.skill import Edit, apply_edits
+from skillopt.skill.document import Edit, apply_edits
 
 SENTINEL = "sk-SENTINEL-0123456789abcdef"
 
@@ -444,7 +444,7 @@ def test_a_redactor_can_be_passed_explicitly() -> None:
 
 
 def test_the_cost_table_says_unknown_for_unpriced_calls():
-    from skillopt.artifacts import cost_table
+    from skillopt.run.artifacts import cost_table
 
     usage = {"by_stage": [{"stage": "rollout", "calls": 3, "tokens": 90, "usd": 0.0, "unpriced_calls": 3},
                           {"stage": "analyst", "calls": 1, "tokens": 50, "usd": 0.002, "unpriced_calls": 0}],
@@ -454,7 +454,7 @@ def test_the_cost_table_says_unknown_for_unpriced_calls():
 
 
 def test_the_finished_progress_keeps_the_run_s_reply_counts():
-    from skillopt.artifacts import progress_markdown
+    from skillopt.run.artifacts import progress_markdown
 
     totals = {"optimizer_replies": {"parsed": 1, "fallback": 5}, "errors": {"rollout": 2, "gate": 0}}
     text = progress_markdown(1, 1, 3, 3, 0.4, 0.5, finished=True, totals=totals)

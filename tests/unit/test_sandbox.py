@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from skillopt.sandbox import SandboxResult, run_sandboxed
+from skillopt.sandbox.confine import SandboxResult, run_sandboxed
 
 
 @pytest.fixture

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from skillopt.errors import ConfigError
-from skillopt.schedule import AutonomousBudget, EditBudgetSchedule, clamp_autonomous
+from skillopt.core.errors import ConfigError
+from skillopt.optimizer.schedule import AutonomousBudget, EditBudgetSchedule, clamp_autonomous
 
 
 def test_cosine_4_to_2_over_40_steps_gives_13_fours_13_threes_14_twos() -> None:

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from skillopt.config import SkillOptConfig
-from skillopt.resources import shipped_config_names
+from skillopt.core.config import SkillOptConfig
+from skillopt.core.resources import shipped_config_names
 
 ROOT = Path(__file__).resolve().parents[2]
 IMAGE = "skillopt:local"
@@ -178,7 +178,7 @@ def test_every_command_names_something_the_image_has(compose):
             assert command[1] == "-m" and importlib.util.find_spec(command[2]) is not None, (
                 f"{name}: {command}"
             )
-            if command[2] == "skillopt.prefect_server":  # Prefect's command line, `server start` first
+            if command[2] == "skillopt.shell.prefect_server":  # Prefect's command line, `server start` first
                 assert command[3:5] == ["server", "start"], f"{name}: {command}"
         else:
             assert program in scripts, f"{name}: {program} is not a console script of the image"
@@ -192,13 +192,13 @@ def test_every_command_names_something_the_image_has(compose):
 
 
 def _check_skillopt_arguments(arguments: list[str]) -> None:
-    from skillopt.cli import _build_parser
     from skillopt.deployments.serve import registered_benchmarks
+    from skillopt.shell.cli import _build_parser
 
     parsed = _build_parser().parse_args(arguments)  # exits (fails the test) on an unknown option
     assert parsed.command == "serve"
     assert set(parsed.benchmarks) <= set(registered_benchmarks())
-    from skillopt.config import load_config
+    from skillopt.core.config import load_config
 
     load_config("demo", overrides=parsed.override, env={})  # every -o is a valid config key and value
 

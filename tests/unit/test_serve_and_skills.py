@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from skillopt.cli import main
+from skillopt.core.errors import ConfigError, in_deployment_terms
 from skillopt.deployments.serve import (
     build_deployments,
     registered_benchmarks,
     run_defaults,
     servable_benchmarks,
 )
-from skillopt.errors import ConfigError, in_deployment_terms
+from skillopt.shell.cli import main
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 

@@ -7,7 +7,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from bench.run import free_port
-from skillopt.local_server import warm_up
+from skillopt.shell.local_server import warm_up
 
 
 def test_warm_up_asks_for_a_path_under_the_api_and_takes_the_404():

@@ -7,8 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from skillopt.errors import SkillFormatError
-from skillopt.skill import (
+from skillopt.core.errors import SkillFormatError
+from skillopt.skill.document import (
     APPENDIX,
     APPLY_STATUSES,
     SLOW_UPDATE,

@@ -11,13 +11,15 @@ from pathlib import Path
 import pytest
 from skills_ref.validator import validate, validate_metadata
 
-from skillopt.artifacts import edits_table, skill_diff_markdown
-from skillopt.cli import main
-from skillopt.gate import decide
+from skillopt.core.gate import decide
 from skillopt.llm.exec_harness import ExecTask, _write_workspace
-from skillopt.merge import edit_json
-from skillopt.reflect import AnalystReply, current_skill_section, patch_from_reply
-from skillopt.skill import (
+from skillopt.optimizer.merge import edit_json
+from skillopt.optimizer.reflect import AnalystReply, current_skill_section, patch_from_reply
+from skillopt.run.artifacts import edits_table, skill_diff_markdown
+from skillopt.run.skill_install import export_run_skill, install_run_skill
+from skillopt.shell.cli import main
+from skillopt.skill.diff import changed_files, file_diffs
+from skillopt.skill.document import (
     Edit,
     SkillDocument,
     apply_edits,
@@ -26,12 +28,10 @@ from skillopt.skill import (
     skill_hash,
     target_text,
 )
-from skillopt.skill_diff import changed_files, file_diffs
-from skillopt.skill_files import SKILL_MD, join_files, split_files
-from skillopt.skill_folder import SkillFolderError, load_skill, skill_folder_files, write_skill_folder
-from skillopt.skill_install import export_run_skill, install_run_skill
-from skillopt.skill_render import render_inline
-from skillopt.skill_spec import SkillSpec, front_matter, metadata_problems, skill_name_from
+from skillopt.skill.files import SKILL_MD, join_files, split_files
+from skillopt.skill.folder import SkillFolderError, load_skill, skill_folder_files, write_skill_folder
+from skillopt.skill.render import render_inline
+from skillopt.skill.spec import SkillSpec, front_matter, metadata_problems, skill_name_from
 
 FRONT = "---\nname: word-problems\ndescription: Solve word problems and format answers exactly.\n---\n"
 SKILL = f"{FRONT}\n# Word problems\n\n- Work it out.\n- Answer in tags."
@@ -382,8 +382,8 @@ def test_deployments_take_a_skill_parameter(tmp_path, monkeypatch):
 
 
 def test_progressive_rendering_is_refused_with_a_clear_config_error():
-    from skillopt.config import load_config
-    from skillopt.errors import ConfigError
+    from skillopt.core.config import load_config
+    from skillopt.core.errors import ConfigError
 
     with pytest.raises(ConfigError) as caught:
         load_config("demo", overrides=["skill.render=progressive"], env={})

@@ -7,8 +7,10 @@ import re
 
 import pytest
 
+from skillopt.core.prompts import OPTIMIZER_PROMPTS, ReplyModel, optimizer_prompt
+from skillopt.core.records import Diagnosis, ItemResult, Patch
 from skillopt.llm.chat import ChatRequest
-from skillopt.merge import (
+from skillopt.optimizer.merge import (
     MergeReply,
     concat_fallback,
     merge_groups,
@@ -16,11 +18,9 @@ from skillopt.merge import (
     patch_from_merge,
     plan_merge_levels,
 )
-from skillopt.meta_skill import MetaSkillReply, memory_from_reply, meta_skill_request
-from skillopt.probe import probe_request
-from skillopt.prompts import OPTIMIZER_PROMPTS, ReplyModel, optimizer_prompt
-from skillopt.records import Diagnosis, ItemResult, Patch
-from skillopt.reflect import (
+from skillopt.optimizer.meta_skill import MetaSkillReply, memory_from_reply, meta_skill_request
+from skillopt.optimizer.probe import probe_request
+from skillopt.optimizer.reflect import (
     AnalystReply,
     analyst_fallback,
     analyst_request,
@@ -28,17 +28,17 @@ from skillopt.reflect import (
     patch_from_reply,
     split_and_batch,
 )
-from skillopt.select import RankingReply, needs_ranking, ranking_request, select_edits
-from skillopt.skill import Edit
-from skillopt.slow_update import (
+from skillopt.optimizer.select import RankingReply, needs_ranking, ranking_request, select_edits
+from skillopt.optimizer.slow_update import (
     SlowUpdateReply,
     guidance_from_reply,
     pair_by_id,
     select_pairs,
     slow_update_request,
 )
-from skillopt.step_buffer import StepBuffer, StepBufferEntry, failure_patterns
-from skillopt.trajectory import format_trajectory
+from skillopt.optimizer.step_buffer import StepBuffer, StepBufferEntry, failure_patterns
+from skillopt.optimizer.trajectory import format_trajectory
+from skillopt.skill.document import Edit
 
 SKILL = "# Skill\n\n- Answer briefly.\n\n<!-- SLOW_UPDATE_START -->\nBe careful.\n<!-- SLOW_UPDATE_END -->\n"
 EVALUATION = "[EVALUATION RESULT] task: capital of X\npredicted: Paris\nexpected: Lyon\nverdict: wrong"

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from skillopt.config import load_config
-from skillopt.errors import ConfigError
+from skillopt.core.config import load_config
+from skillopt.core.errors import ConfigError
 from skillopt.llm.base import BackendRegistry
 from skillopt.llm.roles import CliRoleOptions, resolve_roles
-from skillopt.targets import check_targets, with_target
+from skillopt.run.targets import check_targets, with_target
 
 
 def test_a_named_target_replaces_model_target_and_keeps_its_backend_against_the_command_line():

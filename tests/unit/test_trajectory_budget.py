@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import re
 
-from skillopt.records import ItemResult
-from skillopt.reflect import analyst_request
-from skillopt.slow_update import pair_by_id, slow_update_request
-from skillopt.trajectory import elide_middle, fit_trajectories, format_trajectory
+from skillopt.core.records import ItemResult
+from skillopt.optimizer.reflect import analyst_request
+from skillopt.optimizer.slow_update import pair_by_id, slow_update_request
+from skillopt.optimizer.trajectory import elide_middle, fit_trajectories, format_trajectory
 
 MARKER = re.compile(r"\[… (\d+) characters elided …\]")
 

@@ -21,7 +21,7 @@ from typing import Any
 from skillopt.benchmarks.answers import exact_match, last_tag
 from skillopt.benchmarks.base import Benchmark, BenchmarkConfig, Judge, Score
 from skillopt.benchmarks.rows import required_text
-from skillopt.data import Item
+from skillopt.core.data import Item
 from skillopt.llm.chat import Message, user
 
 

@@ -49,8 +49,8 @@ from skillopt.benchmarks.episode import EpisodeContext, EpisodeResult
 from skillopt.benchmarks.grading import hidden_reference_block
 from skillopt.benchmarks.rows import confined_path
 from skillopt.benchmarks.runner import READOUT_HEADING
-from skillopt.data import Item
-from skillopt.errors import BenchmarkSetupError
+from skillopt.core.data import Item
+from skillopt.core.errors import BenchmarkSetupError
 from skillopt.llm.chat import ChatRequest, Message, user
 
 BENCHMARK_ID = "alfworld"

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from skillopt.errors import BenchmarkSetupError
+from skillopt.core.errors import BenchmarkSetupError
 
 #: The six task types, keyed by the prefix of a task directory (longest match first).
 TASK_TYPE_PREFIXES: tuple[tuple[str, str], ...] = (
@@ -205,9 +205,8 @@ def game_data_root(roots: Sequence[Path]) -> Path:
 def check_alfworld_installed() -> None:
     """``BenchmarkSetupError`` naming the extra when ``alfworld`` or ``textworld`` cannot be imported."""
     try:
-        import textworld  # noqa: F401
-
         import alfworld.agents.environment  # noqa: F401
+        import textworld  # noqa: F401
     except ImportError as exc:
         raise BenchmarkSetupError(
             f"alfworld: the real environment needs the alfworld package ({exc}); install it with "

@@ -28,8 +28,8 @@ from skillopt.benchmarks.choices import options_block, parse_options
 from skillopt.benchmarks.grading import verdict_request
 from skillopt.benchmarks.images import resolve_image, text_then_image
 from skillopt.benchmarks.rows import ROW_DIR, roots_of, rows_from
-from skillopt.data import DropRow, Item, read_records
-from skillopt.errors import BenchmarkSetupError
+from skillopt.core.data import DropRow, Item, read_records
+from skillopt.core.errors import BenchmarkSetupError
 from skillopt.llm.chat import ChatRequest, Message
 
 BENCHMARK_ID = "babyvision"

@@ -18,7 +18,7 @@ from pydantic import Field
 from skillopt.benchmarks.base import Benchmark, BenchmarkConfig, Judge, Score, split_items
 from skillopt.benchmarks.demo.world import TASK_TYPES, generate_splits, last_answer, score_response
 from skillopt.benchmarks.rows import hashed_id
-from skillopt.data import Item
+from skillopt.core.data import Item
 from skillopt.llm.chat import Message, user
 
 BENCHMARK_ID = "demo"

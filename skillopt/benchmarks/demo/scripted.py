@@ -52,7 +52,7 @@ from skillopt.benchmarks.demo.world import (
 from skillopt.llm.base import BackendContext
 from skillopt.llm.chat import ChatRequest
 from skillopt.llm.scripted import Answer, AutoRules, NoAnswer, RuleTable, parse_rules
-from skillopt.skill import SkillDocument, restore_protected
+from skillopt.skill.document import SkillDocument, restore_protected
 
 #: Share of analyst calls that add a harmful or useless edit (hashed from the seed and the item ids).
 NOISE_RATE = 0.3

@@ -23,8 +23,8 @@ from skillopt.benchmarks.answers import last_line, quote_answer, read_answer
 from skillopt.benchmarks.base import Benchmark, BenchmarkConfig, Judge, Score, with_reading
 from skillopt.benchmarks.images import resolve_image, text_then_image
 from skillopt.benchmarks.rows import ROW_DIR, first_text, parse_list, read_table, roots_of, rows_from
-from skillopt.data import Item
-from skillopt.errors import BenchmarkSetupError
+from skillopt.core.data import Item
+from skillopt.core.errors import BenchmarkSetupError
 from skillopt.llm.chat import Message
 
 BENCHMARK_ID = "docvqa"

@@ -36,8 +36,8 @@ from skillopt.benchmarks.answers import (
 from skillopt.benchmarks.base import Benchmark, BenchmarkConfig, Judge, Score, with_reading
 from skillopt.benchmarks.choices import labelled, options_block, options_of, parse_options
 from skillopt.benchmarks.grading import HIDDEN_REFERENCE_CHARS, hidden_reference_block
-from skillopt.data import DropRow, Item, read_records
-from skillopt.errors import DataError
+from skillopt.core.data import DropRow, Item, read_records
+from skillopt.core.errors import DataError
 from skillopt.llm.chat import Message, user
 
 BENCHMARK_ID = "livemathematicianbench"

@@ -27,8 +27,8 @@ from skillopt.benchmarks.base import Benchmark, BenchmarkConfig, Judge, Score, w
 from skillopt.benchmarks.grading import hidden_reference_block, verdict_request
 from skillopt.benchmarks.images import resolve_image, text_then_image
 from skillopt.benchmarks.rows import ROW_DIR, roots_of, rows_from
-from skillopt.data import ITEMS_FILE, DropRow, Item, read_records
-from skillopt.errors import BenchmarkSetupError
+from skillopt.core.data import ITEMS_FILE, DropRow, Item, read_records
+from skillopt.core.errors import BenchmarkSetupError
 from skillopt.llm.chat import ChatRequest, Message
 
 BENCHMARK_ID = "mathverse"

@@ -27,7 +27,7 @@ from skillopt.benchmarks.base import Benchmark, BenchmarkConfig, Judge, Score, w
 from skillopt.benchmarks.grading import hidden_reference_block
 from skillopt.benchmarks.images import image_part, resolve_image
 from skillopt.benchmarks.rows import ROW_DIR, roots_of, rows_from
-from skillopt.data import DropRow, Item, read_records
+from skillopt.core.data import DropRow, Item, read_records
 from skillopt.llm.chat import Message, Part, TextPart, user
 
 BENCHMARK_ID = "mmrb"

@@ -30,8 +30,8 @@ from skillopt.benchmarks.episode import EpisodeContext, EpisodeResult
 from skillopt.benchmarks.officeqa.documents import MAX_CANDIDATES_SHOWN, Corpus, docs_roots, oracle_pages
 from skillopt.benchmarks.officeqa.tools import PROTOCOL, DocumentTools, parse_tool_call
 from skillopt.benchmarks.rows import first_text, hashed_id, read_table, required_text
-from skillopt.data import Item, read_records
-from skillopt.errors import BenchmarkSetupError, DataError
+from skillopt.core.data import Item, read_records
+from skillopt.core.errors import BenchmarkSetupError, DataError
 from skillopt.llm.chat import Message, assistant, user
 
 BENCHMARK_ID = "officeqa"

@@ -36,8 +36,8 @@ from skillopt.benchmarks.answers import (
 from skillopt.benchmarks.base import Benchmark, BenchmarkConfig, Judge, Score, with_reading
 from skillopt.benchmarks.choices import labelled, options_block, options_of
 from skillopt.benchmarks.rows import hashed_id, read_table
-from skillopt.data import Item, read_records
-from skillopt.errors import BenchmarkSetupError, DataError
+from skillopt.core.data import Item, read_records
+from skillopt.core.errors import BenchmarkSetupError, DataError
 from skillopt.llm.chat import ChatRequest, Message, system, user
 
 BENCHMARK_ID = "qa"

@@ -27,8 +27,8 @@ from skillopt.benchmarks.base import Benchmark, BenchmarkConfig, Judge, Score
 from skillopt.benchmarks.episode import EpisodeContext, EpisodeResult
 from skillopt.benchmarks.rows import hashed_id, parse_list, read_table, required_text, text_field
 from skillopt.benchmarks.sealqa.fetch import FetchError, UrlFetcher, UrllibFetcher, check_scheme, page_text
-from skillopt.data import Item
-from skillopt.errors import BenchmarkSetupError
+from skillopt.core.data import Item
+from skillopt.core.errors import BenchmarkSetupError
 from skillopt.llm.chat import ChatRequest, Message, assistant, system, user
 
 BENCHMARK_ID = "sealqa"

@@ -23,7 +23,7 @@ from skillopt.benchmarks.answers import (
     sub_exact_match,
 )
 from skillopt.benchmarks.base import Benchmark, BenchmarkConfig, Judge, Score, with_reading
-from skillopt.data import Item
+from skillopt.core.data import Item
 from skillopt.llm.chat import Message, user
 
 BENCHMARK_ID = "searchqa"

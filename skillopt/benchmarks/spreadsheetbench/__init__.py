@@ -5,7 +5,7 @@ Items are ``{id, instruction, spreadsheet_path, instruction_type, answer_positio
 (``items.json`` per split); ``spreadsheet_path`` is a task folder holding the test-case pairs (see
 :func:`~skillopt.benchmarks.spreadsheetbench.cells.find_test_cases`), resolved against
 ``data_root``. The target sees only case 1's input, as a preview, and replies with one fenced
-python block; the harness runs it through :func:`skillopt.sandbox.run_sandboxed` with
+python block; the harness runs it through :func:`skillopt.sandbox.confine.run_sandboxed` with
 ``INPUT_PATH``/``OUTPUT_PATH`` defined. ``score`` re-runs the final script on every case:
 **hard = all cases pass, soft = passed / cases**.
 
@@ -39,10 +39,16 @@ from skillopt.benchmarks.spreadsheetbench.cells import (
     split_ranges,
     verification_table,
 )
-from skillopt.data import Item
-from skillopt.errors import BenchmarkSetupError
+from skillopt.core.data import Item
+from skillopt.core.errors import BenchmarkSetupError
 from skillopt.llm.chat import Message, assistant, system, user
-from skillopt.sandbox import SandboxMode, SandboxResult, SandboxUnavailable, require_sandbox, run_sandboxed
+from skillopt.sandbox.confine import (
+    SandboxMode,
+    SandboxResult,
+    SandboxUnavailable,
+    require_sandbox,
+    run_sandboxed,
+)
 
 BENCHMARK_ID = "spreadsheetbench"
 TASK_TYPES = {"Cell-Level Manipulation": "cell_level", "Sheet-Level Manipulation": "sheet_level"}

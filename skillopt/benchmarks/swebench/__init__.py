@@ -44,10 +44,10 @@ from skillopt.benchmarks.swebench.harness import (
     read_report,
     test_ids,
 )
-from skillopt.data import Item, SplitSpec, parse_split_ratio, read_records
-from skillopt.errors import BenchmarkSetupError
+from skillopt.core.data import Item, SplitSpec, parse_split_ratio, read_records
+from skillopt.core.errors import BenchmarkSetupError
 from skillopt.llm.chat import Message, user
-from skillopt.sandbox import SandboxUnavailable, require_sandbox
+from skillopt.sandbox.confine import SandboxUnavailable, require_sandbox
 
 BENCHMARK_ID = "swebench"
 _REPO_NAME = re.compile(r"(?!\.+/)[\w.-]+/(?!\.+$)[\w.-]+")

@@ -26,9 +26,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from skillopt.errors import SkillOptError
-from skillopt.process_group import run_in_group
-from skillopt.sandbox import SandboxMode, run_sandboxed
+from skillopt.core.errors import SkillOptError
+from skillopt.sandbox.confine import SandboxMode, run_sandboxed
+from skillopt.sandbox.process_group import run_in_group
 
 MODEL_NAME = "skillopt"
 #: The harness ``--dataset_name`` for each ``benchmark.dataset``.
