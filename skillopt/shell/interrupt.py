@@ -111,22 +111,21 @@ class InterruptGuard:
         """A SIGTERM arrived: the run ends with exit 143, at the latest ``grace_s`` from now."""
         if self._exit_code is None:
             self._exit_code = EXIT_TERMINATED
-        self.signals += 1
-        if self.signals >= 2:
-            self.force_exit()
-        deadline = threading.Timer(self.grace_s, self.force_exit)
-        deadline.daemon = True
-        deadline.start()
+        self._count_signal()
 
     # ---- internals -----------------------------------------------------------------------
 
-    def _on_sigint(self, signum: int, frame: FrameType | None) -> None:
+    def _count_signal(self) -> None:
+        """A second signal exits at once; the first leaves ``grace_s`` for the run to end cleanly."""
         self.signals += 1
         if self.signals >= 2:
             self.force_exit()
         deadline = threading.Timer(self.grace_s, self.force_exit)
         deadline.daemon = True
         deadline.start()
+
+    def _on_sigint(self, signum: int, frame: FrameType | None) -> None:
+        self._count_signal()
         raise KeyboardInterrupt
 
     def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:

@@ -66,15 +66,19 @@ def flow_runs(port: int) -> list[tuple[str, str]]:
         return [(run["name"], run["state_type"]) for run in json.load(response)]
 
 
+def train_command(run_name: str) -> list[str]:
+    """Three epochs of one-item steps on the spreadsheetbench fixtures, offline: long enough to cut short."""
+    return [sys.executable, "-m", "skillopt.shell.cli", "train", "spreadsheetbench", "--data", str(FIXTURES),
+            "--backend", "scripted", "--run-name", run_name, "-o", "train.epochs=3",
+            "-o", "train.batch_size=1"]
+
+
 def test_a_run_outlives_its_api_server_dying_and_coming_back_or_stops_resumably(tmp_path):
     home, port = tmp_path / "prefect-home", free_port()
     server = start_server(home, port)
     env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_API_URL": f"http://127.0.0.1:{port}/api",
            "PREFECT_LOGGING_LEVEL": "WARNING"}
-    command = [sys.executable, "-m", "skillopt.shell.cli", "train", "spreadsheetbench", "--data",
-               str(FIXTURES),
-               "--backend", "scripted", "--run-name", "outage", "-o", "train.epochs=3",
-               "-o", "train.batch_size=1"]
+    command = train_command("outage")
 
     def start() -> subprocess.Popen:
         return subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE,
@@ -123,10 +127,7 @@ def test_the_run_that_resumes_a_killed_run_settles_its_flow_run_left_running(tmp
     server = start_server(home, port)
     env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_API_URL": f"http://127.0.0.1:{port}/api",
            "PREFECT_LOGGING_LEVEL": "WARNING"}
-    command = [sys.executable, "-m", "skillopt.shell.cli", "train", "spreadsheetbench", "--data",
-               str(FIXTURES),
-               "--backend", "scripted", "--run-name", "killed", "-o", "train.epochs=3",
-               "-o", "train.batch_size=1"]
+    command = train_command("killed")
     run = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                            text=True, start_new_session=True)
     try:
