@@ -87,7 +87,7 @@ def test_artifacts_read_back_from_the_prefect_api(demo_run, prefect_api):
     edits = table(versions(prefect_api, "edits")[-1])
     last_with_edits = [r for r in history if r["edits"]][-1]
     assert [row["op"] for row in edits] == [e["op"] for e in last_with_edits["edits"]]
-    assert set(edits[0]) == {"rank", "op", "target", "content", "support", "status", "decision"}
+    assert set(edits[0]) == {"rank", "file", "op", "target", "content", "support", "status", "decision"}
     assert [row["content"] for row in edits] == [" ".join(e["content"].split())[:400]
                                                  for e in last_with_edits["edits"]]
 
