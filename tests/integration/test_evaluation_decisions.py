@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import time
+from datetime import UTC, datetime
 from io import StringIO
 from pathlib import Path
 
@@ -133,17 +134,24 @@ def test_serve_registers_the_evaluation_deployments_and_skill_eval_scores_a_regi
     code, _, err = run_cli("skills", "promote", "demo", str(tmp_path / "trained.md"), "--skills-dir",
                            str(tmp_path / "skills"))
     assert code == 0, err
+    started = datetime.now(UTC)
     with serving(prefect_api, tmp_path, "demo") as (handle, _, _):
         with handle.settings(), handle.client() as client:
             deadline = time.monotonic() + 60
             found = {}
             for name in ("skill-eval/demo", "skill-compare/demo", "skill-transfer/matrix"):
+                # The server is shared by the session: an earlier serve may have registered the same
+                # deployment; wait for this serve's registration.
                 while name not in found:
                     try:
-                        found[name] = client.read_deployment_by_name(name)
+                        deployment = client.read_deployment_by_name(name)
+                        if deployment.updated is not None and deployment.updated >= started:
+                            found[name] = deployment
+                            continue
                     except ObjectNotFound:
-                        assert time.monotonic() < deadline, f"{name} not registered"
-                        time.sleep(0.5)
+                        pass
+                    assert time.monotonic() < deadline, f"{name} not registered by this serve"
+                    time.sleep(0.5)
         assert found["skill-eval/demo"].parameters["skill_file"] == "registry:"
         assert found["skill-transfer/matrix"].parameters["targets"] == ["scripted_a", "scripted_b"]
         assert [s.schedule.cron for s in found["skill-transfer/matrix"].schedules] == ["0 3 * * *"]
