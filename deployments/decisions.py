@@ -36,13 +36,7 @@ def deployment_names(benchmarks: Sequence[str]) -> list[str]:
 
 def shared_parameters(defaults: Any) -> dict[str, Any]:
     """The parameters every evaluation deployment takes from ``serve``'s command line (``RunDefaults``)."""
-    parameters: dict[str, Any] = {}
-    if defaults.data:
-        parameters["data"] = defaults.data
-    if defaults.config_file:
-        parameters["config_file"] = defaults.config_file
-    if defaults.overrides:
-        parameters["overrides"] = list(defaults.overrides)
+    parameters: dict[str, Any] = defaults.input_parameters()
     if defaults.cli_roles:
         parameters["cli_roles"] = dict(defaults.cli_roles)
     return parameters

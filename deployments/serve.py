@@ -62,15 +62,20 @@ class RunDefaults:
     #: ``--skill``: the skill folder or markdown file to start from, stored as an absolute path.
     skill: str | None = None
 
-    def parameters(self, benchmark: str) -> dict[str, Any]:
-        """The deployment's default parameters: only what was given, so the UI form shows the rest empty."""
-        parameters: dict[str, Any] = {"benchmark": benchmark, "mode": self.mode}
+    def input_parameters(self) -> dict[str, Any]:
+        """The data, config file and overrides given to ``serve``, as every deployment takes them."""
+        parameters: dict[str, Any] = {}
         if self.data:
             parameters["data"] = self.data
         if self.config_file:
             parameters["config_file"] = self.config_file
         if self.overrides:
             parameters["overrides"] = list(self.overrides)
+        return parameters
+
+    def parameters(self, benchmark: str) -> dict[str, Any]:
+        """The deployment's default parameters: only what was given, so the UI form shows the rest empty."""
+        parameters: dict[str, Any] = {"benchmark": benchmark, "mode": self.mode, **self.input_parameters()}
         roles = dict(self.cli_roles or {})
         # The role choices as the form's named fields (backend, target_model, ...); what has no field of its
         # own (reasoning effort) stays in cli_roles.
