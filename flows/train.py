@@ -82,6 +82,7 @@ from skillopt.tasks.epoch import meta_skill, slow_update
 from skillopt.tasks.optimize import deep_probe
 from skillopt.tasks.rollout import Evaluation, evaluate, evaluate_many
 from skillopt.tasks.run import started_run
+from skillopt.tasks.stale_runs import record_sub_flow_run
 
 progress = logging.getLogger(PROGRESS_LOGGER)
 story = logging.getLogger(STORY_LOGGER)
@@ -242,6 +243,7 @@ def skill_epoch(run: Any, state: TrainState, epoch: int) -> TrainState:
     ``run`` is the run's ``Run`` (typed ``Any``: Prefect builds a parameter schema from the annotations, and
     the run holds clients and locks that have none).
     """
+    record_sub_flow_run(run.dir.path)  # a resume after a lost API settles it (tasks/stale_runs.py)
     cfg = run.config
     schedule = EditBudgetSchedule.from_config(cfg.optimizer.lr_scheduler, cfg.optimizer.learning_rate,
                                               cfg.optimizer.min_learning_rate, state.total_steps)

@@ -3,8 +3,9 @@
 A run whose Prefect API server was unreachable when it stopped (the server died, or the process was killed)
 cannot tell the server: its flow run, and the sub-flow runs of its epochs, stay *Running* in the server's
 database. The run directory knows better. Each run writes the id of its flow run into the run directory
-(``flow_run.json``); the next run of the same directory holds its lock, so the process of the previous
-flow run is gone, and a previous flow run (with its sub-flows) still in a non-final state is set
+(``flow_run.json``), and each epoch sub-flow adds its own id as it starts; the next run of the same
+directory holds its lock, so the process of the previous flow run is gone, and a previous flow run (with
+its sub-flows: those recorded, and those the server lists under it) still in a non-final state is set
 *Crashed*. The server releases what such a run held (a deployment's concurrency slot among it) when it
 reaches a final state.
 """
@@ -36,13 +37,12 @@ def settle_previous_flow_run(run_dir: Path) -> None:
         return
     current = str(context.flow_run.id)
     path = run_dir / FLOW_RUN_FILE
-    try:
-        previous = json.loads(path.read_text(encoding="utf-8")).get("flow_run_id")
-    except (OSError, ValueError, AttributeError):
-        previous = None
+    recorded = _recorded(path)
+    previous = recorded.get("flow_run_id")
     if previous and previous != current:
         try:
-            settled = _crash_unfinished(UUID(str(previous)))
+            subflows = [UUID(str(run_id)) for run_id in recorded.get("sub_flow_run_ids", [])]
+            settled = _crash_unfinished(UUID(str(previous)), subflows)
         except Exception as error:  # noqa: BLE001 - best effort: the run goes on either way
             log.debug("could not settle the previous flow run %s: %s", previous, error)
             settled = 0
@@ -52,7 +52,32 @@ def settle_previous_flow_run(run_dir: Path) -> None:
     atomic_write_bytes(path, json.dumps({"flow_run_id": current}).encode("utf-8"))
 
 
-def _crash_unfinished(flow_run_id: UUID) -> int:
+def record_sub_flow_run(run_dir: Path) -> None:
+    """Add the current (sub-)flow run to ``run_dir``'s record, so that a resume settles it even when the
+    server cannot tell whose sub-flow it is. Only inside a flow run of the directory's recorded flow."""
+    from prefect.context import FlowRunContext
+
+    context = FlowRunContext.get()
+    if context is None or context.flow_run is None:
+        return
+    path = run_dir / FLOW_RUN_FILE
+    recorded = _recorded(path)
+    if not recorded.get("flow_run_id"):
+        return
+    ids = [str(run_id) for run_id in recorded.get("sub_flow_run_ids", [])]
+    ids.append(str(context.flow_run.id))
+    atomic_write_bytes(path, json.dumps({**recorded, "sub_flow_run_ids": ids}).encode("utf-8"))
+
+
+def _recorded(path: Path) -> dict[str, Any]:
+    try:
+        recorded = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return recorded if isinstance(recorded, dict) else {}
+
+
+def _crash_unfinished(flow_run_id: UUID, subflows: list[UUID]) -> int:
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import (
         FlowRunFilter,
@@ -68,19 +93,29 @@ def _crash_unfinished(flow_run_id: UUID) -> int:
     settled = 0
     with get_client(sync_client=True) as client:
         parent = client.read_flow_run(flow_run_id)
-        # Its sub-flows (the epochs): unfinished flow runs whose parent task run belongs to it.
-        children = [
+        recorded = [run for run in (_flow_run(client, run_id) for run_id in subflows) if run is not None]
+        # Sub-flows created but never started (so never recorded): unfinished flow runs whose parent task
+        # run belongs to it.
+        listed = [
             run for run in client.read_flow_runs(flow_run_filter=FlowRunFilter(
                 parent_task_run_id=FlowRunFilterParentTaskRunId(is_null_=False),
                 state=FlowRunFilterState(type=FlowRunFilterStateType(any_=unfinished))))
             if run.parent_task_run_id is not None
             and _task_run_of(client, run.parent_task_run_id) == flow_run_id
         ]
-        for run in [parent, *children]:
+        runs = {run.id: run for run in [parent, *recorded, *listed]}
+        for run in runs.values():
             if run.state is not None and not run.state.is_final():
                 client.set_flow_run_state(run.id, Crashed(message=message), force=True)
                 settled += 1
     return settled
+
+
+def _flow_run(client: Any, flow_run_id: UUID) -> Any:
+    try:
+        return client.read_flow_run(flow_run_id)
+    except Exception:  # noqa: BLE001 - a flow run the server never got
+        return None
 
 
 def _task_run_of(client: Any, task_run_id: UUID) -> UUID | None:
@@ -90,4 +125,4 @@ def _task_run_of(client: Any, task_run_id: UUID) -> UUID | None:
         return None
 
 
-__all__ = ["FLOW_RUN_FILE", "settle_previous_flow_run"]
+__all__ = ["FLOW_RUN_FILE", "record_sub_flow_run", "settle_previous_flow_run"]
