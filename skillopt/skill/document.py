@@ -314,7 +314,9 @@ class Edit(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
 
-    op: str
+    # The schema sent to constrained decoders lists the ops, so a server that enforces it only writes one
+    # of them; a reply parsed from text may still carry any string.
+    op: str = Field(json_schema_extra={"enum": list(EDIT_OPS)})
     target: str = ""
     content: str = ""
     support_count: int = Field(default=1, ge=0)
