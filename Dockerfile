@@ -31,10 +31,11 @@ COPY prompts ./prompts
 COPY configs ./configs
 RUN pip install ".${EXTRAS:+[$EXTRAS]}" && skillopt --version
 
-# An unprivileged user; /data is the working directory of every service: runs/, .skillopt/cache and
-# skills/ below it are the compose volumes (created here so new volumes get this user as owner).
+# An unprivileged user; /data is the working directory of every service: runs/, .skillopt/cache,
+# skills/ and the server's .prefect/ below it are the compose volumes (created here so new volumes get
+# this user as owner).
 RUN useradd --create-home --uid 1000 skillopt \
-    && mkdir -p /data/runs /data/.skillopt/cache /data/skills /data/datasets \
+    && mkdir -p /data/runs /data/.skillopt/cache /data/skills /data/datasets /data/.prefect \
     && chown -R skillopt:skillopt /data
 USER skillopt
 WORKDIR /data

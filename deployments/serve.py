@@ -142,6 +142,49 @@ def check_benchmark(benchmark: str, defaults: RunDefaults, env: Mapping[str, str
                                                                   default_split_mode=plugin.default_split_mode))
 
 
+def settle_abandoned_runs(benchmarks: Sequence[str], defaults: RunDefaults) -> list[str]:
+    """Set *Crashed* the served benchmarks' flow runs left unfinished by a process that is gone (their run
+    directories, under each benchmark's ``run.runs_dir``, are not locked), so a deployment's slot held by
+    such a run comes back; one line per run settled. Best effort: a server that cannot be asked is left
+    as it is (with a line saying so)."""
+    from skillopt.core.config import load_config
+    from skillopt.core.data import data_overrides
+    from skillopt.tasks.stale_runs import settle_abandoned_flow_runs
+
+    runs_dirs: set[Path] = set()
+    for benchmark in benchmarks:
+        loaded = load_config(benchmark, config_file=defaults.config_file,
+                             overrides=[*data_overrides(defaults.data), *defaults.overrides])
+        runs_dirs.add(Path(loaded.config.run.runs_dir).absolute())
+    try:
+        return settle_abandoned_flow_runs(sorted(runs_dirs))
+    except Exception as error:  # noqa: BLE001 - serving goes on either way
+        return [f"note: could not check for runs left unfinished by a stopped process: {error}"]
+
+
+def memory_leases_note() -> str | None:
+    """A note when the Prefect server keeps concurrency leases in memory (Prefect's default; skillopt's own
+    servers keep them on disk): a restart of that server would leave a run in progress holding its
+    deployment's slot. None otherwise, or when the server does not say (Prefect Cloud, an older server)."""
+    from prefect.client.orchestration import get_client
+
+    from skillopt.shell.prefect_server import LEASE_STORAGE
+
+    try:
+        with get_client(sync_client=True) as client:
+            response = client.request("GET", "/admin/settings")
+            response.raise_for_status()
+            storage = response.json()["server"]["concurrency"]["lease_storage"]
+    except Exception:  # noqa: BLE001 - only a note
+        return None
+    if not str(storage).endswith(".memory"):
+        return None
+    return ("note: this Prefect server keeps concurrency leases in memory: if it restarts while a run is in "
+            "progress, that run is stopped at its next lease renewal or, if its process is gone too, keeps "
+            "its deployment's slot until `skillopt serve` starts again here. Start the server with "
+            f"PREFECT_SERVER_CONCURRENCY_LEASE_STORAGE={LEASE_STORAGE} (skillopt's servers do)")
+
+
 def _check_data_source(benchmark: str, spec: Any) -> None:
     """The configured data exists (a plug-in's preflight need not check it): the ``data_path`` of ratio mode,
     the ``train/ val/ test/`` folders of split_dir mode; generated data always does."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 from uuid import UUID
@@ -24,6 +25,10 @@ log = logging.getLogger("skillopt.stale_runs")
 progress = logging.getLogger("skillopt.progress")
 
 FLOW_RUN_FILE = "flow_run.json"
+#: The states of a flow run that something must still end (Prefect's ``StateType`` values).
+UNFINISHED = ["RUNNING", "PENDING", "SCHEDULED", "PAUSED", "CANCELLING"]
+RESUMED = "its process ended without reporting (the Prefect API was unreachable); the run was resumed"
+ABANDONED = "its process is gone without reporting (killed, or stopped while the Prefect API was away)"
 
 
 def settle_previous_flow_run(run_dir: Path) -> None:
@@ -52,6 +57,45 @@ def settle_previous_flow_run(run_dir: Path) -> None:
     atomic_write_bytes(path, json.dumps({"flow_run_id": current}).encode("utf-8"))
 
 
+def settle_abandoned_flow_runs(runs_dirs: Iterable[Path]) -> list[str]:
+    """Set *Crashed* the flow runs (with their sub-flows) the server still has in a non-final state whose
+    run directory, under one of ``runs_dirs``, no live process holds: the process is gone, killed or stopped
+    while the server was away, and nothing else will ever end them. Returns one line per run settled.
+
+    ``skillopt serve`` calls it as it starts, so that a deployment run left *Running* gives back its
+    deployment's slot. A run directory that is not found here (another machine's) is left alone."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    from skillopt.run.runs import RunDir
+
+    recorded: dict[UUID, tuple[Path, list[UUID]]] = {}
+    for runs_dir in runs_dirs:
+        for path in sorted(Path(runs_dir).glob(f"*/{FLOW_RUN_FILE}")):
+            record = _recorded(path)
+            try:
+                recorded[UUID(str(record["flow_run_id"]))] = (
+                    path.parent, [UUID(str(run_id)) for run_id in record.get("sub_flow_run_ids", [])])
+            except (KeyError, TypeError, ValueError):
+                continue
+    if not recorded:
+        return []
+    with get_client(sync_client=True) as client:
+        unfinished = client.read_flow_runs(flow_run_filter=FlowRunFilter(
+            id=FlowRunFilterId(any_=list(recorded)), state=_unfinished()))
+    lines = []
+    for run in unfinished:
+        run_dir, subflows = recorded[run.id]
+        if RunDir(run_dir).in_use():
+            continue
+        settled = _crash_unfinished(run.id, subflows, ABANDONED)
+        if settled:
+            lines.append(f"flow run {run.name} ({run.id}) was left {run.state_name} by a process that is "
+                         f"gone (run directory {run_dir}): set Crashed ({settled} flow run(s)), which frees "
+                         "its deployment's slot")
+    return lines
+
+
 def record_sub_flow_run(run_dir: Path) -> None:
     """Add the current (sub-)flow run to ``run_dir``'s record, so that a resume settles it even when the
     server cannot tell whose sub-flow it is. Only inside a flow run of the directory's recorded flow."""
@@ -77,19 +121,14 @@ def _recorded(path: Path) -> dict[str, Any]:
     return recorded if isinstance(recorded, dict) else {}
 
 
-def _crash_unfinished(flow_run_id: UUID, subflows: list[UUID]) -> int:
+def _crash_unfinished(flow_run_id: UUID, subflows: list[UUID], message: str = RESUMED) -> int:
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import (
         FlowRunFilter,
         FlowRunFilterParentTaskRunId,
-        FlowRunFilterState,
-        FlowRunFilterStateType,
     )
-    from prefect.client.schemas.objects import StateType
     from prefect.states import Crashed
 
-    message = "its process ended without reporting (the Prefect API was unreachable); the run was resumed"
-    unfinished = [StateType.RUNNING, StateType.PENDING, StateType.SCHEDULED, StateType.PAUSED]
     settled = 0
     with get_client(sync_client=True) as client:
         parent = client.read_flow_run(flow_run_id)
@@ -99,7 +138,7 @@ def _crash_unfinished(flow_run_id: UUID, subflows: list[UUID]) -> int:
         listed = [
             run for run in client.read_flow_runs(flow_run_filter=FlowRunFilter(
                 parent_task_run_id=FlowRunFilterParentTaskRunId(is_null_=False),
-                state=FlowRunFilterState(type=FlowRunFilterStateType(any_=unfinished))))
+                state=_unfinished()))
             if run.parent_task_run_id is not None
             and _task_run_of(client, run.parent_task_run_id) == flow_run_id
         ]
@@ -109,6 +148,13 @@ def _crash_unfinished(flow_run_id: UUID, subflows: list[UUID]) -> int:
                 client.set_flow_run_state(run.id, Crashed(message=message), force=True)
                 settled += 1
     return settled
+
+
+def _unfinished() -> Any:
+    from prefect.client.schemas.filters import FlowRunFilterState, FlowRunFilterStateType
+    from prefect.client.schemas.objects import StateType
+
+    return FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType(name) for name in UNFINISHED]))
 
 
 def _flow_run(client: Any, flow_run_id: UUID) -> Any:
@@ -125,4 +171,4 @@ def _task_run_of(client: Any, task_run_id: UUID) -> UUID | None:
         return None
 
 
-__all__ = ["FLOW_RUN_FILE", "record_sub_flow_run", "settle_previous_flow_run"]
+__all__ = ["FLOW_RUN_FILE", "record_sub_flow_run", "settle_abandoned_flow_runs", "settle_previous_flow_run"]

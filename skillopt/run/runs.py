@@ -546,6 +546,25 @@ class RunDir:
         os.pwrite(handle, f"{os.getpid()}\n".encode("ascii"), 0)
         self._lock_handle = handle
 
+    def in_use(self) -> bool:
+        """Whether a live process holds the run's lock (``lock``); a directory never locked is not in use."""
+        path = self.path / LOCK_FILE
+        if os.name == "nt" or not path.exists():  # pragma: no cover - POSIX record locks only
+            return False
+        import fcntl
+
+        try:
+            handle = os.open(path, os.O_RDWR)
+        except OSError:
+            return False
+        try:
+            fcntl.lockf(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return True
+        finally:
+            os.close(handle)  # closing releases a lock this test took
+        return False
+
     def recorded_config_hash(self) -> str | None:
         """The hash in ``config.yaml``'s header, or None when there is no file or no header."""
         if not self.config_path.is_file():

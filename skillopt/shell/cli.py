@@ -812,9 +812,11 @@ def _cmd_serve(args: argparse.Namespace, out: _Output) -> int:
     from skillopt.deployments.serve import (
         DEFAULT_CRON,
         DEFAULT_TIMEZONE,
+        memory_leases_note,
         run_defaults,
         servable_benchmarks,
         serve_benchmarks,
+        settle_abandoned_runs,
     )
 
     defaults = run_defaults(mode=args.mode, data=args.data, config_file=args.config, overrides=args.override,
@@ -860,6 +862,11 @@ def _cmd_serve(args: argparse.Namespace, out: _Output) -> int:
     if parameters:
         out.print("  default parameters: " + ", ".join(f"{k}={v}" for k, v in parameters.items()))
     with temporary_settings(updates=api, set_defaults={PREFECT_SERVER_ANALYTICS_ENABLED: False}):
+        for line in settle_abandoned_runs(benchmarks, defaults):
+            out.print(f"  {line}")
+        note = memory_leases_note()
+        if note:
+            out.print(f"  {note}")
         # Said once the deployments exist on the server: printed before, the command it names failed with
         # "Deployment ... not found" for the 2-3 s the registration took.
         return serve_benchmarks(benchmarks, defaults, cron=cron, timezone=args.timezone or DEFAULT_TIMEZONE,

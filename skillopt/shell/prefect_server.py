@@ -1,6 +1,7 @@
 """The Prefect API server skillopt starts (``skillopt server start``, the temporary server of a run),
-with three changes: every SQLite transaction begins ``IMMEDIATE``, task runs are recorded in batches, and
-a stopping server records the events it has received before its services stop.
+with four changes: every SQLite transaction begins ``IMMEDIATE``, task runs are recorded in batches,
+concurrency leases are kept on disk, and a stopping server records the events it has received before its
+services stop.
 
 Prefect's SQLite configuration begins API transactions ``DEFERRED``: such a transaction reads, then tries
 to write, and if the server's own services (the recorders of task-run events) wrote in between, SQLite
@@ -25,6 +26,14 @@ skillopt's servers record up to ``RECORDER_SETTINGS["batch_size"]`` events per t
 every ``RECORDER_SETTINGS["flush_interval"]`` seconds (the server's CPU halves); a task run then shows in the
 UI up to a second after it changed. A value the user set (environment, profile, ``prefect.toml``) wins.
 
+A deployment run holds its deployment's concurrency slot through a lease, which its process renews and which
+frees the slot when it expires. Prefect keeps leases in the server's memory by default: a server that
+restarts forgets them, so a run whose process died with the server held the slot for good, and a run still
+alive was stopped at its next renewal ("Concurrency lease renewal failed"). skillopt's servers keep leases
+in files under ``PREFECT_HOME`` (``LEASE_STORAGE``, Prefect's own file storage): after a restart a live run
+renews its lease, and a dead run's lease expires (at most five minutes) and frees the slot. A lease storage
+the user set wins.
+
 A server stopping (SIGTERM: the temporary server at the end of its run, ``skillopt server stop``) cancels its
 services, and the events still waiting in its in-memory queues for them were lost: task runs stayed RUNNING
 in the database of a finished run (Prefect's per-event recorder fell behind the run's last wave). Before the
@@ -44,6 +53,8 @@ from typing import Any
 RECORDER_SETTINGS: dict[str, Any] = {"batch_size": 100, "flush_interval": 1}
 #: The longest a stopping server waits for its services to take the events it has received.
 DRAIN_TIMEOUT_S = 10.0
+#: Prefect's concurrency lease storage in files under ``PREFECT_HOME/concurrency_leases``.
+LEASE_STORAGE = "prefect.server.concurrency.lease_storage.filesystem"
 
 
 def immediate_sqlite_transactions() -> bool:
@@ -127,8 +138,27 @@ def batched_task_run_recorder() -> Iterator[dict[str, Any]]:
 
 
 @contextmanager
+def leases_on_disk() -> Iterator[dict[str, Any]]:
+    """Within it, this process's Prefect settings keep concurrency leases in files (``LEASE_STORAGE``) unless
+    the user chose a lease storage; yields the settings changed (name -> value), empty when the user chose or
+    this Prefect version has no file storage."""
+    import importlib.util
+
+    import prefect.settings
+    from prefect.settings import get_current_settings, temporary_settings
+
+    chosen = "lease_storage" in get_current_settings().server.concurrency.model_fields_set
+    if chosen or importlib.util.find_spec(LEASE_STORAGE) is None:
+        yield {}
+        return
+    setting = prefect.settings.PREFECT_SERVER_CONCURRENCY_LEASE_STORAGE
+    with temporary_settings(updates={setting: LEASE_STORAGE}):
+        yield {setting.name: LEASE_STORAGE}
+
+
+@contextmanager
 def skillopt_server() -> Iterator[None]:
-    """Within it, a Prefect server started in this process has the three changes above (a change this Prefect
+    """Within it, a Prefect server started in this process has the four changes above (a change this Prefect
     version has no hook for is left out, and the server's log says so)."""
     if not immediate_sqlite_transactions():
         print("skillopt: this Prefect version has no SQLite transaction hook; transactions stay DEFERRED",
@@ -136,7 +166,7 @@ def skillopt_server() -> Iterator[None]:
     if not drained_event_queues_at_shutdown():
         print("skillopt: this Prefect version has no services hook; events still queued at shutdown are lost",
               file=sys.stderr)
-    with batched_task_run_recorder():
+    with batched_task_run_recorder(), leases_on_disk():
         yield
 
 

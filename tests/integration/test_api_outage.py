@@ -153,3 +153,95 @@ def test_the_run_that_resumes_a_killed_run_settles_its_flow_run_left_running(tmp
             os.killpg(run.pid, signal.SIGKILL)
             run.communicate()
         stop(server)
+
+
+def descendants(pid: int) -> list[int]:
+    """The processes below ``pid``, from ``/proc``."""
+    found: list[int] = []
+    for children in Path(f"/proc/{pid}/task").glob("*/children"):
+        for child in map(int, children.read_text().split()):
+            found += [child, *descendants(child)]
+    return found
+
+
+def api_json(port: int, path: str, body: dict | None = None) -> dict:
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/api{path}",
+                                     method="POST" if body is not None else "GET",
+                                     data=json.dumps(body).encode() if body is not None else None,
+                                     headers={"content-type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return json.load(response)
+
+
+def test_a_deployment_slot_held_by_a_run_that_died_with_its_server_comes_back_when_serve_starts(tmp_path):
+    """The machine goes down mid-run: the Prefect server, `skillopt serve` and its flow run all die at once.
+    After the restart the server still counts the dead run's slot (one run per deployment at a time), so the
+    next run of that deployment would wait for it; the next `skillopt serve` finds the dead run through its
+    unlocked run directory and sets it Crashed, and the next run starts."""
+    home, port = tmp_path / "prefect-home", free_port()
+    server = start_server(home, port)
+    env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_API_URL": f"http://127.0.0.1:{port}/api"}
+    log = tmp_path / "serve.log"
+
+    def serve() -> subprocess.Popen:
+        with log.open("a") as out:
+            return subprocess.Popen(
+                [sys.executable, "-m", "skillopt.shell.cli", "serve", "spreadsheetbench", "--data",
+                 str(FIXTURES), "--backend", "scripted", "--no-schedule", "-o", "train.epochs=3", "-o",
+                 "train.batch_size=1"],
+                cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def state(flow_run_id: str) -> dict:
+        return api_json(port, f"/flow_runs/{flow_run_id}")["state"]
+
+    def wait(condition, what: str, timeout: float = 240) -> None:
+        deadline = time.monotonic() + timeout
+        while not condition():
+            assert time.monotonic() < deadline, f"{what}; serve log:\n{log.read_text()[-3000:]}"
+            time.sleep(0.5)
+
+    serving = serve()
+    try:
+        deployment: dict = {}
+
+        def registered() -> bool:
+            try:
+                deployment.update(api_json(port, "/deployments/name/skill-train/spreadsheetbench"))
+            except OSError:
+                return False
+            return True
+
+        wait(registered, "serve did not register its deployment")
+
+        def trigger() -> str:
+            created = api_json(port, f"/deployments/{deployment['id']}/create_flow_run", {"parameters": {}})
+            return created["id"]
+
+        first = trigger()
+        wait(lambda: list(tmp_path.glob("runs/*/flow_run.json")), "the first run did not start")
+        assert list((home / "concurrency_leases").glob("*.json")), "the run's lease is not kept on disk"
+        for pid in descendants(serving.pid):
+            os.kill(pid, signal.SIGKILL)
+        os.killpg(serving.pid, signal.SIGKILL)
+        serving.wait()
+        stop(server)
+        server = start_server(home, port)
+        assert state(first)["type"] == "RUNNING"
+        limit = api_json(port, f"/deployments/{deployment['id']}")["global_concurrency_limit"]
+        assert limit["active_slots"] == 1, limit
+
+        serving = serve()
+        wait(lambda: "by a process that is gone" in log.read_text(), "serve did not settle the dead run")
+        assert state(first)["type"] == "CRASHED"
+        second = trigger()
+        wait(lambda: state(second)["type"] in ("RUNNING", "COMPLETED"),
+             "the next run of the deployment did not start")
+        wait(lambda: state(second)["type"] == "COMPLETED", "the next run did not finish", timeout=600)
+    finally:
+        if serving.poll() is None:
+            os.killpg(serving.pid, signal.SIGTERM)
+            try:
+                serving.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(serving.pid, signal.SIGKILL)
+        stop(server)

@@ -14,8 +14,10 @@ import pytest
 
 from skillopt.shell.prefect_server import (
     RECORDER_SETTINGS,
+    LEASE_STORAGE,
     batched_task_run_recorder,
     drained_event_queues_at_shutdown,
+    leases_on_disk,
     queues_emptied,
 )
 
@@ -41,6 +43,23 @@ def test_the_recorder_takes_skillopts_batches_unless_the_user_set_its_settings()
     with temporary_settings(updates=chosen), batched_task_run_recorder() as changed:
         assert recorder() == (7, RECORDER_SETTINGS["flush_interval"])
         assert list(changed) == ["PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_FLUSH_INTERVAL"]
+
+
+def test_leases_are_kept_on_disk_unless_the_user_chose_a_lease_storage(tmp_path):
+    import prefect.settings
+    from prefect.server.concurrency.lease_storage import get_concurrency_lease_storage
+    from prefect.settings import temporary_settings
+
+    with temporary_settings(updates={prefect.settings.PREFECT_HOME: tmp_path}), leases_on_disk() as changed:
+        assert changed == {"PREFECT_SERVER_CONCURRENCY_LEASE_STORAGE": LEASE_STORAGE}
+        storage = get_concurrency_lease_storage()  # what the server's policies and services use
+        assert type(storage).__module__ == LEASE_STORAGE
+        assert storage.storage_path == tmp_path / "concurrency_leases"
+    memory = "prefect.server.concurrency.lease_storage.memory"
+    chosen = {prefect.settings.PREFECT_SERVER_CONCURRENCY_LEASE_STORAGE: memory}
+    with temporary_settings(updates=chosen), leases_on_disk() as changed:
+        assert changed == {}
+        assert type(get_concurrency_lease_storage()).__module__ == memory
 
 
 @pytest.fixture

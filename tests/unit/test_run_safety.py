@@ -91,6 +91,31 @@ def test_the_lock_goes_with_the_process_that_held_it(tmp_path: Path):
     assert open_run(tmp_path).path.is_dir()  # no stale lock after the holder exited
 
 
+def test_in_use_tells_a_run_held_by_a_live_process_from_one_whose_process_is_gone(tmp_path: Path):
+    run = open_run(tmp_path)  # this process holds the run
+    asked = python(f"""
+        from skillopt.run.runs import RunDir
+        print(RunDir({str(run.path)!r}).in_use())
+    """)
+    assert asked.stdout.strip() == "True", asked.stderr
+    # asking takes no lock: the holder keeps it, and a process asking a free run leaves it free
+    assert python(f"""
+        from skillopt.run.runs import RunDir
+        print(RunDir({str(tmp_path / "runs" / "gone")!r}).in_use())
+    """).stdout.strip() == "False"
+    holder = python(f"""
+        from pathlib import Path
+        from skillopt.core.config import SkillOptConfig
+        from skillopt.run.runs import RunDir, config_hash
+        config = SkillOptConfig.model_validate({{"benchmark": {{"name": "demo"}}}})
+        RunDir.open(Path({str(tmp_path / "runs")!r}), "run2", config, config_hash=config_hash(config),
+                    provenance={{}})
+    """)
+    assert holder.returncode == 0, holder.stderr
+    assert RunDir(tmp_path / "runs" / "run2").in_use() is False  # its process exited
+    assert RunDir(tmp_path / "runs" / "run2").in_use() is False  # and asking did not take it
+
+
 # --------------------------------------------------------------------------------------------
 # A resume that fails leaves the outputs alone
 

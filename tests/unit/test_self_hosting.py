@@ -160,6 +160,10 @@ def test_volumes_hold_runs_cache_and_the_skill_registry_where_the_trainer_looks(
     assert any(v.endswith(":/data/datasets:ro") for v in trainer)
     assert {"postgres", "runs", "cache", "skills"} <= set(compose["volumes"])
     assert "postgres:/var/lib/postgresql/data" in compose["services"]["postgres"]["volumes"]
+    # the server's concurrency leases (skillopt's servers keep them under PREFECT_HOME) outlive the container
+    server = compose["services"]["prefect-server"]
+    assert f"prefect-home:{server['environment']['PREFECT_HOME']}" in server["volumes"]
+    assert "prefect-home" in compose["volumes"]
 
 
 def test_every_command_names_something_the_image_has(compose):
