@@ -38,7 +38,7 @@ from skillopt.core.prompts import ReplyModel, optimizer_prompt
 from skillopt.core.records import Patch
 from skillopt.llm.chat import ChatRequest, system, user
 from skillopt.optimizer.reflect import current_skill_section
-from skillopt.skill.document import Edit
+from skillopt.skill.document import Edit, OpText
 from skillopt.skill.files import SKILL_MD
 
 MergeKind = Literal["failure", "success", "final"]
@@ -128,7 +128,7 @@ def merge_request(
 
 
 class MergeEdit(ReplyModel):
-    op: str
+    op: OpText
     target: str = ""
     content: str = ""
     file: str | None = None

@@ -45,7 +45,7 @@ from skillopt.core.prompts import ReplyModel, optimizer_prompt
 from skillopt.core.records import Diagnosis, ItemResult, Patch
 from skillopt.llm.chat import ChatRequest, Message, Stage, TextPart, system, user
 from skillopt.optimizer.trajectory import fit_trajectories
-from skillopt.skill.document import Edit, SkillDocument
+from skillopt.skill.document import Edit, OpText, SkillDocument
 from skillopt.skill.files import SKILL_MD, split_files
 
 Kind = Literal["failure", "success"]
@@ -271,7 +271,7 @@ def analyst_chat_request(
 class EditReply(ReplyModel):
     """One edit as an analyst writes it; ``op`` (and ``file``) are checked when the edit is applied."""
 
-    op: str
+    op: OpText
     target: str = ""
     content: str = ""
     file: str | None = None

@@ -42,7 +42,7 @@ import hashlib
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
-from typing import Any, Literal, get_args
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field, field_validator
 
@@ -288,6 +288,9 @@ def replace_block(text: str, name: str, content: str) -> str:
 
 EditOp = Literal["append", "insert_after", "replace", "delete"]
 EDIT_OPS: tuple[str, ...] = get_args(EditOp)
+#: An edit's op as a reply carries it: any text (checked when the edit is applied), but the schema sent to
+#: constrained decoders lists the ops, so a server that enforces it writes one of them.
+OpText = Annotated[str, Field(json_schema_extra={"enum": list(EDIT_OPS)})]
 
 ApplyStatus = Literal[
     "applied",
@@ -314,9 +317,7 @@ class Edit(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
 
-    # The schema sent to constrained decoders lists the ops, so a server that enforces it only writes one
-    # of them; a reply parsed from text may still carry any string.
-    op: str = Field(json_schema_extra={"enum": list(EDIT_OPS)})
+    op: OpText
     target: str = ""
     content: str = ""
     support_count: int = Field(default=1, ge=0)

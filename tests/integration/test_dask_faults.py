@@ -1,5 +1,5 @@
-"""A Dask run when the cluster fails under it: a worker without a nanny killed mid-run, a scheduler frozen
-(SIGSTOP) or killed, a SIGTERM while the run waits on a frozen cluster.
+"""A Dask run when the cluster fails under it: a worker killed mid-run (with or without a nanny), a scheduler
+frozen (SIGSTOP) or killed, a SIGTERM while the run waits on a frozen cluster.
 
 The cluster is real and in processes of its own (``dask scheduler`` and ``dask worker`` command lines), so
 that the test can stop or kill each of them; the run is the real command against it, with its target an
@@ -132,16 +132,30 @@ def rerun_finishes(cwd: Path, api: str, data: Path, server, folder: Path) -> Non
         cluster.close()
 
 
-def test_a_worker_without_a_nanny_killed_mid_run_costs_only_its_in_flight_calls(
-        prefect_api, data, reference, target, tmp_path):
+def descendants(pid: int) -> list[int]:
+    """The processes below ``pid``, from ``/proc``."""
+    found: list[int] = []
+    for children in Path(f"/proc/{pid}/task").glob("*/children"):
+        for child in map(int, children.read_text().split()):
+            found += [child, *descendants(child)]
+    return found
+
+
+@pytest.mark.parametrize("nanny", [False, True], ids=["no-nanny", "nanny"])
+def test_a_worker_killed_mid_run_costs_only_its_in_flight_calls(
+        prefect_api, data, reference, target, tmp_path, nanny):
+    """Without a nanny the worker is gone for good; with one, the nanny starts a new worker in its place."""
     pytest.importorskip("prefect_dask")
-    cluster = Cluster(tmp_path / "cluster", nanny=False)
+    cluster = Cluster(tmp_path / "cluster", nanny=nanny)
     try:
         process = start_on(tmp_path / "run", prefect_api, data, cluster.address, target,
                            "-o", f"run.dask_timeout_s={TIMEOUT_S * 6}")
         after_calls(target, process, 12)
-        victim = cluster.workers[0]
-        os.kill(victim.pid, signal.SIGKILL)
+        # the worker process itself: under a nanny, the nanny's child (and what that started)
+        victims = descendants(cluster.workers[0].pid) if nanny else [cluster.workers[0].pid]
+        assert victims, "the nanny has no worker process"
+        for pid in victims:
+            os.kill(pid, signal.SIGKILL)
         code, output, _ = ended_within(process, 1500)
         assert code == 0, output[-4000:]
     finally:
@@ -150,7 +164,7 @@ def test_a_worker_without_a_nanny_killed_mid_run_costs_only_its_in_flight_calls(
     assert outcome(folder) == outcome(reference)
     paid = Counter(paid_calls(folder))
     assert [call for call, n in paid.items() if n > 1] == [], "a completed call was paid twice"
-    assert victim.pid in set(rollout_pids(folder)), "the killed worker never ran a rollout"
+    assert set(victims) & set(rollout_pids(folder)), "the killed worker never ran a rollout"
 
 
 @pytest.mark.parametrize("fault", ["freeze", "kill"])
