@@ -71,6 +71,12 @@ class DaskRateLimiter:
         with self._held(self._semaphore(limit_name(key, "conc"), limits.max_concurrency)):
             yield
 
+    def rollout_slots(self, name: str, size: int) -> DaskSlots:
+        """``size`` slots for the whole cluster under ``name`` (the run's ``benchmark.workers`` rollout slots:
+        ``skillopt.run.rollouts.RolloutSlots`` bounds one process only, and a run's rollouts spread over every
+        worker process)."""
+        return DaskSlots(self, name, size)
+
     def pause(self, key: str, seconds: float) -> None:
         with self._shared(key, self.limits(key) or ProviderLimits()) as local:
             local.pause(key, seconds)
@@ -117,7 +123,15 @@ class DaskRateLimiter:
 
     @contextmanager
     def _held(self, semaphore: Any) -> Iterator[None]:
-        """One lease of ``semaphore`` for the block; asking for it waits at most ``timeout_s`` in all
+        """One lease of ``semaphore`` for the block (``_take``)."""
+        self._take(semaphore)
+        try:
+            yield
+        finally:
+            semaphore.release()
+
+    def _take(self, semaphore: Any) -> None:
+        """One lease of ``semaphore``; asking for it waits at most ``timeout_s`` in all
         (``Semaphore.acquire``'s own timeout does not cover a scheduler that does not answer)."""
         try:
             acquired = semaphore.sync(semaphore._acquire, timeout=self.timeout_s,  # noqa: SLF001
@@ -126,10 +140,6 @@ class DaskRateLimiter:
             acquired = False
         if not acquired:
             self._lost(f"the Dask scheduler gave no {semaphore.name!r} lease within {self.timeout_s:g} s")
-        try:
-            yield
-        finally:
-            semaphore.release()
 
     def _sync(self, connection: Any, call: Any, **kwargs: Any) -> Any:
         """Run a scheduler call from a thread that is not the connection's event loop, for at most
@@ -145,3 +155,20 @@ class DaskRateLimiter:
         if self._client is None:  # on a worker: the call fails (its task cannot report to the scheduler)
             raise TimeoutError(f"{what} (run.dask_timeout_s)")
         lose_cluster(f"{what} (run.dask_timeout_s)")
+
+
+class DaskSlots:
+    """``RolloutSlots``' ``acquire``/``release`` over a cluster-wide semaphore of ``size`` leases: every
+    process of the run (the flow and each worker) holds at most ``size`` rollouts in flight together. A worker
+    that dies holding a lease loses it once the scheduler's lease timeout passes."""
+
+    def __init__(self, limiter: DaskRateLimiter, name: str, size: int) -> None:
+        self.size = max(1, size)
+        self._limiter = limiter
+        self._name = f"skillopt-rollouts-{name}"
+
+    def acquire(self) -> None:
+        self._limiter._take(self._limiter._semaphore(self._name, self.size))  # noqa: SLF001
+
+    def release(self) -> None:
+        self._limiter._semaphore(self._name, self.size).release()  # noqa: SLF001

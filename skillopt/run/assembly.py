@@ -41,7 +41,7 @@ from skillopt.llm.roles import CliRoleOptions
 from skillopt.llm.usage import check_startable
 from skillopt.optimizer.update_modes import UpdateMode, update_mode_for
 from skillopt.run.prefetch import Prefetcher
-from skillopt.run.rollouts import RolloutSlots
+from skillopt.run.rollouts import RolloutSlots, Slots
 from skillopt.run.run_checks import check_image_support
 from skillopt.run.runs import RunDir, config_hash, run_directory_name
 from skillopt.skill.document import SLOW_UPDATE, inject_block
@@ -136,7 +136,7 @@ class Run:
         #: Rollouts in flight in this process at most, whoever makes them
         #: (``skillopt.run.rollouts.roll_out``):
         #: the flow's tasks, several evaluations at once and the prefetch layer share ``benchmark.workers``.
-        self.rollout_slots = RolloutSlots(int(getattr(bench_cfg, "workers", 4)))
+        self.rollout_slots: Slots = RolloutSlots(int(getattr(bench_cfg, "workers", 4)))
         #: The run's prefetch layer (``skillopt.run.prefetch``), fed hints by the flow and the task layer.
         self.prefetch = Prefetcher(self)
 
@@ -279,6 +279,9 @@ class Run:
                   dir=run_dir, items=items, split_ids=split_ids, initial_skill=initial.text,
                   benchmark_guidance=guidance)
         run.skill_source = initial
+        shared = getattr(limiter, "rollout_slots", None)
+        if shared is not None:  # a limiter of several processes (a Dask cluster) bounds their rollouts
+            run.rollout_slots = shared(f"{spec.run_name}-{spec.key()[:12]}", run.rollout_slots.size)
         return run
 
 

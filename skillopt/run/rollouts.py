@@ -19,7 +19,7 @@ import threading
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pydantic import BaseModel
 
@@ -36,6 +36,16 @@ from skillopt.skill.document import skill_hash
 
 if TYPE_CHECKING:
     from skillopt.run.assembly import Run
+
+
+class Slots(Protocol):
+    """What a rollout takes its slot from: ``RolloutSlots`` in one process, or slots a cluster shares."""
+
+    size: int
+
+    def acquire(self) -> None: ...
+
+    def release(self) -> None: ...
 
 
 class RolloutSlots:
@@ -82,7 +92,7 @@ class LazySlot:
     """One rollout's slot, taken when the rollout first sends a request (``BEFORE_SEND``) and given back when
     it ends: a rollout answered from stored or prefetched replies takes none."""
 
-    def __init__(self, slots: RolloutSlots) -> None:
+    def __init__(self, slots: Slots) -> None:
         self.slots = slots
         self.held = False
 

@@ -84,6 +84,34 @@ def _hold(limits: ProviderLimits, seconds: float) -> tuple[float, float, int]:
     return start, end, os.getpid()
 
 
+def _rollout(size: int, seconds: float) -> tuple[float, float, int]:
+    """One rollout's slot held on a worker, taken as a worker's run takes it (``Run.build`` with the worker's
+    limiter)."""
+    import os
+
+    from skillopt.tasks.dask_limits import DaskRateLimiter
+
+    slots = DaskRateLimiter({}).rollout_slots("test-run", size)
+    slots.acquire()
+    try:
+        start = time.time()
+        time.sleep(seconds)
+        end = time.time()
+    finally:
+        slots.release()
+    return start, end, os.getpid()
+
+
+def _peak(spans: list[tuple[float, float, int]]) -> int:
+    events = sorted([(start, 1) for start, _, _ in spans] + [(end, -1) for _, end, _ in spans],
+                    key=lambda e: (e[0], e[1]))
+    in_flight = peak = 0
+    for _, change in events:
+        in_flight += change
+        peak = max(peak, in_flight)
+    return peak
+
+
 @pytest.fixture(scope="module")
 def cluster_client():
     """Two worker processes (starting them takes ~10-20 s here, hence the slow mark on their tests)."""
@@ -111,6 +139,15 @@ def test_max_concurrency_holds_across_worker_processes(cluster_client):
         in_flight += change
         peak = max(peak, in_flight)
     assert peak == 2
+
+
+@pytest.mark.slow
+def test_benchmark_workers_bounds_the_rollouts_of_every_worker_process_together(cluster_client):
+    # 6 worker threads in 2 processes, a run with benchmark.workers=2: at most 2 rollouts at once in all
+    futures = [cluster_client.submit(_rollout, 2, 0.3, pure=False) for _ in range(8)]
+    spans = cluster_client.gather(futures)
+    assert len({pid for _, _, pid in spans}) == 2, "the rollouts did not run in both worker processes"
+    assert _peak(spans) == 2
 
 
 @pytest.mark.slow
@@ -179,6 +216,20 @@ def test_a_run_pickles_as_its_spec_and_a_worker_joins_it_without_the_flow_s_lock
     assert done.returncode == 0, done.stderr[-2000:]
     train, path, pid = done.stdout.split()
     assert int(train) == len(run.split_ids["train"]) and path == str(run.dir.path) and int(pid) != os.getpid()
+
+
+def test_a_dask_run_takes_its_rollout_slots_from_the_cluster_and_a_threads_run_from_its_process(tmp_path):
+    pytest.importorskip("distributed")
+    from skillopt.run.assembly import RunSpec
+    from skillopt.run.rollouts import RolloutSlots
+    from skillopt.tasks.dask_limits import DaskSlots
+    from skillopt.tasks.run import start_run
+
+    common = [f"run.runs_dir={tmp_path / 'runs'}", f"run.cache_dir={tmp_path / 'c'}", "benchmark.workers=5"]
+    for runner, kind in (("dask", DaskSlots), ("threads", RolloutSlots)):
+        loaded = load_config("demo", overrides=[*common, f"run.task_runner={runner}"], env={})
+        run = start_run(RunSpec.create(loaded, run_name=f"slots-{runner}"), loaded=loaded)
+        assert isinstance(run.rollout_slots, kind) and run.rollout_slots.size == 5
 
 
 # --------------------------------------------------------------------------------------------
