@@ -156,7 +156,8 @@ def format_analyst_message(
     ``budget_unit`` names the budget section (``## Edit budget`` / ``## Suggestion budget``) and its
     sentence; ``budget`` None leaves the section out (full rewrites and the deep probe have none).
     The trajectories share what ``message_chars`` leaves after the other sections (None: no limit),
-    each at most ``trajectory_chars`` (``trajectory.fit_trajectories``).
+    each at most ``trajectory_chars`` (``trajectory.fit_trajectories``); the last ones are left out,
+    with a line saying so, when even their headers would not fit (a small context window).
     """
     sections = [current_skill_section(skill)]
     if budget is not None:
@@ -167,7 +168,8 @@ def format_analyst_message(
         sections.append(f"## Optimizer memory\n{meta_skill.strip()}")
     heading = "## Trajectories\n"
     room = room_left(message_chars, "\n\n".join(sections), "\n\n", heading, "\n")
-    blocks = fit_trajectories(rows, budget_chars=room, per_trajectory_chars=trajectory_chars)
+    blocks = fit_trajectories(rows, budget_chars=room, per_trajectory_chars=trajectory_chars,
+                              drop_to_fit=True)
     sections.append(heading + ("\n\n".join(blocks) if blocks else "(none)"))
     return "\n\n".join(sections) + "\n"
 

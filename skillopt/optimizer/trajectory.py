@@ -228,23 +228,39 @@ def format_trajectory(row: ItemResult, *, index: int, max_chars: int | None = No
     return _block(row, index).render(max_chars)
 
 
+def _left_out(count: int) -> str:
+    return f"({count} more trajectories left out: the prompt has no room for them in the context window)"
+
+
 def trajectory_chars(tokens: int | None) -> int | None:
     """``gradient.trajectory_tokens`` in characters (None: no per-trajectory cap)."""
     return tokens * CHARS_PER_TOKEN if tokens else None
 
 
 def fit_trajectories(rows: Sequence[ItemResult], *, budget_chars: int | None, first_index: int = 1,
-                     per_trajectory_chars: int | None = None) -> list[str]:
+                     per_trajectory_chars: int | None = None, drop_to_fit: bool = False) -> list[str]:
     """The blocks of ``rows`` (numbered from ``first_index``) sharing ``budget_chars`` characters
     (the blank lines between blocks counted), each at most ``per_trajectory_chars`` when given.
 
     A block that fits a fair share is shown whole and leaves the rest to the longer ones: the
     result uses the largest common cap at which the blocks fit. ``budget_chars`` None means
-    no shared limit.
+    no shared limit. With ``drop_to_fit``, when even the blocks' uncuttable parts (headers,
+    evaluations) pass the budget (a small context window), the last blocks are left out, at least
+    one kept, and a last line says how many.
     """
     blocks = [_block(row, i) for i, row in enumerate(rows, start=first_index)]
     if not blocks:
         return []
+    if drop_to_fit and budget_chars is not None:
+        floors = [len(block.render(0)) + 2 for block in blocks]
+        kept = len(blocks)
+        while kept > 1 and sum(floors[:kept]) + len(_left_out(len(blocks) - kept)) > budget_chars:
+            kept -= 1
+        if kept < len(blocks):
+            note = _left_out(len(blocks) - kept)
+            return [*fit_trajectories(rows[:kept], budget_chars=budget_chars - len(note) - 2,
+                                      first_index=first_index, per_trajectory_chars=per_trajectory_chars),
+                    note]
 
     def render(cap: int | None) -> list[str]:
         caps = [c for c in (cap, per_trajectory_chars) if c is not None]

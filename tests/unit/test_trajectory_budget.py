@@ -121,6 +121,23 @@ def test_trajectories_share_a_budget_short_ones_stay_whole():
     assert "(C) 1932" in blocks[1] and "FINAL ANSWER: <answer>B</answer>" in blocks[2]
 
 
+def test_when_even_the_headers_pass_the_budget_the_last_trajectories_are_left_out_and_said_so():
+    rows = [long_question_row(f"q{k}") for k in range(8)]
+    floor = [len(format_trajectory(r, index=i + 1, max_chars=0)) for i, r in enumerate(rows)]
+    note = "(5 more trajectories left out: the prompt has no room for them in the context window)"
+    # room for three cut blocks, the note and the blank lines between them, not for a fourth block
+    budget = sum(floor[:3]) + 2 * 3 + len(note) + floor[3] // 2
+    blocks = fit_trajectories(rows, budget_chars=budget, drop_to_fit=True)
+    assert len(blocks) == 4 and blocks[-1].startswith("(5 more trajectories left out")
+    assert sum(len(b) for b in blocks) + 2 * (len(blocks) - 1) <= budget
+    assert [b.splitlines()[0] for b in blocks[:3]] == [
+        format_trajectory(r, index=i + 1).splitlines()[0] for i, r in enumerate(rows[:3])]
+    # without drop_to_fit (the slow update pairs blocks with its rows) every row keeps its block
+    assert len(fit_trajectories(rows, budget_chars=budget)) == 8
+    # one block is always kept, however small the budget
+    assert len(fit_trajectories(rows, budget_chars=10, drop_to_fit=True)) == 2
+
+
 def test_an_analyst_prompt_fits_its_size_and_shows_every_trajectory_end():
     rows = [long_question_row(f"q{k}") for k in range(8)]
     request = analyst_request(kind="failure", skill="# Skill", budget=3, rows=rows, prompt_chars=20_000)
