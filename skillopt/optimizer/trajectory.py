@@ -180,7 +180,7 @@ class _Block:
 
     def _pick(self, always: set[int], head: int, tail: int) -> list[list[_Line]]:
         count = len(self.events)
-        kept = sorted(set(range(head)) | set(range(count - tail, count)) | always)
+        kept = sorted(set(range(min(head, count))) | set(range(max(0, count - tail), count)) | always)
         out: list[list[_Line]] = []
         previous = -1
         for index in kept:
