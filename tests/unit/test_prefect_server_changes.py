@@ -13,8 +13,8 @@ import uuid
 import pytest
 
 from skillopt.shell.prefect_server import (
-    RECORDER_SETTINGS,
     LEASE_STORAGE,
+    RECORDER_SETTINGS,
     batched_task_run_recorder,
     drained_event_queues_at_shutdown,
     leases_on_disk,
