@@ -379,7 +379,8 @@ def apply_edits(text: str, edits: Iterable[Edit]) -> tuple[str, ApplyReport]:
     it gets a ``skipped_*`` or ``error`` status and leaves the skill unchanged. Only the body is
     ever changed; protected blocks come out exactly as they went in. Each edit works inside the file
     it names (``skill_files``): its anchor is searched there only, and a file the skill does not
-    hold is ``skipped_target_not_found``; file markers never change. Ops:
+    hold is ``skipped_target_not_found`` (in a skill of one file, every edit addresses that file);
+    file markers never change. Ops:
 
     - ``append``: ``content`` goes at the end of the body, after a blank line.
     - ``insert_after``: ``content`` goes on new line(s) right after the line holding the end of
@@ -395,7 +396,12 @@ def apply_edits(text: str, edits: Iterable[Edit]) -> tuple[str, ApplyReport]:
     """
     document = SkillDocument.parse(text)
     entries: list[EditOutcome] = []
+    only = list(split_files(document.body))
     for index, edit in enumerate(edits):
+        if len(only) == 1 and edit.file not in only:
+            # A skill of one file has one place an edit can go, whatever file a reply named (small models
+            # invent file names: "nachos-1.png").
+            edit = edit.model_copy(update={"file": only[0]})
         new_body, status, detail = _apply_in_file(document, edit)
         if new_body is not None:
             document = replace(document, body=new_body)

@@ -582,3 +582,12 @@ def test_property_restore_always_keeps_the_original_blocks(original: SkillDocume
 
     after = SkillDocument.parse(restored)
     assert (after.slow_update, after.appendix) == (original.slow_update, original.appendix)
+
+
+def test_in_a_skill_of_one_file_every_edit_addresses_that_file():
+    text, report = apply_edits("# Skill\n\nBe brief.\n", [
+        Edit(op="append", content="- check the sport", file="nachos-1.png"),
+        Edit(op="insert_after", target="Be brief.", content="- name the league", file="references/x.md"),
+    ])
+    assert text == "# Skill\n\nBe brief.\n- name the league\n\n- check the sport\n"
+    assert [(e.status, e.file) for e in report.entries] == [("applied", "SKILL.md"), ("applied", "SKILL.md")]
