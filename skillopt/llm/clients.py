@@ -448,19 +448,23 @@ class RoleClient:
 
     def _chat_falling_back(self, request: ChatRequest, refuse: Callable[[ChatRequest], str | None],
                            use: Callable[[str], None]) -> ChatResponse:
-        learned = self.modes.fallen_to(self.endpoint())
-        if learned is not None:
-            use(learned)
         while True:
+            sent_with = self.modes.fallen_to(self.endpoint())
+            if sent_with is not None:
+                use(sent_with)
             try:
                 return self.chat(request)
             except BadRequest as error:
                 if isinstance(error, (ContextLengthExceeded, ModelNotFound)):
                     raise
-                fallback = refuse(request)
-                if fallback is None:
-                    raise
-                if self.modes.fall_to(self.endpoint(), fallback):
+                with self.modes.refusals:
+                    if self.modes.fallen_to(self.endpoint()) != sent_with:
+                        continue  # a call refused the same way moved the endpoint on meanwhile: go its way
+                    fallback = refuse(request)
+                    if fallback is None:
+                        raise
+                    moved = self.modes.fall_to(self.endpoint(), fallback)
+                if moved:
                     log.warning("[%s] %s: the server refused this way of asking for structured output (%s); "
                                 "structured calls now use %s for the rest of the run (set model.%s."
                                 "structured_output to choose)", self.role.role, self.role.short_label(),

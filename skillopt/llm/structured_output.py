@@ -61,6 +61,9 @@ class StructuredModes:
         self._fallen_to: dict[str, str] = {}
         self._settled: set[str] = set()
         self._probes: dict[str, threading.Lock] = {}
+        #: Held while a refused call decides the endpoint's next mode: two calls refused the same way at once
+        #: move it one step, not two.
+        self.refusals = threading.Lock()
 
     @contextlib.contextmanager
     def first_call(self, key: str) -> Iterator[None]:

@@ -22,6 +22,8 @@ Two variants serve the structured-output tests:
   optimizer call gets prose that no parser can use.
 - ``refuse_schema``: a server that rejects ``response_format`` with HTTP 400 and otherwise answers like the
   demo world (the schema then has to travel in the prompt).
+- ``refuse_json_schema_s``: like llama-cpp-python's server, rejects a ``json_schema`` response format (after
+  that many seconds) and takes ``json_object``.
 
 ``window_tokens`` makes it a server with that context window and nothing to say about it (no ``/props``,
 no window in ``/models``), counting ``ceil(characters / 4) + 4`` tokens per message: like llama.cpp's
@@ -54,8 +56,9 @@ class DemoWorldServer:
 
     def __init__(self, *, failing: frozenset[str] = frozenset(), evidence_in_reply: bool = False,
                  reply_padding: int = 0, latency_s: float = 0.0, schema_only: bool = False,
-                 refuse_schema: bool = False, slow: frozenset[str] = frozenset(),
-                 slow_s: float = 0.0, window_tokens: int | None = None) -> None:
+                 refuse_schema: bool = False, refuse_json_schema_s: float | None = None,
+                 slow: frozenset[str] = frozenset(), slow_s: float = 0.0,
+                 window_tokens: int | None = None) -> None:
         self.window_tokens = window_tokens
         self.window_log: list[tuple[float, int, int | None, str]] = []
         self.failing = failing
@@ -64,6 +67,7 @@ class DemoWorldServer:
         self.slow, self.slow_s = slow, slow_s
         self.schema_only = schema_only
         self.refuse_schema = refuse_schema
+        self.refuse_json_schema_s = refuse_json_schema_s
         self.evidence_in_reply = evidence_in_reply
         self.reply_padding = reply_padding
         #: The analyst messages the optimizer received, for tests to inspect.
@@ -90,6 +94,10 @@ class DemoWorldServer:
             return ok(text="too late")
         if self.refuse_schema and "response_format" in body:
             return status(400, message="'response_format' is not supported by this server")
+        asked = (body.get("response_format") or {}).get("type")
+        if self.refuse_json_schema_s is not None and asked == "json_schema":
+            time.sleep(self.refuse_json_schema_s)  # refusals of calls sent together overlap
+            return status(400, message="response_format.type: Input should be 'text' or 'json_object'")
         received = time.time()
         prompt_tokens = fake_prompt_tokens(body)
         if self.window_tokens is not None and prompt_tokens > self.window_tokens:

@@ -97,6 +97,39 @@ def test_a_server_that_refuses_response_format_gets_the_schema_in_the_prompt_aft
     assert replies["fallback"] == 0 and replies["parsed"] > 0
 
 
+#: Step 1's edit budget as the default schedule gives it (3 of 2 steps), then 3 again instead of 2.
+SAME_FIRST_BUDGET = ["optimizer.lr_scheduler=constant", "optimizer.learning_rate=3"]
+
+
+def test_calls_refused_together_move_the_endpoint_one_step_not_two(prefect_settings, in_tmp):
+    """A run whose first structured calls come from the reply store sends its first new ones side by side
+    (the probe never reached the server): each is refused for json_schema, and the endpoint goes to
+    json_object once, never on to the prompt (it went there when two refusals each took a step)."""
+    from skillopt.flows.train import skill_train
+
+    world = DemoWorldServer(refuse_json_schema_s=0.5)
+    with world.server:
+        overrides = [*role_overrides(world.server.openai_base_url), *TWO_STEPS, "model.retry.base=0.01",
+                     "model.retry.cap=0.02"]
+        skill_train(benchmark="demo", overrides=overrides, run_name="first")
+        sent_before = len(optimizer_bodies(world))
+        records = Kept()
+        logging.getLogger("skillopt.llm").addHandler(records)
+        try:  # step 1 comes from the reply store; step 2's budget differs, so its analysts (failure and
+            # success, side by side) are the run's first calls sent
+            summary = skill_train(benchmark="demo", overrides=[*overrides, *SAME_FIRST_BUDGET],
+                                  run_name="second")
+        finally:
+            logging.getLogger("skillopt.llm").removeHandler(records)
+    bodies = optimizer_bodies(world)[sent_before:]
+    kinds = [(b.get("response_format") or {}).get("type") for b in bodies]
+    assert kinds.count("json_schema") >= 2, kinds  # sent side by side, each refused
+    assert None not in kinds, kinds  # never fell back to the schema in the prompt
+    notes = [r.getMessage() for r in records.records if "the server refused" in r.getMessage()]
+    assert len(notes) == 1 and "now use json_object" in notes[0], notes
+    assert optimizer_replies(summary)["parsed"] > 0
+
+
 def test_a_server_with_an_unreported_4096_token_window_is_learned_and_every_later_request_fits(
         prefect_settings, in_tmp):
     world = DemoWorldServer(window_tokens=4096, evidence_in_reply=True, reply_padding=5000)
