@@ -22,6 +22,7 @@ import logging
 import os
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -40,12 +41,72 @@ class _Printer(Protocol):
     def print(self, text: str = "") -> None: ...
 
 
+def api_unreachable(error: BaseException) -> str | None:
+    """The Prefect API's address when ``error`` (or what caused it) is a failure to reach it after Prefect's
+    own retries, else None."""
+    seen: set[int] = set()
+    cause: BaseException | None = error
+    while cause is not None and id(cause) not in seen:
+        if type(cause).__module__.startswith(("httpx", "httpcore")) and type(cause).__name__ in (
+                "ConnectError", "ConnectTimeout", "RemoteProtocolError", "ReadError"):
+            from prefect.settings import PREFECT_API_URL
+
+            return PREFECT_API_URL.value() or "its address"
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
+    return None
+
+
+#: How long ``wait_for_api`` waits for an API that does not answer: about as long as Prefect's own retries of
+#: a request on a connection it has used before (``PREFECT_CLIENT_MAX_RETRIES`` in ``command_line_defaults``).
+API_WAIT_S = 240.0
+
+
+def wait_for_api(what: str, *, limit_s: float = API_WAIT_S) -> None:
+    """Wait until the Prefect API answers its health check, at most ``limit_s``.
+
+    Prefect retries a request on a connection that has answered before, but a new client fails at once when
+    the server is down, and a sub-flow (or its parent task run) is created through a new client. Called
+    before each epoch's sub-flow, this lets a run ride out a server restart instead of failing there. Returns
+    at once with no API URL (an in-process server) or when the API answers; after ``limit_s`` the caller
+    goes on and the creation itself reports the failure.
+    """
+    import httpx
+    from prefect.settings import PREFECT_API_URL
+
+    url = PREFECT_API_URL.value()
+    if not url:
+        return
+    deadline = time.monotonic() + limit_s
+    delay, said = 0.5, False
+    while True:
+        try:
+            if httpx.get(f"{url.rstrip('/')}/health", timeout=5.0).status_code == 200:
+                if said:
+                    logging.getLogger(PROGRESS_LOGGER).info("the Prefect API answers again")
+                return
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() + delay > deadline:
+            return
+        if not said:
+            said = True
+            logging.getLogger(PROGRESS_LOGGER).info(
+                "the Prefect API at %s does not answer; waiting up to %.0f s for it before %s", url, limit_s,
+                what)
+        time.sleep(delay)
+        delay = min(delay * 2, 8.0)
+
+
 class _UserErrorsWithoutTraceback(logging.Filter):
-    """Drop the traceback of a skillopt user error from Prefect's run logs: the CLI prints the message."""
+    """Drop the traceback of a skillopt user error from Prefect's run logs, and the record of a run that
+    failed because the Prefect API did not answer: the CLI prints each in one line."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         from skillopt.core.errors import SkillOptError
 
+        if record.exc_info and record.exc_info[1] is not None and api_unreachable(record.exc_info[1]):
+            return False
         if record.exc_info and isinstance(record.exc_info[1], SkillOptError):
             record.msg = f"{record.getMessage()}: {record.exc_info[1]}"
             record.args = None
@@ -159,6 +220,11 @@ def run_flow(kind: str, out: _Printer, guard: InterruptGuard | None = None, *,
                                                           "prefect.events.clients")]
     for logger in event_loggers:
         logger.addFilter(outage)
+    # Prefect's API log worker writes "--- Error logging to API ---" and the error, with no line end, to
+    # stderr for every batch of logs it cannot send while the API is down (when ``logging.raiseExceptions``
+    # is set, the stdlib's default): in the middle of the run's own lines. The outage note and the CLI's
+    # error line say what happened.
+    raise_exceptions, logging.raiseExceptions = logging.raiseExceptions, False
     try:
         with temporary_settings(set_defaults=defaults, updates=_api_choice(out, prefect_server)):
             starting = _TemporaryServerStart.if_needed()
@@ -182,6 +248,7 @@ def run_flow(kind: str, out: _Printer, guard: InterruptGuard | None = None, *,
                 if starting is not None:
                     starting.release()
     finally:
+        logging.raiseExceptions = raise_exceptions
         progress.removeHandler(handler)
         for logger in run_loggers:
             for log_filter in filters:

@@ -34,7 +34,7 @@ from skillopt.core.records import Patch, StepRecord, unusable_replies_warning, u
 from skillopt.flows.front import choose_final, start_from_front
 from skillopt.flows.naming import config_overrides, train_run_name
 from skillopt.flows.parameters import named_overrides, role_options
-from skillopt.flows.run import PROGRESS_LOGGER
+from skillopt.flows.run import PROGRESS_LOGGER, api_unreachable, wait_for_api
 from skillopt.flows.stages import (
     Evidence,
     GateSkipped,
@@ -230,10 +230,28 @@ def run_epoch(run: Run, state: TrainState, epoch: int) -> TrainState:
     """The ``skill-epoch`` subflow without flow-run heartbeats (the top-level flow keeps them): a sync
     subflow waits up to 1 s for its heartbeat thread to stop, which held the first step of every epoch after
     the first."""
-    if PREFECT_FLOWS_HEARTBEAT_FREQUENCY.value() is None:  # skillopt's CLI runs flows without heartbeats
-        return skill_epoch(run, state, epoch)
-    with temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
-        return skill_epoch(run, state, epoch)
+    # Prefect creates the sub-flow through a new API client, and a new client does not retry a connection
+    # refused: a server restarting at that moment would fail the run. Wait for the API first; if it went away
+    # between that check and the creation (the epoch's body had not begun), wait and create it once more.
+    for attempt in (1, 2):
+        wait_for_api(f"epoch {epoch}")
+        try:
+            if PREFECT_FLOWS_HEARTBEAT_FREQUENCY.value() is None:  # the CLI runs flows without heartbeats
+                return skill_epoch(run, state, epoch)
+            with temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
+                return skill_epoch(run, state, epoch)
+        except Exception as error:
+            if attempt == 2 or (id(run), epoch) in _epochs_begun or api_unreachable(error) is None:
+                raise
+            progress.info("epoch %d's sub-flow was not created: the Prefect API stopped answering", epoch)
+        finally:
+            _epochs_begun.discard((id(run), epoch))
+    raise AssertionError("unreachable")
+
+
+#: The (run, epoch) pairs whose sub-flow body has begun, while ``run_epoch`` waits on it: a failure before
+#: that point created nothing the run depends on, so the sub-flow can be created again.
+_epochs_begun: set[tuple[int, int]] = set()
 
 
 @flow(name="skill-epoch", flow_run_name="epoch-{epoch}", validate_parameters=False)
@@ -243,6 +261,7 @@ def skill_epoch(run: Any, state: TrainState, epoch: int) -> TrainState:
     ``run`` is the run's ``Run`` (typed ``Any``: Prefect builds a parameter schema from the annotations, and
     the run holds clients and locks that have none).
     """
+    _epochs_begun.add((id(run), epoch))
     record_sub_flow_run(run.dir.path)  # a resume after a lost API settles it (tasks/stale_runs.py)
     cfg = run.config
     schedule = EditBudgetSchedule.from_config(cfg.optimizer.lr_scheduler, cfg.optimizer.learning_rate,

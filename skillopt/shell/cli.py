@@ -1235,7 +1235,9 @@ def main(
             return _interrupted(out, guard)
         if guard is not None and guard.reason:  # raised while the run was being stopped for that reason
             return _interrupted(out, guard)
-        api = _api_unreachable(exc)
+        from skillopt.flows.run import api_unreachable
+
+        api = api_unreachable(exc)
         if api is not None:
             out.error(f"the Prefect API at {api} stopped answering and did not come back: "
                       f"{RESUME_HINT} once it is up")
@@ -1246,22 +1248,6 @@ def main(
         if guard is not None and guard.reason:
             return _interrupted(out, guard)
         raise
-
-
-def _api_unreachable(error: BaseException) -> str | None:
-    """The Prefect API's address when ``error`` (or what caused it) is a failure to reach it after Prefect's
-    own retries, else None."""
-    seen: set[int] = set()
-    cause: BaseException | None = error
-    while cause is not None and id(cause) not in seen:
-        if type(cause).__module__.startswith(("httpx", "httpcore")) and type(cause).__name__ in (
-                "ConnectError", "ConnectTimeout", "RemoteProtocolError", "ReadError"):
-            from prefect.settings import PREFECT_API_URL
-
-            return PREFECT_API_URL.value() or "its address"
-        seen.add(id(cause))
-        cause = cause.__cause__ or cause.__context__
-    return None
 
 
 def _while_interrupted(error: BaseException) -> bool:
