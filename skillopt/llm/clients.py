@@ -343,7 +343,7 @@ class RoleClient:
         prompt_tokens = response.usage.prompt_tokens
         if not prompt_tokens or response.attempts == 0:  # a stored reply says nothing new
             return
-        density = request.prompt_chars() / prompt_tokens
+        density = (request.prompt_chars() + self._schema_chars_sent(request)) / prompt_tokens
         # a short prompt's tokens are mostly the chat template's: only a long one says how dense text is
         if prompt_tokens >= DENSITY_MIN_TOKENS and density < self._chars_per_token:
             with self._window_lock:
@@ -357,6 +357,18 @@ class RoleClient:
         if response.truncated and cap and reply_tokens is not None and reply_tokens < cap * SHORT_REPLY_SHARE:
             self._learn(prompt_tokens + reply_tokens, f"a reply cut short at {reply_tokens} of max_tokens "
                         f"{cap} after a {prompt_tokens}-token prompt")
+
+    def _schema_chars_sent(self, request: ChatRequest) -> int:
+        """The characters of schema instruction the backend added to ``request``'s prompt: none when the
+        schema went as a constrained-decoding parameter (``json_schema``), else the instruction's length. The
+        server counts them in its prompt tokens; leaving them out of the density made every later prompt
+        look a quarter longer than it was (a re-ask got a 37-token cap in a 4,096-token window)."""
+        if request.response_schema is None:
+            return 0
+        mode = getattr(self.backend, "structured_mode", None)
+        if callable(mode) and mode(request) == "json_schema":
+            return 0
+        return _schema_chars(request.response_schema)
 
     def window_cut(self, response: ChatResponse, cap: int | None) -> str | None:
         """Why ``response`` was cut, when the window (not ``max_tokens``) did it."""
@@ -508,7 +520,7 @@ class RoleClient:
             "stage": request.stage,
         }
         if response.truncated:
-            cap = request.max_tokens or self.role.max_tokens
+            cap = self._fit_cap(request).max_tokens or self.role.max_tokens  # the cap ``chat`` sent
             raise ParseError(self.window_cut(response, cap) or f"the reply was cut off at max_tokens ({cap})",
                              excerpt=response.text[-300:], **context)
         if response.parsed is not None:

@@ -194,6 +194,10 @@ class LocalBackend:
         """The window the model is loaded with (``options.n_ctx``)."""
         return self.options.n_ctx
 
+    def structured_mode(self, request: ChatRequest) -> str:
+        """A response schema goes as a grammar (``json_schema``), never into the prompt."""
+        return "json_schema" if request.response_schema is not None else "none"
+
     def attempt(self, request: ChatRequest, *, timeout_s: float) -> ChatResponse:
         """Generate one reply; ``CallTimeout`` when generation passes ``timeout_s``."""
         messages = [self._message(m) for m in request.messages]

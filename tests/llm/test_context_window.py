@@ -150,3 +150,53 @@ def test_prompt_density_comes_from_long_prompts_not_the_chat_template_of_short_o
     openai_server.plan(CHAT, ok(text="a", usage={"prompt_tokens": 1000, "completion_tokens": 1}))
     clients.optimizer.chat(long)
     assert clients.optimizer.prompt_room().chars_per_token == 2.5
+
+
+def test_prompt_density_counts_the_schema_instruction_a_json_object_server_reads(openai_server):
+    """On a server that takes the schema in the prompt (``json_object``), its prompt tokens include the
+    schema instruction: the density is the characters sent per token, schema included."""
+    from skillopt.llm.clients import _schema_chars
+
+    clients = optimizer(openai_server, "model.optimizer.context_tokens=4096",
+                        "model.optimizer.structured_output=json_object")
+    request = ChatRequest(messages=[user("x" * 2500)], stage="analyst", response_schema=Verdict)
+    sent = 2500 + _schema_chars(Verdict)
+    openai_server.plan(CHAT, ok(text='{"verdict": "yes"}', usage={"prompt_tokens": sent // 2,
+                                                                   "completion_tokens": 5}))
+    clients.optimizer.structured(request, Verdict)
+    body = openai_server.last(CHAT).body
+    assert schema_text_in(body), "json_object carries the schema in the prompt"
+    assert clients.optimizer.prompt_room().chars_per_token == pytest.approx(sent / (sent // 2))
+
+
+def test_prompt_density_leaves_out_a_schema_sent_for_constrained_decoding(openai_server):
+    clients = optimizer(openai_server, "model.optimizer.context_tokens=4096",
+                        "model.optimizer.structured_output=json_schema")
+    request = ChatRequest(messages=[user("x" * 2500)], stage="analyst", response_schema=Verdict)
+    openai_server.plan(CHAT, ok(text='{"verdict": "yes"}', usage={"prompt_tokens": 1000,
+                                                                   "completion_tokens": 5}))
+    clients.optimizer.structured(request, Verdict)
+    assert not schema_text_in(openai_server.last(CHAT).body)
+    assert clients.optimizer.prompt_room().chars_per_token == 2.5
+
+
+def schema_text_in(body: dict) -> bool:
+    return any('"verdict"' in str(message.get("content")) for message in body["messages"])
+
+
+def test_a_reply_cut_at_the_cap_the_window_left_is_reported_against_that_cap(openai_server):
+    """With the window known, ``chat`` lowers the reply cap to what the window leaves beside the prompt; a
+    reply that stops there was cut by that cap, and the reason names the cap that was sent."""
+    from skillopt.llm.errors import ParseError
+
+    clients = optimizer(openai_server, "model.optimizer.context_tokens=4096",
+                        "model.optimizer.max_tokens=1024", "model.optimizer.structured_output=json_schema")
+    request = ChatRequest(messages=[user("x" * 3 * 3500)], stage="analyst", response_schema=Verdict)
+    for _ in range(2):  # the call and its re-ask
+        openai_server.plan(CHAT, ok(text='{"verdict": "ye', finish_reason="length",
+                                    usage={"prompt_tokens": 3500, "completion_tokens": 200}))
+    with pytest.raises(ParseError) as raised:
+        clients.optimizer.structured(lambda _limit: request, Verdict)
+    sent = openai_server.last(CHAT).body["max_tokens"]
+    assert sent < 1024
+    assert f"cut off at max_tokens ({sent})" in str(raised.value), str(raised.value)
