@@ -2,9 +2,22 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 
 import pytest
+
+# The suite never uses the developer's Prefect home or API: a `skillopt server` left running there (the
+# README's `skillopt demo` starts one) would be found by the commands under test, and `skillopt serve`
+# would serve it instead of saying that no server is set. Set before Prefect is imported (it reads its
+# settings then); subprocesses inherit it. The home's database is made once per session.
+_PREFECT_HOME = tempfile.mkdtemp(prefix="skillopt-tests-prefect-")
+os.environ["PREFECT_HOME"] = _PREFECT_HOME
+for _name in ("PREFECT_API_URL", "PREFECT_PROFILES_PATH"):
+    os.environ.pop(_name, None)
+atexit.register(shutil.rmtree, _PREFECT_HOME, ignore_errors=True)
 
 # Tests that touch Prefect start its ephemeral API server, which logs "Stopping temporary server" at
 # interpreter exit, after pytest has closed the captured streams. INFO chatter is not what tests check.
