@@ -71,7 +71,8 @@ def wait_for_api(what: str, *, limit_s: float = API_WAIT_S) -> None:
     at once with no API URL (an in-process server) or when the API answers; after ``limit_s`` the caller
     goes on and the creation itself reports the failure.
     """
-    import httpx
+    import urllib.request  # not httpx: a new httpx client builds a TLS context, ~50 ms even for http
+
     from prefect.settings import PREFECT_API_URL
 
     url = PREFECT_API_URL.value()
@@ -81,11 +82,12 @@ def wait_for_api(what: str, *, limit_s: float = API_WAIT_S) -> None:
     delay, said = 0.5, False
     while True:
         try:
-            if httpx.get(f"{url.rstrip('/')}/health", timeout=5.0).status_code == 200:
-                if said:
-                    logging.getLogger(PROGRESS_LOGGER).info("the Prefect API answers again")
-                return
-        except httpx.HTTPError:
+            with urllib.request.urlopen(f"{url.rstrip('/')}/health", timeout=5.0) as response:
+                if response.status == 200:
+                    if said:
+                        logging.getLogger(PROGRESS_LOGGER).info("the Prefect API answers again")
+                    return
+        except (OSError, ValueError):  # refused, reset, timed out, an HTTP error status
             pass
         if time.monotonic() + delay > deadline:
             return

@@ -76,11 +76,16 @@ class StructuredModes:
             yield
             return
         with probe:
-            try:
-                yield
-            finally:
-                with self._lock:
-                    self._settled.add(key)
+            with self._lock:
+                settled = key in self._settled
+            if not settled:
+                try:
+                    yield
+                finally:
+                    with self._lock:
+                        self._settled.add(key)
+                return
+        yield  # the probe ended while this call waited for it: go on beside the others
 
     def fallen_to(self, key: str) -> str | None:
         """The mode endpoint ``key`` was moved to after refusing the one before, or None."""
