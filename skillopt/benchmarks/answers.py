@@ -21,7 +21,7 @@ from __future__ import annotations
 import re
 import string
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -316,6 +316,35 @@ def leading_choice(options: Mapping[str, str]) -> Fallback:
             return label
         # A leading label whose text contradicts it is still the answer given: the scorer rejects it.
         return first if first and leading_label(first, options) is not None else None
+    return read
+
+
+def restates_options(lines: Sequence[str], options: Mapping[str, str]) -> bool:
+    """Whether two or more ``lines`` are each an option as the prompt listed it: its label and its own text
+    (``B. implausible``, ``(B) implausible``), its text alone, or its bare label. Reasoning lines that
+    merely start with a label-like word (``A careful count …``) are not option lines."""
+    restated = set()
+    for line in lines:
+        if (bare := clean_label(line)) in options:  # ``(A)`` alone on its line
+            restated.add(bare)
+        for label, text in options.items():
+            key = _option_key(text)
+            leading = leading_label(line, options)
+            if (leading is not None and leading[0] == label and key and _option_key(leading[1]) == key) or (
+                    key and _option_key(line) == key):
+                restated.add(label)
+    return len(restated) > 1
+
+
+def last_choice_line(options: Mapping[str, str]) -> Fallback:
+    """Fallback for choice items answered at the end of a reasoning: the last non-empty line, or
+    ``AMBIGUOUS`` when the reply restates the option list (an echoed list would otherwise credit its last
+    option)."""
+    def read(reply: str) -> str | None:
+        lines = [line.strip() for line in reply.splitlines() if line.strip()]
+        if restates_options(lines, options):
+            return AMBIGUOUS
+        return lines[-1] if lines else None
     return read
 
 

@@ -116,3 +116,17 @@ def test_the_summary_counts_untagged_and_ambiguous_answers():
     rows = [ItemResult(id=f"s{k}", task_type="sports", hard=r.hard, soft=r.soft, extras=r.extras)
             for k, r in enumerate(results)]
     assert answer_format_counts(rows) == {"rows": 3, "untagged": 1, "ambiguous": 1}
+
+
+@pytest.mark.parametrize("reply", ["A) G is cyclic\nB) G is abelian", "G is cyclic\nG is abelian",
+                                   "Options:\n(A)\n(B)"])
+def test_livemath_credits_nothing_for_an_echoed_option_list(reply):
+    """The last-line fallback read an echoed list's last option (here the gold, B) as the answer."""
+    item = Item(id="m-1", question="Which?", choices=[{"label": "A", "text": "G is cyclic"},
+                                                     {"label": "B", "text": "G is abelian"}],
+                correct_choice={"label": "B", "text": "G is abelian"}, theorem="", sketch="", task_type="x")
+    echoed = livemath.score(item, reply, None)
+    assert (echoed.hard, echoed.extras["format"]) == (0.0, "ambiguous")
+    reasoning = livemath.score(item, "A cyclic group is abelian, and\nA. G is cyclic does not follow;\n"
+                                     "B) G is abelian", None)
+    assert (reasoning.hard, reasoning.extras["format"]) == (1.0, "untagged")  # one option line: read

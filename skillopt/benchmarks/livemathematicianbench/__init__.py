@@ -27,7 +27,7 @@ from pydantic import Field
 from skillopt.benchmarks.answers import (
     clean_label,
     label_contradicts,
-    last_line,
+    last_choice_line,
     last_tag,
     quote_answer,
     read_answer,
@@ -258,11 +258,12 @@ class LiveMathematicianBenchBenchmark(Benchmark[LiveMathematicianBenchConfig]):
         """hard = soft = the chosen label is the correct one (no judge).
 
         The answer is the last ``<answer>`` tag, else the last non-empty line, else the reply; it
-        names a label directly, through an option's exact text, or by its first token."""
+        names a label directly, through an option's exact text, or by its first token. An untagged reply
+        that restates the option list names nothing (``format: ambiguous``)."""
         options = options_of(item["choices"])
         correct = item["correct_choice"]["label"]
         expected = f"{correct}. {options[correct]}"
-        reading = read_answer(response_text, last_line)
+        reading = read_answer(response_text, last_choice_line(options))
         answer = reading.text or ""
         label = resolve_choice(answer, options)
         if label is None:
