@@ -129,25 +129,28 @@ def _crash_unfinished(flow_run_id: UUID, subflows: list[UUID], message: str = RE
     )
     from prefect.states import Crashed
 
-    settled = 0
+    settled: set[UUID] = set()
     with get_client(sync_client=True) as client:
-        parent = client.read_flow_run(flow_run_id)
-        recorded = [run for run in (_flow_run(client, run_id) for run_id in subflows) if run is not None]
-        # Sub-flows created but never started (so never recorded): unfinished flow runs whose parent task
-        # run belongs to it.
-        listed = [
-            run for run in client.read_flow_runs(flow_run_filter=FlowRunFilter(
-                parent_task_run_id=FlowRunFilterParentTaskRunId(is_null_=False),
-                state=_unfinished()))
-            if run.parent_task_run_id is not None
-            and _task_run_of(client, run.parent_task_run_id) == flow_run_id
-        ]
-        runs = {run.id: run for run in [parent, *recorded, *listed]}
-        for run in runs.values():
-            if run.state is not None and not run.state.is_final():
-                client.set_flow_run_state(run.id, Crashed(message=message), force=True)
-                settled += 1
-    return settled
+        # Twice: a read that failed (a busy server) or a sub-flow the server committed late is caught by the
+        # second look; a run already settled is not counted again.
+        for _ in range(2):
+            parent = client.read_flow_run(flow_run_id)
+            recorded = [run for run in (_flow_run(client, run_id) for run_id in subflows) if run is not None]
+            # Sub-flows created but never started (so never recorded): unfinished flow runs whose parent task
+            # run belongs to it.
+            listed = [
+                run for run in client.read_flow_runs(flow_run_filter=FlowRunFilter(
+                    parent_task_run_id=FlowRunFilterParentTaskRunId(is_null_=False),
+                    state=_unfinished()))
+                if run.parent_task_run_id is not None
+                and _task_run_of(client, run.parent_task_run_id) == flow_run_id
+            ]
+            runs = {run.id: run for run in [parent, *recorded, *listed]}
+            for run in runs.values():
+                if run.id not in settled and run.state is not None and not run.state.is_final():
+                    client.set_flow_run_state(run.id, Crashed(message=message), force=True)
+                    settled.add(run.id)
+    return len(settled)
 
 
 def _unfinished() -> Any:
@@ -160,7 +163,8 @@ def _unfinished() -> Any:
 def _flow_run(client: Any, flow_run_id: UUID) -> Any:
     try:
         return client.read_flow_run(flow_run_id)
-    except Exception:  # noqa: BLE001 - a flow run the server never got
+    except Exception as error:  # noqa: BLE001 - a flow run the server never got
+        log.debug("could not read flow run %s: %s", flow_run_id, error)
         return None
 
 
