@@ -138,9 +138,9 @@ def test_the_run_that_resumes_a_killed_run_settles_its_flow_run_left_running(tmp
         os.killpg(run.pid, signal.SIGKILL)
         run.communicate()
         # The kill leaves the flow run Running, with its epoch's sub-flow Running, or just created (Pending).
-        left = {run["id"]: (run["name"], run["state_type"])
-                for run in api_json(port, "/flow_runs/filter", {"limit": 50})
-                if run["state_type"] in ("RUNNING", "PENDING")}
+        # The server still commits what the process sent before it died (a sub-flow created, an epoch set
+        # Completed), so the runs left unfinished are read once two looks a second apart agree.
+        left = settled_unfinished_runs(port)
         assert ("killed", "RUNNING") in left.values(), left
         run = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
@@ -158,6 +158,22 @@ def test_the_run_that_resumes_a_killed_run_settles_its_flow_run_left_running(tmp
             os.killpg(run.pid, signal.SIGKILL)
             run.communicate()
         stop(server)
+
+
+def settled_unfinished_runs(port: int) -> dict[str, tuple[str, str]]:
+    """The Running and Pending flow runs, by id, once the server has committed what it was sent."""
+    def unfinished() -> dict[str, tuple[str, str]]:
+        return {run["id"]: (run["name"], run["state_type"])
+                for run in api_json(port, "/flow_runs/filter", {"limit": 50})
+                if run["state_type"] in ("RUNNING", "PENDING")}
+
+    looks = [unfinished()]
+    for _ in range(30):
+        time.sleep(1)
+        looks.append(unfinished())
+        if looks[-1] == looks[-2]:
+            return looks[-1]
+    raise AssertionError(f"the server's flow runs did not settle after the kill: {looks[-2:]}")
 
 
 def descendants(pid: int) -> list[int]:
