@@ -424,9 +424,11 @@ class RoleClient:
             repair = self.role.role == "optimizer"
         build = request if callable(request) else _fixed(request)
         # json_object servers carry the schema in the prompt: leave it room.
-        # The endpoint's first structured call goes alone: a refused mode or an overflow it meets is learned
-        # before any other is sent.
-        with self.modes.first_call(self.endpoint()):
+        # Where the window is not known (a server that reports none, a model of no table), the endpoint's
+        # first structured call goes alone: the overflow or short reply it may meet is learned before any
+        # other is sent (on a slow local server, every call sent meanwhile would be built too long).
+        self.context_window()
+        with self.modes.first_call(self.endpoint(), alone=not self._window_known):
             first_request, first = self._send_fitting(build, schema, self.prompt_chars(schema))
         try:
             return self._parse(first, schema, first_request, repair), first

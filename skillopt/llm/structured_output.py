@@ -66,10 +66,15 @@ class StructuredModes:
         self.refusals = threading.Lock()
 
     @contextlib.contextmanager
-    def first_call(self, key: str) -> Iterator[None]:
+    def first_call(self, key: str, *, alone: bool = True) -> Iterator[None]:
         """Around a structured call to endpoint ``key``: the endpoint's first one runs alone (it is the
         probe: what it learns, a refused mode or the context window, every later call starts with); once it
-        has ended, calls pass straight through."""
+        has ended, calls pass straight through. With ``alone`` False (the window is known already) there is
+        nothing worth a probe: calls that meet a refused mode at once move the endpoint one step
+        (``refusals``), and each call that overflows shrinks by itself."""
+        if not alone:
+            yield
+            return
         with self._lock:
             probe = None if key in self._settled else self._probes.setdefault(key, threading.Lock())
         if probe is None:
