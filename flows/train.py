@@ -286,6 +286,9 @@ def skill_epoch(run: Any, state: TrainState, epoch: int) -> TrainState:
             batch = next_plan.batches[0]
             run.prefetch.rollouts(state.current_skill, batch.item_ids, training=True, epoch=draws.epoch,
                                   samples=draws.peek(batch.item_ids), view_seed=batch.seed)
+        elif ends_the_run_on_the_best_skill(run, state, epoch):
+            # A hint: the best skill's test split, which ``finish`` asks for first.
+            run.prefetch.rollouts(state.best_skill, run.baseline_test_ids(), training=False)
         state.history.append(record)
         run.dir.record_step(record)
         run.dir.write_skill_snapshot(state.step, state.current_skill)
@@ -323,6 +326,16 @@ def skill_epoch(run: Any, state: TrainState, epoch: int) -> TrainState:
     progress.info("epoch %d/%d done: current %.3f, best %.3f", epoch, cfg.train.epochs, state.current_score,
                   state.best_score)
     return state
+
+
+def ends_the_run_on_the_best_skill(run: Run, state: TrainState, epoch: int) -> bool:
+    """Whether the step just taken is the run's last and leaves the best skill final: the last epoch, no
+    slow update after it to change the skill, no front to choose from, and the last skill is the best
+    (so the final check cannot replace it)."""
+    cfg = run.config
+    return (epoch == cfg.train.epochs and not (epoch >= 2 and cfg.optimizer.use_slow_update)
+            and cfg.train.selection != "pareto" and not state.stopped_by
+            and skill_hash(state.current_skill) == skill_hash(state.best_skill))
 
 
 class UnusableOptimizer(SkillOptError):

@@ -188,9 +188,9 @@ class Run:
     def baseline_test_ids(self) -> list[str]:
         """The test items whose rollouts with the starting skill are prefetched at the run's start
         (``skillopt.run.prefetch``): the final stage's test evaluation of that skill needs nothing of the
-        training, so its calls need not wait for the end. Empty when the run skips the test split, or has a
-        budget cap (a cap must be able to stop the run, and then skips the test split, before anything is
-        spent on it)."""
+        training, so its calls need not wait for the end (nor those of the best skill, once the run's last
+        step leaves it final). Empty when the run skips the test split, or has a budget cap (a cap must be
+        able to stop the run, and then skips the test split, before anything is spent on it)."""
         if not self.config.evaluation.eval_test or self.config.budget.capped:
             return []
         return self.selection_ids("test")

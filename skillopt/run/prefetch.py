@@ -5,8 +5,9 @@ flow's tasks make the same calls.
 The flow and the task layer give hints ("these rollouts will be asked for"): at the run's start the
 baseline's selection rollouts, step 1's first batch and the starting skill's test split
 (``Prefetcher.run_start``); once a step's update is decided, the next step's first batch with the skill
-the step ends on; and each wave of rollouts the task layer is about to submit, so its calls leave together
-instead of one task start after another. The optimizer's stages hint the same way (``Prefetcher.calls``):
+the step ends on, or, when that step ends the run on its best skill, the best skill's test split; and each
+wave of rollouts the task layer is about to submit, so its calls leave together instead of one task start
+after another. The optimizer's stages hint the same way (``Prefetcher.calls``):
 the function of the task they run next, with that task's arguments, so its model call leaves before Prefect
 has created the task run. A hint decides nothing: the task still runs its function as usual and decides what
 to make of the reply. Its model call finds the reply the prefetch got (or waits on the reply store's claim

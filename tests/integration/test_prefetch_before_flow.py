@@ -32,6 +32,14 @@ def _flow_run(api: str, name: str):
     return min(runs, key=lambda run: run.created)  # the first run of that name (a re-run makes another)
 
 
+def _flow_run_by_id(api: str, flow_run_id: str):
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings(updates={PREFECT_API_URL: api}), get_client(sync_client=True) as client:
+        return client.read_flow_run(flow_run_id)
+
+
 def test_train_prefetches_before_the_flow_starts_and_makes_each_call_once(prefect_api, tmp_path):
     world = DemoWorldServer()
     with world.server:
@@ -92,3 +100,40 @@ def test_train_prefetches_before_the_flow_starts_and_makes_each_call_once(prefec
     rerun = _usage(run_dir)[lines_before:]
     assert rerun and all(u.get("cache_hit") for u in rerun)
     assert not [u for u in rerun if u["tags"]]
+
+
+def test_the_best_skill_s_test_split_leaves_with_the_step_that_settles_it(prefect_api, tmp_path):
+    """A one-epoch run whose last skill is its best: the best skill's test rollouts are hinted once the last
+    step has decided, so every call of the run is made before the epoch's sub-flow ends (the final stage's
+    selection checks are the gates' evaluations, the initial skill's test split left at the start), and
+    each call once."""
+    import time
+
+    world = DemoWorldServer()
+    with world.server:
+        overrides = [p for o in [*role_overrides(world.server.openai_base_url), "train.epochs=1"]
+                     for p in ("-o", o)]
+        env = {**os.environ, "PREFECT_API_URL": prefect_api, "PREFECT_LOGGING_LEVEL": "WARNING"}
+        command = [sys.executable, "-m", "skillopt.shell.cli", "train", "demo", "--run-name", "settled",
+                   *overrides]
+        done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        answered = list(world.answered)
+        wall_minus_monotonic = time.time() - time.monotonic()
+        arrivals = [r.received_at + wall_minus_monotonic for r in world.server.requests
+                    if r.route == "/v1/chat/completions"]
+
+    from skillopt.skill.document import skill_hash
+
+    run_dir = tmp_path / "runs" / "settled"
+    best_sha = skill_hash((run_dir / "best_skill.md").read_text())
+    last_skill = max(run_dir.glob("skills/step_*.md"))
+    assert last_skill.name != "step_0000.md" and skill_hash(last_skill.read_text()) == best_sha, \
+        "the demo's last skill is not its best here: the hint does not apply"
+    assert (run_dir / "eval" / "best_test" / "results.jsonl").read_text().strip()
+    calls = [u for u in _usage(run_dir) if not u.get("cache_hit")]
+    assert len(set(answered)) == len(answered) == len(calls)
+    (epoch_id,) = json.loads((run_dir / "flow_run.json").read_text())["sub_flow_run_ids"]
+    epoch = _flow_run_by_id(prefect_api, epoch_id)
+    assert epoch.name == "epoch-1" and epoch.end_time is not None
+    assert max(arrivals) < epoch.end_time.timestamp()
