@@ -7,6 +7,8 @@ structured-call helper against meaningful, deterministic answers:
 
 - every reply waits ``latency_s`` (answer computation included), so a run's wall time can be compared
   with the critical-path bound;
+- ``GET /v1/models`` lists the demo's two models with their context window (``max_model_len``, as vLLM
+  reports it), so a run knows the window from the start as it does on a hosted model or a vLLM server;
 - the stage of each request is read from its system message (the optimizer templates' first lines;
   anything else is a target rollout), and the world counts requests, answers, faults and tokens per stage;
 - with ``Faults`` it injects, per attempt, HTTP 429 (with ``Retry-After``), HTTP 500, a reply held past the
@@ -50,11 +52,16 @@ from tests.fakes.http_fakes import (  # noqa: E402
     RecordedRequest,
     malformed_body,
     ok,
+    raw,
     slow,
     status,
 )
 
 CHAT = "/v1/chat/completions"
+MODELS = "/v1/models"
+#: The context window the world reports for every model, in ``GET /v1/models`` as vLLM does
+#: (``max_model_len``).
+CONTEXT_TOKENS = 32768
 
 #: Optimizer template -> (stage, analyst kind). The first line of each template starts its system message.
 _TEMPLATES = {
@@ -262,6 +269,10 @@ class LatencyWorld:
     def _reply(self, recorded: RecordedRequest) -> Entry | None:
         started = time.monotonic()
         body = recorded.body if isinstance(recorded.body, dict) else {}
+        if recorded.route == MODELS and recorded.method == "GET":
+            model = {"object": "model", "owned_by": "latency-world", "max_model_len": CONTEXT_TOKENS}
+            return raw(200, {"object": "list", "data": [{"id": f"demo-{role}", **model}
+                                                         for role in ("target", "optimizer")]})
         if recorded.route != CHAT or not body.get("messages"):
             return None  # the fake's default reply (models list, odd requests)
         stage, request, reask = self.classify(body)

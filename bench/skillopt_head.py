@@ -193,9 +193,10 @@ class FakeModel:
             def do_GET(self) -> None:  # noqa: N802
                 with fake.lock:
                     fake.counts.other_requests += 1
+                # the window as vLLM reports it (``max_model_len``)
                 self._send(200, {"object": "list", "data": [
-                    {"id": TARGET_MODEL, "object": "model", "owned_by": "bench"},
-                    {"id": OPTIMIZER_MODEL, "object": "model", "owned_by": "bench"}]})
+                    {"id": TARGET_MODEL, "object": "model", "owned_by": "bench", "max_model_len": 32768},
+                    {"id": OPTIMIZER_MODEL, "object": "model", "owned_by": "bench", "max_model_len": 32768}]})
 
             def do_POST(self) -> None:  # noqa: N802
                 started = time.monotonic()
