@@ -619,8 +619,13 @@ def _check_not_empty(counts: Mapping[SplitName, int], where: str) -> None:
             f"{where}: train and val must be non-empty (the gate needs val); got "
             f"train={counts['train']}, val={counts['val']}, test={counts['test']}"
         )
-    if counts["test"] == 0:
+    if counts["test"] == 0 and where not in _said_empty_test:
+        # once per process: a command loads its splits more than once (checks, the run, the estimate)
+        _said_empty_test.add(where)
         log.warning("%s: the test split is empty; final test evaluation will have no items", where)
+
+
+_said_empty_test: set[str] = set()
 
 
 def _split_file(split_path: Path, native_extensions: Sequence[str]) -> Path:
