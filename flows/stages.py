@@ -124,18 +124,25 @@ def reflect(run: Run, skill: str, rows: list[ItemResult], *, seed: int, budget: 
             meta_skill: str) -> tuple[list[Patch], list[Patch]]:
     """One analyst call per minibatch of failures and of successes, at most ``gradient.analyst_workers`` at
     once."""
-    cfg = run.config
-    failures, successes = split_and_batch(rows, size=cfg.gradient.minibatch_size, seed=seed,
-                                          failure_only=cfg.gradient.failure_only)
-    task = bound(run, reflect_minibatch)
-    common = {"run": run, "skill": skill, "budget": budget, "step_buffer": buffer, "meta_skill": meta_skill}
-    jobs = [(kind, {**common, "kind": kind, "rows": batch})
-            for kind, groups in (("failure", failures), ("success", successes)) for batch in groups]
+    jobs = reflect_jobs(run, skill, rows, seed=seed, budget=budget, buffer=buffer, meta_skill=meta_skill)
     run.prefetch.calls(reflect_minibatch.fn, [job for _, job in jobs])  # a hint: the calls of these tasks
-    with pool_for(run, "analysts", cfg.gradient.analyst_workers) as runner:
+    task = bound(run, reflect_minibatch)
+    with pool_for(run, "analysts", run.config.gradient.analyst_workers) as runner:
         futures = [(kind, runner.submit(task, job)) for kind, job in jobs]
         patches = [(kind, future.result()) for kind, future in futures]
     return [p for k, p in patches if k == "failure"], [p for k, p in patches if k == "success"]
+
+
+def reflect_jobs(run: Run, skill: str, rows: list[ItemResult], *, seed: int, budget: int, buffer: str,
+                 meta_skill: str) -> list[tuple[str, dict[str, Any]]]:
+    """The analyst calls of ``reflect``: the kind ("failure" or "success") and the ``reflect_minibatch``
+    arguments of each minibatch."""
+    cfg = run.config
+    failures, successes = split_and_batch(rows, size=cfg.gradient.minibatch_size, seed=seed,
+                                          failure_only=cfg.gradient.failure_only)
+    common = {"run": run, "skill": skill, "budget": budget, "step_buffer": buffer, "meta_skill": meta_skill}
+    return [(kind, {**common, "kind": kind, "rows": batch})
+            for kind, groups in (("failure", failures), ("success", successes)) for batch in groups]
 
 
 def aggregate(run: Run, skill: str, failures: list[Patch], successes: list[Patch], *,

@@ -30,7 +30,7 @@ from skillopt.core import live
 from skillopt.core.config import load_config
 from skillopt.core.data import StepPlan
 from skillopt.core.errors import SkillOptError
-from skillopt.core.records import Patch, StepRecord, unusable_replies_warning, unusable_streak
+from skillopt.core.records import ItemResult, Patch, StepRecord, unusable_replies_warning, unusable_streak
 from skillopt.flows.front import choose_final, start_from_front
 from skillopt.flows.naming import config_overrides, train_run_name
 from skillopt.flows.parameters import named_overrides, role_options
@@ -52,6 +52,7 @@ from skillopt.flows.stages import (
     longitudinal_pairs,
     promote_if_better,
     reflect,
+    reflect_jobs,
     rescore,
     select,
     step_estimate,
@@ -65,7 +66,7 @@ from skillopt.optimizer.step_buffer import StepBuffer, StepBufferEntry, failure_
 from skillopt.optimizer.update_modes import Picked
 from skillopt.run.assembly import Run, RunSpec
 from skillopt.run.registry import SkillRegistry
-from skillopt.run.rollouts import Draws
+from skillopt.run.rollouts import Draws, first_batch
 from skillopt.run.run_checks import check_run
 from skillopt.skill.diff import file_diffs
 from skillopt.skill.document import SLOW_UPDATE, replace_block, skill_hash
@@ -79,7 +80,7 @@ from skillopt.tasks.artifacts import (
 )
 from skillopt.tasks.cache import bound
 from skillopt.tasks.epoch import meta_skill, slow_update
-from skillopt.tasks.optimize import deep_probe
+from skillopt.tasks.optimize import deep_probe, reflect_minibatch
 from skillopt.tasks.rollout import Evaluation, evaluate, evaluate_many
 from skillopt.tasks.run import started_run
 from skillopt.tasks.stale_runs import record_sub_flow_run
@@ -203,6 +204,8 @@ def baseline(run: Run) -> TrainState:
     skill = run.starting_skill()
     first_epoch = run.epoch_plan(1)
     run.prefetch.run_start()  # a hint: step 1's first batch and the test split need nothing of the baseline
+    total_steps = cfg.train.epochs * len(first_epoch.steps)
+    hint_first_analysts(run, skill, total_steps)
     evaluation = evaluate(run, skill, "val")
     score = gate_value(run, evaluation.scores)
     run.dir.write_skill_snapshot(0, skill)
@@ -213,9 +216,8 @@ def baseline(run: Run) -> TrainState:
         description=source.description or f"How to solve {run.benchmark.id} tasks (trained by skillopt).")
     run.dir.write_evaluation("baseline_selection", evaluation.rows, split="val",
                              skill_sha=evaluation.skill_sha, scores=evaluation.scores)
-    steps_per_epoch = len(first_epoch.steps)
     state = TrainState(initial_skill=skill, current_skill=skill, current_score=score, best_skill=skill,
-                       best_score=score, total_steps=cfg.train.epochs * steps_per_epoch,
+                       best_score=score, total_steps=total_steps,
                        baseline=evaluation.scores)
     if run.config.budget.capped:
         state.step_estimate = step_estimate(run)
@@ -224,6 +226,32 @@ def baseline(run: Run) -> TrainState:
     progress.info("baseline on the selection split: %.3f (%d items); %d steps to go", score,
                   len(evaluation.rows), state.total_steps)
     return state
+
+
+def hint_first_analysts(run: Run, skill: str, total_steps: int) -> None:
+    """A hint: step 1's analysts read the starting skill, step 1's first batch (prefetched with the
+    baseline), step 1's budget, an empty step buffer and no meta memory, so their calls can leave as soon as
+    that batch has answered instead of after the baseline's tasks and the epoch's sub-flow. The step makes
+    them again as its own tasks and takes these replies."""
+    if (first := first_batch(run)) is None:
+        return
+    batch, draws = first
+    budget = edit_budget_schedule(run, total_steps).budget(1)
+
+    def analysts(rows: list[ItemResult]) -> None:
+        jobs = reflect_jobs(run, skill, rows, seed=batch.seed, budget=budget, buffer=StepBuffer().format(),
+                            meta_skill="")
+        run.prefetch.calls(reflect_minibatch.fn, [job for _, job in jobs])
+
+    run.prefetch.when_rolled_out(skill, batch.item_ids, analysts, training=True, epoch=draws.epoch,
+                                 samples=draws.peek(batch.item_ids), view_seed=batch.seed)
+
+
+def edit_budget_schedule(run: Run, total_steps: int) -> EditBudgetSchedule:
+    """The edit budget of each of the run's ``total_steps`` steps."""
+    optimizer = run.config.optimizer
+    return EditBudgetSchedule.from_config(optimizer.lr_scheduler, optimizer.learning_rate,
+                                          optimizer.min_learning_rate, total_steps)
 
 
 def run_epoch(run: Run, state: TrainState, epoch: int) -> TrainState:
@@ -264,8 +292,7 @@ def skill_epoch(run: Any, state: TrainState, epoch: int) -> TrainState:
     _epochs_begun.add((id(run), epoch))
     record_sub_flow_run(run.dir.path)  # a resume after a lost API settles it (tasks/stale_runs.py)
     cfg = run.config
-    schedule = EditBudgetSchedule.from_config(cfg.optimizer.lr_scheduler, cfg.optimizer.learning_rate,
-                                              cfg.optimizer.min_learning_rate, state.total_steps)
+    schedule = edit_budget_schedule(run, state.total_steps)
     plan = run.epoch_plan(epoch)
     epoch_start_skill = state.current_skill
     buffer = StepBuffer()  # memory of this epoch only

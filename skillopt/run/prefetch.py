@@ -4,15 +4,16 @@ flow's tasks make the same calls.
 
 The flow and the task layer give hints ("these rollouts will be asked for"): at the run's start the
 baseline's selection rollouts, step 1's first batch and the starting skill's test split
-(``Prefetcher.run_start``); once a step's update is decided, the next step's first batch with the skill
-the step ends on, or, when that step ends the run on its best skill, the best skill's test split; and each
-wave of rollouts the task layer is about to submit, so its calls leave together instead of one task start
-after another. The optimizer's stages hint the same way (``Prefetcher.calls``):
-the function of the task they run next, with that task's arguments, so its model call leaves before Prefect
-has created the task run. A hint decides nothing: the task still runs its function as usual and decides what
-to make of the reply. Its model call finds the reply the prefetch got (or waits on the reply store's claim
-while that call is in flight) and takes it as its own call (``ReplyStore.take_prefetched``): a call is made,
-paid and recorded once, and is no cache hit.
+(``Prefetcher.run_start``), and step 1's analyst calls once that first batch has answered
+(``Prefetcher.when_rolled_out``: they read nothing the baseline decides); once a step's update is decided,
+the next step's first batch with the skill the step ends on, or, when that step ends the run on its best
+skill, the best skill's test split; and each wave of rollouts the task layer is about to submit, so its
+calls leave together instead of one task start after another. The optimizer's stages hint the same way
+(``Prefetcher.calls``): the function of the task they run next, with that task's arguments, so its model
+call leaves before Prefect has created the task run. A hint decides nothing: the task still runs its
+function as usual and decides what to make of the reply. Its model call finds the reply the prefetch got
+(or waits on the reply store's claim while that call is in flight) and takes it as its own call
+(``ReplyStore.take_prefetched``): a call is made, paid and recorded once, and is no cache hit.
 
 Every rollout, prefetched or not, holds one of the run's ``benchmark.workers`` rollout slots
 (``Run.rollout_slots``), and every call takes the clients' provider limiter: the prefetch adds no
@@ -36,7 +37,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -45,6 +46,7 @@ from skillopt.run.rollouts import direct_judge, first_batch, roll_out, rollout_k
 
 if TYPE_CHECKING:
     from skillopt.core.config import LoadedConfig
+    from skillopt.core.records import ItemResult
     from skillopt.run.assembly import Run, RunSpec
 
 log = logging.getLogger(__name__)
@@ -67,7 +69,8 @@ class Prefetcher:
         self._workers = max(1, int(getattr(run.bench_cfg, "workers", 4)))
         self._pool: ThreadPoolExecutor | None = None
         self._calls: ThreadPoolExecutor | None = None
-        self._hinted: set[str] = set()
+        #: The hinted rollouts by key: each one's row, None if it failed.
+        self._hinted: dict[str, Future[ItemResult | None]] = {}
         self._lock = threading.Lock()
 
     def run_start(self) -> None:
@@ -90,18 +93,57 @@ class Prefetcher:
         if not self.enabled or not item_ids:
             return
         run = self.run
-        for item_id, sample in zip(item_ids, samples or [0] * len(item_ids), strict=True):
-            draw: dict[str, Any] = {"training": training, "sample": sample, "epoch": epoch,
-                                    "view_seed": view_seed}
-            key = rollout_key(run, run.items[item_id], skill, **draw)
+        for item_id, (key, draw) in zip(item_ids, self._draws(skill, item_ids, training=training, epoch=epoch,
+                                                               samples=samples, view_seed=view_seed),
+                                        strict=True):
             with self._lock:
                 if key in self._hinted or run.served_from_cache(key):
                     continue
-                self._hinted.add(key)
                 if self._pool is None:
                     self._pool = ThreadPoolExecutor(max_workers=self._workers,
                                                     thread_name_prefix="skillopt-prefetch")
-                self._pool.submit(self._roll_out, item_id, skill, draw)
+                self._hinted[key] = self._pool.submit(self._roll_out, item_id, skill, draw)
+
+    def when_rolled_out(self, skill: str, item_ids: Sequence[str],
+                        then: Callable[[list[ItemResult]], None], *, training: bool,
+                        epoch: int | None = None, samples: Sequence[int] | None = None,
+                        view_seed: int | None = None) -> None:
+        """Once the hinted rollouts of ``item_ids`` with ``skill`` have all answered, ``then(rows)`` with
+        their rows in order: a hint of the calls that read those rows (step 1's analysts), given before the
+        flow has the rows. Nothing is hinted if one of them was not prefetched here or failed."""
+        if not self.enabled or not item_ids:
+            return
+        keys = [key for key, _ in self._draws(skill, item_ids, training=training, epoch=epoch,
+                                              samples=samples, view_seed=view_seed)]
+        with self._lock:
+            found = [self._hinted.get(key) for key in keys]
+        futures = [future for future in found if future is not None]
+        if len(futures) < len(found):
+            return
+        waiting, lock = [len(futures)], threading.Lock()
+
+        def one_done(_: Future[ItemResult | None]) -> None:
+            with lock:
+                waiting[0] -= 1
+                if waiting[0]:
+                    return
+            rows = [future.result() for future in futures if not future.cancelled()]
+            if len(rows) == len(futures) and all(row is not None for row in rows):
+                try:
+                    then([row for row in rows if row is not None])
+                except Exception as error:  # noqa: BLE001 - the flow makes these calls itself
+                    log.debug("a hint after prefetched rollouts failed: %r", error)
+
+        for future in futures:
+            future.add_done_callback(one_done)
+
+    def _draws(self, skill: str, item_ids: Sequence[str], *, training: bool, epoch: int | None,
+               samples: Sequence[int] | None, view_seed: int | None) -> Iterator[tuple[str, dict[str, Any]]]:
+        """The cache key and the ``roll_out`` draw arguments of each item's rollout, in order."""
+        for item_id, sample in zip(item_ids, samples or [0] * len(item_ids), strict=True):
+            draw: dict[str, Any] = {"training": training, "sample": sample, "epoch": epoch,
+                                    "view_seed": view_seed}
+            yield rollout_key(self.run, self.run.items[item_id], skill, **draw), draw
 
     def calls(self, fn: Callable[..., Any], arguments: Sequence[Mapping[str, Any]]) -> None:
         """Start ``fn(**kwargs)`` for each of ``arguments``: a task's function with the arguments of the task
@@ -126,14 +168,15 @@ class Prefetcher:
         finally:
             PREFETCH.reset(token)
 
-    def _roll_out(self, item_id: str, skill: str, draw: dict[str, Any]) -> None:
+    def _roll_out(self, item_id: str, skill: str, draw: dict[str, Any]) -> ItemResult | None:
         run = self.run
         token = PREFETCH.set(True)
         try:
             judge = direct_judge(run) if run.benchmark.needs_judge(run.bench_cfg) else None
-            roll_out(run, run.items[item_id], skill, judge=judge, **draw)
+            return roll_out(run, run.items[item_id], skill, judge=judge, **draw)
         except Exception as error:  # noqa: BLE001 - the task makes the call again and reports its error
             log.debug("a prefetched rollout of %s failed: %r", item_id, error)
+            return None
         finally:
             PREFETCH.reset(token)
 

@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from datetime import datetime
 from pathlib import Path
 
@@ -50,7 +51,11 @@ def test_train_prefetches_before_the_flow_starts_and_makes_each_call_once(prefec
         done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
         answered = list(world.answered)
+        wall_minus_monotonic = time.time() - time.monotonic()
+        analysts = [r.received_at + wall_minus_monotonic for r in world.server.requests
+                    if r.route == "/v1/chat/completions" and "## Edit budget" in r.last_user_text]
         lines_before = len(_usage(tmp_path / "runs" / "prefetched"))
+        flow_record = json.loads((tmp_path / "runs" / "prefetched" / "flow_run.json").read_text())
         # The same command again: every task is served from Prefect's cache.
         again = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
         assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
@@ -89,6 +94,12 @@ def test_train_prefetches_before_the_flow_starts_and_makes_each_call_once(prefec
     assert test_ids and len(test_calls) == len(test_ids)
     assert min(datetime.fromisoformat(u["ts"]) for u in test_calls) < first_optimizer
 
+    # Step 1's analysts read only the starting skill and step 1's first batch: they leave once that batch
+    # has answered, before the first epoch's sub-flow starts (the step itself asks for them inside it).
+    first_epoch = _flow_run_by_id(prefect_api, flow_record["sub_flow_run_ids"][0])
+    assert first_epoch.name == "epoch-1" and first_epoch.start_time is not None
+    assert analysts and min(analysts) < first_epoch.start_time.timestamp()
+
     # The flow's tasks took the prefetched replies as their own calls: nothing came from the reply store (a
     # reply-store hit carries its request's tags; the untagged hits are evaluations found in a cache).
     store_hits = [(u["stage"], u["tags"], u["ts"]) for u in usage if u.get("cache_hit") and u["tags"]]
@@ -109,8 +120,6 @@ def test_the_best_skill_s_test_split_leaves_with_the_step_that_settles_it(prefec
 
     The hint leaves while the step's records and artifacts are written; the rest of the test split may still
     be in flight when the sub-flow ends, so only the first of its requests is held to that bound."""
-    import time
-
     world = DemoWorldServer()
     with world.server:
         overrides = [p for o in [*role_overrides(world.server.openai_base_url), "train.epochs=1"]
