@@ -405,6 +405,14 @@ def _median(values: list[float]) -> float | None:
     return round(statistics.median(values), 3) if values else None
 
 
+def _placeholder(name: str, value: Any) -> Any:
+    """A setting as the results file keeps it: the folders and interpreters of this machine become
+    placeholders, so the file can be committed as it is."""
+    if name in {"skillopt_head", "python", "skillopt_python", "workdir", "prefect_home"} and value:
+        return f"<{name}>"
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--skillopt-head", required=True, help="checkout of microsoft/SkillOpt")
@@ -499,10 +507,10 @@ def main(argv: list[str] | None = None) -> int:
         ratios["calls_target"] = CALLS_TARGET
         ratios["calls_met"] = ratios["calls"] <= CALLS_TARGET
     result = {
-        "config": {k: v for k, v in vars(args).items()},
+        "config": {k: _placeholder(k, v) for k, v in vars(args).items()},
         "load_average_before": load_before,
         "load_average_after": os.getloadavg(),
-        "runs": [r.__dict__ for r in runs],
+        "runs": [{**r.__dict__, "log": str(Path(r.log).relative_to(workdir))} for r in runs],
         "summary": summary,
         "ratios_skillopt_over_SkillOpt": ratios,
     }
