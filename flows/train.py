@@ -235,16 +235,14 @@ def hint_first_analysts(run: Run, skill: str, total_steps: int) -> None:
     them again as its own tasks and takes these replies."""
     if (first := first_batch(run)) is None:
         return
-    batch, draws = first
-    budget = edit_budget_schedule(run, total_steps).budget(1)
+    seed, budget = first[0].seed, edit_budget_schedule(run, total_steps).budget(1)
 
     def analysts(rows: list[ItemResult]) -> None:
-        jobs = reflect_jobs(run, skill, rows, seed=batch.seed, budget=budget, buffer=StepBuffer().format(),
+        jobs = reflect_jobs(run, skill, rows, seed=seed, budget=budget, buffer=StepBuffer().format(),
                             meta_skill="")
         run.prefetch.calls(reflect_minibatch.fn, [job for _, job in jobs])
 
-    run.prefetch.when_rolled_out(skill, batch.item_ids, analysts, training=True, epoch=draws.epoch,
-                                 samples=draws.peek(batch.item_ids), view_seed=batch.seed)
+    run.prefetch.when_first_batch_answered(analysts)
 
 
 def edit_budget_schedule(run: Run, total_steps: int) -> EditBudgetSchedule:

@@ -5,10 +5,10 @@ flow's tasks make the same calls.
 The flow and the task layer give hints ("these rollouts will be asked for"): at the run's start the
 baseline's selection rollouts, step 1's first batch and the starting skill's test split
 (``Prefetcher.run_start``), and step 1's analyst calls once that first batch has answered
-(``Prefetcher.when_rolled_out``: they read nothing the baseline decides); once a step's update is decided,
-the next step's first batch with the skill the step ends on, or, when that step ends the run on its best
-skill, the best skill's test split; and each wave of rollouts the task layer is about to submit, so its
-calls leave together instead of one task start after another. The optimizer's stages hint the same way
+(``Prefetcher.when_first_batch_answered``: they read nothing the baseline decides); once a step's update is
+decided, the next step's first batch with the skill the step ends on, or, when that step ends the run on
+its best skill, the best skill's test split; and each wave of rollouts the task layer is about to submit,
+so its calls leave together instead of one task start after another. The optimizer's stages hint the same way
 (``Prefetcher.calls``): the function of the task they run next, with that task's arguments, so its model
 call leaves before Prefect has created the task run. A hint decides nothing: the task still runs its
 function as usual and decides what to make of the reply. Its model call finds the reply the prefetch got
@@ -69,8 +69,9 @@ class Prefetcher:
         self._workers = max(1, int(getattr(run.bench_cfg, "workers", 4)))
         self._pool: ThreadPoolExecutor | None = None
         self._calls: ThreadPoolExecutor | None = None
-        #: The hinted rollouts by key: each one's row, None if it failed.
-        self._hinted: dict[str, Future[ItemResult | None]] = {}
+        self._hinted: set[str] = set()
+        #: The rollouts of step 1's first batch, once ``run_start`` has started them all.
+        self._first_batch: list[Future[ItemResult | None]] = []
         self._lock = threading.Lock()
 
     def run_start(self) -> None:
@@ -82,43 +83,43 @@ class Prefetcher:
         self.rollouts(skill, run.selection_ids("val"), training=False)
         if (first := first_batch(run)) is not None:
             batch, draws = first
-            self.rollouts(skill, batch.item_ids, training=True, epoch=draws.epoch,
-                          samples=draws.peek(batch.item_ids), view_seed=batch.seed)
+            started = self.rollouts(skill, batch.item_ids, training=True, epoch=draws.epoch,
+                                    samples=draws.peek(batch.item_ids), view_seed=batch.seed)
+            if started and len(started) == len(batch.item_ids):
+                self._first_batch = started
         self.rollouts(skill, run.baseline_test_ids(), training=False)
 
     def rollouts(self, skill: str, item_ids: Sequence[str], *, training: bool, epoch: int | None = None,
-                 samples: Sequence[int] | None = None, view_seed: int | None = None) -> None:
+                 samples: Sequence[int] | None = None,
+                 view_seed: int | None = None) -> list[Future[ItemResult | None]]:
         """Start the rollouts of ``item_ids`` with ``skill`` (one draw each, as ``evaluate`` asks for them)
-        unless already hinted or in the task cache."""
+        unless already hinted or in the task cache; the rollouts started (each one's row, None if it
+        failed)."""
+        started: list[Future[ItemResult | None]] = []
         if not self.enabled or not item_ids:
-            return
+            return started
         run = self.run
-        for item_id, (key, draw) in zip(item_ids, self._draws(skill, item_ids, training=training, epoch=epoch,
-                                                               samples=samples, view_seed=view_seed),
-                                        strict=True):
+        for item_id, sample in zip(item_ids, samples or [0] * len(item_ids), strict=True):
+            draw: dict[str, Any] = {"training": training, "sample": sample, "epoch": epoch,
+                                    "view_seed": view_seed}
+            key = rollout_key(run, run.items[item_id], skill, **draw)
             with self._lock:
                 if key in self._hinted or run.served_from_cache(key):
                     continue
+                self._hinted.add(key)
                 if self._pool is None:
                     self._pool = ThreadPoolExecutor(max_workers=self._workers,
                                                     thread_name_prefix="skillopt-prefetch")
-                self._hinted[key] = self._pool.submit(self._roll_out, item_id, skill, draw)
+                started.append(self._pool.submit(self._roll_out, item_id, skill, draw))
+        return started
 
-    def when_rolled_out(self, skill: str, item_ids: Sequence[str],
-                        then: Callable[[list[ItemResult]], None], *, training: bool,
-                        epoch: int | None = None, samples: Sequence[int] | None = None,
-                        view_seed: int | None = None) -> None:
-        """Once the hinted rollouts of ``item_ids`` with ``skill`` have all answered, ``then(rows)`` with
-        their rows in order: a hint of the calls that read those rows (step 1's analysts), given before the
-        flow has the rows. Nothing is hinted if one of them was not prefetched here or failed."""
-        if not self.enabled or not item_ids:
-            return
-        keys = [key for key, _ in self._draws(skill, item_ids, training=training, epoch=epoch,
-                                              samples=samples, view_seed=view_seed)]
-        with self._lock:
-            found = [self._hinted.get(key) for key in keys]
-        futures = [future for future in found if future is not None]
-        if len(futures) < len(found):
+    def when_first_batch_answered(self, then: Callable[[list[ItemResult]], None]) -> None:
+        """Once step 1's first batch, all of it started by ``run_start``, has answered, ``then(rows)`` with
+        its rows in order: a hint of the calls that read those rows (step 1's analysts), given before the flow
+        has them. Nothing is hinted if ``run_start`` did not start the whole batch or a rollout failed, and
+        only the first call hints."""
+        futures, self._first_batch = self._first_batch, []
+        if not futures:
             return
         waiting, lock = [len(futures)], threading.Lock()
 
@@ -127,23 +128,16 @@ class Prefetcher:
                 waiting[0] -= 1
                 if waiting[0]:
                     return
-            rows = [future.result() for future in futures if not future.cancelled()]
-            if len(rows) == len(futures) and all(row is not None for row in rows):
+            rows = [row for future in futures
+                    if not future.cancelled() and (row := future.result()) is not None]
+            if len(rows) == len(futures):
                 try:
-                    then([row for row in rows if row is not None])
+                    then(rows)
                 except Exception as error:  # noqa: BLE001 - the flow makes these calls itself
-                    log.debug("a hint after prefetched rollouts failed: %r", error)
+                    log.debug("a hint after step 1's first batch failed: %r", error)
 
         for future in futures:
             future.add_done_callback(one_done)
-
-    def _draws(self, skill: str, item_ids: Sequence[str], *, training: bool, epoch: int | None,
-               samples: Sequence[int] | None, view_seed: int | None) -> Iterator[tuple[str, dict[str, Any]]]:
-        """The cache key and the ``roll_out`` draw arguments of each item's rollout, in order."""
-        for item_id, sample in zip(item_ids, samples or [0] * len(item_ids), strict=True):
-            draw: dict[str, Any] = {"training": training, "sample": sample, "epoch": epoch,
-                                    "view_seed": view_seed}
-            yield rollout_key(self.run, self.run.items[item_id], skill, **draw), draw
 
     def calls(self, fn: Callable[..., Any], arguments: Sequence[Mapping[str, Any]]) -> None:
         """Start ``fn(**kwargs)`` for each of ``arguments``: a task's function with the arguments of the task
