@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
-    missing = [str(t) for t in args.trees if not (t / "skillopt" / "cli.py").is_file()]
+    missing = [str(t) for t in args.trees if not (t / "skillopt" / "shell" / "cli.py").is_file()]
     if missing:
         parser.error(f"not a skillopt source tree (no skillopt/shell/cli.py): {', '.join(missing)}")
     trees = [t.resolve() for t in args.trees]

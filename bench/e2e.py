@@ -137,9 +137,13 @@ def _r(value: float | None) -> float | None:
 # Running a command against the world
 
 
-def skillopt_env(home: Path) -> dict[str, str]:
-    """A user's environment: no PREFECT_API_URL, the bench's own PREFECT_HOME."""
-    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+def skillopt_env(home: Path, *, temporary_server: bool = False) -> dict[str, str]:
+    """A user's environment: no PREFECT_API_URL, the bench's own PREFECT_HOME; with ``temporary_server``
+    each run starts Prefect's throwaway server (``SKILLOPT_PREFECT_SERVER=temporary``, as ``--ephemeral``)
+    instead of the background server a run with no server starts and leaves up."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "SKILLOPT_PREFECT_SERVER")}
+    if temporary_server:
+        env["SKILLOPT_PREFECT_SERVER"] = "temporary"
     env.update(
         PREFECT_HOME=str(home),
         PREFECT_SERVER_ANALYTICS_ENABLED="false",
@@ -308,10 +312,10 @@ def local_server(home: Path) -> Any:
 
 
 def end_to_end(config: Config, world: LatencyWorld, workdir: Path, *, home: Path, label: str, repeat: int,
-               compare: str | None = None) -> dict[str, Any]:
+               compare: str | None = None, temporary_server: bool = False) -> dict[str, Any]:
     """``repeat`` runs of ``config`` (a fresh run folder each, so no call is cached), interleaved with
     ``compare`` when given; the median of each figure."""
-    env = skillopt_env(home)
+    env = skillopt_env(home, temporary_server=temporary_server)
     meter = CpuMeter(home)
     ours, theirs = [], []
     for index in range(repeat):
@@ -455,7 +459,7 @@ def main(argv: list[str] | None = None) -> int:
                 train_argv(replace_config(TINY, test=0, val=4, train=8), world, "warm"),
                 world=world,
                 latency=0.0,
-                env=skillopt_env(home),
+                env=skillopt_env(home, temporary_server=home == bare),
                 cwd=workdir / f"warm-{home.name}",
             )
         if "tiny" in sections:
@@ -467,7 +471,7 @@ def main(argv: list[str] | None = None) -> int:
                                                      repeat=args.repeat, compare=args.compare)
             log("tiny end to end, without server (temporary server)")
             results["tiny_without_server"] = end_to_end(TINY, world, workdir, home=bare, label="tiny-bare",
-                                                        repeat=args.repeat)
+                                                        repeat=args.repeat, temporary_server=True)
         if "phase" in sections:
             for config in (BATCH10, BATCH40):
                 log(f"model phase: batch {config.batch}, {config.workers} workers, {config.latency} s")
