@@ -235,10 +235,11 @@ def hint_first_analysts(run: Run, skill: str, total_steps: int) -> None:
     them again as its own tasks and takes these replies."""
     if (first := first_batch(run)) is None:
         return
-    seed, budget = first[0].seed, edit_budget_schedule(run, total_steps).budget(1)
+    batch, _ = first
+    budget = edit_budget_schedule(run, total_steps).budget(1)
 
     def analysts(rows: list[ItemResult]) -> None:
-        jobs = reflect_jobs(run, skill, rows, seed=seed, budget=budget, buffer=StepBuffer().format(),
+        jobs = reflect_jobs(run, skill, rows, seed=batch.seed, budget=budget, buffer=StepBuffer().format(),
                             meta_skill="")
         run.prefetch.calls(reflect_minibatch.fn, [job for _, job in jobs])
 

@@ -123,7 +123,7 @@ def run_rollouts(run: Run, skill: str, split: str, item_ids: list[str], *, train
         jobs = _rollout_jobs(run, skill, item_ids, training=training, probe_instruction=probe_instruction,
                              epoch=epoch, samples=samples, view_seed=view_seed)
         if probe_instruction is None:
-            # The wave's calls leave together while its tasks start one after another.
+            # The wave's calls leave while its tasks are being created, not each after its task starts.
             run.prefetch.rollouts(skill, item_ids, training=training, epoch=epoch, samples=samples,
                                   view_seed=view_seed)
         futures = [runner.submit(rollout, job) for job in jobs]

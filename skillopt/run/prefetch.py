@@ -8,12 +8,12 @@ baseline's selection rollouts, step 1's first batch and the starting skill's tes
 (``Prefetcher.when_first_batch_answered``: they read nothing the baseline decides); once a step's update is
 decided, the next step's first batch with the skill the step ends on, or, when that step ends the run on
 its best skill, the best skill's test split; and each wave of rollouts the task layer is about to submit,
-so its calls leave together instead of one task start after another. The optimizer's stages hint the same way
-(``Prefetcher.calls``): the function of the task they run next, with that task's arguments, so its model
-call leaves before Prefect has created the task run. A hint decides nothing: the task still runs its
-function as usual and decides what to make of the reply. Its model call finds the reply the prefetch got
-(or waits on the reply store's claim while that call is in flight) and takes it as its own call
-(``ReplyStore.take_prefetched``): a call is made, paid and recorded once, and is no cache hit.
+so its calls leave as the wave's task runs are being created instead of each after its own. The optimizer's
+stages hint the same way (``Prefetcher.calls``): the function of the task they run next, with that task's
+arguments, so its model call leaves before Prefect has created the task run. A hint decides nothing: the
+task still runs its function as usual and decides what to make of the reply. Its model call finds the reply
+the prefetch got (or waits on the reply store's claim while that call is in flight) and takes it as its own
+call (``ReplyStore.take_prefetched``): a call is made, paid and recorded once, and is no cache hit.
 
 Every rollout, prefetched or not, holds one of the run's ``benchmark.workers`` rollout slots
 (``Run.rollout_slots``), and every call takes the clients' provider limiter: the prefetch adds no
@@ -85,7 +85,7 @@ class Prefetcher:
             batch, draws = first
             started = self.rollouts(skill, batch.item_ids, training=True, epoch=draws.epoch,
                                     samples=draws.peek(batch.item_ids), view_seed=batch.seed)
-            if started and len(started) == len(batch.item_ids):
+            if len(started) == len(batch.item_ids):
                 self._first_batch = started
         self.rollouts(skill, run.baseline_test_ids(), training=False)
 
