@@ -34,8 +34,16 @@ def server_environment_inside_a_run(monkeypatch) -> dict[str, str]:
 
 
 def test_the_ephemeral_server_gets_quiet_logging_and_the_cli_defaults(monkeypatch):
-    monkeypatch.delenv("PREFECT_SERVER_LOGGING_LEVEL", raising=False)
-    env = server_environment_inside_a_run(monkeypatch)
+    import prefect.context
+    from prefect.settings import Settings
+
+    # The suite's conftest sets the start-up timeout for its own temporary server: here the settings are read
+    # from an environment without it (or the server logging level), so only run_flow's defaults can set them.
+    for name in ("PREFECT_SERVER_LOGGING_LEVEL", "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"):
+        monkeypatch.delenv(name, raising=False)
+    current = prefect.context.get_settings_context()
+    with prefect.context.SettingsContext(profile=current.profile, settings=Settings()):
+        env = server_environment_inside_a_run(monkeypatch)
     assert env["PREFECT_SERVER_LOGGING_LEVEL"] == "CRITICAL"
     assert env["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"] == "120"
 
