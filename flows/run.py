@@ -35,6 +35,9 @@ PROGRESS_LOGGER = "skillopt.progress"
 # server;
 #: a saturated one can take seconds, and what is still queued when the process ends is lost).
 FLUSH_TIMEOUT_S = 30.0
+#: How long Prefect may take to start its temporary API server (its default, 20 s, is often too short for a
+#: new database on two cores). The test suite gives its own temporary server the same limit.
+TEMPORARY_SERVER_START_TIMEOUT_S = 120
 
 
 class _Printer(Protocol):
@@ -174,7 +177,7 @@ def command_line_defaults() -> dict[Any, Any]:
     )
 
     return {
-        PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS: 120,
+        PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS: TEMPORARY_SERVER_START_TIMEOUT_S,
         PREFECT_LOGGING_LEVEL: "WARNING",
         PREFECT_SERVER_ANALYTICS_ENABLED: False,
         # The ephemeral API server (a subprocess that inherits these settings) is stopped when the command

@@ -22,10 +22,12 @@ atexit.register(shutil.rmtree, _PREFECT_HOME, ignore_errors=True)
 # Tests that touch Prefect start its ephemeral API server, which logs "Stopping temporary server" at
 # interpreter exit, after pytest has closed the captured streams. INFO chatter is not what tests check.
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
-# The first test that calls a flow in this process starts that temporary server on the new home, creating its
-# database; beside another test suite on two cores that takes longer than Prefect's 20 s limit, and the test
-# fails before it begins. skillopt's own runs raise the limit to 120 s (flows/run.py); so does the suite.
-os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+# The first test that calls a flow in this process starts that temporary server and creates its database in
+# the new home: it gets the start-up limit skillopt's own runs give theirs (flows/run.py imports no Prefect).
+from skillopt.flows.run import TEMPORARY_SERVER_START_TIMEOUT_S  # noqa: E402
+
+os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS",
+                      str(TEMPORARY_SERVER_START_TIMEOUT_S))
 
 pytest_plugins = ["tests.fakes.fixtures"]
 # Repository snapshots inside fixtures (the SWE-bench fake harness runs their tests itself) are not ours to
