@@ -223,8 +223,8 @@ def baseline(run: Run) -> TrainState:
         state.step_estimate = step_estimate(run)
     publish_progress(run, state.step, state.total_steps, 0, cfg.train.epochs, state.current_score,
                      state.best_score)
-    progress.info("baseline on the selection split: %.3f (%d items); %d steps to go", score,
-                  len(evaluation.rows), state.total_steps)
+    progress.info("baseline on the selection split: %.3f (%d items); %d step%s to go", score,
+                  len(evaluation.rows), state.total_steps, "" if state.total_steps == 1 else "s")
     return state
 
 

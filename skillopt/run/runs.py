@@ -298,10 +298,11 @@ def summary_line(summary: Mapping[str, Any]) -> str:
         )
 
     total = summary.get("counts", {}).get("total", {})
+    steps = total.get("n", 0)
     stopped = f" (stopped by {summary['stopped_by']})" if summary.get("stopped_by") else ""
     return (f"finished {summary['run_name']}{stopped}: best {phase('best')} (baseline: {phase('baseline')}); "
-            f"{total.get('n', 0)} steps: {total.get('accepts', 0)} accepted, {total.get('rejects', 0)} "
-            f"rejected, {total.get('skips', 0)} skipped; "
+            f"{steps} step{'' if steps == 1 else 's'}: {total.get('accepts', 0)} accepted, "
+            f"{total.get('rejects', 0)} rejected, {total.get('skips', 0)} skipped; "
             f"{summary.get('usage', {}).get('total', {}).get('calls', 0)} model calls")
 
 

@@ -25,6 +25,7 @@ from skillopt.run.runs import (
     per_task_type,
     run_directory_name,
     summary_dict,
+    summary_line,
 )
 from skillopt.skill.document import Edit, apply_edits
 
@@ -461,3 +462,12 @@ def test_the_finished_progress_keeps_the_run_s_reply_counts():
     assert text.startswith("**Finished")
     assert "optimizer replies 1 parsed, 5 fallback" in text and "error rows 2 in batches" in text
     assert "**Warning:**" in text
+
+
+def test_summary_line_counts_steps_in_the_right_number() -> None:
+    def summary(n: int) -> dict[str, object]:
+        return {"run_name": "demo-x", "scores": {}, "usage": {"total": {"calls": 3}},
+                "counts": {"total": {"n": n, "accepts": n, "rejects": 0, "skips": 0}}}
+
+    assert "; 1 step: 1 accepted, 0 rejected" in summary_line(summary(1))
+    assert "; 2 steps: 2 accepted, 0 rejected" in summary_line(summary(2))
