@@ -123,10 +123,7 @@ def _recorded(path: Path) -> dict[str, Any]:
 
 def _crash_unfinished(flow_run_id: UUID, subflows: list[UUID], message: str = RESUMED) -> int:
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import (
-        FlowRunFilter,
-        FlowRunFilterParentTaskRunId,
-    )
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId
     from prefect.states import Crashed
 
     settled: set[UUID] = set()
@@ -136,15 +133,10 @@ def _crash_unfinished(flow_run_id: UUID, subflows: list[UUID], message: str = RE
         for _ in range(2):
             parent = client.read_flow_run(flow_run_id)
             recorded = [run for run in (_flow_run(client, run_id) for run_id in subflows) if run is not None]
-            # Sub-flows created but never started (so never recorded): unfinished flow runs whose parent task
-            # run belongs to it.
-            listed = [
-                run for run in client.read_flow_runs(flow_run_filter=FlowRunFilter(
-                    parent_task_run_id=FlowRunFilterParentTaskRunId(is_null_=False),
-                    state=_unfinished()))
-                if run.parent_task_run_id is not None
-                and _task_run_of(client, run.parent_task_run_id) == flow_run_id
-            ]
+            # Sub-flows created but never started (so never recorded): the server finds the unfinished flow
+            # runs whose parent task run belongs to it.
+            listed = client.read_flow_runs(flow_run_filter=FlowRunFilter(
+                parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[flow_run_id]), state=_unfinished()))
             runs = {run.id: run for run in [parent, *recorded, *listed]}
             for run in runs.values():
                 if run.id not in settled and run.state is not None and not run.state.is_final():
@@ -165,13 +157,6 @@ def _flow_run(client: Any, flow_run_id: UUID) -> Any:
         return client.read_flow_run(flow_run_id)
     except Exception as error:  # noqa: BLE001 - a flow run the server never got
         log.debug("could not read flow run %s: %s", flow_run_id, error)
-        return None
-
-
-def _task_run_of(client: Any, task_run_id: UUID) -> UUID | None:
-    try:
-        return client.read_task_run(task_run_id).flow_run_id
-    except Exception:  # noqa: BLE001 - a task run the server never got
         return None
 
 

@@ -1,0 +1,65 @@
+"""The run that resumes a directory settles its previous flow run's sub-flows on a busy server: an epoch
+sub-flow created but never started (so never recorded in ``flow_run.json``) is found through its parent
+flow run, however many other unfinished sub-flows the server holds."""
+
+from __future__ import annotations
+
+from typing import Any
+from uuid import UUID
+
+import httpx
+
+from skillopt.tasks.stale_runs import _crash_unfinished
+
+#: One page of the server's answer when no limit is given (``PREFECT_API_DEFAULT_LIMIT``).
+PAGE = 200
+
+
+def _post(api: httpx.Client, path: str, body: dict[str, Any]) -> str:
+    response = api.post(path, json=body)
+    response.raise_for_status()
+    return str(response.json()["id"])
+
+
+def _flow_run_with_a_task(api: httpx.Client, flow_id: str, name: str) -> tuple[str, str]:
+    """A running flow run and one task run in it (the task run an epoch sub-flow hangs from)."""
+    flow_run = _post(api, "/flow_runs/", {"flow_id": flow_id, "name": name, "state": {"type": "RUNNING"}})
+    task_run = _post(api, "/task_runs/", {"flow_run_id": flow_run, "task_key": "epoch", "dynamic_key": name,
+                                          "name": f"epoch-{name}"})
+    return flow_run, task_run
+
+
+def test_a_sub_flow_never_started_is_crashed_with_its_parent_among_many_others(prefect_settings):
+    with httpx.Client(base_url=prefect_settings, timeout=30) as api:
+        flow_id = _post(api, "/flows/", {"name": "stale-runs-test"})
+        parent, epoch_task = _flow_run_with_a_task(api, flow_id, "left-running")
+
+        def never_started() -> str:
+            return _post(api, "/flow_runs/", {"flow_id": flow_id, "name": "epoch-never-started",
+                                              "parent_task_run_id": epoch_task, "state": {"type": "PENDING"}})
+
+        # The server lists flow runs by descending id and ids are random: until one of the run's epochs has
+        # a low id, so that a page of newer-looking ones of another run can hide it.
+        ours = [never_started()]
+        while UUID(min(ours)).int >= 1 << 126:
+            ours.append(never_started())
+        # Another run's epochs, still going: more than a page of them listed before the lowest of ours.
+        other, other_task = _flow_run_with_a_task(api, flow_id, "still-going")
+        others: list[str] = []
+        while sum(UUID(run_id) > UUID(min(ours)) for run_id in others) <= PAGE:
+            others.append(_post(api, "/flow_runs/", {
+                "flow_id": flow_id, "name": f"other-epoch-{len(others)}", "parent_task_run_id": other_task,
+                "state": {"type": "RUNNING"}}))
+
+        settled = _crash_unfinished(UUID(parent), [])
+
+        def state(flow_run_id: str) -> str:
+            response = api.get(f"/flow_runs/{flow_run_id}")
+            response.raise_for_status()
+            return str(response.json()["state"]["type"])
+
+        assert {state(run_id) for run_id in [parent, *ours]} == {"CRASHED"}
+        assert settled == 1 + len(ours)
+        # Nothing of the other run is touched.
+        assert state(other) == "RUNNING"
+        assert {state(run_id) for run_id in others[:5] + others[-5:]} == {"RUNNING"}
