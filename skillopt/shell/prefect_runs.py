@@ -95,6 +95,7 @@ def recent_runs(client: Any, *, limit: int = 10, now: datetime | None = None) ->
     from prefect.client.schemas.filters import (
         ArtifactFilter,
         ArtifactFilterFlowRunId,
+        ArtifactFilterType,
         FlowFilter,
         FlowFilterName,
         FlowRunFilter,
@@ -113,8 +114,11 @@ def recent_runs(client: Any, *, limit: int = 10, now: datetime | None = None) ->
     flows = {str(f.id): f.name for f in (client.read_flow(i) for i in {r.flow_id for r in runs})}
     bests: dict[str, float | None] = {}
     if runs:
+        # Only the progress artifacts (one per run): a run's other artifacts, a new version of some every
+        # step, would fill the server's page.
         artifacts = client.read_artifacts(artifact_filter=ArtifactFilter(
-            flow_run_id=ArtifactFilterFlowRunId(any_=[r.id for r in runs])))
+            flow_run_id=ArtifactFilterFlowRunId(any_=[r.id for r in runs]),
+            type=ArtifactFilterType(any_=["progress"])))
         for artifact in artifacts:
             if artifact.key and artifact.key.endswith("-progress") and artifact.flow_run_id:
                 bests[str(artifact.flow_run_id)] = best_from_progress(artifact.description)

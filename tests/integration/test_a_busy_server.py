@@ -1,6 +1,8 @@
-"""The run that resumes a directory settles its previous flow run's sub-flows on a busy server: an epoch
-sub-flow created but never started (so never recorded in ``flow_run.json``) is found through its parent
-flow run, however many other unfinished sub-flows the server holds."""
+"""What skillopt reads back from a server that holds more than one page of an answer (the server lists
+200 rows unless asked for more): the run that resumes a directory settles its previous flow run's epoch
+sub-flow that was created but never started (so never recorded in ``flow_run.json``), however many other
+unfinished sub-flows the server holds; and ``skillopt runs`` finds a run's best score among many more of
+its artifacts than a page."""
 
 from __future__ import annotations
 
@@ -63,3 +65,35 @@ def test_a_sub_flow_never_started_is_crashed_with_its_parent_among_many_others(p
         # Nothing of the other run is touched.
         assert state(other) == "RUNNING"
         assert {state(run_id) for run_id in others[:5] + others[-5:]} == {"RUNNING"}
+
+
+def test_skillopt_runs_finds_a_run_s_best_score_among_more_than_a_page_of_its_artifacts(prefect_settings):
+    """`skillopt runs` reads each run's best score from its progress artifact; a long run keeps many more
+    artifacts (a new version of its edits, gates and skill diff every step) than one page of the server's
+    answer, and they must not hide it."""
+    from prefect.client.orchestration import get_client
+
+    from skillopt.shell.prefect_runs import recent_runs
+
+    with httpx.Client(base_url=prefect_settings, timeout=30) as api:
+        flow_id = _post(api, "/flows/", {"name": "skill-train"})
+        run = _post(api, "/flow_runs/", {"flow_id": flow_id, "name": "long-run",
+                                         "state": {"type": "RUNNING"}})
+        # The server lists artifacts by descending id and ids are random: a progress artifact with a low id,
+        # then more than a page of the run's other artifacts listed before it.
+        while True:
+            progress = _post(api, "/artifacts/", {
+                "key": "long-run-progress", "type": "progress", "data": 40.0, "flow_run_id": run,
+                "description": "| step | 4 |\n| best | 0.875 |"})
+            if UUID(progress).int < 1 << 126:
+                break
+            api.delete(f"/artifacts/{progress}").raise_for_status()
+        newer = 0
+        while newer <= PAGE:
+            step = _post(api, "/artifacts/", {"key": "long-run-edits", "type": "markdown", "data": "edits",
+                                              "flow_run_id": run})
+            newer += UUID(step) > UUID(progress)
+
+    with get_client(sync_client=True) as client:
+        rows = recent_runs(client, limit=20)
+    assert [row.best for row in rows if row.name == "long-run"] == [0.875]
