@@ -695,7 +695,7 @@ def find_benchmark_config(name: str, *, cwd: Path | None = None) -> Path:
     )
     hint = difflib.get_close_matches(name, known, n=1)
     suggestion = f"; did you mean {hint[0]!r}?" if hint else ""
-    raise ConfigError(f"no config for benchmark {name!r}{suggestion} Known: {', '.join(known)}")
+    raise ConfigError(f"no config for benchmark {name!r}{suggestion or '.'} Known: {', '.join(known)}.")
 
 
 def _registered_benchmarks() -> set[str]:

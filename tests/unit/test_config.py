@@ -263,6 +263,8 @@ def test_local_configs_folder_overrides_the_shipped_file(tmp_path):
 def test_unknown_benchmark_suggests_a_known_one():
     with pytest.raises(ConfigError, match=r"no config for benchmark 'serchqa'; did you mean 'searchqa'\?"):
         load_config("serchqa", env={})
+    with pytest.raises(ConfigError, match=r"benchmark 'nosuch'\. Known: alfworld, .*searchqa, .*\.$"):
+        load_config("nosuch", env={})
 
 
 # ---- model roles: environment layer, nulls, aliases -----------------------------------------
