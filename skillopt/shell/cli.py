@@ -282,7 +282,8 @@ def _add_serve_and_skills(commands: argparse._SubParsersAction) -> None:
                     "is flagged with the `skillopt serve` command that would run it. `skillopt runs logs ID "
                     "--follow` prints a run's log as it is written.",
     )
-    runs.add_argument("-n", "--limit", type=int, default=10, metavar="N", help="how many runs (default 10)")
+    runs.add_argument("-n", "--limit", type=_at_least_one, default=10, metavar="N",
+                      help="how many runs (default 10)")
     runs_commands = runs.add_subparsers(dest="runs_command", metavar="SUBCOMMAND")
     logs = runs_commands.add_parser("logs", help="a run's log (the training story); --follow until it ends")
     logs.add_argument("flow_run_id", metavar="ID",
@@ -322,6 +323,17 @@ def _add_serve_and_skills(commands: argparse._SubParsersAction) -> None:
     for sub in (listing, show, promote, rollback):
         sub.add_argument("--skills-dir", metavar="DIR", help="the registry folder (default: run.skills_dir)")
         _add_config_options(sub)
+
+
+def _at_least_one(text: str) -> int:
+    """A count given on the command line: a whole number of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is less than 1")
+    return value
 
 
 def _add_skill_option(parser: argparse.ArgumentParser) -> None:

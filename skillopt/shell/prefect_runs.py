@@ -23,6 +23,8 @@ FLOWS = ("skill-train", "skill-eval")
 #: by default; Prefect itself marks a deployment not ready after 60 s without a poll).
 SERVED_WITHIN = timedelta(seconds=60)
 _BEST = re.compile(r"^\| best \| ([0-9.]+) \|$", re.M)
+#: Rows per request: a Prefect server answers at most ``PREFECT_API_DEFAULT_LIMIT`` (200 by default) at once.
+PAGE = 200
 
 
 @dataclass(frozen=True)
@@ -89,6 +91,18 @@ def _served(deployment: Any, now: datetime) -> bool:
     return polled is not None and now - polled <= SERVED_WITHIN
 
 
+def _pages(read: Callable[[int, int], list[Any]], limit: int) -> list[Any]:
+    """Up to ``limit`` rows of ``read(offset, count)``, a page at a time."""
+    rows: list[Any] = []
+    while len(rows) < limit:
+        count = min(PAGE, limit - len(rows))
+        page = read(len(rows), count)
+        rows += page
+        if len(page) < count:
+            break
+    return rows
+
+
 def recent_runs(client: Any, *, limit: int = 10, now: datetime | None = None) -> list[RunRow]:
     """The ``limit`` most recent top-level runs of skillopt's flows, newest first (``client``: a sync
     Prefect client)."""
@@ -104,21 +118,21 @@ def recent_runs(client: Any, *, limit: int = 10, now: datetime | None = None) ->
     from prefect.client.schemas.sorting import FlowRunSort
 
     now = now or datetime.now(UTC)
-    runs = client.read_flow_runs(
+    runs = _pages(lambda offset, count: client.read_flow_runs(
         flow_filter=FlowFilter(name=FlowFilterName(any_=list(FLOWS))),
         flow_run_filter=FlowRunFilter(parent_task_run_id=FlowRunFilterParentTaskRunId(is_null_=True)),
-        sort=FlowRunSort.EXPECTED_START_TIME_DESC, limit=limit)
+        sort=FlowRunSort.EXPECTED_START_TIME_DESC, offset=offset, limit=count), limit)
     deployments = {str(d.id): d for d in (client.read_deployment(run.deployment_id)
                                           for run in {r.deployment_id: r for r in runs
                                                       if r.deployment_id}.values())}
     flows = {str(f.id): f.name for f in (client.read_flow(i) for i in {r.flow_id for r in runs})}
     bests: dict[str, float | None] = {}
-    if runs:
+    for first in range(0, len(runs), PAGE):
         # Only the progress artifacts (one per run): a run's other artifacts, a new version of some every
         # step, would fill the server's page.
         artifacts = client.read_artifacts(artifact_filter=ArtifactFilter(
-            flow_run_id=ArtifactFilterFlowRunId(any_=[r.id for r in runs]),
-            type=ArtifactFilterType(any_=["progress"])))
+            flow_run_id=ArtifactFilterFlowRunId(any_=[r.id for r in runs[first:first + PAGE]]),
+            type=ArtifactFilterType(any_=["progress"])), limit=PAGE)
         for artifact in artifacts:
             if artifact.key and artifact.key.endswith("-progress") and artifact.flow_run_id:
                 bests[str(artifact.flow_run_id)] = best_from_progress(artifact.description)

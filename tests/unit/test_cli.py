@@ -239,3 +239,31 @@ def test_a_resumed_run_separates_this_attempts_calls_from_the_earlier_ones(tmp_p
                                      current_score=0.5, best_score=0.5))
         RunDir.open(tmp_path / "runs", "r1", loaded.config, config_hash=digest, provenance={})
     assert "resuming r1: 5 calls from the cache" in caplog.messages
+
+
+@pytest.mark.parametrize(("given", "message"), [("0", "0 is less than 1"), ("-3", "-3 is less than 1"),
+                                                ("ten", "'ten' is not a whole number")])
+def test_runs_refuses_a_count_below_one_before_asking_the_server(given, message, capsys):
+    with pytest.raises(SystemExit) as stopped:
+        main(["runs", "-n", given])
+    assert stopped.value.code == 2
+    assert f"argument -n/--limit: {message}" in capsys.readouterr().err
+
+
+def test_runs_asks_for_more_than_a_page_a_page_at_a_time():
+    from skillopt.shell.prefect_runs import PAGE, _pages
+
+    rows = list(range(2 * PAGE + 30))
+    asked: list[tuple[int, int]] = []
+
+    def read(offset: int, count: int) -> list[int]:
+        assert count <= PAGE, "a server refuses more than a page at once"
+        asked.append((offset, count))
+        return rows[offset:offset + count]
+
+    assert _pages(read, 10) == rows[:10] and asked == [(0, 10)]
+    asked.clear()
+    assert _pages(read, 2 * PAGE + 5) == rows[:2 * PAGE + 5]
+    assert asked == [(0, PAGE), (PAGE, PAGE), (2 * PAGE, 5)]
+    asked.clear()
+    assert _pages(read, 5 * PAGE) == rows and asked == [(0, PAGE), (PAGE, PAGE), (2 * PAGE, PAGE)]
