@@ -163,7 +163,7 @@ def _add_server_commands(commands: argparse._SubParsersAction) -> None:
     server_commands = server.add_subparsers(dest="server_command", metavar="SUBCOMMAND")
     start = server_commands.add_parser("start", help="start it in the background (or find the running one)")
     start.add_argument(
-        "--port", type=int, help="port on 127.0.0.1 (default 4200, or a free one if 4200 is taken)"
+        "--port", type=_port, help="port on 127.0.0.1 (default 4200, or a free one if 4200 is taken)"
     )
     server_commands.add_parser("stop", help="stop it")
     status = server_commands.add_parser("status",
@@ -314,7 +314,7 @@ def _add_serve_and_skills(commands: argparse._SubParsersAction) -> None:
         "source", metavar="RUN_DIR_OR_SKILL",
         help="a run directory (its best skill), an Agent Skills folder or a markdown file"
     )
-    promote.add_argument("--max-file-bytes", type=int, default=262_144, metavar="N",
+    promote.add_argument("--max-file-bytes", type=_at_least_one, default=262_144, metavar="N",
                          help="the largest text file a skill folder may hold (default: 262144)")
     rollback = skills_commands.add_parser(
         "rollback", help="make the previously promoted version current again"
@@ -333,6 +333,17 @@ def _at_least_one(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"{value} is less than 1")
+    return value
+
+
+def _port(text: str) -> int:
+    """A TCP port given on the command line: 1 to 65535."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"{value} is not a port (1 to 65535)")
     return value
 
 

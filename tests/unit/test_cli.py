@@ -267,3 +267,13 @@ def test_runs_asks_for_more_than_a_page_a_page_at_a_time():
     assert asked == [(0, PAGE), (PAGE, PAGE), (2 * PAGE, 5)]
     asked.clear()
     assert _pages(read, 5 * PAGE) == rows and asked == [(0, PAGE), (PAGE, PAGE), (2 * PAGE, PAGE)]
+
+
+@pytest.mark.parametrize(("given", "message"), [("70000", "70000 is not a port (1 to 65535)"),
+                                                ("0", "0 is not a port (1 to 65535)"),
+                                                ("http", "'http' is not a port number")])
+def test_server_start_refuses_a_port_that_is_not_one(given, message, capsys):
+    with pytest.raises(SystemExit) as stopped:
+        main(["server", "start", "--port", given])
+    assert stopped.value.code == 2
+    assert f"argument --port: {message}" in capsys.readouterr().err
