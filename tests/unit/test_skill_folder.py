@@ -389,3 +389,12 @@ def test_progressive_rendering_is_refused_with_a_clear_config_error():
         load_config("demo", overrides=["skill.render=progressive"], env={})
     assert "skill.render" in str(caught.value) and "use skill.render: inline" in str(caught.value)
     assert load_config("demo", overrides=["skill.render=inline"], env={}).config.skill.render == "inline"
+
+
+def test_export_names_a_missing_run_directory_and_a_run_without_a_best_skill(tmp_path):
+    with pytest.raises(SkillFolderError, match=r"nothere: no such run directory$"):
+        export_run_skill(tmp_path / "nothere", tmp_path / "out")
+    (tmp_path / "early").mkdir()
+    with pytest.raises(SkillFolderError, match=r"early: no best_skill.md \(not a skillopt run directory"):
+        export_run_skill(tmp_path / "early", tmp_path / "out")
+    assert not (tmp_path / "out").exists()
