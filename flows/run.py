@@ -35,8 +35,9 @@ PROGRESS_LOGGER = "skillopt.progress"
 # server;
 #: a saturated one can take seconds, and what is still queued when the process ends is lost).
 FLUSH_TIMEOUT_S = 30.0
-#: How long Prefect may take to start its temporary API server (its default, 20 s, is often too short for a
-#: new database on two cores). The test suite gives its own temporary server the same limit.
+#: How long Prefect may take to start its temporary API server. Its first start in a new ``PREFECT_HOME``
+#: creates the database, which on a busy machine can outlast Prefect's own default limit. The test suite
+#: gives its own temporary server the same limit.
 TEMPORARY_SERVER_START_TIMEOUT_S = 120
 
 

@@ -43,9 +43,9 @@ AGENT_SKILL_DIRS: dict[str, Path] = {"claude-code": Path(".claude/skills"), "cod
 
 def run_skill_files(run_dir: Path) -> tuple[str, dict[str, bytes]]:
     """``(name, files)`` of the folder a run's best skill becomes (``skill_folder.skill_folder_files``)."""
-    best = run_dir / BEST_SKILL_FILE
     if not run_dir.is_dir():
         raise SkillFolderError(f"{run_dir}: no such run directory")
+    best = run_dir / BEST_SKILL_FILE
     if not best.is_file():
         raise SkillFolderError(f"{run_dir}: no {BEST_SKILL_FILE} (not a skillopt run directory, or a run "
                                "that stopped before its baseline)")

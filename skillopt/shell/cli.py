@@ -325,12 +325,16 @@ def _add_serve_and_skills(commands: argparse._SubParsersAction) -> None:
         _add_config_options(sub)
 
 
+def _whole_number(text: str, what: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a {what}") from None
+
+
 def _at_least_one(text: str) -> int:
     """A count given on the command line: a whole number of at least 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    value = _whole_number(text, "whole number")
     if value < 1:
         raise argparse.ArgumentTypeError(f"{value} is less than 1")
     return value
@@ -338,10 +342,7 @@ def _at_least_one(text: str) -> int:
 
 def _port(text: str) -> int:
     """A TCP port given on the command line: 1 to 65535."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    value = _whole_number(text, "port number")
     if not 1 <= value <= 65535:
         raise argparse.ArgumentTypeError(f"{value} is not a port (1 to 65535)")
     return value

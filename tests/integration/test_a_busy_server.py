@@ -11,10 +11,8 @@ from uuid import UUID
 
 import httpx
 
+from skillopt.shell.prefect_runs import PAGE
 from skillopt.tasks.stale_runs import _crash_unfinished
-
-#: One page of the server's answer when no limit is given (``PREFECT_API_DEFAULT_LIMIT``).
-PAGE = 200
 
 
 def _post(api: httpx.Client, path: str, body: dict[str, Any]) -> str:
