@@ -142,10 +142,13 @@ def start(home: Path, env: Mapping[str, str], *, port: int | None = None,
         server = LocalServer(pid=process.pid, port=port, home=home)
         atomic_write_bytes(home / RECORD, json.dumps({"pid": server.pid, "port": port}).encode("utf-8"))
         if not _wait_healthy(server, process, timeout_s):
+            exited = process.poll()
             stop_group(server.pid)
             (home / RECORD).unlink(missing_ok=True)
-            raise SkillOptError(f"the Prefect server did not answer at {api_url} within {timeout_s:.0f} s; "
-                                f"its output: {server.log_path}\n{_tail(server.log_path)}")
+            what = (f"exited (code {exited}) before it answered at {api_url}" if exited is not None
+                    else f"did not answer at {api_url} within {timeout_s:.0f} s")
+            raise SkillOptError(f"the Prefect server {what}; its output: {server.log_path}\n"
+                                f"{_tail(server.log_path)}")
         warm_up(api_url)
         # The server outlives this process on purpose; Popen must not warn that it is still running.
         process.returncode = 0
