@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -145,18 +145,39 @@ def reflect_jobs(run: Run, skill: str, rows: list[ItemResult], *, seed: int, bud
             for kind, groups in (("failure", failures), ("success", successes)) for batch in groups]
 
 
+#: One level of merge calls: the ``merge_patches`` arguments of each call in, their patches out (in order).
+MergeCalls = Callable[[list[dict[str, Any]]], list[Patch]]
+
+
+def merge_tasks(run: Run) -> MergeCalls:
+    """The step's merge calls: ``merge_patches`` task runs, every call of a level submitted before waiting for
+    any, their model calls hinted to the prefetch layer first."""
+    def level(calls: list[dict[str, Any]]) -> list[Patch]:
+        run.prefetch.calls(merge_patches.fn, calls)
+        task = bound(run, merge_patches)
+        futures = [task.submit(**arguments) for arguments in calls]
+        return [future.result() for future in futures]
+
+    return level
+
+
 def aggregate(run: Run, skill: str, failures: list[Patch], successes: list[Patch], *,
-              meta_skill: str) -> Patch:
-    """Hierarchical merge of each tree, then the final merge that gives failure-driven edits priority."""
-    merged = merge_trees(run, skill, {"failure": failures, "success": successes}, meta_skill=meta_skill)
+              meta_skill: str, merges: MergeCalls | None = None) -> Patch:
+    """Hierarchical merge of each tree, then the final merge that gives failure-driven edits priority.
+
+    ``merges`` makes the merge calls: the step's tasks (``merge_tasks``) unless a hint makes them
+    (``flows/train.hint_step_one``)."""
+    merges = merges or merge_tasks(run)
+    merged = merge_trees(run, skill, {"failure": failures, "success": successes}, meta_skill=meta_skill,
+                         merges=merges)
     trees = [t for t in merged.values() if _has_content(t)]
     if not trees:
         return Patch(reasoning="no edits proposed")
     if len(trees) == 1:
         return trees[0]
     level = max(t.merge_level for t in trees) + 1
-    return _hinted_call(merge_patches, run=run, kind="final", skill=skill, patches=trees, level=level,
-                        meta_skill=meta_skill)
+    return merges([{"run": run, "kind": "final", "skill": skill, "patches": trees, "level": level,
+                    "meta_skill": meta_skill}])[0]
 
 
 def _hinted_call(task: Any, **arguments: Any) -> Any:
@@ -167,26 +188,24 @@ def _hinted_call(task: Any, **arguments: Any) -> Any:
     return bound(run, task)(**arguments)
 
 
-def merge_trees(run: Run, skill: str, trees: dict[str, list[Patch]], *, meta_skill: str) -> dict[str, Patch]:
+def merge_trees(run: Run, skill: str, trees: dict[str, list[Patch]], *, meta_skill: str,
+                merges: MergeCalls | None = None) -> dict[str, Patch]:
     """Merge each non-empty tree (kind -> patches) level by level until one patch is left, the trees side by
-    side: every merge call of a level is submitted, for all trees, before waiting for any."""
+    side: the merge calls of a level, for all trees, go to ``merges`` together."""
+    merges = merges or merge_tasks(run)
     # A tree of only empty patches has nothing to merge: one of them stands for it.
     pending = {kind: [p for p in patches if _has_content(p)] or patches[:1]
                for kind, patches in trees.items() if patches}
     level = 0
-    task = bound(run, merge_patches)
     while any(len(patches) > 1 for patches in pending.values()):
         level += 1
         groups = {kind: merge_groups(patches, run.config.gradient.merge_batch_size)
                   for kind, patches in pending.items() if len(patches) > 1}
-        run.prefetch.calls(merge_patches.fn, [
+        merged = iter(merges([
             {"run": run, "kind": kind, "skill": skill, "patches": g, "level": level, "meta_skill": meta_skill}
-            for kind, gs in groups.items() for g in gs if len(g) > 1])
-        futures = {kind: [task.submit(run, kind, skill, g, level, meta_skill) if len(g) > 1 else g[0]
-                          for g in gs]
-                   for kind, gs in groups.items()}
-        for kind, level_futures in futures.items():
-            pending[kind] = [f if isinstance(f, Patch) else f.result() for f in level_futures]
+            for kind, gs in groups.items() for g in gs if len(g) > 1]))
+        for kind, gs in groups.items():
+            pending[kind] = [next(merged) if len(g) > 1 else g[0] for g in gs]
     return {kind: patches[0] for kind, patches in pending.items()}
 
 

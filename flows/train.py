@@ -80,7 +80,7 @@ from skillopt.tasks.artifacts import (
 )
 from skillopt.tasks.cache import bound
 from skillopt.tasks.epoch import meta_skill, slow_update
-from skillopt.tasks.optimize import deep_probe, reflect_minibatch
+from skillopt.tasks.optimize import deep_probe, merge_patches, reflect_minibatch
 from skillopt.tasks.rollout import Evaluation, evaluate, evaluate_many
 from skillopt.tasks.run import started_run
 from skillopt.tasks.stale_runs import record_sub_flow_run
@@ -205,7 +205,7 @@ def baseline(run: Run) -> TrainState:
     first_epoch = run.epoch_plan(1)
     run.prefetch.run_start()  # a hint: step 1's first batch and the test split need nothing of the baseline
     total_steps = cfg.train.epochs * len(first_epoch.steps)
-    hint_first_analysts(run, skill, total_steps)
+    hint_step_one(run, skill, total_steps)
     evaluation = evaluate(run, skill, "val")
     score = gate_value(run, evaluation.scores)
     run.dir.write_skill_snapshot(0, skill)
@@ -228,22 +228,30 @@ def baseline(run: Run) -> TrainState:
     return state
 
 
-def hint_first_analysts(run: Run, skill: str, total_steps: int) -> None:
+def hint_step_one(run: Run, skill: str, total_steps: int) -> None:
     """A hint: step 1's analysts read the starting skill, step 1's first batch (prefetched with the
     baseline), step 1's budget, an empty step buffer and no meta memory, so their calls can leave as soon as
-    that batch has answered instead of after the baseline's tasks and the epoch's sub-flow. The step makes
-    them again as its own tasks and takes these replies."""
+    that batch has answered instead of after the baseline's tasks and the epoch's sub-flow. When that batch
+    is all of the step's evidence (one batch per step, no deep probe), the merges of their patches follow
+    them the same way. The step makes these calls again as its own tasks and takes the replies."""
     if (first := first_batch(run)) is None:
         return
     batch, _ = first
     budget = edit_budget_schedule(run, total_steps).budget(1)
+    merges_too = len(run.epoch_plan(1).steps[0].batches) == 1 and not run.config.gradient.deep_probe
 
-    def analysts(rows: list[ItemResult]) -> None:
+    def optimizer_calls(rows: list[ItemResult]) -> None:
         jobs = reflect_jobs(run, skill, rows, seed=batch.seed, budget=budget, buffer=StepBuffer().format(),
                             meta_skill="")
-        run.prefetch.calls(reflect_minibatch.fn, [job for _, job in jobs])
+        if not merges_too:
+            run.prefetch.calls(reflect_minibatch.fn, [job for _, job in jobs])
+            return
+        patches = run.prefetch.results(reflect_minibatch.fn, [job for _, job in jobs])
+        aggregate(run, skill, [p for (kind, _), p in zip(jobs, patches, strict=True) if kind == "failure"],
+                  [p for (kind, _), p in zip(jobs, patches, strict=True) if kind == "success"], meta_skill="",
+                  merges=lambda calls: run.prefetch.results(merge_patches.fn, calls))
 
-    run.prefetch.when_first_batch_answered(analysts)
+    run.prefetch.when_first_batch_answered(optimizer_calls)
 
 
 def edit_budget_schedule(run: Run, total_steps: int) -> EditBudgetSchedule:

@@ -2,10 +2,11 @@
 calls) on bounded pools of threads, so that their replies are already in the run's reply store when the
 flow's tasks make the same calls.
 
-The flow and the task layer give hints ("these rollouts will be asked for"): at the run's start the
-baseline's selection rollouts, step 1's first batch and the starting skill's test split
-(``Prefetcher.run_start``), and step 1's analyst calls once that first batch has answered
-(``Prefetcher.when_first_batch_answered``: they read nothing the baseline decides); once a step's update is
+The flow and the task layer give hints ("these rollouts will be asked for"): at the run's start step 1's
+first batch, the baseline's selection rollouts and the starting skill's test split
+(``Prefetcher.run_start``), and step 1's analyst calls once that first batch has answered, then the merges
+of their patches (``Prefetcher.when_first_batch_answered`` and ``Prefetcher.results``: they read nothing the
+baseline decides); once a step's update is
 decided, the next step's first batch with the skill the step ends on, or, when that step ends the run on
 its best skill, the best skill's test split; and each wave of rollouts the task layer is about to submit,
 so its calls leave as the wave's task runs are being created instead of each after its own. The optimizer's
@@ -59,6 +60,10 @@ def applies(run: Run) -> bool:
             and config.model.rate_limit_mode == "local" and not config.budget.capped)
 
 
+class NotPrefetched(Exception):
+    """A hint could not get the results it waits for (``Prefetcher.results``); its task makes the calls."""
+
+
 class Prefetcher:
     """The calls hinted for one run: rollouts, each made at most once on a pool ``benchmark.workers`` wide,
     and optimizer calls on a pool ``gradient.analyst_workers`` wide."""
@@ -75,18 +80,20 @@ class Prefetcher:
         self._lock = threading.Lock()
 
     def run_start(self) -> None:
-        """The run's first rollouts in the order the flow asks for them: the baseline's selection split,
-        step 1's first batch, then the starting skill's test split (``Run.baseline_test_ids``)."""
+        """The run's first rollouts: step 1's first batch, the baseline's selection split, then the starting
+        skill's test split (``Run.baseline_test_ids``). The first batch goes first although the flow asks
+        for the baseline first: the flow needs both before step 1 can merge, and step 1's analysts
+        (``when_first_batch_answered``) can then be in flight while the baseline's rollouts are."""
         if not self.enabled:
             return
         run, skill = self.run, self.run.starting_skill()
-        self.rollouts(skill, run.selection_ids("val"), training=False)
         if (first := first_batch(run)) is not None:
             batch, draws = first
             started = self.rollouts(skill, batch.item_ids, training=True, epoch=draws.epoch,
                                     samples=draws.peek(batch.item_ids), view_seed=batch.seed)
             if len(started) == len(batch.item_ids):
                 self._first_batch = started
+        self.rollouts(skill, run.selection_ids("val"), training=False)
         self.rollouts(skill, run.baseline_test_ids(), training=False)
 
     def rollouts(self, skill: str, item_ids: Sequence[str], *, training: bool, epoch: int | None = None,
@@ -131,10 +138,15 @@ class Prefetcher:
             rows = [row for future in futures
                     if not future.cancelled() and (row := future.result()) is not None]
             if len(rows) == len(futures):
-                try:
-                    then(rows)
-                except Exception as error:  # noqa: BLE001 - the flow makes these calls itself
-                    log.debug("a hint after step 1's first batch failed: %r", error)
+                # On a thread of its own: ``then`` may wait for calls (``results``); this is a pool thread.
+                threading.Thread(target=hint, args=(rows,), name="skillopt-prefetch-hint",
+                                 daemon=True).start()
+
+        def hint(rows: list[ItemResult]) -> None:
+            try:
+                then(rows)
+            except Exception as error:  # noqa: BLE001 - the flow makes these calls itself
+                log.debug("a hint after step 1's first batch failed: %r", error)
 
         for future in futures:
             future.add_done_callback(one_done)
@@ -143,22 +155,39 @@ class Prefetcher:
         """Start ``fn(**kwargs)`` for each of ``arguments``: a task's function with the arguments of the task
         runs the caller submits next (their model calls only; the result is the task's to return). At most
         ``gradient.analyst_workers`` at once, on a pool of their own (never behind prefetched rollouts)."""
-        if not self.enabled or not arguments or self.run.clients.optimizer.replies is None:
-            return
+        self._start_calls(fn, arguments)
+
+    def results(self, fn: Callable[..., Any], arguments: Sequence[Mapping[str, Any]]) -> list[Any]:
+        """``calls``, waiting for them: the result of ``fn(**kwargs)`` for each of ``arguments``, in order,
+        for a hint whose next calls read them (step 1's merges read its analysts' patches). Raises
+        ``NotPrefetched`` if the layer is off or a call failed. Not for a thread of the calls' own pool."""
+        futures = self._start_calls(fn, arguments)
+        if futures is None:
+            raise NotPrefetched("the prefetch layer is off for this run")
+        values = [future.result() for future in futures]
+        if any(value is None for value in values):
+            raise NotPrefetched(f"a prefetched call of {getattr(fn, '__name__', fn)} failed")
+        return values
+
+    def _start_calls(self, fn: Callable[..., Any],
+                     arguments: Sequence[Mapping[str, Any]]) -> list[Future[Any]] | None:
+        if not self.enabled or self.run.clients.optimizer.replies is None:
+            return None
         with self._lock:
             if self._calls is None:
                 width = max(1, self.run.config.gradient.analyst_workers)
                 self._calls = ThreadPoolExecutor(max_workers=width,
                                                  thread_name_prefix="skillopt-prefetch-calls")
-            for kwargs in arguments:
-                self._calls.submit(self._call, fn, dict(kwargs))
+            return [self._calls.submit(self._call, fn, dict(kwargs)) for kwargs in arguments]
 
-    def _call(self, fn: Callable[..., Any], kwargs: dict[str, Any]) -> None:
+    def _call(self, fn: Callable[..., Any], kwargs: dict[str, Any]) -> Any:
+        """``fn(**kwargs)`` as a prefetch, or None if it failed."""
         token = PREFETCH.set(True)
         try:
-            fn(**kwargs)
+            return fn(**kwargs)
         except Exception as error:  # noqa: BLE001 - the task makes the call again and reports its error
             log.debug("a prefetched call of %s failed: %r", getattr(fn, "__name__", fn), error)
+            return None
         finally:
             PREFETCH.reset(token)
 

@@ -41,10 +41,30 @@ def _flow_run_by_id(api: str, flow_run_id: str):
         return client.read_flow_run(flow_run_id)
 
 
+def _first_task_run_start(api: str, flow_run_id: str, task_name: str) -> float:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import (
+        FlowRunFilter,
+        FlowRunFilterId,
+        TaskRunFilter,
+        TaskRunFilterName,
+    )
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings(updates={PREFECT_API_URL: api}), get_client(sync_client=True) as client:
+        runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])),
+                                     task_run_filter=TaskRunFilter(name=TaskRunFilterName(like_=task_name)))
+    starts = [run.start_time.timestamp() for run in runs if run.start_time is not None]
+    assert starts, f"no {task_name} task run in flow run {flow_run_id}"
+    return min(starts)
+
+
 def test_train_prefetches_before_the_flow_starts_and_makes_each_call_once(prefect_api, tmp_path):
     world = DemoWorldServer()
     with world.server:
-        overrides = [p for o in role_overrides(world.server.openai_base_url) for p in ("-o", o)]
+        # Minibatches of 2: step 1 has several analysts and merges them.
+        overrides = [p for o in [*role_overrides(world.server.openai_base_url), "gradient.minibatch_size=2"]
+                     for p in ("-o", o)]
         env = {**os.environ, "PREFECT_API_URL": prefect_api, "PREFECT_LOGGING_LEVEL": "WARNING"}
         command = [sys.executable, "-m", "skillopt.shell.cli", "train", "demo", "--run-name", "prefetched",
                    *overrides]
@@ -54,6 +74,8 @@ def test_train_prefetches_before_the_flow_starts_and_makes_each_call_once(prefec
         wall_minus_monotonic = time.time() - time.monotonic()
         analysts = [r.received_at + wall_minus_monotonic for r in world.server.requests
                     if r.route == "/v1/chat/completions" and "## Edit budget" in r.last_user_text]
+        merges = [r.received_at + wall_minus_monotonic for r in world.server.requests
+                  if r.route == "/v1/chat/completions" and "## Patches to merge" in r.last_user_text]
         lines_before = len(_usage(tmp_path / "runs" / "prefetched"))
         flow_record = json.loads((tmp_path / "runs" / "prefetched" / "flow_run.json").read_text())
         # The same command again: every task is served from Prefect's cache.
@@ -99,6 +121,10 @@ def test_train_prefetches_before_the_flow_starts_and_makes_each_call_once(prefec
     first_epoch = _flow_run_by_id(prefect_api, flow_record["sub_flow_run_ids"][0])
     assert first_epoch.name == "epoch-1" and first_epoch.start_time is not None
     assert analysts and min(analysts) < first_epoch.start_time.timestamp()
+    # The merges of their patches follow them the same way: step 1's first merge call left before the step's
+    # first analyst task run started (the step itself can ask for a merge only once its analysts are done).
+    first_analyst_task = _first_task_run_start(prefect_api, str(first_epoch.id), "reflect_minibatch")
+    assert merges and min(merges) < first_analyst_task
 
     # The flow's tasks took the prefetched replies as their own calls: nothing came from the reply store (a
     # reply-store hit carries its request's tags; the untagged hits are evaluations found in a cache).

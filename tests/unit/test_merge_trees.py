@@ -26,14 +26,11 @@ class MergeTask:
     def __init__(self) -> None:
         self.log: list = []
 
-    def submit(self, ctx, kind, skill, group, level, meta_skill):
-        name = f"{kind}-L{level}-" + "+".join(p.reasoning for p in group)
+    def submit(self, run, kind, skill, patches, level, meta_skill):  # merge_patches' parameters
+        name = f"{kind}-L{level}-" + "+".join(p.reasoning for p in patches)
         self.log.append(("submit", name))
-        edits = [e for p in group for e in p.edits]
+        edits = [e for p in patches for e in p.edits]
         return Future(self.log, Patch(reasoning=name, edits=edits, merge_level=level))
-
-    def __call__(self, run, kind, skill, patches, level, meta_skill):  # merge_patches' parameters
-        return self.submit(run, kind, skill, patches, level, meta_skill).result()
 
 
 def patches(kind: str, n: int) -> list[Patch]:
