@@ -223,9 +223,15 @@ def baseline(run: Run) -> TrainState:
         state.step_estimate = step_estimate(run)
     publish_progress(run, state.step, state.total_steps, 0, cfg.train.epochs, state.current_score,
                      state.best_score)
-    progress.info("baseline on the selection split: %.3f (%d items); %d step%s to go", score,
-                  len(evaluation.rows), state.total_steps, "" if state.total_steps == 1 else "s")
+    progress.info(baseline_line(score, len(evaluation.rows), state.total_steps))
     return state
+
+
+def baseline_line(score: float, items: int, steps: int) -> str:
+    """The run log's line after the baseline, e.g. "baseline on the selection split: 0.500 (1 item); 2 steps
+    to go"."""
+    return (f"baseline on the selection split: {score:.3f} ({items} item{'' if items == 1 else 's'}); "
+            f"{steps} step{'' if steps == 1 else 's'} to go")
 
 
 def hint_step_one(run: Run, skill: str, total_steps: int) -> None:
