@@ -225,7 +225,11 @@ def _is_prefect_server(pid: int) -> bool:
 
 
 def _port_free(port: int) -> bool:
+    """Whether the server could listen on ``port``. The probe binds as uvicorn does, with SO_REUSEADDR: the
+    connections of a server stopped a moment ago linger in TIME_WAIT on its port, and they do not keep a new
+    server from listening there."""
     with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind((HOST, port))
         except OSError:
