@@ -78,6 +78,8 @@ class Prefetcher:
         #: The rollouts of step 1's first batch, once ``run_start`` has started them all.
         self._first_batch: list[Future[ItemResult | None]] = []
         self._lock = threading.Lock()
+        #: Set by ``close``: a hint still running then starts nothing more.
+        self._closed = False
 
     def run_start(self) -> None:
         """The run's first rollouts: step 1's first batch, the baseline's selection split, then the starting
@@ -111,7 +113,7 @@ class Prefetcher:
                                     "view_seed": view_seed}
             key = rollout_key(run, run.items[item_id], skill, **draw)
             with self._lock:
-                if key in self._hinted or run.served_from_cache(key):
+                if self._closed or key in self._hinted or run.served_from_cache(key):
                     continue
                 self._hinted.add(key)
                 if self._pool is None:
@@ -163,7 +165,7 @@ class Prefetcher:
         ``NotPrefetched`` if the layer is off or a call failed. Not for a thread of the calls' own pool."""
         futures = self._start_calls(fn, arguments)
         if futures is None:
-            raise NotPrefetched("the prefetch layer is off for this run")
+            raise NotPrefetched("the prefetch layer is off for this run, or closed")
         values = [future.result() for future in futures]
         if any(value is None for value in values):
             raise NotPrefetched(f"a prefetched call of {getattr(fn, '__name__', fn)} failed")
@@ -174,6 +176,8 @@ class Prefetcher:
         if not self.enabled or self.run.clients.optimizer.replies is None:
             return None
         with self._lock:
+            if self._closed:
+                return None
             if self._calls is None:
                 width = max(1, self.run.config.gradient.analyst_workers)
                 self._calls = ThreadPoolExecutor(max_workers=width,
@@ -204,8 +208,10 @@ class Prefetcher:
             PREFETCH.reset(token)
 
     def close(self) -> None:
-        """Drop what has not started; calls in flight finish in the background (their replies are stored)."""
+        """Drop what has not started and start nothing more; calls in flight finish in the background (their
+        replies are stored)."""
         with self._lock:
+            self._closed = True
             pools, self._pool, self._calls = [self._pool, self._calls], None, None
         for pool in pools:
             if pool is not None:

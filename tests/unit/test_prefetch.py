@@ -109,3 +109,28 @@ def test_a_waiting_flow_rollout_gets_the_next_slot_before_a_prefetched_one():
     prefetch.join()
     flow.join()
     assert order == ["flow", "prefetched"]
+
+
+def test_a_closed_layer_starts_nothing_more(tmp_path, monkeypatch):
+    """A hint still running when the run ends (its thread waited on a call that finished after ``close``)
+    must not start the calls that follow: the run is over and nobody will take their replies."""
+    from skillopt.llm.chat import ChatRequest, user
+    from skillopt.run.prefetch import NotPrefetched
+
+    world = DemoWorldServer()
+    with world.server:
+        run = _run(tmp_path, monkeypatch, *role_overrides(world.server.openai_base_url))
+        request = ChatRequest(messages=[user("What is 2 + 2? Reply with the number.")], stage="rollout")
+
+        def task_function(run, request):  # noqa: ANN001, ANN202 - a task's function: one model call
+            return run.clients.optimizer.chat(request).text
+
+        assert run.prefetch.results(task_function, [{"run": run, "request": request}])
+        run.prefetch.close()
+        with pytest.raises(NotPrefetched):
+            run.prefetch.results(task_function, [{"run": run, "request": request.model_copy(
+                update={"messages": [user("What is 3 + 3?")]})}])
+        run.prefetch.calls(task_function, [{"run": run, "request": request.model_copy(
+            update={"messages": [user("What is 4 + 4?")]})}])
+        assert run.prefetch.rollouts(run.starting_skill(), run.selection_ids("val"), training=False) == []
+    assert len(world.answered) == 1, "nothing after close"
