@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import os
 import signal
 import sys
@@ -317,8 +318,11 @@ def serve_benchmarks(benchmarks: Sequence[str], defaults: RunDefaults, *, cron: 
         from skillopt.shell.prefect_runs import PickedUpRuns
 
         watcher = PickedUpRuns(list(benchmarks), announce)
-        threading.Thread(target=watcher.watch, args=(stop_watching,), name="skillopt-serve-runs",
-                         daemon=True).start()
+        # In this context's copy: the Prefect settings in use (the local server's API when PREFECT_API_URL is
+        # unset) are a context variable, and a new thread starts without them: its client would start
+        # Prefect's temporary server, a second server process on the same database.
+        threading.Thread(target=contextvars.copy_context().run, args=(watcher.watch, stop_watching),
+                         name="skillopt-serve-runs", daemon=True).start()
     # Ctrl-C takes the same way out as SIGTERM; asyncio.run then leaves SIGINT to this handler.
     signal.signal(signal.SIGINT, runner.handle_sigterm)
     try:

@@ -47,3 +47,53 @@ def test_demo_starts_the_background_server_once_and_the_next_command_uses_it(tmp
         stopped = skillopt("server", "stop")
         assert stopped.returncode == 0, stopped.stdout + stopped.stderr
     assert pid is None or not alive(pid)
+
+
+def test_serve_on_the_local_server_watches_it_and_starts_no_temporary_server(tmp_path):
+    """``skillopt serve`` with no PREFECT_API_URL serves on the local server of ``skillopt server start``; its
+    thread that announces picked-up runs must ask that server too (a thread of its own had lost the setting,
+    so its client started Prefect's temporary server: a second server process on the same SQLite database,
+    whose writes then failed with "database is locked")."""
+    import os
+    import signal
+    import time
+
+    home = tmp_path / "prefect-home"
+    env = skillopt_env(home)
+    env.pop("SKILLOPT_PREFECT_SERVER", None)
+    env.pop("PREFECT_LOGGING_LEVEL", None)  # Prefect's INFO lines, the temporary server's among them
+
+    def skillopt(*argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "skillopt.shell.cli", *argv], env=env, cwd=tmp_path,
+                              capture_output=True, text=True, timeout=600, check=False)
+
+    started = skillopt("server", "start")
+    assert started.returncode == 0, started.stdout + started.stderr
+    log = tmp_path / "serve.log"
+    serve = None
+    try:
+        with log.open("w") as out:
+            serve = subprocess.Popen([sys.executable, "-m", "skillopt.shell.cli", "serve", "demo",
+                                      "--no-schedule", "--mode", "train"], env=env, cwd=tmp_path, stdout=out,
+                                     stderr=subprocess.STDOUT, start_new_session=True)
+
+        def wait_for(text: str, timeout_s: float = 180.0) -> None:
+            deadline = time.monotonic() + timeout_s
+            while text not in log.read_text() and time.monotonic() < deadline:
+                assert serve.poll() is None, log.read_text()
+                time.sleep(0.5)
+            assert text in log.read_text(), log.read_text()
+
+        wait_for("start a run:")
+        api = skillopt("server", "status", "--api-url").stdout.strip()
+        run = subprocess.run([sys.executable, "-m", "prefect", "deployment", "run", "skill-train/demo",
+                              "--param", "epochs=1"], env={**env, "PREFECT_API_URL": api}, cwd=tmp_path,
+                             capture_output=True, text=True, timeout=300, check=False)
+        assert run.returncode == 0, run.stdout + run.stderr
+        wait_for("follow its log:")  # the watcher saw the run on the local server
+        assert "Starting temporary server" not in log.read_text()
+    finally:
+        if serve is not None and serve.poll() is None:
+            os.killpg(serve.pid, signal.SIGINT)
+            serve.wait(timeout=120)
+        skillopt("server", "stop")
