@@ -869,6 +869,11 @@ def _cmd_serve(args: argparse.Namespace, out: _Output) -> int:
                                 "docs/self-hosting.md)")
         out.print(f"Prefect: the local server at {server.ui_url} (skillopt server)")
         api = {PREFECT_API_URL: server.api_url}
+    # The `prefect` command finds the local server only through PREFECT_API_URL (without it, it starts a
+    # temporary server of its own on the same database), so the line to copy names it.
+    prefect_command = f"PREFECT_API_URL={api[PREFECT_API_URL]} prefect" if api else "prefect"
+    start_line = (f"  start a run: {prefect_command} deployment run skill-train/{benchmarks[0]}   "
+                  "(stop serving: Ctrl-C)")
     cron = None if args.no_schedule else (args.cron or DEFAULT_CRON)
     out.print(
         f"serving {len(benchmarks)} deployment(s): " + ", ".join(f"skill-train/{b}" for b in benchmarks)
@@ -894,9 +899,7 @@ def _cmd_serve(args: argparse.Namespace, out: _Output) -> int:
         # Said once the deployments exist on the server: printed before, the command it names failed with
         # "Deployment ... not found" for the 2-3 s the registration took.
         return serve_benchmarks(benchmarks, defaults, cron=cron, timezone=args.timezone or DEFAULT_TIMEZONE,
-                                registered=lambda: out.print(f"  start a run: prefect deployment run "
-                                                             f"skill-train/{benchmarks[0]}   (stop serving: "
-                                                             "Ctrl-C)"),
+                                registered=lambda: out.print(start_line),
                                 announce=out.print)
 
 

@@ -85,11 +85,17 @@ def test_serve_on_the_local_server_watches_it_and_starts_no_temporary_server(tmp
             assert text in log.read_text(), log.read_text()
 
         wait_for("start a run:")
+        # The line to copy names the local server's API: the `prefect` command finds it no other way.
+        line = next(line for line in log.read_text().splitlines() if "start a run:" in line)
+        command = line.split("start a run:", 1)[1].split("(stop serving", 1)[0].strip()
         api = skillopt("server", "status", "--api-url").stdout.strip()
-        run = subprocess.run([sys.executable, "-m", "prefect", "deployment", "run", "skill-train/demo",
-                              "--param", "epochs=1"], env={**env, "PREFECT_API_URL": api}, cwd=tmp_path,
-                             capture_output=True, text=True, timeout=300, check=False)
+        assert command == f"PREFECT_API_URL={api} prefect deployment run skill-train/demo", line
+        bin_dir = os.path.dirname(sys.executable)  # this environment's `prefect`, as an activated venv has it
+        run = subprocess.run(f"{command} --param epochs=1", shell=True, cwd=tmp_path, capture_output=True,
+                             text=True, timeout=300, check=False,
+                             env={**env, "PATH": bin_dir + os.pathsep + env.get("PATH", "")})
         assert run.returncode == 0, run.stdout + run.stderr
+        assert "Starting temporary server" not in run.stdout + run.stderr
         wait_for("follow its log:")  # the watcher saw the run on the local server
         assert "Starting temporary server" not in log.read_text()
     finally:
