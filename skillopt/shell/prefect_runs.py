@@ -239,7 +239,9 @@ class PickedUpRuns:
                 continue
             self.seen.add(str(run.id))
             self.emit(f"run {run.name} started: {run_link(str(run.id))}")
-            self.emit(f"  follow its log: {follow_hint(str(run.id))}   (or prefect flow-run logs {run.id})")
+            # Only skillopt's command: it finds the local server, where `prefect flow-run logs` needs
+            # PREFECT_API_URL set (without it, it starts a temporary server of its own).
+            self.emit(f"  follow its log: {follow_hint(str(run.id))}")
 
     def watch(self, stop: Any) -> None:
         """Poll until ``stop`` (a ``threading.Event``) is set; a failed poll is tried again at the next."""
