@@ -128,7 +128,8 @@ def comparison_markdown(comparison: PairedComparison) -> str:
                      f"{side.per_item.tokens:.0f} | {usd} |")
     lines += ["", f"- difference B − A: {c.difference:+.4f}, {c.confidence:.0%} interval [{c.ci_low:+.4f}, "
                   f"{c.ci_high:+.4f}]",
-              f"- {c.method} test: p = {c.p_value:.4f} (two-sided), p(B better) = {c.p_b_better:.4f}",
+              f"- {c.method} test: p = {c.p_value:.4f} (two-sided), one-sided p for B better = "
+              f"{c.p_b_better:.4f}",
               f"- flips: +{len(c.flips.improved)} / -{len(c.flips.regressed)} "
               f"({c.flips.unchanged} unchanged)"]
     return "\n".join(lines)

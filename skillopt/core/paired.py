@@ -107,7 +107,8 @@ class PairedComparison(BaseModel):
             f"skill {self.b.skill_tokens} tokens)",
             f"difference B - A: {sign}{self.difference:.3f}  95% interval [{self.ci_low:+.3f}, "
             f"{self.ci_high:+.3f}]",
-            f"{self.method} test: p = {self.p_value:.4f} (two-sided); p(B better) = {self.p_b_better:.4f}",
+            f"{self.method} test: p = {self.p_value:.4f} (two-sided); one-sided p for B better = "
+            f"{self.p_b_better:.4f}",
             f"flips: {len(self.flips.improved)} items better with B, {len(self.flips.regressed)} worse, "
             f"{self.flips.unchanged} unchanged" + (f"; {len(self.excluded)} error items left out"
                                                    if self.excluded else ""),

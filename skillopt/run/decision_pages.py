@@ -40,7 +40,7 @@ def compare_page(comparison: PairedComparison) -> str:
         "<dl>"
         f"<dt>difference B − A</dt><dd>{c.difference:+.4f}</dd>"
         f"<dt>{c.confidence:.0%} interval</dt><dd>[{c.ci_low:+.4f}, {c.ci_high:+.4f}]</dd>"
-        f"<dt>{_esc(c.method)} test</dt><dd>p = {c.p_value:.4f} (two-sided); p(B better) = "
+        f"<dt>{_esc(c.method)} test</dt><dd>p = {c.p_value:.4f} (two-sided); one-sided p for B better = "
         f"{c.p_b_better:.4f}</dd>"
         f"<dt>items</dt><dd>{c.n}: {len(c.flips.improved)} better with B, {len(c.flips.regressed)} worse, "
         f"{c.flips.unchanged} unchanged</dd></dl>{excluded}{flips}"

@@ -46,7 +46,7 @@ def test_flips_difference_interval_and_the_gate_sign_test():
     result = compare(a, b)
     assert result.difference == pytest.approx(0.8)
     assert result.flips.improved == [f"i{n}" for n in range(8)] and result.flips.regressed == []
-    # Two-sided: twice the gate's one-sided sign test (2 * 2**-8), and p(B better) is the gate's own.
+    # Two-sided: twice the gate's one-sided sign test (2 * 2**-8); the one-sided p for B better is the gate's.
     assert result.p_b_better == sign_test_p_value(8, 0)
     assert result.p_value == pytest.approx(2 * 0.5**8)
     assert 0.5 <= result.ci_low < 0.8 < result.ci_high <= 1.0
