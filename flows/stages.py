@@ -128,9 +128,16 @@ def reflect(run: Run, skill: str, rows: list[ItemResult], *, seed: int, budget: 
     run.prefetch.calls(reflect_minibatch.fn, [job for _, job in jobs])  # a hint: the calls of these tasks
     task = bound(run, reflect_minibatch)
     with pool_for(run, "analysts", run.config.gradient.analyst_workers) as runner:
-        futures = [(kind, runner.submit(task, job)) for kind, job in jobs]
-        patches = [(kind, future.result()) for kind, future in futures]
-    return [p for k, p in patches if k == "failure"], [p for k, p in patches if k == "success"]
+        futures = [runner.submit(task, job) for _, job in jobs]
+        patches = [future.result() for future in futures]
+    return by_kind([kind for kind, _ in jobs], patches)
+
+
+def by_kind(kinds: list[str], patches: list[Patch]) -> tuple[list[Patch], list[Patch]]:
+    """The analysts' patches (one per ``reflect_jobs`` job, whose kinds are ``kinds``) as failure and success
+    patches."""
+    paired = list(zip(kinds, patches, strict=True))
+    return [p for k, p in paired if k == "failure"], [p for k, p in paired if k == "success"]
 
 
 def reflect_jobs(run: Run, skill: str, rows: list[ItemResult], *, seed: int, budget: int, buffer: str,

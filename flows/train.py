@@ -30,7 +30,14 @@ from skillopt.core import live
 from skillopt.core.config import load_config
 from skillopt.core.data import StepPlan
 from skillopt.core.errors import SkillOptError
-from skillopt.core.records import ItemResult, Patch, StepRecord, unusable_replies_warning, unusable_streak
+from skillopt.core.records import (
+    ItemResult,
+    Patch,
+    StepRecord,
+    counted,
+    unusable_replies_warning,
+    unusable_streak,
+)
 from skillopt.flows.front import choose_final, start_from_front
 from skillopt.flows.naming import config_overrides, train_run_name
 from skillopt.flows.parameters import named_overrides, role_options
@@ -47,6 +54,7 @@ from skillopt.flows.stages import (
     autonomous_budget,
     budget_stop,
     build_candidate,
+    by_kind,
     gate_candidate,
     gate_value,
     longitudinal_pairs,
@@ -230,8 +238,8 @@ def baseline(run: Run) -> TrainState:
 def baseline_line(score: float, items: int, steps: int) -> str:
     """The run log's line after the baseline, e.g. "baseline on the selection split: 0.500 (1 item); 2 steps
     to go"."""
-    return (f"baseline on the selection split: {score:.3f} ({items} item{'' if items == 1 else 's'}); "
-            f"{steps} step{'' if steps == 1 else 's'} to go")
+    return (f"baseline on the selection split: {score:.3f} ({counted(items, 'item')}); "
+            f"{counted(steps, 'step')} to go")
 
 
 def hint_step_one(run: Run, skill: str, total_steps: int) -> None:
@@ -253,8 +261,8 @@ def hint_step_one(run: Run, skill: str, total_steps: int) -> None:
             run.prefetch.calls(reflect_minibatch.fn, [job for _, job in jobs])
             return
         patches = run.prefetch.results(reflect_minibatch.fn, [job for _, job in jobs])
-        aggregate(run, skill, [p for (kind, _), p in zip(jobs, patches, strict=True) if kind == "failure"],
-                  [p for (kind, _), p in zip(jobs, patches, strict=True) if kind == "success"], meta_skill="",
+        failures, successes = by_kind([kind for kind, _ in jobs], patches)
+        aggregate(run, skill, failures, successes, meta_skill="",
                   merges=lambda calls: run.prefetch.results(merge_patches.fn, calls))
 
     run.prefetch.when_first_batch_answered(optimizer_calls)

@@ -206,3 +206,8 @@ class RunSummary(BaseModel):
     warnings: list[str] = Field(default_factory=list)
     #: Context windows learned during the run, by ``backend|base_url|model``: ``{"tokens", "source"}``.
     context_windows: dict[str, Any] = Field(default_factory=dict)
+
+
+def counted(n: int, noun: str) -> str:
+    """``n`` and ``noun`` in the right number, for the lines a run prints: "1 step", "2 steps"."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"

@@ -52,6 +52,7 @@ from skillopt.core.records import (
     RunSummary,
     SplitScores,
     StepRecord,
+    counted,
     unusable_replies_warning,
 )
 from skillopt.core.redact import Redactor, redact_tree
@@ -301,7 +302,7 @@ def summary_line(summary: Mapping[str, Any]) -> str:
     steps = total.get("n", 0)
     stopped = f" (stopped by {summary['stopped_by']})" if summary.get("stopped_by") else ""
     return (f"finished {summary['run_name']}{stopped}: best {phase('best')} (baseline: {phase('baseline')}); "
-            f"{steps} step{'' if steps == 1 else 's'}: {total.get('accepts', 0)} accepted, "
+            f"{counted(steps, 'step')}: {total.get('accepts', 0)} accepted, "
             f"{total.get('rejects', 0)} rejected, {total.get('skips', 0)} skipped; "
             f"{summary.get('usage', {}).get('total', {}).get('calls', 0)} model calls")
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from skillopt.core.errors import ConfigError
+from skillopt.core.records import counted
 
 CompareMode = Literal["skills", "runs"]
 
@@ -127,11 +128,9 @@ def compare_lines(result: Mapping[str, Any]) -> list[str]:
 
 def transfer_lines(result: Mapping[str, Any]) -> list[str]:
     """What ``skillopt transfer`` prints: one line per cell, then the files."""
-    def counted(things: Sequence[Any], noun: str) -> str:
-        return f"{len(things)} {noun}{'' if len(things) == 1 else 's'}"
-
-    lines = [f"transfer matrix ({result['split']} split): {counted(result['skills'], 'skill')} x "
-             f"{counted(result['targets'], 'target')} x {counted(result['benchmarks'], 'benchmark')}"]
+    axes = (("skills", "skill"), ("targets", "target"), ("benchmarks", "benchmark"))
+    shape = " x ".join(counted(len(result[key]), noun) for key, noun in axes)
+    lines = [f"transfer matrix ({result['split']} split): {shape}"]
     for cell in result["cells"]:
         usd = "cost unknown" if cell.get("usd_per_item") is None else f"${cell['usd_per_item']:.5f}/item"
         diff = (f"  vs initial {cell['difference']:+.3f} [{cell['ci_low']:+.3f}, {cell['ci_high']:+.3f}] "
