@@ -308,8 +308,7 @@ def _api_choice(out: _Printer, prefect_server: str) -> dict[Any, Any]:
         except SkillOptError as error:
             out.print(f"note: the background Prefect server did not start ({error}); using a temporary one")
             return {}
-        out.print(f"Prefect: started a local server in the background at {server.ui_url}; later runs use it "
-                  "too (stop it with `skillopt server stop`)")
+        out.print(local_server.started_note(server))
         return {PREFECT_API_URL: server.api_url}
     out.print("note: starting a temporary Prefect server for this run (--ephemeral); without it, runs start "
               "a local server that stays up")

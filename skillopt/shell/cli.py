@@ -228,8 +228,9 @@ def _add_serve_and_skills(commands: argparse._SubParsersAction) -> None:
                     "and mode: nightly, then run their flow runs until interrupted. --data, --backend, "
                     "--model, -c and -o become the deployments' default parameters. With no names, every "
                     "installed benchmark whose config and data check out is served and the others are "
-                    "listed with the reason. Needs a Prefect server: PREFECT_API_URL, else the local "
-                    "server of `skillopt server start`. Prints each run it picks up with its UI link.",
+                    "listed with the reason. Serves on PREFECT_API_URL, else on the local server of "
+                    "`skillopt server start` (started in the background when none runs). Prints each run it "
+                    "picks up with its UI link.",
     )
     serve.add_argument("benchmarks", nargs="*", metavar="BENCHMARK",
                        help="benchmarks to serve (default: every one whose data resolves)")
@@ -861,13 +862,19 @@ def _cmd_serve(args: argparse.Namespace, out: _Output) -> int:
 
     api: dict[Any, Any] = {}
     if not get_current_settings().api.url:
-        # The local server of `skillopt server start`, as train/eval/demo use it.
-        server = local_server.running(local_server.prefect_home(os.environ))
-        if server is None:
-            raise SkillOptError("skillopt serve needs a Prefect server: start one with `skillopt server "
-                                "start` or set PREFECT_API_URL (e.g. http://127.0.0.1:4200/api; see "
-                                "docs/self-hosting.md)")
-        out.print(f"Prefect: the local server at {server.ui_url} (skillopt server)")
+        # The local server of `skillopt server start`, as train/eval/demo use it (started if none runs).
+        home = local_server.prefect_home(os.environ)
+        server = local_server.running(home)
+        if server is not None:
+            out.print(f"Prefect: the local server at {server.ui_url} (skillopt server)")
+        elif os.environ.get("SKILLOPT_PREFECT_SERVER", "").strip() == "temporary":
+            raise SkillOptError("skillopt serve needs a Prefect server that stays up, and "
+                                "SKILLOPT_PREFECT_SERVER=temporary rules out starting the local one: start "
+                                "it with `skillopt server start` or set PREFECT_API_URL (e.g. "
+                                "http://127.0.0.1:4200/api; see docs/self-hosting.md)")
+        else:
+            server, _ = local_server.start(home, {**os.environ, "PREFECT_HOME": str(home)})
+            out.print(local_server.started_note(server))
         api = {PREFECT_API_URL: server.api_url}
     # The `prefect` command finds the local server only through PREFECT_API_URL (without it, it starts a
     # temporary server of its own on the same database), so the line to copy names it.

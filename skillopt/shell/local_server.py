@@ -97,6 +97,12 @@ def recorded(home: Path) -> LocalServer | None:
     return server if _is_prefect_server(server.pid) else None
 
 
+def started_note(server: LocalServer) -> str:
+    """The line a command prints when it has started the local server itself."""
+    return (f"Prefect: started a local server in the background at {server.ui_url}; later runs use it too "
+            "(stop it with `skillopt server stop`)")
+
+
 def running(home: Path) -> LocalServer | None:
     """The recorded server if it is alive and answers its health check."""
     server = recorded(home)

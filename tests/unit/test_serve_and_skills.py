@@ -137,13 +137,18 @@ def test_a_bad_schedule_is_refused_with_the_expected_form():
         build_deployments(["demo"], run_defaults(), timezone="Mars/Base")
 
 
-def test_serve_without_a_prefect_server_says_what_to_set():
+def test_serve_without_a_prefect_server_and_no_local_one_allowed_says_what_to_set(monkeypatch, tmp_path):
+    """Without an API, serve starts the local server (tests/integration/test_background_server.py); where
+    SKILLOPT_PREFECT_SERVER=temporary forbids that, it cannot serve on a server that ends with the command."""
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
+    monkeypatch.setenv("SKILLOPT_PREFECT_SERVER", "temporary")
+    monkeypatch.setenv("PREFECT_HOME", str(tmp_path / "prefect-home"))  # no local server recorded there
     with temporary_settings(restore_defaults={PREFECT_API_URL}):
         code, _, err = run_cli("serve", "demo")
     assert code == 2
-    assert "set PREFECT_API_URL" in err
+    assert "SKILLOPT_PREFECT_SERVER=temporary" in err and "set PREFECT_API_URL" in err, err
+    assert not (tmp_path / "prefect-home" / "skillopt-server.json").exists()
 
 
 def test_skills_promote_list_show_and_rollback_by_hand(tmp_path: Path):
