@@ -100,7 +100,7 @@ def skill_compare(benchmark: str, skill_a: str = "initial", skill_b: str = "regi
 
 def _read(run: Run, reference: str) -> SkillSource:
     return read_skill(reference, initial=run.initial_skill, benchmark=run.benchmark.id,
-                      skills_dir=run.spec.path(run.config.run.skills_dir))
+                      skills_dir=run.spec.path(run.config.run.skills_dir), settings=run.config.skill)
 
 
 def _side(source: SkillSource, evaluation: Evaluation) -> dict[str, Any]:

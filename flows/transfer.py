@@ -162,7 +162,7 @@ def skill_transfer(benchmarks: list[str], skills: list[str], targets: list[str],
 
 def _read(run: Run, reference: str) -> SkillSource:
     return read_skill(reference, initial=run.initial_skill, benchmark=run.benchmark.id,
-                      skills_dir=run.spec.path(run.config.run.skills_dir))
+                      skills_dir=run.spec.path(run.config.run.skills_dir), settings=run.config.skill)
 
 
 def _result(future: Any) -> Evaluation:

@@ -35,6 +35,7 @@ from skillopt.run.runs import read_jsonl_models
 from skillopt.skill.document import skill_hash
 from skillopt.skill.files import SKILL_MD
 from skillopt.skill.folder import (
+    SkillFolderError,
     folder_files,
     safe_relative,
     skill_folder_files,
@@ -189,13 +190,15 @@ class SkillRegistry:
         if version is None:
             return None
         path = self.folder(benchmark) / CURRENT_FILE
-        if not path.is_file():  # a crash between the history and the copy: the version is authoritative
-            self._write_current(benchmark, version)
-        text = path.read_text(encoding="utf-8")
         folder = self._current_folder(benchmark)
-        if folder is None:  # written by a version of skillopt before skill folders
-            self._write_current(benchmark, version)
+        # Missing after a crash between the history and the copy (the version is authoritative), or the folder
+        # written by a version of skillopt before skill folders: written again from the version.
+        if not path.is_file() or folder is None:
+            text = self.version_text(benchmark, version)
+            self._write_current(benchmark, version,
+                                *self._folder_of(benchmark, text, self._carried(benchmark, version)))
             folder = self._current_folder(benchmark)
+        text = path.read_text(encoding="utf-8")
         return PromotedSkill(benchmark=benchmark, version=version, text=text, sha=skill_hash(text),
                              folder=str(folder or ""))
 
@@ -207,6 +210,7 @@ class SkillRegistry:
         if not text.strip():
             source = decision["source"]
             raise RegistryError(f"{benchmark}: refusing to promote an empty skill (from {source})")
+        name, files = self._folder_of(benchmark, text, carried or {})  # an invalid folder stops here
         with self._locked(benchmark):
             previous = self.current_version(benchmark)
             version = max(self.versions(benchmark), default=0) + 1
@@ -216,7 +220,7 @@ class SkillRegistry:
             event = RegistryEvent(benchmark=benchmark, action="promote", version=version, previous=previous,
                                   skill_sha=skill_hash(text), candidate_sha=skill_hash(text), **decision)
             self._append(benchmark, event)
-            self._write_current(benchmark, version)
+            self._write_current(benchmark, version, name, files)
         return event
 
     def keep(self, benchmark: str, *, candidate_sha: str | None = None,
@@ -258,6 +262,8 @@ class SkillRegistry:
                 raise RegistryError(f"{benchmark}: version {current} is the first promoted skill; "
                                     "there is no earlier version to roll back to")
             target = origin.previous
+            name, files = self._folder_of(benchmark, self.version_text(benchmark, target),
+                                          self._carried(benchmark, target))
             event = RegistryEvent(
                 benchmark=benchmark,
                 action="rollback",
@@ -268,7 +274,7 @@ class SkillRegistry:
                 skill_sha=skill_hash(self.version_text(benchmark, target)),
             )
             self._append(benchmark, event)
-            self._write_current(benchmark, target)
+            self._write_current(benchmark, target, name, files)
         return event
 
     # ---- helpers ----------------------------------------------------------------------------
@@ -283,15 +289,25 @@ class SkillRegistry:
         found = sorted(p for p in (self.folder(benchmark) / CURRENT_DIR).glob(f"*/{SKILL_MD}"))
         return found[0].parent if found else None
 
-    def _write_current(self, benchmark: str, version: int) -> None:
+    def _carried(self, benchmark: str, version: int) -> dict[str, bytes]:
+        carried_dir = self._carried_dir(benchmark, version)
+        return ({relative: path.read_bytes() for relative, path in folder_files(carried_dir)}
+                if carried_dir.is_dir() else {})
+
+    def _folder_of(self, benchmark: str, text: str,
+                   carried: Mapping[str, bytes]) -> tuple[str, dict[str, bytes]]:
+        """The name and files of the folder ``text`` is served as; ``RegistryError`` when it cannot be a valid
+        Agent Skills folder (raised before anything is written)."""
+        name = skill_from_text(text, default_name=benchmark).name
+        try:
+            description = f"How to solve {benchmark} tasks (promoted by skillopt)."
+            return name, skill_folder_files(text, name=name, carried=carried, description=description)
+        except SkillFolderError as error:
+            raise RegistryError(f"{benchmark}: not promoted: {error}") from None
+
+    def _write_current(self, benchmark: str, version: int, name: str, files: Mapping[str, bytes]) -> None:
         text = self.version_text(benchmark, version)
         atomic_write_bytes(self.folder(benchmark) / CURRENT_FILE, text.encode("utf-8"))
-        carried_dir = self._carried_dir(benchmark, version)
-        carried = ({relative: path.read_bytes() for relative, path in folder_files(carried_dir)}
-                   if carried_dir.is_dir() else {})
-        name = skill_from_text(text, default_name=benchmark).name
-        files = skill_folder_files(text, name=name, carried=carried,
-                                   description=f"How to solve {benchmark} tasks (promoted by skillopt).")
         root = self.folder(benchmark) / CURRENT_DIR
         for stale in (p for p in root.iterdir() if p.is_dir() and p.name != name) if root.is_dir() else ():
             shutil.rmtree(stale)  # a version of another name was current: one folder, the current skill

@@ -40,13 +40,15 @@ class CheckedRun:
 
 def check_run(loaded: LoadedConfig, *, cli: CliRoleOptions | None, env: Mapping[str, str],
               roles_used: Collection[str] = ("target", "optimizer"), split: str | None = None,
-              command: str = "skillopt train BENCHMARK", probe: bool = True) -> CheckedRun:
+              command: str = "skillopt train BENCHMARK", probe: bool = True,
+              run_name: str | None = None) -> CheckedRun:
     """Raise the ``SkillOptError`` a run of ``loaded`` would fail on at set-up; return the split sizes.
 
     ``roles_used``: the roles the command calls (an evaluation calls only the target); the judge is
     checked when the benchmark needs it. ``split``: the split an evaluation scores, which must not be empty.
     ``probe`` False: the credentials are checked for presence only, with no client built and no endpoint
-    reached (the check a deployment run makes inside its flow, next to the run's own clients).
+    reached (the check a deployment run makes inside its flow, next to the run's own clients). ``run_name``:
+    the run a training command resumes, if its folder exists, must start from the same skill.
     """
     config = loaded.config
     chosen = resolve_split(split) if split is not None else None
@@ -62,7 +64,9 @@ def check_run(loaded: LoadedConfig, *, cli: CliRoleOptions | None, env: Mapping[
         sizes = {s: len(benchmark.load_split(bench_cfg, s, run_dir=Path(scratch))) for s in SPLITS}
     if "optimizer" in wanted:
         check_train_size(config.train.train_size, sizes["train"])
-        initial_skill(config, benchmark.prompts_dir, benchmark.id)  # a bad skill: one line, before Prefect
+        start = initial_skill(config, benchmark.prompts_dir, benchmark.id)  # a bad skill: one line, now
+        if run_name:
+            _check_same_start(config, run_name, start.text)
     if chosen is not None and sizes[chosen] == 0:
         raise ConfigError(f"--split {split}: the {chosen} split of {name} has no items")
     if benchmark.needs_judge(bench_cfg):
@@ -92,6 +96,19 @@ def check_scripted_target(benchmark_id: str, bench_cfg: Any, target: Any) -> Non
             "scripted backend plays only data that ships its replies, like tests/fixtures/<benchmark>); "
             "give rules with -o model.target.options.rules=FILE.yaml, or use a model backend "
             "(--backend openai, local, ...)")
+
+
+def _check_same_start(config: Any, run_name: str, start: str) -> None:
+    """A resumed run replays its steps from the skill it started from; a skill changed since would only be
+    found when the flow writes its first snapshot."""
+    from skillopt.skill.document import skill_hash
+
+    snapshot = Path(config.run.runs_dir) / run_name / "skills" / "step_0000.md"
+    if snapshot.is_file() and skill_hash(snapshot.read_text(encoding="utf-8")) != skill_hash(start):
+        origin = config.train.skill_init or "the benchmark's initial skill"
+        raise ConfigError(f"--run-name {run_name}: the run started from another skill ({snapshot}); "
+                          f"{origin} has changed since. Restore it to resume, or start a new run with "
+                          "another --run-name")
 
 
 def _check_credentials(loaded: LoadedConfig, roles: Any, registry: BackendRegistry, env: Mapping[str, str],

@@ -57,6 +57,11 @@ def run_skill_files(run_dir: Path) -> tuple[str, dict[str, bytes]]:
                       f"How to solve {_benchmark_of(run_dir)} tasks (trained by skillopt).")
     carried = {relative: path.read_bytes() for relative, path in folder_files(run_dir / CARRIED_DIR)} \
         if (run_dir / CARRIED_DIR).is_dir() else {}
+    listed = source.get("carried")
+    missing = sorted({str(path) for path in listed} - set(carried)) if isinstance(listed, list) else []
+    if missing:
+        raise SkillFolderError(f"{run_dir / CARRIED_DIR}: the skill carries {', '.join(missing)}, missing "
+                               "here; the run directory is incomplete")
     return name, skill_folder_files(text, name=name, description=description, carried=carried)
 
 

@@ -6,20 +6,28 @@ A skill reference is one of:
 - ``registry:<bench>`` or ``registry:<bench>@<version>``: the promoted skill of the registry
   (``run.skills_dir``), its current version or version ``N``;
 - a run directory (it holds ``summary.json`` or ``best_skill.md``): its ``best_skill.md``;
-- a folder holding ``SKILL.md``: that file;
-- a markdown file.
+- an Agent Skills folder (it holds ``SKILL.md``): every trainable file of it, read as training reads it;
+- a markdown file: a run's skill text (``best_skill.md``, ``skills/step_NNNN.md``, whose file markers must
+  name paths inside the folder), else a single-file skill read as training reads it.
 
-Every problem is a ``SkillSourceError`` naming the reference and what was wrong (no such file, not UTF-8,
-malformed protected blocks), raised before any model call.
+Files and folders are read with the run's ``skill`` settings (``max_file_bytes``, ``train_scripts``) and
+the same checks as ``train.skill_init`` (front matter, size, UTF-8, symlinks), so a skill scores here as it
+trained. Every problem is a ``SkillSourceError`` naming the reference and what was wrong, raised before any
+model call.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from skillopt.core.errors import SkillFormatError, SkillOptError
 from skillopt.skill.document import SkillDocument, skill_hash
+from skillopt.skill.files import has_file_markers
+
+if TYPE_CHECKING:
+    from skillopt.core.config import SkillSection
 
 REGISTRY_PREFIX = "registry:"
 INITIAL = "initial"
@@ -46,10 +54,10 @@ class SkillSource:
 
 
 def read_skill(reference: str, *, initial: str | None = None, skills_dir: Path | str | None = None,
-               benchmark: str | None = None) -> SkillSource:
+               benchmark: str | None = None, settings: SkillSection | None = None) -> SkillSource:
     """The skill ``reference`` names. ``initial`` is the benchmark's starting skill (for ``initial``);
     ``skills_dir`` the registry folder (for ``registry:``); ``benchmark`` the default benchmark of a
-    ``registry:@N`` reference."""
+    ``registry:@N`` reference; ``settings`` the run's ``skill`` section (defaults when None)."""
     if reference == INITIAL:
         if initial is None:
             raise SkillSourceError("skill 'initial': the benchmark's starting skill is not known here")
@@ -61,13 +69,17 @@ def read_skill(reference: str, *, initial: str | None = None, skills_dir: Path |
         if (path / BEST_SKILL).is_file():  # a run directory: its best skill (all files in one text)
             return SkillSource(reference, str(path / BEST_SKILL), _read(path / BEST_SKILL, reference))
         if (path / SKILL_FILE).is_file():  # an Agent Skills folder: every trainable file of it
-            return SkillSource(reference, str(path), _checked(_folder_text(path, reference), reference))
+            return SkillSource(reference, str(path), _loaded(path, reference, settings))
         raise SkillSourceError(f"skill {reference}: a folder without {BEST_SKILL} (a run directory) or "
                                f"{SKILL_FILE} (a skill folder)")
     if not path.is_file():
         raise SkillSourceError(f"skill {reference}: no such file or folder (give a .md file, a folder with "
                                f"{SKILL_FILE}, a run directory, 'initial' or registry:<bench>@<version>)")
-    return SkillSource(reference, str(path), _read(path, reference))
+    text = _read(path, reference)
+    if has_file_markers(text):  # a run's skill text: the files of a folder in one text
+        _check_file_paths(text, reference)
+        return SkillSource(reference, str(path), text)
+    return SkillSource(reference, str(path), _loaded(path, reference, settings))
 
 
 def _from_registry(reference: str, skills_dir: Path | str | None, benchmark: str | None) -> SkillSource:
@@ -98,14 +110,32 @@ def _from_registry(reference: str, skills_dir: Path | str | None, benchmark: str
     return SkillSource(reference, f"registry {name} version {version}", _checked(text, reference))
 
 
-def _folder_text(path: Path, reference: str) -> str:
+def _loaded(path: Path, reference: str, settings: SkillSection | None) -> str:
+    """A folder or a single-file skill, read and checked as ``train.skill_init`` reads it."""
     from skillopt.core.config import SkillSection
     from skillopt.skill.folder import SkillFolderError, load_skill
 
+    settings = settings or SkillSection()
     try:
-        return load_skill(path, max_file_bytes=SkillSection().max_file_bytes).text
+        text = load_skill(path, max_file_bytes=settings.max_file_bytes,
+                          train_scripts=settings.train_scripts).text
     except SkillFolderError as error:
-        raise SkillSourceError(f"skill {reference}: {error}") from None
+        said = str(error)  # names the file, which may be the reference itself
+        raise SkillSourceError(f"skill {said}" if said.startswith(f"{reference}:") else
+                               f"skill {reference}: {said}") from None
+    return _checked(text, reference)
+
+
+def _check_file_paths(text: str, reference: str) -> None:
+    """Every file a run's skill text names stays inside the skill's folder."""
+    from skillopt.skill.files import split_files
+    from skillopt.skill.folder import SkillFolderError, safe_relative
+
+    for relative in split_files(SkillDocument.parse(text).body):
+        try:
+            safe_relative(relative)
+        except SkillFolderError as error:
+            raise SkillSourceError(f"skill {reference}: {error}") from None
 
 
 def _read(path: Path, reference: str) -> str:

@@ -512,6 +512,7 @@ def _check_before_prefect(
         roles_used=roles_used,
         split=split,
         command=f"skillopt {args.command} BENCHMARK",
+        run_name=getattr(args, "run_name", None) if "optimizer" in roles_used else None,
     )
     return loaded
 

@@ -70,7 +70,8 @@ def read_skills(loaded: Any, references: Sequence[str]) -> list[Any]:
     config = loaded.config
     name = config.benchmark.name or ""
     initial = initial_skill(config, load_benchmark(name).prompts_dir, name).text
-    return [read_skill(reference, initial=initial, skills_dir=config.run.skills_dir, benchmark=name)
+    return [read_skill(reference, initial=initial, skills_dir=config.run.skills_dir, benchmark=name,
+                       settings=config.skill)
             for reference in references]
 
 

@@ -52,6 +52,8 @@ BINARY_SUFFIXES = frozenset({
     ".pptx",
 })
 _SKIPPED_NAMES = frozenset({".git", "__pycache__", ".DS_Store"})
+#: The folders of the Agent Skills layout beside SKILL.md.
+_FOLDER_PARTS = ("assets", "references", "scripts")
 
 
 class SkillFolderError(SkillOptError):
@@ -81,12 +83,18 @@ def load_skill(path: Path, *, max_file_bytes: int, train_scripts: bool = False,
         return _load_folder(path, max_file_bytes=max_file_bytes, train_scripts=train_scripts)
     if not path.is_file():
         raise SkillFolderError(f"{path}: no skill folder or file there")
+    if path.name == SKILL_MD:
+        parts = sorted(d for d in _FOLDER_PARTS if (path.parent / d).is_dir())
+        if parts:  # read alone, the folder's other files would silently drop out of training
+            raise SkillFolderError(
+                f"{path}: its folder holds the skill's {', '.join(d + '/' for d in parts)} too: give the "
+                f"folder ({path.parent}) to train every file, or copy {SKILL_MD} out of it to train it alone")
     text = _read_text(path, path.name, max_file_bytes)
     _check_no_file_markers(text, path)
     try:
         metadata, _ = front_matter(text)
     except SkillFormatError as error:
-        raise SkillFolderError(f"{path}: {error}") from None
+        raise _format_error(path, error) from None
     stem = path.parent.name if path.name == SKILL_MD else path.stem
     if metadata is None:
         return LoadedSkill(text=text, name=skill_name_from(stem or default_name), front_matter=False)
@@ -127,7 +135,7 @@ def _load_folder(root: Path, *, max_file_bytes: int, train_scripts: bool) -> Loa
         metadata, _ = front_matter(texts[SKILL_MD])
         document = SkillDocument.parse(texts[SKILL_MD])
     except SkillFormatError as error:
-        raise SkillFolderError(f"{skill_md}: {error}") from None
+        raise _format_error(skill_md, error) from None
     if metadata is None:
         raise SkillFolderError(f"{skill_md}: no YAML front matter (a '---' block with name and description "
                                "must open the file)")
@@ -193,6 +201,11 @@ def _decode(path: Path, label: str, data: bytes, max_file_bytes: int) -> str:
     return text.removeprefix("\ufeff").replace("\r\n", "\n")
 
 
+def _format_error(path: Path, error: SkillFormatError) -> SkillFolderError:
+    """``error`` about ``path``, named once (the parser's messages open with ``SKILL.md:`` already)."""
+    return SkillFolderError(f"{path}: {str(error).removeprefix(f'{SKILL_MD}: ')}")
+
+
 def _check_no_file_markers(text: str, path: Path) -> None:
     if has_file_markers(text):
         raise SkillFolderError(f"{path}: holds a line of the form '<!-- FILE: ... -->', which skillopt uses "
@@ -220,7 +233,13 @@ def skill_folder_files(text: str, *, name: str, description: str,
     files = split_files(document.body)
     skill_md = SkillDocument(body=files.pop(SKILL_MD), slow_update=document.slow_update,
                              appendix=document.appendix).target_text
-    metadata, _ = front_matter(skill_md)
+    try:
+        metadata, _ = front_matter(skill_md)
+    except SkillFormatError as error:
+        raise _format_error(Path(SKILL_MD), error) from None
+    problems = metadata_problems(metadata, None) if metadata is not None else []
+    if problems:  # what is written must be a valid Agent Skills folder
+        raise SkillFolderError(f"{SKILL_MD}: front matter: {'; '.join(problems)}")
     if metadata is None:
         head = yaml.safe_dump({"name": name, "description": description}, sort_keys=False,
                               allow_unicode=True, width=1_000_000)
@@ -240,7 +259,8 @@ def _text_bytes(text: str) -> bytes:
 def write_skill_folder(files: Mapping[str, bytes], dest: Path, *, replace: bool = False) -> Path:
     """Write ``files`` as the folder ``dest`` (its parent is created). The folder is built next to ``dest``
     and moved into place, so a failure leaves ``dest`` as it was. An existing ``dest`` holding different
-    files is replaced only with ``replace``; holding the same files it is left alone."""
+    files is replaced only with ``replace``; holding the same files it is left alone. Folders and files get
+    the modes the umask gives new ones; a file that opens with ``#!`` is executable."""
     if dest.exists() and not dest.is_dir():
         raise SkillFolderError(f"{dest}: exists and is not a folder")
     if dest.is_dir() and any(dest.iterdir()):
@@ -248,13 +268,26 @@ def write_skill_folder(files: Mapping[str, bytes], dest: Path, *, replace: bool 
             return dest
         if not replace:
             raise SkillFolderError(f"{dest}: holds a different skill; pass --force to replace it")
+    try:
+        return _write_folder(files, dest)
+    except OSError as error:
+        where = error.filename or dest
+        raise SkillFolderError(f"{where}: cannot write the skill folder there "
+                               f"({error.strerror or error})") from None
+
+
+def _write_folder(files: Mapping[str, bytes], dest: Path) -> Path:
+    umask = _umask()
     dest.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{dest.name}-", dir=dest.parent))
     try:
+        staging.chmod(0o777 & ~umask)  # mkdtemp makes it private
         for relative, data in files.items():
             target = staging / safe_relative(relative)
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(data)
+            if data.startswith(b"#!"):
+                target.chmod(0o777 & ~umask)
         if dest.exists():
             old = dest.with_name(f".{dest.name}-old-{os.getpid()}")
             dest.rename(old)
@@ -266,6 +299,12 @@ def write_skill_folder(files: Mapping[str, bytes], dest: Path, *, replace: bool 
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)
     return dest
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def _same_files(root: Path, files: Mapping[str, bytes]) -> bool:

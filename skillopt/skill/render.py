@@ -2,10 +2,15 @@
 
 This is ``skill.render: inline``.
 
-The front matter is left out (it is for the agent that lists skills, not for the task), and every other
-file follows the body under a heading naming its path, before the non-empty protected blocks::
+The front matter is left out (it is for the agent that lists skills, not for the task). The non-empty
+protected blocks (the epoch guidance, the appendix) belong to ``SKILL.md`` and follow its body, as they do in
+an exported folder; every other file comes after them under a heading naming its path::
 
     <SKILL.md body>
+
+    <!-- SLOW_UPDATE_START -->
+    <guidance>
+    <!-- SLOW_UPDATE_END -->
 
     ## Reference file: references/rules.md
 
@@ -41,6 +46,7 @@ def render_inline(text: str) -> str:
         body = skill_md  # shown as written: the gate never lets such a skill through, a baseline may hold one
     if not files and body == skill_md:
         return document.target_text
-    parts = [body.strip("\n")] if body.strip() else []
+    skill_part = replace(document, body=body.strip("\n")).target_text.strip("\n")  # with its blocks
+    parts = [skill_part] if skill_part else []
     parts += [f"{REFERENCE_HEADING.format(path=path)}\n\n{content}" for path, content in files.items()]
-    return replace(document, body="\n\n".join(parts)).target_text
+    return "\n\n".join(parts) + "\n" if parts else ""

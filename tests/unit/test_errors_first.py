@@ -66,6 +66,30 @@ def test_bad_inputs_are_reported_in_one_line_with_exit_2_before_prefect_is_impor
     assert not (tmp_path / "runs").exists()  # a refused run leaves no run directory behind
 
 
+def test_resuming_a_run_whose_starting_skill_has_changed_stops_before_prefect(tmp_path):
+    """The run's first snapshot (skills/step_0000.md) is the skill it started from; a skill edited since
+    would otherwise stop the run only when the flow wrote that snapshot again."""
+    skill = tmp_path / "skill.md"
+    skill.write_text("# a skill\n\n- one rule\n", encoding="utf-8")
+    snapshot = tmp_path / "runs" / "r1" / "skills" / "step_0000.md"
+    snapshot.parent.mkdir(parents=True)
+    snapshot.write_text("# a skill\n\n- one rule\n\n<!-- SLOW_UPDATE_START -->\n\n<!-- SLOW_UPDATE_END -->\n",
+                        encoding="utf-8")  # as a run writes it: the empty block does not change the skill
+    # --backend openai without its key: a run that got past this check would stop at the credential.
+    argv = ["train", "qa", "--data", str(QA_DATA), "--backend", "openai", "--skill", str(skill),
+            "--run-name", "r1"]
+    skill.write_text("# a skill\n\n- one rule\n- and one more\n", encoding="utf-8")
+    (changed,) = _run_in_fresh_interpreter([argv], tmp_path)
+    assert changed["code"] == 2 and not changed["prefect_imported"], changed
+    snapshot_shown = Path("runs/r1/skills/step_0000.md")
+    assert changed["err"] == (f"error: --run-name r1: the run started from another skill ({snapshot_shown}); "
+                              f"{skill} has changed since. Restore it to resume, or start a new run with "
+                              "another --run-name\n"), changed["err"]
+    skill.write_text("# a skill\n\n- one rule\n", encoding="utf-8")
+    (same,) = _run_in_fresh_interpreter([argv], tmp_path)
+    assert same["code"] == 2 and "no credential: export OPENAI_API_KEY" in same["err"], same
+
+
 def test_a_malformed_data_file_is_reported_before_any_backend_problem(tmp_path):
     """Data first: it is what the user can fix offline. A scripted target with no rules file, an unreachable
     server and a missing credential each wait until the data reads."""

@@ -169,3 +169,17 @@ def test_skills_promote_takes_a_skill_folder(tmp_path):
     assert code == 0 and "as a skill folder:" in out.getvalue()
     served = tmp_path / "reg" / "demo" / "current" / "word-problems"
     assert (served / "references" / "rules.md").read_text() == "- rule\n"
+
+
+def test_a_skill_that_is_no_valid_folder_is_refused_before_anything_is_written(tmp_path):
+    registry = SkillRegistry(tmp_path)
+    registry.promote("demo", "# v1\n", source="manual", reason="test")
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    history = (tmp_path / "demo" / "history.jsonl").read_text()
+    for bad, why in [("# Notes\n\n<!-- FILE: ../../evil.md -->\npayload\n", "not a relative path inside"),
+                     ("---\nname: Bad\ndescription: d\n---\nbody\n", "name 'Bad' must be lowercase")]:
+        with pytest.raises(RegistryError, match=why):
+            registry.promote("demo", bad, source="manual", reason="test")
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
+    assert (tmp_path / "demo" / "history.jsonl").read_text() == history
+    assert registry.current("demo").version == 1

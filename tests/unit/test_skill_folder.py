@@ -263,8 +263,11 @@ def test_chat_targets_get_the_body_then_each_reference_file(tmp_path):
     text = replace_block(loaded_text(tmp_path), "SLOW_UPDATE", "Mind the dates.")
     rendered = render_inline(text)
     assert rendered.startswith("# Word problems\n") and "name: word-problems" not in rendered
-    assert "- Answer in tags.\n\n## Reference file: references/rules.md\n\n# Rules\n" in rendered
-    assert rendered.rstrip().endswith("Mind the dates.\n<!-- SLOW_UPDATE_END -->")
+    # The guidance belongs to SKILL.md, as in the exported folder: after its body, before the other files
+    # (after the last one it would read as part of that file).
+    assert ("- Answer in tags.\n\n<!-- SLOW_UPDATE_START -->\nMind the dates.\n<!-- SLOW_UPDATE_END -->\n\n"
+            "## Reference file: references/rules.md\n\n# Rules\n") in rendered
+    assert rendered.endswith("\n") and not rendered.endswith("\n\n")
 
 
 def test_exec_targets_get_the_folder_where_their_cli_discovers_skills(tmp_path):
@@ -398,3 +401,74 @@ def test_export_names_a_missing_run_directory_and_a_run_without_a_best_skill(tmp
     with pytest.raises(SkillFolderError, match=r"early: no best_skill.md \(not a skillopt run directory"):
         export_run_skill(tmp_path / "early", tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+# ------------------------------------------------------------------ the same checks wherever a skill is read
+
+
+def test_skill_md_of_a_folder_with_references_is_refused_alone(tmp_path):
+    """Given as ``folder/SKILL.md``, the folder's other files would drop out of training unseen."""
+    skill = folder(tmp_path)
+    with pytest.raises(SkillFolderError, match=r"SKILL.md: its folder holds the skill's references/ too: "
+                                                r"give the folder \(.*word-problems\) to train every file"):
+        load_skill(skill / "SKILL.md", max_file_bytes=10_000)
+    lone = tmp_path / "lone"
+    lone.mkdir()
+    (lone / "SKILL.md").write_text(SKILL.replace("word-problems", "lone"), encoding="utf-8")
+    assert load_skill(lone / "SKILL.md", max_file_bytes=10_000).name == "lone"
+
+
+def test_eval_reads_a_skill_as_training_does(tmp_path):
+    from skillopt.core.config import SkillSection
+    from skillopt.run.skill_source import SkillSourceError, read_skill
+
+    bad = tmp_path / "bad.md"
+    bad.write_text("---\nname: Bad\ndescription: d\n---\nbody\n", encoding="utf-8")
+    with pytest.raises(SkillSourceError, match="name 'Bad' must be lowercase"):
+        read_skill(str(bad))
+    # A run's skill text holds file markers; one naming a path outside the folder is refused.
+    escaping = tmp_path / "escaping.md"
+    escaping.write_text("# Notes\n\n<!-- FILE: ../../evil.md -->\npayload\n", encoding="utf-8")
+    with pytest.raises(SkillSourceError, match=r"'\.\./\.\./evil\.md': not a relative path inside"):
+        read_skill(str(escaping))
+    run_text = tmp_path / "best_skill.md"
+    run_text.write_text(loaded_text(tmp_path), encoding="utf-8")
+    assert "<!-- FILE: references/rules.md -->" in read_skill(str(run_text)).text
+    # The run's skill settings apply: the size limit, and scripts/ trained or carried.
+    skill = folder(tmp_path / "s", **{"scripts__run.py": "print('hi')\n", "references__big.md": "x" * 20_000})
+    assert read_skill(str(skill), settings=SkillSection(max_file_bytes=30_000)).text.count("print('hi')") == 0
+    trained = read_skill(str(skill), settings=SkillSection(max_file_bytes=30_000, train_scripts=True))
+    assert "<!-- FILE: scripts/run.py -->" in trained.text
+    with pytest.raises(SkillSourceError, match=r"big.md: 20,000 bytes, over the limit of 10,000"):
+        read_skill(str(skill), settings=SkillSection(max_file_bytes=10_000))
+
+
+def test_export_refuses_an_invalid_skill_and_a_run_missing_a_carried_file(tmp_path):
+    good = loaded_text(tmp_path)
+    text = good.replace("name: word-problems", "name: Bad Name")
+    with pytest.raises(SkillFolderError, match=r"SKILL.md: front matter: name 'Bad Name'"):
+        export_run_skill(run_dir_of(tmp_path / "a", text, None), tmp_path / "out")
+    run = run_dir_of(tmp_path / "b", good, {"name": "word-problems", "description": "x",
+                                                             "front_matter": True,
+                                                             "carried": ["assets/logo.png"]})
+    with pytest.raises(SkillFolderError, match=r"skill_carried: the skill carries assets/logo.png, missing"):
+        export_run_skill(run, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_export_onto_a_file_is_one_line_and_folders_get_ordinary_modes(tmp_path):
+    run = run_dir_of(tmp_path, loaded_text(tmp_path), None, {"scripts/run.sh": b"#!/bin/sh\necho\n",
+                                                             "assets/logo.png": b"\x89PNG\0"})
+    (tmp_path / "afile").write_text("y", encoding="utf-8")
+    err = io.StringIO()
+    assert main(["skill", "export", str(run), "--to", str(tmp_path / "afile")], stdout=io.StringIO(),
+                stderr=err) == 2
+    assert err.getvalue().count("\n") == 1 and "afile: cannot write the skill folder there" in err.getvalue()
+    previous = os.umask(0o022)
+    try:
+        out = export_run_skill(run, tmp_path / "out")
+    finally:
+        os.umask(previous)
+    mode = {p.relative_to(out).as_posix(): p.stat().st_mode & 0o777 for p in [out, *out.rglob("*")]}
+    assert mode["."] == 0o755 and mode["scripts"] == 0o755  # readable by the agent's other users
+    assert mode["scripts/run.sh"] == 0o755 and mode["assets/logo.png"] == 0o644 and mode["SKILL.md"] == 0o644
