@@ -78,10 +78,12 @@ def skill_compare(benchmark: str, skill_a: str = "initial", skill_b: str = "regi
     with started_run(spec, loaded=loaded) as run:
         sources = [_read(run, reference) for reference in (skill_a, skill_b)]
         ids = run.split_ids[split]  # the whole split, as skill-eval scores it
-        # A skill compared with itself is evaluated once.
-        distinct = {source.sha: source for source in sources}.values()
-        jobs: list[tuple[str, str, list[str]]] = [(source.text, split, ids) for source in distinct]
-        done = {evaluation.skill_sha: evaluation for evaluation in evaluate_many(run, jobs)}
+        # A skill compared with itself is evaluated once. Results are matched to the skills by position: an
+        # evaluation served from the cache carries the hash of the text it was first made for, which may be
+        # another text the target sees the same way (the skill without its front matter, say).
+        distinct = {source.sha: source for source in sources}
+        jobs: list[tuple[str, str, list[str]]] = [(source.text, split, ids) for source in distinct.values()]
+        done = dict(zip(distinct, evaluate_many(run, jobs), strict=True))
         a_eval, b_eval = (done[source.sha] for source in sources)
     for name, evaluation in (("compare_a", a_eval), ("compare_b", b_eval)):
         run.dir.write_evaluation(name, evaluation.rows, split=split, skill_sha=evaluation.skill_sha,

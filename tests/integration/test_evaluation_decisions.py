@@ -68,6 +68,19 @@ def test_compare_prints_difference_interval_p_and_flips_and_a_skill_against_itse
     assert same["difference"] == 0 and same["p_value"] == 1 and same["flips"]["improved"] == []
     assert same["ci_low"] == same["ci_high"] == 0
 
+    # The same skill as an Agent Skills folder: its front matter is not shown to the target, so its evaluation
+    # comes from the cache, made for trained.md's text (this lookup once failed with a KeyError).
+    folder_skill = in_tmp / "word-problems"
+    folder_skill.mkdir()
+    (folder_skill / "SKILL.md").write_text(
+        f"---\nname: word-problems\ndescription: Demo conventions.\n---\n\n{TRAINED}", encoding="utf-8")
+    code, out, err = run_cli("compare", "trained.md", str(folder_skill), "demo")
+    assert code == 0, err
+    folder = Path(next(line.split(": ", 1)[1] for line in out.splitlines()
+                       if line.startswith("compare.json: "))).parent
+    as_folder = json.loads((folder / "compare.json").read_text())
+    assert as_folder["difference"] == 0 and as_folder["b"]["sha"] != as_folder["a"]["sha"]
+
 
 def test_transfer_writes_a_2x2_matrix_and_shows_one_evaluation_task_per_cell(prefect_settings, in_tmp):
     from prefect.client.orchestration import get_client
