@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import os
 import tempfile
 from collections.abc import Iterator
@@ -12,12 +13,26 @@ from pathlib import Path
 from skillopt.core.errors import StorageError, storage_error
 
 
+@functools.cache
+def process_umask() -> int:
+    """The process's umask, read once: from ``/proc`` where it can be read without changing it (setting it
+    to read it back would race with other threads creating files)."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/self/status").read_text(encoding="ascii").splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def atomic_write_bytes(path: Path, data: bytes, *, owner: str = "") -> None:
     """Replace ``path`` with ``data`` atomically: temp file in the same folder, fsync, ``os.replace``.
 
-    Creates missing parent folders. On any error the temp file is removed and ``path`` is untouched;
-    a process killed mid-write leaves ``.<name>.<owner>.<random>.tmp`` (``owner`` lets a later sweep
-    tell whose it was). A system refusal (read-only place, full disk, no permission) is a
+    The file gets the mode a plain ``open`` would give it (0666 less the umask; the temp file alone would
+    be private). Creates missing parent folders. On any error the temp file is removed and ``path`` is
+    untouched; a process killed mid-write leaves ``.<name>.<owner>.<random>.tmp`` (``owner`` lets a later
+    sweep tell whose it was). A system refusal (read-only place, full disk, no permission) is a
     ``StorageError`` naming ``path``.
     """
     try:
@@ -30,6 +45,7 @@ def atomic_write_bytes(path: Path, data: bytes, *, owner: str = "") -> None:
         raise storage_error(path, error) from None
     try:
         with os.fdopen(handle, "wb") as file:
+            os.fchmod(file.fileno(), 0o666 & ~process_umask())
             file.write(data)
             file.flush()
             os.fsync(file.fileno())

@@ -27,6 +27,7 @@ from pathlib import Path, PurePosixPath
 
 import yaml
 
+from skillopt.core.atomic import process_umask
 from skillopt.core.errors import SkillFormatError, SkillOptError
 from skillopt.skill.document import SkillDocument, strip_markers
 from skillopt.skill.files import SKILL_MD, has_file_markers, join_files, split_files
@@ -277,7 +278,7 @@ def write_skill_folder(files: Mapping[str, bytes], dest: Path, *, replace: bool 
 
 
 def _write_folder(files: Mapping[str, bytes], dest: Path) -> Path:
-    umask = _umask()
+    umask = process_umask()
     dest.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{dest.name}-", dir=dest.parent))
     try:
@@ -299,12 +300,6 @@ def _write_folder(files: Mapping[str, bytes], dest: Path) -> Path:
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)
     return dest
-
-
-def _umask() -> int:
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
 
 
 def _same_files(root: Path, files: Mapping[str, bytes]) -> bool:

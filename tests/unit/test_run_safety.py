@@ -258,3 +258,23 @@ def test_check_writable_creates_a_missing_folder_and_leaves_nothing_in_it(tmp_pa
     (tmp_path / "file").write_text("x")
     with pytest.raises(StorageError, match=r"cannot write to .*file/sub \(run.runs_dir\): Not a directory"):
         check_writable(tmp_path / "file" / "sub", "run.runs_dir")
+
+
+def test_files_written_atomically_get_the_mode_a_plain_open_gives(tmp_path):
+    """A run's files (reports, summary, best skill) are read by others, e.g. a web server of the runs folder:
+    the private mode of the temp file they are written through must not stay on them."""
+    script = textwrap.dedent("""
+        import os, sys
+        from pathlib import Path
+        os.umask(int(sys.argv[2], 8))
+        from skillopt.core.atomic import atomic_write_bytes
+        folder = Path(sys.argv[1])
+        atomic_write_bytes(folder / "atomic.html", b"<p>report</p>")
+        (folder / "plain.html").write_bytes(b"<p>report</p>")
+    """)
+    for umask, expected in (("022", 0o644), ("027", 0o640)):
+        folder = tmp_path / umask
+        folder.mkdir()
+        subprocess.run([sys.executable, "-c", script, str(folder), umask], check=True, timeout=60)
+        modes = {p.name: p.stat().st_mode & 0o777 for p in folder.iterdir()}
+        assert modes == {"atomic.html": expected, "plain.html": expected}, (umask, modes)
