@@ -33,7 +33,7 @@ def with_target(loaded: LoadedConfig, cli_roles: Mapping[str, Any] | None,
                 name: str) -> tuple[LoadedConfig, dict[str, Any]]:
     """``loaded`` with ``model.targets.<name>`` as its target, and ``cli_roles`` with that target's backend
     and model pinned for the target role."""
-    check_targets(loaded.config, [name])
+    check_targets(loaded.config, [name], where="--target")
     spec = loaded.config.model.targets[name]
     data = loaded.config.model_dump(mode="json")
     data["model"]["target"] = spec.model_dump(mode="json")

@@ -199,8 +199,8 @@ def _add_report_commands(commands: argparse._SubParsersAction) -> None:
     compare.add_argument("items", nargs="*", metavar="SKILL_A SKILL_B BENCHMARK")
     compare.add_argument("--runs", nargs="+", metavar="RUN_DIR", help="put these runs side by side instead")
     compare.add_argument("--out", metavar="FILE", default=None,
-                         help="with --runs: where to write the page (default compare.html)")
-    compare.add_argument("--split", default="test", help="train, val (selection) or test (default)")
+                         help="where to write the page as well (with --runs: instead of compare.html)")
+    compare.add_argument("--split", default=None, help="train, val (selection) or test (default)")
     compare.add_argument("--target", metavar="NAME",
                          help="evaluate with the named target model model.targets.NAME")
     _add_run_options(compare, cache=False)
@@ -1145,9 +1145,18 @@ def _cmd_compare(args: argparse.Namespace, out: _Output) -> int:
 
     mode = compare_mode(args.items, args.runs)
     if mode == "runs":
+        paired_only = (("--split", args.split), ("--target", args.target), ("-c", args.config),
+                       ("-o", args.override), ("--data", args.data), ("--run-name", args.run_name))
+        given = [flag for flag, value in paired_only if value]
+        if any(value for value in _cli_roles(args).values()):
+            given.append("the model options")
+        if given:
+            raise SkillOptError(f"skillopt compare --runs: {', '.join(given)} apply to a paired comparison "
+                                "(SKILL_A SKILL_B BENCHMARK); the runs page reads only the run directories")
         return _compare_runs(args.runs or args.items, args.out or "compare.html", out)
     from skillopt.shell.decision_cli import check_compare, compare_lines
 
+    args.split = args.split or "test"
     skill_a, skill_b, benchmark = args.items
     overrides = [*_data_overrides(args.data), *args.override]
     check_compare(benchmark, skill_a, skill_b, config_file=args.config, overrides=overrides,
@@ -1158,6 +1167,16 @@ def _cmd_compare(args: argparse.Namespace, out: _Output) -> int:
                        overrides=args.override, run_name=args.run_name, cli_roles=_cli_roles(args))
     for line in compare_lines(result):
         out.print(line)
+    if args.out:
+        import shutil
+        from pathlib import Path
+
+        try:
+            shutil.copyfile(Path(result["run_dir"]) / "compare.html", args.out)
+        except OSError as error:
+            raise SkillOptError(f"--out {args.out}: cannot write the page there ({error.strerror or error}); "
+                                f"it is in {result['run_dir']}") from None
+        out.print(f"page copied to {args.out}")
     return EXIT_OK
 
 

@@ -74,8 +74,9 @@ def test_compare_prints_difference_interval_p_and_flips_and_a_skill_against_itse
     folder_skill.mkdir()
     (folder_skill / "SKILL.md").write_text(
         f"---\nname: word-problems\ndescription: Demo conventions.\n---\n\n{TRAINED}", encoding="utf-8")
-    code, out, err = run_cli("compare", "trained.md", str(folder_skill), "demo")
+    code, out, err = run_cli("compare", "trained.md", str(folder_skill), "demo", "--out", "page.html")
     assert code == 0, err
+    assert "page copied to page.html" in out and "0 worse" in (in_tmp / "page.html").read_text()
     folder = Path(next(line.split(": ", 1)[1] for line in out.splitlines()
                        if line.startswith("compare.json: "))).parent
     as_folder = json.loads((folder / "compare.json").read_text())

@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+from io import StringIO
+
 import pytest
 
 from skillopt.core.gate import sign_test_p_value
@@ -157,6 +159,12 @@ def test_run_directories_alone_still_compare_runs(tmp_path, capsys):
     assert main(["compare", str(first), str(second), "--out", str(out)]) == 0
     assert main(["compare", "--runs", str(first), str(second), "--out", str(tmp_path / "b.html")]) == 0
     assert "2 runs compared" in out.read_text() and (tmp_path / "b.html").is_file()
+    # The options of a paired comparison mean nothing to the runs page: said, not ignored.
+    err = StringIO()
+    assert main(["compare", "--runs", str(first), str(second), "--split", "val", "-o", "foo=1"],
+                stdout=StringIO(), stderr=err) == 2
+    assert err.getvalue() == ("error: skillopt compare --runs: --split, -o apply to a paired comparison "
+                              "(SKILL_A SKILL_B BENCHMARK); the runs page reads only the run directories\n")
 
 
 def test_compare_and_transfer_refuse_bad_input_before_prefect_is_imported(tmp_path):
@@ -172,3 +180,4 @@ def test_compare_and_transfer_refuse_bad_input_before_prefect_is_imported(tmp_pa
     for result in results:
         assert result["code"] == 2 and len(result["err"].strip().splitlines()) == 1, result
         assert not result["prefect_imported"], result["argv"]
+    assert results[1]["err"].startswith("error: --target: unknown model config 'nope'"), results[1]["err"]
