@@ -537,6 +537,8 @@ _SECRET_KEY_NAMES = {
     "api_key", "apikey", "key", "token", "secret", "password", "passwd", "access_token", "auth_token",
     "api_token", "bearer_token", "client_secret", "secret_key", "private_key",
 }
+#: Names too plain to mean a secret outside the ``model`` section (``evaluation.key`` is a mistyped key).
+_PLAIN_SECRET_NAMES = {"key", "token", "secret"}
 _CONVENTIONAL_KEY_ENV = {
     "openai": "OPENAI_API_KEY",
     "azure_openai": "AZURE_OPENAI_API_KEY",
@@ -575,7 +577,8 @@ def _check_no_literal_secrets(
     for path, value in _leaves(tree, ()):
         source = sources if isinstance(sources, str) else sources.get(path, "yaml")
         name = path[-1].lower().replace("-", "_")
-        if name in _SECRET_KEY_NAMES and value not in (None, ""):
+        secret_name = name in _SECRET_KEY_NAMES and (name not in _PLAIN_SECRET_NAMES or path[0] == "model")
+        if secret_name and value not in (None, ""):
             raise _secret_error(path, source, raw_backends)
         if isinstance(value, str) and looks_like_secret(value):
             raise _secret_error(path, source, raw_backends)

@@ -55,8 +55,16 @@ class _Output:
         self.err.write(self.redactor(f"error: {text}") + "\n")
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with its errors in one line, as every other bad input is reported (its subcommands'
+    parsers are of this class too)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"error: {message} (see `{self.prog} --help`)\n")
+
+
 def _build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="skillopt",
         description="Train an agent's skill document (SKILL.md) like a neural network, as Prefect flows.",
     )

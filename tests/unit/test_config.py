@@ -324,6 +324,16 @@ def test_literal_key_in_yaml_is_refused_without_echoing_it(tmp_path):
     assert "leak.yaml" in message
 
 
+def test_a_plain_key_named_key_outside_model_is_an_unknown_key_not_a_secret():
+    with pytest.raises(ConfigError, match=r"evaluation.key: unknown key; valid keys: use_gate"):
+        load_config("demo", overrides=["evaluation.key=1"], env={})
+    with pytest.raises(ConfigError, match=r"model.target.key: literal keys are not accepted"):
+        load_config("demo", overrides=["model.target.key=1"], env={})
+    with pytest.raises(ConfigError, match=r"evaluation.key: literal keys are not accepted") as info:
+        load_config("demo", overrides=[f"evaluation.key={SENTINEL}"], env={})  # a key-shaped value still is
+    assert SENTINEL not in str(info.value)
+
+
 def test_key_shaped_value_under_any_name_is_refused(tmp_path):
     path = write(
         tmp_path / "leak.yaml", f"model:\n  optimizer:\n    extra_body: {{auth: 'Bearer {SENTINEL}'}}\n"

@@ -118,6 +118,16 @@ def test_a_malformed_data_file_is_reported_before_any_backend_problem(tmp_path):
         assert result["code"] == 2 and words in result["err"], (case, result["err"])
 
 
+def test_a_command_line_the_parser_refuses_is_one_line_naming_the_help(tmp_path):
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-m", "skillopt.shell.cli", "transfer", "--skills", "initial",
+                           "--bench", "demo"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr == ("error: the following arguments are required: --targets (see `skillopt transfer "
+                           "--help`)\n")
+
+
 def test_the_dry_run_and_its_budget_check_never_import_prefect(tmp_path):
     results = _run_in_fresh_interpreter(
         [["train", "demo", "--dry-run", "-o", "budget.max_calls=10"]], tmp_path
