@@ -135,6 +135,10 @@ def skill_transfer(benchmarks: list[str], skills: list[str], targets: list[str],
                 evaluation = done[(bench, target, source.reference)]
                 run.dir.write_evaluation(f"skill{number}_{split}", evaluation.rows, split=split,
                                          skill_sha=evaluation.skill_sha, scores=evaluation.scores)
+            baseline = done.get((bench, target, "baseline " + INITIAL))
+            if baseline is not None:  # what every cell's difference is taken against, kept to be checked
+                run.dir.write_evaluation(f"initial_{split}", baseline.rows, split=split,
+                                         skill_sha=baseline.skill_sha, scores=baseline.scores)
 
     metric_of = {bench: loaded.config.evaluation for bench, _, _, loaded in specs}
     seed = specs[0][3].config.train.seed

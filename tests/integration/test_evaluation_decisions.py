@@ -124,6 +124,16 @@ def test_transfer_writes_a_2x2_matrix_and_shows_one_evaluation_task_per_cell(pre
                                 for t in ("scripted_a", "scripted_b"))
     assert any(a.key == "transfer-2x2-matrix" and a.type == "table" for a in artifacts)
 
+    # Without the initial skill among the skills, its rows (every difference's baseline) are kept too.
+    code, _, err = run_cli("transfer", "--skills", "trained.md", "--targets", "scripted_a", "--bench", "demo",
+                           "--run-name", "transfer-1x1")
+    assert code == 0, err
+    (cell,) = json.loads((in_tmp / "runs" / "transfer-1x1" / "matrix.json").read_text())["cells"]
+    results = in_tmp / "runs" / "transfer-1x1" / "cells" / "demo-scripted_a" / "eval" / "initial_test"
+    rows = [json.loads(line) for line in (results / "results.jsonl").read_text().splitlines()]
+    assert len(rows) == cell["n"] and cell["initial_score"] == pytest.approx(
+        sum(row["hard"] for row in rows) / len(rows))
+
 
 def test_pareto_keeps_two_skills_that_win_on_different_items_and_the_report_draws_the_front(
         prefect_settings, in_tmp):
