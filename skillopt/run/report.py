@@ -453,6 +453,7 @@ figcaption{font-weight:600;font-size:13px}svg text{font-size:11px;fill:#444}.axi
 .grid{stroke:#eee}
 circle.point{fill:currentColor;stroke:#fff;stroke-width:1}circle.gate{r:6;stroke:#222;stroke-width:1.5}
 circle.accepted{fill:#2ca02c}circle.rejected{fill:#d62728}circle.skipped{fill:#bbb}.legend text{fill:#333}
+.runs circle.accepted{fill:currentColor}.runs circle.rejected{fill:#fff;stroke:currentColor;stroke-width:2}
 table{border-collapse:collapse;margin:8px 0}td,th{border:1px solid #ddd;padding:3px 8px;text-align:left}
 dl{display:grid;grid-template-columns:max-content auto;gap:2px 12px}dt{font-weight:600}
 dd{margin:0;word-break:break-all}
@@ -493,7 +494,9 @@ def render_compare(runs: Sequence[RunData]) -> str:
     """Several runs side by side: score curves, final scores and cost."""
     if not runs:
         raise ReportError("compare needs at least one run directory")
-    curves = line_chart("chart-compare-scores", "Selection score (current skill) per step",
+    # Colour tells the runs apart here, so a gate decision is a shape: filled accepted, hollow rejected.
+    curves = line_chart("chart-compare-scores", "Selection score (current skill) per step (gate marks: "
+                        "filled accepted, hollow rejected, grey skipped)",
                         [Series(run.name, [(r.step, r.current_score) for r in run.steps],
                                 [_decision_mark(r.decision) for r in run.steps]) for run in runs],
                         x_label="step", y_label="score", y_range=(0.0, 1.0))
@@ -520,7 +523,7 @@ def render_compare(runs: Sequence[RunData]) -> str:
                     f"<td>{_esc(s.get('stopped_by') or '–' if s else 'unfinished')}</td></tr>")
     table = f"<table id='compare-table'>{header}{''.join(rows)}</table>"
     body = (f"<h1>skillopt: {len(runs)} runs compared</h1><h2>Final scores and cost (hard scores)</h2>{table}"
-            f"<h2>Curves</h2><div class=\"charts\">{curves}{costs}</div>")
+            f"<h2>Curves</h2><div class=\"charts runs\">{curves}{costs}</div>")
     return _page("skillopt compare", body)
 
 
