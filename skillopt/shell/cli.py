@@ -538,13 +538,30 @@ def _dry_run(args: argparse.Namespace, overrides: list[str], out: _Output) -> in
     return EXIT_OK
 
 
+def _demo_banner(loaded: LoadedConfig, args: argparse.Namespace) -> list[str]:
+    """What the demo says of itself: a simulation when every role is scripted, else which roles are real."""
+    from skillopt.llm.base import BackendRegistry
+    from skillopt.llm.roles import CliRoleOptions, resolve_roles
+
+    roles = resolve_roles(loaded, cli=CliRoleOptions(**_cli_roles(args)), env=os.environ,
+                          registry=BackendRegistry.default())
+    chosen = (("target", roles.target), ("optimizer", roles.optimizer))
+    real = [f"{name} {role.label()}" for name, role in chosen if role.backend != "scripted"]
+    if not real:
+        return ["skillopt demo: a simulated run on the built-in demo benchmark with the deterministic "
+                "`scripted`", "backend (no model, no key, no network). Every number below comes from that "
+                "simulation."]
+    return [f"skillopt demo: the built-in demo benchmark with a real model as {'; '.join(real)}; any other "
+            "role is the", "deterministic `scripted` backend. The items are generated; the scores are these "
+            "models'."]
+
+
 def _cmd_demo(args: argparse.Namespace, out: _Output) -> int:
     overrides = [*_skill_overrides(args), *args.override,
                  *(["run.refresh_cache=true"] if args.no_cache else [])]
     loaded = _check_before_prefect("demo", args, overrides)
-    out.print("skillopt demo: a simulated run on the built-in demo benchmark with the deterministic "
-              "`scripted`")
-    out.print("backend (no model, no key, no network). Every number below comes from that simulation.")
+    for line in _demo_banner(loaded, args):
+        out.print(line)
     started = _now_iso()
     summary = _run_flow("train", out, prefect_server=_prefect_server(loaded, args), benchmark="demo",
                         config_file=args.config, overrides=overrides, run_name=_prefetch(loaded, args),

@@ -277,3 +277,18 @@ def test_server_start_refuses_a_port_that_is_not_one(given, message, capsys):
         main(["server", "start", "--port", given])
     assert stopped.value.code == 2
     assert f"argument --port: {message}" in capsys.readouterr().err
+
+
+def test_the_demo_says_it_is_a_simulation_only_when_every_role_is_scripted():
+    from skillopt.core.config import load_config
+    from skillopt.shell.cli import _build_parser, _demo_banner
+
+    def banner(*argv: str) -> str:
+        args = _build_parser().parse_args(["demo", *argv])
+        return " ".join(_demo_banner(load_config("demo", overrides=args.override, env={}), args))
+
+    assert "a simulated run" in banner() and "no model, no key" in banner()
+    real = banner("--target-backend", "openai_compatible", "-o", "model.target.base_url=http://127.0.0.1:9/v1",
+                  "-o", "model.target.model=m")
+    assert "simulated" not in real and "no model" not in real
+    assert "a real model as target openai_compatible/m" in real, real
