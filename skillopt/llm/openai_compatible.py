@@ -99,8 +99,13 @@ class CompatibleWire(OpenAIWire):
                 f"send the server's own field with model.{role.role}.extra_body"
             )
         if self.thinking == "server_default":
+            if self.preset.thinking_wire == "none":
+                pin = (f"the {options.preset} preset has no on/off switch: pin it where the server is "
+                       f"launched or with its own field in model.{role.role}.extra_body")
+            else:
+                pin = f"set model.{role.role}.options.thinking: on|off to pin it"
             SERVER_NOTES(f"{role.short_label()}: thinking is the server's default; results depend on how the "
-                         "server was launched (set model.<role>.options.thinking: on|off to pin it)")
+                         f"server was launched ({pin})")
 
     def effort(self, request: ChatRequest) -> str | None:
         # Compatible servers take thinking through the preset's switch, not reasoning_effort.

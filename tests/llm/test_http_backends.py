@@ -382,6 +382,14 @@ def test_generic_server_needs_no_key_and_server_default_sends_no_thinking_field(
     assert "thinking is the server's default" in caplog.text
 
 
+def test_a_preset_without_a_thinking_switch_says_where_to_pin_it_instead(openai_server, caplog):
+    compat(openai_server, "model.target.options.preset=llamacpp").target.chat(ask())
+    (note,) = [line for line in caplog.text.splitlines() if "thinking is the server's default" in line]
+    assert "the llamacpp preset has no on/off switch: pin it where the server is launched or with its own " \
+           "field in model.target.extra_body" in note
+    assert "options.thinking" not in note  # setting it is refused for this preset
+
+
 def test_generic_server_answering_401_names_the_key_variable(openai_server):
     openai_server.require_key = "right-key"
     with pytest.raises(AuthError, match="OPENAI_COMPATIBLE_API_KEY or model.target.api_key_env"):
