@@ -396,11 +396,23 @@ def stop_if_optimizer_unusable(run: Run, history: Sequence[StepRecord]) -> None:
     limit = run.config.optimizer.max_unusable_steps
     if not limit or unusable_streak(history) < limit:
         return
-    role = run.clients.optimizer.role
+    client = run.clients.optimizer
+    role = client.role
+    last = next(r for r in reversed(history) if r.kind == "step")  # the streak's last step
+    generic = unusable_replies_warning(last.replies_parsed, last.replies_fallback)
+    cause = next((warning for warning in last.warnings if warning != generic), None)  # e.g. a cut-off reply
+    if cause and "cut off at max_tokens" in cause:
+        fix = "raise model.optimizer.max_tokens, or use a stronger optimizer model"
+    elif role.structured_output != "auto" and cause and "structured_output is" in cause:
+        fix = "set model.optimizer.structured_output: auto, or use a model on a server that takes the mode"
+    elif client.modes.fallen_to(client.endpoint()) is not None:  # the server refused json_schema already
+        fix = "use a stronger optimizer model, or serve it where replies are constrained to the schema"
+    else:
+        fix = ("use a stronger optimizer model, or set model.optimizer.structured_output: json_schema (a "
+               "server that constrains replies to the schema)")
     raise UnusableOptimizer(
         f"[optimizer] {role.short_label()}: no usable optimizer reply in {limit} steps in a row "
-        f"(optimizer.max_unusable_steps); use a stronger optimizer model or set "
-        f"model.optimizer.structured_output: json_schema (a server that constrains replies to the schema)")
+        f"(optimizer.max_unusable_steps)" + (f"; the last: {cause}" if cause else "") + f"; {fix}")
 
 
 # --------------------------------------------------------------------------------------------

@@ -471,6 +471,12 @@ class RoleClient:
             except BadRequest as error:
                 if isinstance(error, (ContextLengthExceeded, ModelNotFound)):
                     raise
+                chosen = self.role.structured_output
+                if chosen != "auto":  # the user's choice is kept: refused, it is an error that names it
+                    error.hint = (f"model.{self.role.role}.structured_output is {chosen}, which this server "
+                                  "refuses; set it to auto to step down to what the server takes, or choose "
+                                  "another")
+                    raise
                 with self.modes.refusals:
                     if self.modes.fallen_to(self.endpoint()) != sent_with:
                         continue  # a call refused the same way moved the endpoint on meanwhile: go its way

@@ -174,7 +174,26 @@ def test_a_run_whose_optimizer_is_never_usable_stops_naming_the_model_and_the_fi
     message = str(stopped.value)
     assert "[optimizer] openai_compatible/demo-optimizer" in message
     assert "optimizer.max_unusable_steps" in message and "structured_output: json_schema" in message
+    assert "; the last: analyst reply unusable" in message, message  # what went wrong, from the step
     history = [json.loads(line) for line in (in_tmp / "runs" / "unusable" / "history.jsonl").read_text()
                .splitlines()]
     steps = [r for r in history if r["kind"] == "step"]
     assert len(steps) == 2 and all(r["replies_parsed"] == 0 and r["replies_fallback"] for r in steps)
+
+
+def test_a_structured_mode_set_by_hand_is_kept_and_its_refusal_names_the_setting(prefect_settings, in_tmp):
+    """Only auto steps down: a server refusing json_schema that the user chose fails those calls, and the
+    error says which setting chose it; no json_object request is ever sent."""
+    from skillopt.flows.train import UnusableOptimizer, skill_train
+
+    world = DemoWorldServer(refuse_json_schema_s=0.0)
+    with world.server, pytest.raises(UnusableOptimizer) as stopped:
+        overrides = [*role_overrides(world.server.openai_base_url), *TWO_STEPS, "model.retry.base=0.01",
+                     "model.optimizer.structured_output=json_schema", "optimizer.max_unusable_steps=2"]
+        skill_train(benchmark="demo", overrides=overrides, run_name="pinned")
+    kinds = [b["response_format"]["type"] for b in optimizer_bodies(world) if "response_format" in b]
+    assert kinds and set(kinds) == {"json_schema"}, kinds
+    message = str(stopped.value)
+    assert "model.optimizer.structured_output is json_schema, which this server refuses" in message
+    assert message.endswith("; set model.optimizer.structured_output: auto, or use a model on a server that "
+                            "takes the mode"), message
