@@ -174,6 +174,23 @@ class CompatibleWire(OpenAIWire):
                     return window
         return None
 
+    def served_models(self) -> list[str] | None:
+        """The model ids ``GET /models`` lists, or None when the server lists none."""
+        import httpx
+
+        library = http_library(import_openai()) or httpx
+        base = str(self.client.base_url).rstrip("/")
+        headers = {"Authorization": f"Bearer {self.client.api_key}"}
+        try:
+            with library.Client(verify=shared_tls_context(library), timeout=5.0) as http:
+                reply = http.get(f"{base}/models", headers=headers)
+                listing = reply.json() if reply.status_code == 200 else None
+        except (library.HTTPError, ValueError):
+            return None
+        entries = listing.get("data") if isinstance(listing, dict) else None
+        ids = [str(e["id"]) for e in entries or [] if isinstance(e, dict) and e.get("id")]
+        return ids or None
+
     def _window_in_models(self, listing: Any) -> int | None:
         entries = listing.get("data") if isinstance(listing, dict) else None
         if not isinstance(entries, list):

@@ -89,4 +89,11 @@ def check_role(client: RoleClient, env: Mapping[str, str], *, call: bool) -> Rol
         f"call: served by {response.model or '?'} in {response.latency_s:.2f} s, "
         f"tokens in/out {usage.prompt_tokens}/{usage.completion_tokens}, attempts {response.attempts}"
     )
+    listed = getattr(backend, "served_models", None)
+    served = listed() if callable(listed) else None
+    if served and role.model not in served:  # a server that ignores the field answers with what it has
+        shown = ", ".join(served[:5]) + (" …" if len(served) > 5 else "")
+        check.lines.append(f"warning: the server lists {shown}, not model.{role.role}.model "
+                           f"{role.model!r}; the price table, the known context windows and the cache go by "
+                           "that id: set it to the listed one")
     return check

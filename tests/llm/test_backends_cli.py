@@ -31,6 +31,19 @@ def test_check_succeeds_against_an_openai_compatible_server(openai_server):
     assert openai_server.last("/v1/chat/completions").body["max_tokens"] == 1
 
 
+def test_check_warns_when_the_server_lists_other_models_than_the_one_configured(openai_server):
+    """llama-cpp-python answers whatever model is asked for: only its listing tells a wrong id."""
+    openai_server.models = ("SmolLM2-135M-Instruct.Q4_1.gguf",)
+    code, out, err = run("backends", "check", *compat_target(openai_server.openai_base_url))
+    assert code == 0, err
+    warning = ("warning: the server lists SmolLM2-135M-Instruct.Q4_1.gguf, not model.target.model 'm'; the "
+               "price table, the known context windows and the cache go by that id: set it to the listed one")
+    assert warning in out, out
+    openai_server.models = ("m", "other")
+    code, out, err = run("backends", "check", *compat_target(openai_server.openai_base_url))
+    assert code == 0 and "warning" not in out, out
+
+
 def test_check_fails_clearly_when_the_server_is_down():
     with socket.socket() as probe:  # a port nobody listens on
         probe.bind(("127.0.0.1", 0))
