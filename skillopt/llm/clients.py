@@ -488,7 +488,7 @@ class RoleClient:
                     log.warning("[%s] %s: the server refused this way of asking for structured output (%s); "
                                 "structured calls now use %s for the rest of the run (set model.%s."
                                 "structured_output to choose)", self.role.role, self.role.short_label(),
-                                error.reason[:160], fallback, self.role.role)
+                                _clipped(error.reason, 200), fallback, self.role.role)
 
     def _send_fitting(self, build: RequestBuilder, schema: type[BaseModel], limit: int
                       ) -> tuple[ChatRequest, ChatResponse]:
@@ -502,7 +502,8 @@ class RoleClient:
             )
             smaller = self._capped(build(smaller_limit), schema)
             if smaller.prompt_chars() >= request.prompt_chars() and smaller.max_tokens == request.max_tokens:
-                raise  # nothing left to shrink: the stage falls back
+                error.hint = self._no_fit_hint(request)  # nothing left to shrink: the stage falls back
+                raise
             log.warning(
                 "[%s] stage %s overflowed the context window (%d prompt characters); sending it once "
                 "more at %d",
@@ -511,7 +512,16 @@ class RoleClient:
                 request.prompt_chars(),
                 smaller.prompt_chars(),
             )
-            return smaller, self._chat_structured(smaller)
+            try:
+                return smaller, self._chat_structured(smaller)
+            except ContextLengthExceeded as again:
+                again.hint = self._no_fit_hint(smaller)
+                raise
+
+    def _no_fit_hint(self, request: ChatRequest) -> str:
+        return (f"stage {request.stage} does not fit this model's {self.context_window():,}-token context "
+                f"window even at {request.prompt_chars():,} prompt characters; serve the model with a larger "
+                "window")
 
     def _capped(self, request: ChatRequest, schema: type[BaseModel]) -> ChatRequest:
         """``request`` with the response schema and a reply cap that fits the window beside its prompt."""
@@ -682,3 +692,8 @@ def _exec_defaults(roles: ResolvedRoles) -> dict[str, Any]:
         ):
             defaults.setdefault(role.rate_limit_key, ProviderLimits(max_concurrency=1))
     return defaults
+
+
+def _clipped(text: str, limit: int) -> str:
+    """``text`` cut at a word before ``limit`` characters, marked as cut."""
+    return text if len(text) <= limit else text[:limit].rsplit(" ", 1)[0] + " …"

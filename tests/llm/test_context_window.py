@@ -117,6 +117,19 @@ def test_a_second_overflow_raises_for_the_stage_to_fall_back(openai_server):
     assert openai_server.calls(CHAT) == 2
 
 
+def test_a_stage_that_cannot_fit_the_window_says_so_instead_of_blaming_max_tokens(openai_server):
+    too_long = status(400, code="context_length_exceeded",
+                      message="This model's maximum context length is 2048 tokens. However, you requested "
+                              "2527 tokens (2511 in the messages, 16 in the completion)")
+    openai_server.plan(CHAT, too_long, too_long)
+    with pytest.raises(ContextLengthExceeded) as raised:
+        optimizer(openai_server, "model.optimizer.context_tokens=8192").optimizer.structured(
+            builder([]), Verdict
+        )
+    assert "stage analyst does not fit this model's 2,048-token context window even at" in str(raised.value)
+    assert "lower max_tokens" not in str(raised.value)
+
+
 def test_a_re_ask_is_never_larger_than_the_first_call(openai_server):
     openai_server.plan(
         CHAT, ok(text="I believe the answer is correct. " * 50), ok(json={"verdict": "incorrect"})
