@@ -462,19 +462,36 @@ def step_estimate(run: Run) -> Totals:
                                   prices=run.clients.ledger.prices).per_step
 
 
-def budget_stop(run: Run, state: TrainState, where: str) -> bool:
-    """The budget guard before a step or an epoch boundary (``where``): stop cleanly, saying why.
+def budget_stop(run: Run, state: TrainState, where: str, *, projection: Totals | None = None) -> bool:
+    """The budget guard before a step, an epoch boundary or the test evaluation (``where``): stop cleanly,
+    saying why.
 
-    The projection of the next step is the mean of the last three steps, else the dry-run estimate."""
-    if not run.config.budget.capped:
+    The projection is ``projection``, else the next step's: the mean of the last three steps, else the
+    dry-run estimate. A resumed run passes the guard for every step its earlier process recorded: the run
+    took those steps within its budget then, and they are taken again from the cache (the spend the ledger
+    holds already counts them, so stopping there would end the run short of what it had reached)."""
+    if not run.config.budget.capped or run.dir.replays(state.step + 1):
         return False
-    verdict = check_budget(run.config.budget, run.clients.ledger.totals(),
-                           projection_from_history(state.step_totals, state.step_estimate), where)
+    if projection is None:
+        projection = projection_from_history(state.step_totals, state.step_estimate)
+    verdict = check_budget(run.config.budget, run.clients.ledger.totals(), projection, where)
     if verdict.stop:
         state.stopped_by, state.stopped_message = "budget", verdict.message
         run.dir.write_text("STOPPED", verdict.message + "\n")
         progress.warning("%s", verdict.message)
     return verdict.stop
+
+
+def rollout_projection(run: Run, items: int) -> Totals:
+    """The expected spend of ``items`` rollouts: the mean spend of one item's rollout so far in this run
+    (its target and judge calls, every turn), times ``items``."""
+    per_item: dict[tuple[Any, ...], Totals] = {}
+    for record in run.clients.ledger.records():
+        tags = record.tags or {}
+        if "item_id" in tags and not record.cache_hit:
+            key = (tags["item_id"], tags.get("skill_sha"), tags.get("sample"), tags.get("training"))
+            per_item.setdefault(key, Totals()).add(record)
+    return Totals.mean(list(per_item.values())).times(items)
 
 
 # --------------------------------------------------------------------------------------------

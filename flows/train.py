@@ -62,12 +62,14 @@ from skillopt.flows.stages import (
     reflect,
     reflect_jobs,
     rescore,
+    rollout_projection,
     select,
     step_estimate,
     step_record,
 )
 from skillopt.flows.story import STORY_LOGGER, run_story
 from skillopt.llm.roles import CliRoleOptions
+from skillopt.llm.usage import Totals
 from skillopt.optimizer.probe import probe_record
 from skillopt.optimizer.schedule import EditBudgetSchedule
 from skillopt.optimizer.step_buffer import StepBuffer, StepBufferEntry, failure_patterns
@@ -472,7 +474,13 @@ def train_step(run: Run, state: TrainState, buffer: StepBuffer, draws: Draws, *,
                            new_label=f"candidate step {state.step}")
         record.files_changed = list(diffs)
         run.dir.write_json(f"{step_dir}/file_diffs.json", diffs)
-    state.step_totals.append(run.clients.ledger.totals(since=mark))
+    recorded = run.dir.recorded_usage(state.step)
+    if recorded is None:
+        state.step_totals.append(run.clients.ledger.totals(since=mark))
+    else:  # a replayed step: what it spent when it was taken, for the record and the budget's projection
+        record.usage = recorded
+        state.step_totals.append(Totals.model_validate({k: v for k, v in recorded.items()
+                                                        if k in Totals.model_fields}))
     diagnoses = [d for p in evidence.failure_patches for d in p.diagnosis]
     buffer.add(StepBufferEntry(
         step=state.step, decision=outcome.decision, n_fail=record.n_fail, n_total=record.n_total,
@@ -603,6 +611,11 @@ def finish(run: Run, state: TrainState, *, wall_s: float) -> dict[str, Any]:
 
     cfg = run.config
     with_test = cfg.evaluation.eval_test and state.stopped_by != "budget"
+    if with_test and cfg.budget.capped:  # the test split is new spend too: guarded like a step
+        skills = {skill_hash(state.initial_skill), skill_hash(state.best_skill)}
+        items = len(skills) * len(run.selection_ids("test"))
+        with_test = not budget_stop(run, state, "the test evaluation",
+                                    projection=rollout_projection(run, items))
     if cfg.evaluation.eval_test and not with_test:
         # The selection checks are cached gate results; the test split would be new spend past the cap.
         progress.warning("stopped by budget: the test evaluation is skipped; score the best skill later with "

@@ -151,6 +151,19 @@ class Totals(BaseModel):
             )
         return cls(**fields, by_role=by_role)
 
+    def times(self, factor: float) -> Totals:
+        """Every count and sum times ``factor`` (counts round up, as in ``mean``): e.g. the spend of
+        ``factor`` items from the spend of one."""
+        fields: dict[str, Any] = {}
+        for name, info in type(self).model_fields.items():
+            if name != "by_role":
+                value = getattr(self, name) * factor
+                fields[name] = math.ceil(value - 1e-9) if info.annotation is int else value
+        by_role = {role: RoleSpend(calls=math.ceil(spend.calls * factor - 1e-9),
+                                   tokens=math.ceil(spend.tokens * factor - 1e-9), usd=spend.usd * factor)
+                   for role, spend in self.by_role.items()}
+        return Totals(**fields, by_role=by_role)
+
 
 def _role_order(role: str) -> tuple[int, str]:
     return (ROLES.index(role) if role in ROLES else len(ROLES), role)
@@ -486,10 +499,10 @@ def check_budget(
         else:
             continue
         shares = _role_shares(cap, spent)
-        message = (
-            f"budget reached: {cap.show_pair(value)}{f' ({shares})' if shares else ''}; "
-            f"stopped before {where}; raise budget.{cap.key} and resume"
-        )
+        spent_text = f"{cap.show_pair(value)}{f' ({shares})' if shares else ''}"
+        head = (f"budget reached: {spent_text}" if value >= cap.limit else
+                f"budget: {spent_text} spent, and {where} is expected to take ~{cap.show(projected)}")
+        message = f"{head}; stopped before {where}; raise budget.{cap.key} and resume"
         return BudgetVerdict(stop=True, reason=reason, message=message, cap=cap.key)
     return BudgetVerdict(stop=False)
 

@@ -68,6 +68,12 @@ RESULT_NEUTRAL_FIELDS: tuple[str, ...] = (
     "benchmark.workers",
     "gradient.analyst_workers",
     "evaluation.min_split_items",
+    # A cap decides where a run stops, never what a step computes: raising one resumes the run.
+    "budget.max_usd",
+    "budget.max_tokens",
+    "budget.max_calls",
+    "budget.hard_factor",
+    "budget.allow_unpriced",
 )
 
 CONFIG_FILE = "config.yaml"
@@ -437,6 +443,9 @@ class RunDir:
         #: as it was. The newest best is written once the run gets past the recorded steps (or finishes).
         self._replaying_through: int | None = None
         self._pending_best: str | None = None
+        #: What each step recorded before this (resumed) process spent on it: a replay finds its calls in the
+        #: cache, so its own spend is nothing.
+        self._recorded_usage: dict[int, dict[str, Any]] = {}
 
     def __repr__(self) -> str:
         return f"RunDir({str(self.path)!r})"
@@ -485,6 +494,7 @@ class RunDir:
                 )
             history = run.read_history()  # a damaged record stops the resume now, before anything is written
             run._replaying_through = max((r.step for r in history if r.kind == "step"), default=0)
+            run._recorded_usage = {r.step: r.usage for r in history if r.kind == "step"}
             _progress.info("resuming %s: %d calls from the cache", name, run.paid_calls())
             return run
         if run.config_path.is_file():
@@ -691,6 +701,15 @@ class RunDir:
             path = self.resolve(Path(CARRIED_DIR) / relative)
             path.parent.mkdir(parents=True, exist_ok=True)
             atomic_write_bytes(path, data)
+
+    def replays(self, step: int) -> bool:
+        """Whether ``step`` was recorded before this (resumed) process began: it is being taken again from
+        the cache, as the run took it then."""
+        return self._replaying_through is not None and step <= self._replaying_through
+
+    def recorded_usage(self, step: int) -> dict[str, Any] | None:
+        """The usage ``step`` recorded when the run first took it, if this process replays it."""
+        return self._recorded_usage.get(step) if self.replays(step) else None
 
     def write_best_skill(self, text: str) -> Path:
         """Replace ``best_skill.md`` atomically (held back while a resumed run replays its recorded steps)."""

@@ -50,7 +50,8 @@ def test_max_usd_below_the_run_cost_stops_between_steps_and_keeps_the_best_skill
 
     assert summary["stopped_by"] == "budget"
     message = summary["stopped_message"]
-    assert message.startswith("budget reached: $0.32 of $0.35 (target 100%)")
+    assert message.startswith("budget: $0.32 of $0.35 (target 100%) spent, and epoch 1 step 2 is expected "
+                              "to take ~$0.20")
     assert "stopped before epoch 1 step 2; raise budget.max_usd and resume" in message
     assert (run_dir / "STOPPED").read_text().strip() == message
     assert json.loads((run_dir / "summary.json").read_text())["stopped_by"] == "budget"
@@ -85,3 +86,42 @@ def test_before_the_first_step_the_dry_run_estimate_projects_the_step(prefect_se
     assert summary["usage"]["total"]["calls"] == 12  # the baseline only
     assert not (run_dir / "history.jsonl").exists() or not (run_dir / "history.jsonl").read_text().strip()
     assert (run_dir / "best_skill.md").read_text() == (run_dir / "skills" / "step_0000.md").read_text()
+
+
+def test_a_budget_stopped_run_resumes_where_it_stopped_and_a_raised_cap_takes_it_further(
+    prefect_settings, priced_demo, in_tmp
+):
+    """Re-running the stopped command replays its recorded step and stops at the same place, its best skill
+    kept (the guard once counted the replayed step's spend before step 1 and reset the best skill to the
+    initial one); with the cap raised, the same run goes on (a cap is not part of the config hash)."""
+    from skillopt.flows.train import skill_train
+
+    first = skill_train(benchmark="demo", overrides=[*priced_demo, "budget.max_usd=0.35"], run_name="resumed")
+    run_dir = Path(first["run_dir"])
+    best = (run_dir / "best_skill.md").read_text()
+    assert first["stopped_by"] == "budget" and "epoch 1 step 2" in first["stopped_message"]
+
+    again = skill_train(benchmark="demo", overrides=[*priced_demo, "budget.max_usd=0.35"], run_name="resumed")
+    assert again["stopped_by"] == "budget" and "stopped before epoch 1 step 2" in again["stopped_message"]
+    assert (run_dir / "best_skill.md").read_text() == best
+    assert again["scores"]["best"]["selection"] == first["scores"]["best"]["selection"]
+
+    further = skill_train(benchmark="demo", overrides=[*priced_demo, "budget.max_usd=0.60"],
+                          run_name="resumed")
+    history = [json.loads(line) for line in (run_dir / "history.jsonl").read_text().splitlines()]
+    assert len([r for r in history if r["kind"] == "step"]) > 1
+    assert further["usage"]["total"]["usd"] <= 0.60
+
+
+def test_the_test_evaluation_is_guarded_like_a_step(prefect_settings, priced_demo):
+    """A cap that every step fits under but the test split would pass skips the test evaluation cleanly:
+    stopped by budget, summary and report written, nothing spent past the cap."""
+    from skillopt.flows.train import skill_train
+
+    overrides = [*priced_demo, "train.epochs=1", "budget.max_usd=1.00"]  # steps $0.72, the test split $0.48
+    summary = skill_train(benchmark="demo", overrides=overrides, run_name="no-test")
+    run_dir = Path(summary["run_dir"])
+    assert summary["stopped_by"] == "budget", summary["usage"]["total"]
+    assert "stopped before the test evaluation" in summary["stopped_message"]
+    assert summary["usage"]["total"]["usd"] <= 1.00
+    assert "test" not in summary["scores"]["best"] and (run_dir / "report.html").is_file()

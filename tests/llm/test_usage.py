@@ -393,9 +393,9 @@ def test_budget_guard_stops_before_a_step_whose_projection_would_pass_the_cap():
     spent = spend(usd=24.10, optimizer=17.11, target=6.507, judge=0.483)
     verdict = check_budget(budget, spent, spend(usd=1.20), "epoch 3 step 2")
     assert verdict.stop and verdict.cap == "max_usd"
-    assert verdict.message == (
-        "budget reached: $24.10 of $25.00 (optimizer 71%, target 27%, judge 2%); "
-        "stopped before epoch 3 step 2; raise budget.max_usd and resume"
+    assert verdict.message == (  # the projection, not the spend, stops it: the message says so
+        "budget: $24.10 of $25.00 (optimizer 71%, target 27%, judge 2%) spent, and epoch 3 step 2 is "
+        "expected to take ~$1.20; stopped before epoch 3 step 2; raise budget.max_usd and resume"
     )
     assert "next step" in verdict.reason
     assert not check_budget(budget, spent, spend(usd=0.80), "epoch 3 step 2").stop
@@ -410,8 +410,8 @@ def test_budget_guard_applies_token_and_call_caps():
     )
     assert by_tokens.stop and by_tokens.cap == "max_tokens"
     assert by_tokens.message == (
-        "budget reached: 990,000 of 1,000,000 tokens; stopped before epoch 1 step 4; "
-        "raise budget.max_tokens and resume"
+        "budget: 990,000 of 1,000,000 tokens spent, and epoch 1 step 4 is expected to take ~20,000 tokens; "
+        "stopped before epoch 1 step 4; raise budget.max_tokens and resume"
     )
     by_calls = check_budget(BudgetSection(max_calls=100), spend(calls=100), None, "epoch 2 step 1")
     assert by_calls.stop and by_calls.cap == "max_calls"
