@@ -107,6 +107,8 @@ class RunEstimate(BaseModel):
     #: The expected spend of one training step (rollout, reflect, merge, select, gate), for the budget guard.
     per_step: Totals
     budget: BudgetVerdict | None = None
+    #: The step the budget guard is expected to stop before (1 = the first), None when every step fits.
+    stops_before_step: int | None = None
     unpriced_roles: list[str] = []
 
 
@@ -153,11 +155,16 @@ def call_counts(config: SkillOptConfig, split_sizes: Mapping[str, int], train_id
         step["analyst"].add(analysts.low, analysts.expected, analysts.high)
     patches = step["analyst"]
     fan_in = cfg.gradient.merge_batch_size
-    failure_only = cfg.gradient.failure_only
-    expected_tree = math.ceil(patches.expected / (1 if failure_only else 2))
-    step["merge"].add(0, merge_calls(expected_tree, fan_in) * (1 if failure_only else 2)
-                      + (0 if failure_only else share),
-                      merge_calls(math.ceil(patches.high), fan_in) + (0 if failure_only else 1))
+    if cfg.gradient.failure_only:
+        step["merge"].add(0, merge_calls(math.ceil(patches.expected), fan_in),
+                          merge_calls(math.ceil(patches.high), fan_in))
+    else:  # a failure tree and a success tree, then the final merge of the two when both hold patches
+        expected = math.ceil(patches.expected)
+        high = math.ceil(patches.high)
+        step["merge"].add(0, merge_calls(math.ceil(expected / 2), fan_in) + merge_calls(expected // 2, fan_in)
+                          + share,
+                          max(merge_calls(a, fan_in) + merge_calls(high - a, fan_in) + (0 < a < high)
+                              for a in range(high + 1)))
     if mode.budgeted:
         step["ranking"].add(0, share, 1)
         if cfg.optimizer.lr_control_mode == "autonomous":
@@ -265,12 +272,15 @@ def tokens_per_call(config: SkillOptConfig, *, rollout_prompt: int, skill_tokens
     limit = train_size if train_size else config.train.batch_size
     minibatch = min(g.minibatch_size, config.train.batch_size, limit)  # trajectories one analyst reads
     samples = min(config.optimizer.slow_update_samples, limit)
+    # A merge reads at most merge_batch_size patches, and a tree holds about half the step's analysts'.
+    analysts = math.ceil(min(config.train.batch_size, limit) / max(1, g.minibatch_size)) + 1
+    merge_inputs = min(g.merge_batch_size, max(2, math.ceil(analysts / 2)))
     pool = 2 * config.optimizer.learning_rate * completion["analyst"] // 3
     prompt: dict[Stage, int] = {
         "rollout": rollout_prompt,
         "judge": trajectory,
         "analyst": template["analyst"] + skill_tokens + minibatch * trajectory,
-        "merge": template["merge"] + skill_tokens + g.merge_batch_size * completion["analyst"],
+        "merge": template["merge"] + skill_tokens + merge_inputs * completion["analyst"],
         "ranking": template["ranking"] + skill_tokens + pool,
         "lr": template["lr"] + skill_tokens + pool,
         "rewrite": template["rewrite"] + skill_tokens + pool,
@@ -378,6 +388,18 @@ def estimate_run(
             usd=estimate.usd or 0.0,
         )
         estimate.budget = check_budget(budget, whole, None, "the end of the run")
+        if estimate.budget.stop:  # where the guard would stop: the baseline, then step after step
+            n_sel = _first(sizes["val"], config.evaluation.sel_size)
+            prompt, completion = per_call["rollout"]
+            spent = Totals(calls=n_sel, prompt_tokens=n_sel * prompt, completion_tokens=n_sel * completion,
+                           usd=usd("rollout", n_sel) or 0.0)
+            for step in range(1, steps + 1):
+                if check_budget(budget, spent, per_step, "").stop:
+                    estimate.stops_before_step = step
+                    break
+                spent = Totals(calls=spent.calls + per_step.calls, usd=spent.usd + per_step.usd,
+                               prompt_tokens=spent.prompt_tokens + per_step.prompt_tokens,
+                               completion_tokens=spent.completion_tokens + per_step.completion_tokens)
     return estimate
 
 
@@ -428,13 +450,29 @@ def format_estimate(estimate: RunEstimate) -> list[str]:
                      "unknown (add it to a pricing file, model.pricing_file)")
     verdict = estimate.budget
     if verdict is not None:
-        lines.append("budget: the expected run fits within the caps" if not verdict.stop else
-                     f"budget: the expected run passes budget.{verdict.cap}; training would stop cleanly "
-                     "between steps before the end")
+        stop = estimate.stops_before_step
+        if not verdict.stop:
+            lines.append("budget: the expected run fits within the caps")
+        elif stop is None:
+            lines.append(f"budget: the expected run passes budget.{verdict.cap}; every step fits, then the "
+                         "run would stop before its test evaluation")
+        else:
+            where = "its first step" if stop == 1 else f"step {stop} of {estimate.steps}"
+            one_step = _spend_text(estimate.per_step, verdict.cap)
+            lines.append(f"budget: the expected run passes budget.{verdict.cap}; training would stop cleanly "
+                         f"before {where} (one step is expected to take {one_step})")
     lines.append("expected = branches that depend on model answers (gate, ranking, final merge) on "
                  f"{EXPECTED_SHARE:.0%} of steps; low = none of them and every pair cached; high = all, "
                  "nothing cached")
     return lines
+
+
+def _spend_text(totals: Totals, cap: str | None) -> str:
+    if cap == "max_usd":
+        return f"${totals.usd:,.2f}"
+    if cap == "max_calls":
+        return f"{totals.calls:,} calls"
+    return f"{totals.tokens:,} tokens"
 
 
 def _usd_range(low: float | None, expected: float | None, high: float | None) -> str:

@@ -108,3 +108,28 @@ def test_output_tokens_per_call_never_exceed_the_roles_max_tokens(tmp_path, monk
     assert stage(capped, "rollout").completion_tokens_per_call == 50
     assert stage(capped, "analyst").completion_tokens_per_call == 300
     assert stage(capped, "rollout").tokens < stage(free, "rollout").tokens
+
+
+def test_merges_expected_never_pass_their_high_and_a_merge_reads_what_a_tree_holds(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for epochs in (1, 2, 4):
+        merge = stage(estimate(f"train.epochs={epochs}", "gradient.minibatch_size=2"), "merge")
+        assert merge.calls_low <= merge.calls <= merge.calls_high, (epochs, merge)
+    # Batch 8 read 8 at a time: one analyst per kind, so a merge reads the two trees' patches, not 8.
+    wide = stage(estimate("gradient.minibatch_size=2"), "merge").prompt_tokens_per_call
+    narrow = stage(estimate("gradient.minibatch_size=8"), "merge").prompt_tokens_per_call
+    assert narrow < wide
+
+
+def test_the_verdict_says_before_which_step_the_guard_would_stop(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    per_step = estimate().per_step.tokens
+    baseline = 12 * sum(stage(estimate(), "rollout").model_dump(include={"prompt_tokens_per_call",
+                                                                         "completion_tokens_per_call"}).values())
+    assert estimate(f"budget.max_tokens={baseline + per_step // 2}").stops_before_step == 1
+    assert estimate(f"budget.max_tokens={baseline + per_step + per_step // 2}").stops_before_step == 2
+    fits = estimate("budget.max_tokens=100000000")
+    assert fits.budget is not None and not fits.budget.stop and fits.stops_before_step is None
+    assert main(["train", "demo", "--dry-run", "-o", f"budget.max_tokens={baseline + per_step // 2}"]) == 0
+    assert (f"training would stop cleanly before its first step (one step is expected to take {per_step:,} "
+            "tokens)") in capsys.readouterr().out
