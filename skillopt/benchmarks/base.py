@@ -245,6 +245,11 @@ class Benchmark(ABC, Generic[ConfigT]):
         """Whether ``score`` calls the judge role under ``cfg`` (default: never)."""
         return False
 
+    def max_target_calls(self, cfg: ConfigT) -> int:
+        """The most target calls one item's rollout makes under ``cfg`` (default: ``max_turns``); a plug-in
+        whose items are episodes or tool loops says its own, for the dry run's estimate."""
+        return int(getattr(cfg, "max_turns", 1) or 1)
+
     def judge_request(self, item: Item, prediction: str) -> ChatRequest:
         """The judge call for ``prediction`` (default: semantic equivalence with the item's golds)."""
         golds = [str(g) for g in as_list(item.get("answers", item.get("answer")))]

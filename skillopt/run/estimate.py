@@ -12,7 +12,8 @@ Call counts follow from the config and the split sizes the way ``flows/train.py`
   slow-update call, and the re-score of the updated skill on the selection split;
 - the end: the initial and best skill on the test split.
 
-A rollout is one call per turn (``benchmark.max_turns`` at most) and, with a judge, one verdict.
+A rollout is one call per turn (at most the benchmark's ``max_target_calls``: ``benchmark.max_turns``,
+the steps of an episode, the turns of a tool loop) and, with a judge, one verdict.
 
 Which branches run depends on what the models answer, so each count has three values: ``low``
 (no conditional branch runs: nothing reaches the gate, every pair is cached), ``high`` (every
@@ -128,8 +129,10 @@ def merge_calls(patches: int, fan_in: int) -> int:
 
 
 def call_counts(config: SkillOptConfig, split_sizes: Mapping[str, int], train_ids: Sequence[str], *,
-                needs_judge: bool) -> tuple[dict[str, Calls], dict[str, Calls], int]:
-    """Calls per stage over the run and over one step, and the number of steps."""
+                needs_judge: bool, max_target_calls: int | None = None
+                ) -> tuple[dict[str, Calls], dict[str, Calls], int]:
+    """Calls per stage over the run and over one step, and the number of steps. ``max_target_calls``: the
+    most target calls of one rollout (the benchmark's; default ``benchmark.max_turns``)."""
     cfg = config
     share = EXPECTED_SHARE
     n_sel = _first(split_sizes["val"], cfg.evaluation.sel_size)
@@ -191,12 +194,12 @@ def call_counts(config: SkillOptConfig, split_sizes: Mapping[str, int], train_id
             run["rollout"].add(0, n_sel, n_sel, times=boundaries)
     run["rollout"].add(0, 0, n_sel)  # the final selection check of a last skill never scored
     run["rollout"].add(n_test, 2 * n_test, 2 * n_test)  # initial and best skill on test
-    turns = cfg.benchmark.max_turns
+    turns = max_target_calls or cfg.benchmark.max_turns
     for table in (run, step):
         rollouts = table["rollout"]
         if needs_judge:  # one verdict per rollout
             table["judge"].add(rollouts.low, rollouts.expected, rollouts.high)
-        if turns > 1:  # a rollout takes one call per turn: at least one, at most max_turns
+        if turns > 1:  # a rollout takes one call per turn: at least one, at most ``turns``
             rollouts.expected *= (1 + turns) / 2
             rollouts.high *= turns
     return run, step, steps
@@ -305,6 +308,7 @@ def estimate_run(
     prices: PriceTable,
     needs_judge: bool,
     max_tokens: Mapping[str, int | None] | None = None,
+    max_target_calls: int | None = None,
 ) -> RunEstimate:
     """The dry-run estimate of a config. Pure: reads nothing but its arguments.
 
@@ -314,7 +318,8 @@ def estimate_run(
     """
     sizes = {split: len(items.get(split, ())) for split in ("train", "val", "test")}
     train_ids = [item.id for item in items["train"]]
-    run_calls, step_calls, steps = call_counts(config, sizes, train_ids, needs_judge=needs_judge)
+    run_calls, step_calls, steps = call_counts(config, sizes, train_ids, needs_judge=needs_judge,
+                                               max_target_calls=max_target_calls)
     edits_per_step = config.optimizer.learning_rate * EXPECTED_SHARE
     skill_tokens = math.ceil((len(initial_skill) + steps * edits_per_step * EDIT_CHARS / 2) / 4)
     initial_tokens = math.ceil(len(initial_skill) / 4)
@@ -526,4 +531,5 @@ def estimate_benchmark_run(config: SkillOptConfig, *, benchmark: Any, bench_cfg:
     return estimate_run(config, items=items, rollout_prompt_chars=chars, initial_skill=initial_skill,
                         roles={role: (r.backend, r.price_model) for role, r in used.items()}, prices=prices,
                         needs_judge=benchmark.needs_judge(bench_cfg),
-                        max_tokens={role: r.max_tokens for role, r in used.items()})
+                        max_tokens={role: r.max_tokens for role, r in used.items()},
+                        max_target_calls=benchmark.max_target_calls(bench_cfg))

@@ -133,3 +133,21 @@ def test_the_verdict_says_before_which_step_the_guard_would_stop(tmp_path, monke
     assert main(["train", "demo", "--dry-run", "-o", f"budget.max_tokens={baseline + per_step // 2}"]) == 0
     assert (f"training would stop cleanly before its first step (one step is expected to take {per_step:,} "
             "tokens)") in capsys.readouterr().out
+
+
+def test_an_episode_benchmark_counts_its_steps_as_target_calls(tmp_path, monkeypatch):
+    """alfworld plays up to benchmark.max_steps steps, one target call each; max_turns says nothing of it."""
+    from pathlib import Path
+
+    from skillopt.core.data import data_overrides
+
+    monkeypatch.chdir(tmp_path)
+    fixture = Path(__file__).resolve().parents[1] / "fixtures" / "alfworld"
+
+    def rollouts(steps: int):
+        loaded = load_config("alfworld", env=os.environ, overrides=[
+            *data_overrides(str(fixture)), "train.epochs=1", "model.target.backend=scripted",
+            "model.optimizer.backend=scripted", f"benchmark.max_steps={steps}"])
+        return stage(dry_run(loaded, env=os.environ), "rollout")
+
+    assert rollouts(10).calls_high == 5 * rollouts(2).calls_high  # 10 steps an item against 2

@@ -234,6 +234,10 @@ class AlfworldBenchmark(Benchmark[AlfworldConfig]):
         bound = config.model_copy(update={"env_manager": manager})
         return bound, [SIMULATED_NOTE] if manager == "fake" else []
 
+    def max_target_calls(self, cfg: AlfworldConfig) -> int:
+        """One call per step of the game."""
+        return cfg.max_steps
+
     def build_messages(self, item: Item, skill: str, cfg: AlfworldConfig) -> list[Message]:
         """System: the household agent, the skill, the answer format. User: the episode opener (the
         observations come from the environment, one message per step). Never reads gold."""

@@ -219,6 +219,10 @@ class OfficeQABenchmark(Benchmark[OfficeQAConfig]):
         found = item.get(DOCUMENTS_KEY)
         return found if isinstance(found, dict) else item_documents(item, config, self.corpus(config))
 
+    def max_target_calls(self, cfg: OfficeQAConfig) -> int:
+        """The tool loop's calls (one without local tools; an item may turn them off, so this is the most)."""
+        return cfg.max_tool_turns if cfg.use_local_tools else 1
+
     def build_messages(self, item: Item, skill: str, cfg: OfficeQAConfig) -> list[Message]:
         """System: the analyst role, the skill, the rules and (with tools) the tool protocol.
         User: ``## Question``, ``## Oracle Parsed Pages``, ``## Candidate Files`` (tools only, ≤ 20)
