@@ -207,7 +207,12 @@ def data_overrides(data: str | Path | None) -> list[str]:
     path = Path(data)
     if not path.exists():
         raise ConfigError(f"--data: nothing at {data}")
-    if path.is_dir() and all((path / split).is_dir() for split in SPLIT_NAMES):
+    present = [split for split in SPLIT_NAMES if path.is_dir() and (path / split).is_dir()]
+    if present and len(present) < len(SPLIT_NAMES):
+        missing = ", ".join(f"{split}/" for split in SPLIT_NAMES if split not in present)
+        raise ConfigError(f"--data {data}: a folder of split folders needs train/, val/ and test/; missing "
+                          f"{missing}")
+    if present:
         return [
             "benchmark.split_mode=split_dir",
             f"benchmark.split_dir={data}",
@@ -302,8 +307,8 @@ def read_records(path: Path | str) -> list[dict[str, Any]]:
         split_dirs = [name for name in SPLIT_NAMES if (path / name).is_dir()]
         if split_dirs:
             raise DataError(
-                f"{path}: holds split folders ({', '.join(split_dirs)}/); this is split_dir input — "
-                f"use split_mode split_dir with split_dir {path} (or --data {path}), not data_path"
+                f"{path}: holds split folders ({', '.join(f'{name}/' for name in split_dirs)}); this is "
+                f"split_dir input — use split_mode split_dir with split_dir {path}, not data_path"
             )
         candidates = [p for p in _visible_files(path) if p.suffix.lower() in _RECORD_EXTENSIONS]
         if len(candidates) != 1:

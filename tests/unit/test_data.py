@@ -765,3 +765,14 @@ def test_small_splits_are_named_with_their_sizes_and_the_ratio_to_set():
                                split_ratio="2:1:7") is None
     assert small_split_warning({"train": 1, "val": 1, "test": 1}, min_items=0, split_mode="ratio",
                                split_ratio="2:1:7") is None
+
+
+def test_data_of_split_folders_names_the_missing_one(tmp_path: Path) -> None:
+    from skillopt.core.data import data_overrides
+
+    for split in ("train", "val"):
+        (tmp_path / split).mkdir()
+    with pytest.raises(ConfigError, match=r"split folders needs train/, val/ and test/; missing test/$"):
+        data_overrides(tmp_path)
+    (tmp_path / "test").mkdir()
+    assert "benchmark.split_mode=split_dir" in data_overrides(tmp_path)
