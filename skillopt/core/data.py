@@ -250,10 +250,14 @@ def _parse_jsonl(path: Path, text: str) -> list[Any]:
         try:
             rows.append(json.loads(line))
         except json.JSONDecodeError as exc:
-            raise DataError(
-                f"{path}: line {lineno}: malformed JSON ({exc.msg} at column {exc.colno})"
-            ) from None
+            raise DataError(f"{path}: line {lineno}: malformed JSON ({_json_problem(exc)})") from None
     return rows
+
+
+def _json_problem(exc: json.JSONDecodeError) -> str:
+    """``Expecting value at column 1``; a message that ends in "at" already ("Unterminated string starting
+    at") is not given a second one."""
+    return f"{exc.msg} {'' if exc.msg.endswith(' at') else 'at '}column {exc.colno}"
 
 
 def _rows_from_document(path: Path, doc: Any) -> list[Any]:
@@ -280,9 +284,7 @@ def _read_record_file(path: Path) -> list[Any]:
         # Several JSON values one after another is JSONL saved under another extension.
         if exc.msg == "Extra data":
             return _parse_jsonl(path, text)
-        raise DataError(
-            f"{path}: line {exc.lineno}: malformed JSON ({exc.msg} at column {exc.colno})"
-        ) from None
+        raise DataError(f"{path}: line {exc.lineno}: malformed JSON ({_json_problem(exc)})") from None
     return _rows_from_document(path, doc)
 
 

@@ -776,3 +776,10 @@ def test_data_of_split_folders_names_the_missing_one(tmp_path: Path) -> None:
         data_overrides(tmp_path)
     (tmp_path / "test").mkdir()
     assert "benchmark.split_mode=split_dir" in data_overrides(tmp_path)
+
+
+def test_a_json_message_ending_in_at_is_not_given_a_second_at(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"question": "q", "answer": "a\n', encoding="utf-8")
+    with pytest.raises(DataError, match=r"malformed JSON \(Unterminated string starting at column 29\)$"):
+        read_records(bad)
