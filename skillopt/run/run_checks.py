@@ -61,7 +61,11 @@ def check_run(loaded: LoadedConfig, *, cli: CliRoleOptions | None, env: Mapping[
     # Cheapest and most fixable first: the data (read offline) before the backends (files they need, the
     # credentials, the endpoints), so a malformed data file is not hidden behind a network error.
     with tempfile.TemporaryDirectory(prefix="skillopt-check-") as scratch:  # split manifests: not under runs/
-        sizes = {s: len(benchmark.load_split(bench_cfg, s, run_dir=Path(scratch))) for s in SPLITS}
+        splits = {s: benchmark.load_split(bench_cfg, s, run_dir=Path(scratch)) for s in SPLITS}
+    sizes = {s: len(items) for s, items in splits.items()}
+    sample = next((items[0] for items in splits.values() if items), None)
+    if sample is not None:
+        check_gold_stays_out(benchmark, bench_cfg, sample)
     if "optimizer" in wanted:
         check_train_size(config.train.train_size, sizes["train"])
         start = initial_skill(config, benchmark.prompts_dir, benchmark.id)  # a bad skill: one line, now
@@ -81,6 +85,28 @@ def check_run(loaded: LoadedConfig, *, cli: CliRoleOptions | None, env: Mapping[
     else:
         _check_keys(roles, env, wanted)
     return CheckedRun(benchmark=name or "", split_sizes=sizes)
+
+
+#: What a gold field holds while a prompt is built to see whether the prompt reads it.
+GOLD_SENTINEL = "skillopt-gold-sentinel-7d41"
+
+
+def check_gold_stays_out(benchmark: Benchmark, bench_cfg: Any, item: Any) -> None:
+    """The benchmark's prompt for ``item`` must not show its ``GOLD_FIELDS``: built with each one holding a
+    sentinel, the prompt must not contain it (the optimizer learns from a gold that only the evaluation
+    event shows; a target that reads it scores nothing real). A prompt that cannot be built that way says
+    nothing here."""
+    fields = [field for field in benchmark.GOLD_FIELDS if field in item]
+    if not fields:
+        return
+    marked = type(item)({**item, **{field: GOLD_SENTINEL for field in fields}})
+    try:
+        messages = benchmark.build_messages(marked, "", bench_cfg)
+    except Exception:  # noqa: BLE001 - a builder that needs the real value fails here; the run finds out
+        return
+    if any(GOLD_SENTINEL in message.text() for message in messages):
+        raise BenchmarkSetupError(f"benchmark {benchmark.id}: its prompt shows a gold field of the item "
+                                  f"({', '.join(fields)}, GOLD_FIELDS): build_messages must not read them")
 
 
 def check_scripted_target(benchmark_id: str, bench_cfg: Any, target: Any) -> None:

@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 QA_DATA = ROOT / "tests" / "fixtures" / "qa"
 
@@ -154,3 +156,28 @@ def test_the_console_command_keeps_exit_codes_and_flushes_its_output(tmp_path):
     assert (
         len(lines) == 301 and lines[0] == "step 1: 4" and lines[-1].startswith("# cosine 4->2 over 300 steps")
     )
+
+
+def test_a_benchmark_whose_prompt_shows_the_gold_is_refused_before_the_run(monkeypatch):
+    """GOLD_FIELDS are the plug-in contract's promise that gold reaches the optimizer only through the
+    evaluation event; a build_messages that reads one is caught on a sample item before any call."""
+    from skillopt.benchmarks.base import BenchmarkSetupError
+    from skillopt.benchmarks.qa import QABenchmark
+    from skillopt.core.config import load_config
+    from skillopt.core.data import data_overrides
+    from skillopt.llm.chat import user
+    from skillopt.llm.roles import CliRoleOptions
+    from skillopt.run.run_checks import check_run
+
+    loaded = load_config("qa", overrides=data_overrides(str(QA_DATA)), env={})
+    check_run(loaded, cli=CliRoleOptions(backend="scripted"), env={}, probe=False)  # the shipped one is clean
+    original = QABenchmark.build_messages
+
+    def leaking(self, item, skill, cfg):
+        return [*original(self, item, skill, cfg), user(f"(the answer is {item.get('answers')})")]
+
+    monkeypatch.setattr(QABenchmark, "build_messages", leaking)
+    with pytest.raises(BenchmarkSetupError, match=r"benchmark qa: its prompt shows a gold field of the item "
+                                                   r"\(answers, GOLD_FIELDS\): build_messages must not "
+                                                   r"read them"):
+        check_run(loaded, cli=CliRoleOptions(backend="scripted"), env={}, probe=False)
