@@ -167,6 +167,9 @@ class ScriptedRule(ScriptedReply):
     system: str | None = None
     user: str | None = None
     question: str | None = None
+    #: A catch-all rollout rule meant for the items that have no rule of their own (a fixture that scores
+    #: them as failures on purpose): answering them is no sign of data the rules do not know.
+    for_other_items: bool = False
 
     _system_re: re.Pattern[str] | None = PrivateAttr(default=None)
     _user_re: re.Pattern[str] | None = PrivateAttr(default=None)
@@ -430,7 +433,8 @@ class RuleTable:
                 continue
             outcome = _produce(rule, match, request, seed, role, _describe(rule, f"{self._where}[{index}]"))
             if outcome is not None:
-                if request.stage == "rollout" and self._keyed_rollouts and rule.is_catch_all():
+                if (request.stage == "rollout" and self._keyed_rollouts and rule.is_catch_all()
+                        and not rule.for_other_items):
                     self._warn_unknown_item(rule)
                 return outcome
         if not self._rules:
@@ -441,9 +445,10 @@ class RuleTable:
         if self._unknown_warned.is_set():
             return
         self._unknown_warned.set()
-        log.warning("the scripted backend has no reply for some of these items: %s holds replies only "
-                    "for the shipped fixture items, so the others get its catch-all reply%s and score as "
-                    "failures; use a real model backend (--backend) for your own data", self._where,
+        log.warning("the scripted backend has no reply of its own for some of these items: %s answers "
+                    "them with its catch-all rule%s, and they score as failures; use a real model backend "
+                    "(--backend) for data the rules were not written for, or mark that rule "
+                    "for_other_items: true if it answers them on purpose", self._where,
                     f" ({rule.name!r})" if rule.name else "")
 
 

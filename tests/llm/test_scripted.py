@@ -599,10 +599,21 @@ def test_items_the_fixture_rules_do_not_know_are_said_once(caplog: pytest.LogCap
         for question in ("What is the airspeed of a swallow?", "Who wrote my own data?"):
             reply = backend.attempt(ChatRequest(messages=[user(question)], stage="rollout"), timeout_s=5)
             assert reply.text == "I do not know.\n<answer>unknown</answer>"
-    warnings = [r.getMessage() for r in caplog.records if "no reply for some of these" in r.getMessage()]
+    warnings = [r.getMessage() for r in caplog.records if "no reply of its own for some" in r.getMessage()]
     assert len(warnings) == 1
-    assert "qa rules holds replies only for the shipped fixture items" in warnings[0]
-    assert "'qa other'" in warnings[0] and "--backend" in warnings[0]
+    assert "qa rules answers them with its catch-all rule ('qa other')" in warnings[0]
+    assert "--backend" in warnings[0] and "for_other_items: true" in warnings[0]
+
+
+def test_a_catch_all_meant_for_the_other_items_is_not_warned_about(caplog: pytest.LogCaptureFixture):
+    """A fixture that scores its remaining items as failures on purpose (alfworld, swebench) says so."""
+    rules = scripted.parse_rules([{"stage": "rollout", "question": "Italy", "text": "<answer>Rome</answer>"},
+                                  {"stage": "rollout", "text": "no idea", "for_other_items": True}],
+                                 where="mine")
+    with caplog.at_level("WARNING", logger="skillopt.llm"):
+        reply = ScriptedBackend(scripted.RuleTable(rules, where="mine")).attempt(
+            ChatRequest(messages=[user("capital of France?")], stage="rollout"), timeout_s=5)
+    assert reply.text == "no idea" and "no reply of its own" not in caplog.text
 
 
 def test_a_table_of_only_catch_all_rules_is_not_warned_about(caplog: pytest.LogCaptureFixture):
@@ -610,4 +621,4 @@ def test_a_table_of_only_catch_all_rules_is_not_warned_about(caplog: pytest.LogC
     table = scripted.RuleTable(rules, where="mine")
     with caplog.at_level("WARNING", logger="skillopt.llm"):
         ScriptedBackend(table).attempt(ChatRequest(messages=[user("anything")], stage="rollout"), timeout_s=5)
-    assert "no reply for some" not in caplog.text
+    assert "no reply of its own" not in caplog.text
