@@ -155,6 +155,20 @@ class _ApiOutageNote(logging.Filter):
         return False
 
 
+class _DrainCount(logging.Filter):
+    """Prefect's queue services say how many items they still hold each time they are drained, at the exit of
+    every command too ("Still processing items: 6 items remaining..."): bookkeeping, not news for the user.
+    Installed for the process, since the last drain runs at interpreter exit."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Still processing items")
+
+
+_drain_count = _DrainCount()
+for _service in ("EventsWorker", "APILogWorker"):
+    logging.getLogger(_service).addFilter(_drain_count)
+
+
 class _ProgressHandler(logging.Handler):
     def __init__(self, out: _Printer) -> None:
         super().__init__(logging.INFO)

@@ -124,3 +124,17 @@ def test_after_ctrl_c_prefect_s_crash_lines_are_dropped_from_every_run_logger_th
         for name in names:
             logging.getLogger(name).removeHandler(keep)
     assert seen == ["prefect.engine: after the command: kept"]
+
+
+def test_the_queue_services_drain_count_stays_off_the_terminal(caplog):
+    """Prefect says how many items its event and log queues still hold whenever they drain, the exit of
+    every command included; the user's terminal does not need it. Other warnings of those services pass."""
+    import logging
+
+    import skillopt.flows.run  # noqa: F401 - installs the filter for the process
+
+    with caplog.at_level(logging.WARNING):
+        logging.getLogger("EventsWorker").warning("Still processing items: 6 items remaining...")
+        logging.getLogger("APILogWorker").warning("Still processing items: 2 items remaining...")
+        logging.getLogger("EventsWorker").warning("Service 'EventsWorker' failed to process item")
+    assert [r.getMessage() for r in caplog.records] == ["Service 'EventsWorker' failed to process item"]
