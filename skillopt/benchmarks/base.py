@@ -8,6 +8,7 @@ entry-point group ``skillopt.benchmarks``; the entry-point name is the benchmark
 
 from __future__ import annotations
 
+import difflib
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from importlib.metadata import entry_points
@@ -341,8 +342,10 @@ def load_benchmark(name: str) -> Benchmark[Any]:
     return benchmark
 
 
-def benchmark_config(benchmark: Benchmark[Any], section: BaseModel) -> BaseModel:
-    """Validate the ``benchmark:`` section (common keys plus extras) with the plug-in's own model."""
+def benchmark_config(benchmark: Benchmark[Any], section: BaseModel,
+                     source_of: Callable[[str], str] | None = None) -> BaseModel:
+    """Validate the ``benchmark:`` section (common keys plus extras) with the plug-in's own model.
+    ``source_of`` names where a dotted key was set (``LoadedConfig.source_of``), for the message."""
     data = section.model_dump()
     try:
         return benchmark.Config.model_validate(data)
@@ -351,5 +354,10 @@ def benchmark_config(benchmark: Benchmark[Any], section: BaseModel) -> BaseModel
         for error in exc.errors(include_input=False, include_url=False):
             loc = ".".join(str(p) for p in error["loc"])
             message = "unknown key" if error["type"] == "extra_forbidden" else error["msg"]
-            problems.append(f"benchmark.{loc}: {message} (benchmark {benchmark.id})")
+            if error["type"] == "extra_forbidden":
+                fields = list(benchmark.Config.model_fields)
+                close = difflib.get_close_matches(str(error["loc"][-1]), fields, n=1)
+                message += f"; did you mean {close[0]!r}?" if close else ""
+            where = f", from {source_of(f'benchmark.{loc}')}" if source_of is not None else ""
+            problems.append(f"benchmark.{loc}: {message} (benchmark {benchmark.id}{where})")
         raise ConfigError("\n".join(problems)) from None

@@ -30,7 +30,7 @@ def resolve_benchmark(loaded: LoadedConfig, *, cli: CliRoleOptions | None, env: 
     if not config.benchmark.name:
         raise ConfigError(f"benchmark.name is not set: name a benchmark ({command})")
     benchmark = load_benchmark(config.benchmark.name)
-    bench_cfg = benchmark_config(benchmark, config.benchmark)
+    bench_cfg = benchmark_config(benchmark, config.benchmark, loaded.source_of)
     roles = resolve_roles(loaded, cli=cli, env=env, registry=registry)
     kind = registry.get(roles.target.backend).kind
     bench_cfg = bind_target(benchmark, bench_cfg, roles.target.backend, kind)

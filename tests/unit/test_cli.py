@@ -63,6 +63,17 @@ def test_config_validate_accepts_a_good_file_and_rejects_a_bad_one(tmp_path):
     assert "bad.yaml" in err
 
 
+def test_a_typo_in_a_benchmark_key_is_caught_by_config_show_with_a_suggestion_and_the_file(tmp_path):
+    typo = tmp_path / "typo.yaml"
+    typo.write_text('_base_: searchqa.yaml\nbenchmark: {split_rattio: "1:1:1"}\n', encoding="utf-8")
+    code, out, _ = run("config", "validate", str(typo))  # no benchmark named: says where it is checked
+    assert code == 0 and f"config show BENCHMARK -c {typo}" in out
+    code, _, err = run("config", "show", "searchqa", "-c", str(typo))
+    assert code == 2, err
+    assert err.startswith("error: benchmark.split_rattio: unknown key; did you mean 'split_ratio'? "
+                          "(benchmark searchqa, from ") and "typo.yaml" in err
+
+
 def test_schedule_cosine_4_to_2_over_40_steps():
     code, out, _ = run("schedule", "--kind", "cosine", "--max", "4", "--min", "2", "--steps", "40")
     assert code == 0
