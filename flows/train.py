@@ -321,7 +321,7 @@ def skill_epoch(run: Any, state: TrainState, epoch: int) -> TrainState:
     buffer = StepBuffer()  # memory of this epoch only
     draws = Draws(epoch, resample=cfg.train.resample_each_epoch)
     for step_plan, next_plan in zip(plan.steps, [*plan.steps[1:], None], strict=True):
-        if budget_stop(run, state, f"epoch {epoch} step {step_plan.index + 1}"):
+        if budget_stop(run, state, f"epoch {epoch} step {state.step + 1}/{state.total_steps}"):  # as printed
             return state
         state.step += 1
         live.emit("step", epoch=epoch, step=state.step, total_steps=state.total_steps)

@@ -50,9 +50,9 @@ def test_max_usd_below_the_run_cost_stops_between_steps_and_keeps_the_best_skill
 
     assert summary["stopped_by"] == "budget"
     message = summary["stopped_message"]
-    assert message.startswith("budget: $0.32 of $0.35 (target 100%) spent, and epoch 1 step 2 is expected "
-                              "to take ~$0.20")
-    assert "stopped before epoch 1 step 2; raise budget.max_usd and resume" in message
+    assert message.startswith("budget: $0.32 of $0.35 (target 100%) spent, and epoch 1 step 2/6 is "
+                              "expected to take ~$0.20")
+    assert "stopped before epoch 1 step 2/6; raise budget.max_usd and resume" in message
     assert (run_dir / "STOPPED").read_text().strip() == message
     assert json.loads((run_dir / "summary.json").read_text())["stopped_by"] == "budget"
 
@@ -82,7 +82,7 @@ def test_before_the_first_step_the_dry_run_estimate_projects_the_step(prefect_se
     summary = skill_train(benchmark="demo", overrides=overrides, run_name="demo-budget-first")
     run_dir = Path(summary["run_dir"])
     assert summary["stopped_by"] == "budget"
-    assert "stopped before epoch 1 step 1" in summary["stopped_message"]
+    assert "stopped before epoch 1 step 1/6" in summary["stopped_message"]
     assert summary["usage"]["total"]["calls"] == 12  # the baseline only
     assert not (run_dir / "history.jsonl").exists() or not (run_dir / "history.jsonl").read_text().strip()
     assert (run_dir / "best_skill.md").read_text() == (run_dir / "skills" / "step_0000.md").read_text()
@@ -102,7 +102,7 @@ def test_a_budget_stopped_run_resumes_where_it_stopped_and_a_raised_cap_takes_it
     assert first["stopped_by"] == "budget" and "epoch 1 step 2" in first["stopped_message"]
 
     again = skill_train(benchmark="demo", overrides=[*priced_demo, "budget.max_usd=0.35"], run_name="resumed")
-    assert again["stopped_by"] == "budget" and "stopped before epoch 1 step 2" in again["stopped_message"]
+    assert again["stopped_by"] == "budget" and "stopped before epoch 1 step 2/6" in again["stopped_message"]
     assert (run_dir / "best_skill.md").read_text() == best
     assert again["scores"]["best"]["selection"] == first["scores"]["best"]["selection"]
 
