@@ -487,10 +487,13 @@ class RunDir:
                     "choose another run name with --run-name"
                 )
             if recorded != config_hash:
+                changed = run.changed_settings(config)
+                more = " …" if len(changed) > 5 else ""
+                what = f"; changed: {', '.join(changed[:5])}{more}" if changed else ""
                 raise ConfigError(
                     f"run directory {run.path} was created with config hash {recorded[:12]}, but this "
-                    f"config hashes to {config_hash[:12]} (full: {recorded} vs {config_hash}); resume it "
-                    "with the same config, or start a new run with --run-name"
+                    f"config hashes to {config_hash[:12]}{what}; resume it with the same config, or start "
+                    "a new run with --run-name"
                 )
             history = run.read_history()  # a damaged record stops the resume now, before anything is written
             run._replaying_through = max((r.step for r in history if r.kind == "step"), default=0)
@@ -586,6 +589,20 @@ class RunDir:
             return None
         match = _HASH_HEADER.search(self.config_path.read_text(encoding="utf-8", errors="replace"))
         return match.group(1) if match else None
+
+    def changed_settings(self, config: SkillOptConfig) -> list[str]:
+        """The dotted settings whose value in ``config`` differs from ``config.yaml``'s (the hashed ones)."""
+        try:
+            recorded = yaml.safe_load(self.config_path.read_text(encoding="utf-8"))
+        except (OSError, yaml.YAMLError):
+            return []
+        if not isinstance(recorded, dict):
+            return []
+        recorded.pop("sources", None)
+        now = redact_tree(config.model_dump(mode="json"), Redactor.from_environment())
+        neutral = set(RESULT_NEUTRAL_FIELDS)
+        return [key for key in sorted(set(_flat(recorded)) | set(_flat(now)))
+                if key not in neutral and _flat(recorded).get(key) != _flat(now).get(key)]
 
     # ---- layout ---------------------------------------------------------------------------
 
@@ -812,6 +829,16 @@ class RunDir:
         end, so a best skill held back during a replay is written first."""
         self._end_replay()
         return self.write_json(SUMMARY_FILE, summary_dict(summary))
+
+
+def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
+    """``{"a": {"b": 1}}`` as ``{"a.b": 1}``; a dict of no keys is a value of its own."""
+    if not isinstance(tree, dict) or not tree:
+        return {prefix: tree} if prefix else {}
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        flat.update(_flat(value, f"{prefix}.{key}" if prefix else str(key)))
+    return flat
 
 
 def _checked_name(name: str, what: str) -> str:
