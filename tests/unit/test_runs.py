@@ -190,15 +190,15 @@ def test_reopening_with_the_same_config_resumes_into_the_same_folder(tmp_path: P
     assert [r.step for r in second.read_history()] == [1]
 
 
-def test_reopening_with_a_different_config_names_both_hashes(tmp_path: Path) -> None:
+def test_reopening_with_a_different_config_names_both_hashes_and_what_changed(tmp_path: Path) -> None:
     old = make_config()
     open_run(tmp_path, old).record_step(record(1))  # the run recorded a step
     new = make_config(optimizer={"learning_rate": 8})
     with pytest.raises(ConfigError) as error:
         open_run(tmp_path, new)
     message = str(error.value)
-    assert config_hash(old) in message and config_hash(new) in message
-    assert "--run-name" in message
+    assert config_hash(old)[:12] in message and config_hash(new)[:12] in message
+    assert "changed: optimizer.learning_rate;" in message and "--run-name" in message
 
 
 def test_a_secret_in_the_environment_never_reaches_config_yaml(tmp_path: Path, monkeypatch) -> None:
