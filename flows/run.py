@@ -45,6 +45,10 @@ class _Printer(Protocol):
     def print(self, text: str = "") -> None: ...
 
 
+#: The API URL the last flow run of this process used (read after the run's settings are gone, for the error).
+_api_in_use: str | None = None
+
+
 def api_unreachable(error: BaseException) -> str | None:
     """The Prefect API's address when ``error`` (or what caused it) is a failure to reach it after Prefect's
     own retries, else None."""
@@ -55,7 +59,7 @@ def api_unreachable(error: BaseException) -> str | None:
                 "ConnectError", "ConnectTimeout", "RemoteProtocolError", "ReadError"):
             from prefect.settings import PREFECT_API_URL
 
-            return PREFECT_API_URL.value() or "its address"
+            return PREFECT_API_URL.value() or _api_in_use or "its address"
         seen.add(id(cause))
         cause = cause.__cause__ or cause.__context__
     return None
@@ -63,7 +67,7 @@ def api_unreachable(error: BaseException) -> str | None:
 
 #: How long ``wait_for_api`` waits for an API that does not answer: about as long as Prefect's own retries of
 #: a request on a connection it has used before (``PREFECT_CLIENT_MAX_RETRIES`` in ``command_line_defaults``).
-API_WAIT_S = 240.0
+API_WAIT_S = 120.0
 
 
 def wait_for_api(what: str, *, limit_s: float = API_WAIT_S) -> None:
@@ -200,10 +204,11 @@ def command_line_defaults() -> dict[Any, Any]:
         # that finished correctly. Failures that matter reach the client and are reported there.
         PREFECT_SERVER_LOGGING_LEVEL: "CRITICAL",
         PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None,
-        # An API server that restarts, or a network outage, is retried with exponential back-off (1, 2, 4 …
-        # 128 s: about four minutes in all) before a request fails; Prefect's default of 5 tries gives up
-        # after about 30 s and the run crashes. Finished calls are stored either way, so a re-run resumes.
-        PREFECT_CLIENT_MAX_RETRIES: 8,
+        # An API server that restarts, or a network outage, is retried with exponential back-off (2, 4 …
+        # 64 s, with jitter: about two minutes) before a request fails; Prefect's default of 5 tries gives up
+        # after about a minute, and more tries leave a run whose server is gone hanging for many minutes (the
+        # run's last requests each wait it out). Finished calls are stored either way, so a re-run resumes.
+        PREFECT_CLIENT_MAX_RETRIES: 6,
     }
 
 
@@ -247,6 +252,10 @@ def run_flow(kind: str, out: _Printer, guard: InterruptGuard | None = None, *,
     raise_exceptions, logging.raiseExceptions = logging.raiseExceptions, False
     try:
         with temporary_settings(set_defaults=defaults, updates=_api_choice(out, prefect_server)):
+            from prefect.settings import PREFECT_API_URL
+
+            global _api_in_use
+            _api_in_use = PREFECT_API_URL.value()
             starting = _TemporaryServerStart.if_needed()
             try:
                 run: Callable[..., dict[str, Any]]
