@@ -367,8 +367,7 @@ def skill_epoch(run: Any, state: TrainState, epoch: int) -> TrainState:
             progress.warning("step %d: %s", state.step, replies_warning)
         publish_step(run, record, state.history, previous_skill=before, current_skill=state.current_skill)
         publish_progress(run, state.step, state.total_steps, epoch, cfg.train.epochs, state.current_score,
-                         state.best_score, last_step=record)
-        publish_cost(run)
+                         state.best_score, last_step=record)  # with the spend so far
         stop_if_optimizer_unusable(run, state.history)
     state.epoch_last_skills.append(state.current_skill)
     if epoch >= 2 and not budget_stop(run, state, f"the epoch {epoch} boundary"):

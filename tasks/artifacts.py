@@ -222,13 +222,17 @@ def publish_progress(ctx: Run, step: int, total_steps: int, epoch: int, epochs: 
     """Prefect's progress artifact of the run, created once and then updated in place: the share of
     steps done, with the epoch, step and current/best gate scores as its description (``finished``:
     the run's final figures), and the last step's optimizer replies and error rows."""
+    spent = ctx.clients.ledger.totals()
+    usd = f", ${spent.usd:,.4f}" if spent.usd else ""
     description = progress_markdown(epoch, epochs, step, total_steps, current, best, finished=finished,
-                                    last_step=last_step, totals=totals)
+                                    last_step=last_step, totals=totals,
+                                    spend=f"{spent.calls:,} model calls, {spent.tokens:,} tokens{usd}")
     _publisher(ctx).send_progress(progress_percent(step, total_steps), description, _key(ctx, PROGRESS))
 
 
 def publish_cost(ctx: Run) -> None:
-    """Usage per stage so far (calls, tokens, USD) with a total row."""
+    """Usage per stage (calls, tokens, USD) with a total row, once the run ends (each publication is a card
+    of its own in the run's Artifacts tab; the progress artifact carries the spend while the run goes)."""
     publisher = _publisher(ctx)
     publisher.send(
         COST,

@@ -77,6 +77,7 @@ def progress_markdown(
     last_step: StepRecord | None = None,
     finished: bool = False,
     totals: Mapping[str, Any] | None = None,
+    spend: str | None = None,
     redactor: Redactor | None = None,
 ) -> str:
     """Where training is and how it scores, e.g. ``**Epoch 2/4 · step 7/16 (43.8%)**`` plus a
@@ -84,7 +85,8 @@ def progress_markdown(
     what ``last_step`` was made of: its optimizer replies (parsed / fallback) and error rows, with
     a warning when most replies were unusable. ``finished``: the run's final figures (after the last
     epoch boundary and the final check), headed ``**Finished · …**``; ``totals`` (``runs.signal_counts``):
-    the run's optimizer replies and error rows so far."""
+    the run's optimizer replies and error rows so far; ``spend``: what the run's model calls have cost so far
+    (the ``cost`` artifact has it by stage once the run ends)."""
     done = progress_percent(step, total_steps)
     position = f"Epoch {epoch}/{epochs} · step {step}/{total_steps} ({done:.1f}%)"
     text = (
@@ -106,6 +108,8 @@ def progress_markdown(
         warning = unusable_replies_warning(replies["parsed"], replies["fallback"])
         if warning and finished:
             text += f"\n**Warning:** {warning}\n"
+    if spend:
+        text += f"\nSpend so far: {spend}\n"
     return _redactor(redactor)(text)
 
 

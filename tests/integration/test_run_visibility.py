@@ -99,7 +99,8 @@ def test_artifacts_read_back_from_the_prefect_api(demo_run, prefect_api):
     rejected = [row for row in gates if row["decision"] == "reject"]
     assert rejected and all(row["candidate"] is not None and row["flips"] for row in rejected)
 
-    cost = table(versions(prefect_api, "cost")[-1])
+    (cost_card,) = versions(prefect_api, "cost")  # once, at the end: one card in the run's Artifacts tab
+    cost = table(cost_card)
     assert cost[-1]["stage"] == "total" and cost[-1]["calls"] == summary["usage"]["total"]["calls"]
     assert {row["stage"] for row in cost} >= {"rollout", "analyst", "total"}
 

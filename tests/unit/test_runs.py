@@ -371,6 +371,9 @@ def test_progress_markdown_shows_position_and_scores() -> None:
     assert "| current | – |" in artifacts.progress_markdown(1, 4, 0, 16, None, None)
     final = artifacts.progress_markdown(4, 4, 16, 16, 0.75, 1.0, finished=True)
     assert final.startswith("**Finished · Epoch 4/4 · step 16/16 (100.0%)**") and "| best | 1.000 |" in final
+    spend = "120 model calls, 45,000 tokens, $0.0310"
+    spent = artifacts.progress_markdown(2, 4, 7, 16, 0.625, 0.7, spend=spend)
+    assert spent.rstrip().endswith(f"Spend so far: {spend}")
 
 
 def test_skill_diff_markdown_holds_the_decision_and_a_fenced_diff() -> None:
