@@ -622,3 +622,27 @@ def test_a_table_of_only_catch_all_rules_is_not_warned_about(caplog: pytest.LogC
     with caplog.at_level("WARNING", logger="skillopt.llm"):
         ScriptedBackend(table).attempt(ChatRequest(messages=[user("anything")], stage="rollout"), timeout_s=5)
     assert "no reply of its own" not in caplog.text
+
+
+def test_the_quickstart_rehearsal_rules_give_the_optimizer_something_to_learn():
+    """examples/qa/scripted_rules.yaml: arithmetic is answered once the skill asks for the working, and the
+    failure analyst proposes that rule while the skill lacks it, then the capitals rule."""
+    rules_file = Path(__file__).resolve().parents[2] / "examples" / "qa" / "scripted_rules.yaml"
+    table = scripted.RuleTable(scripted.load_rules_file(rules_file, where="rehearsal"), where="rehearsal")
+    backend = ScriptedBackend(table)
+
+    def rollout(skill: str) -> str:
+        question = user("## Question\nWhat is 12 times 12?")
+        request = ChatRequest(messages=[system(skill), question], stage="rollout")
+        return backend.attempt(request, timeout_s=5).text
+
+    assert rollout("# Answer briefly").endswith("<answer>unknown</answer>")
+    assert rollout("Work the calculation out step by step.").endswith("<answer>144</answer>")
+
+    def proposed(skill: str) -> str:
+        request = ChatRequest(messages=[system("# Failure analyst\n..."), user(f"## Current skill\n{skill}")],
+                              stage="analyst")
+        return json.loads(backend.attempt(request, timeout_s=5).text)["patch"]["edits"][0]["content"]
+
+    assert "step by step" in proposed("# Answer briefly")
+    assert "name the capital city" in proposed("- Work the calculation out step by step.")
