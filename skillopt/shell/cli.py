@@ -1010,6 +1010,9 @@ def _cmd_server_start(args: argparse.Namespace, out: _Output) -> int:
     out.print(f"  API: {server.api_url}  (skillopt train/eval/demo use it while PREFECT_API_URL is unset)")
     out.print(f"  log: {server.log_path}; stop it with `skillopt server stop`")
     out.print(_preload_line(home))
+    if not started and args.port and f":{args.port}/" not in server.api_url:
+        out.print(f"  --port {args.port} not used: this server already runs; `skillopt server stop` first to "
+                  "start it on another port")
     return EXIT_OK
 
 

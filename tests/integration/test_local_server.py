@@ -64,6 +64,8 @@ def test_server_start_status_a_run_that_uses_it_and_stop(tmp_path):
         assert f"preloaded process (pid {preloaded})" in status.stdout
         again = skillopt("server", "start")
         assert again.returncode == 0 and f"already running: Prefect server (pid {pid})" in again.stdout
+        elsewhere = skillopt("server", "start", "--port", "1")  # a running server is not moved: said so
+        assert elsewhere.returncode == 0 and "--port 1 not used: this server already runs" in elsewhere.stdout
 
         run = skillopt("demo", "--run-name", "via-local-server", "-o", "train.epochs=1")
         assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
