@@ -165,8 +165,8 @@ def _add_server_commands(commands: argparse._SubParsersAction) -> None:
     server = commands.add_parser(
         "server", help="a local Prefect server that stays up, so runs start without waiting for one",
         description="Start, stop or show the local Prefect server (127.0.0.1, database under PREFECT_HOME). "
-                    "train, eval and demo use it when PREFECT_API_URL is unset; without it each run starts "
-                    "a temporary one.",
+                    "train, eval, demo and serve use it when PREFECT_API_URL is unset, and start it in the "
+                    "background when none runs (--ephemeral: a temporary one for that run instead).",
     )
     server_commands = server.add_subparsers(dest="server_command", metavar="SUBCOMMAND")
     start = server_commands.add_parser("start", help="start it in the background (or find the running one)")
