@@ -295,8 +295,8 @@ def _add_serve_and_skills(commands: argparse._SubParsersAction) -> None:
                       help="how many runs (default 10)")
     runs_commands = runs.add_subparsers(dest="runs_command", metavar="SUBCOMMAND")
     logs = runs_commands.add_parser("logs", help="a run's log (the training story); --follow until it ends")
-    logs.add_argument("flow_run_id", metavar="ID",
-                      help="the flow run's id (skillopt runs, serve and the UI show it)")
+    logs.add_argument("flow_run_id", metavar="RUN",
+                      help="the flow run's name or id (skillopt runs, serve and the UI show them)")
     logs.add_argument("-f", "--follow", action="store_true",
                       help="keep printing new lines until the run ends")
 
@@ -987,11 +987,12 @@ def _cmd_runs(args: argparse.Namespace, out: _Output) -> int:
 def _cmd_runs_logs(args: argparse.Namespace, out: _Output) -> int:
     from prefect.exceptions import ObjectNotFound
 
-    from skillopt.shell.prefect_runs import follow_logs
+    from skillopt.shell.prefect_runs import flow_run_id_of, follow_logs
 
     with _prefect_api("skillopt runs logs") as client:
         try:
-            state = follow_logs(client, args.flow_run_id, out.print, follow=args.follow)
+            run_id = flow_run_id_of(client, args.flow_run_id)
+            state = follow_logs(client, run_id, out.print, follow=args.follow)
         except ObjectNotFound:
             raise SkillOptError(f"skillopt runs logs: no flow run {args.flow_run_id} on this Prefect server "
                                 "(`skillopt runs` lists them)") from None

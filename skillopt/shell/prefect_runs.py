@@ -176,6 +176,26 @@ def format_runs(rows: list[RunRow]) -> list[str]:
     return lines
 
 
+def flow_run_id_of(client: Any, reference: str) -> str:
+    """The id of the flow run ``reference`` names: its id, or its name as ``skillopt runs`` shows it (the
+    newest run of that name). ``prefect.exceptions.ObjectNotFound`` when there is none."""
+    import uuid
+
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
+    from prefect.client.schemas.sorting import FlowRunSort
+    from prefect.exceptions import ObjectNotFound
+
+    try:
+        return str(uuid.UUID(reference))
+    except ValueError:
+        pass
+    runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=[reference])),
+                                 sort=FlowRunSort.START_TIME_DESC, limit=1)
+    if not runs:
+        raise ObjectNotFound(http_exc=Exception(f"no flow run named {reference}"))
+    return str(runs[0].id)
+
+
 def follow_logs(client: Any, flow_run_id: str, emit: Callable[[str], None], *, follow: bool,
                 poll_s: float = 1.0) -> str:
     """Print the run's log lines (the training story) as ``prefect flow-run logs`` does; with ``follow``, keep

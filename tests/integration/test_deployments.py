@@ -421,6 +421,9 @@ def test_a_deployment_served_with_data_and_a_backend_runs_as_typed_and_tells_its
         assert story.returncode == 0, story.stderr
         assert "baseline on the selection split: 0.600 (10 items)" in story.stdout
         assert story.stdout.rstrip().endswith("(run Completed)"), story.stdout[-500:]
+        by_name = subprocess.run([str(Path(sys.executable).with_name("skillopt")), "runs", "logs", run.name],
+                                 env=served.env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+        assert by_name.returncode == 0 and by_name.stdout == story.stdout, by_name.stderr  # the run's name
 
         # A bad parameter from the UI form: the run says which parameter to set, never a command-line option.
         failed = served.wait(served.trigger({"data": "nowhere"}))
