@@ -21,6 +21,7 @@ from contextlib import contextmanager
 from prefect.logging.handlers import APILogHandler
 
 from skillopt.core.errors import SkillOptError, in_deployment_terms
+from skillopt.flows.parameters import CONFIG_PARAMETERS
 from skillopt.flows.run import PROGRESS_LOGGER, _UserErrorsWithoutTraceback
 
 #: Prefect's logger of task-run states: one INFO line per task run.
@@ -78,7 +79,7 @@ def run_story(*, verbose: bool = False) -> Iterator[None]:
         yield
     except SkillOptError as error:
         if from_deployment:
-            error.args = (in_deployment_terms(str(error)), *error.args[1:])
+            error.args = (in_deployment_terms(str(error), CONFIG_PARAMETERS), *error.args[1:])
         raise
     finally:
         for logger, level in zip((*loggers, task_runs), levels, strict=True):

@@ -9,6 +9,7 @@ might be a secret.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 
 
 class SkillOptError(Exception):
@@ -64,9 +65,14 @@ _DEPLOYMENT_TERMS: tuple[tuple[str, str], ...] = (
 )
 
 
-def in_deployment_terms(message: str) -> str:
+def in_deployment_terms(message: str, named: Mapping[str, str] | None = None) -> str:
     """``message`` with each command-line option it names replaced by the deployment parameter to set,
-    e.g. "pass --data DIR" → "set the deployment parameter data to DIR"."""
+    e.g. "pass --data DIR" → "set the deployment parameter data to DIR". ``named`` maps the deployment's
+    named parameters to the config keys they set (``epochs`` → ``train.epochs``): an override of one of
+    those keys is named as that parameter first."""
+    for name, key in (named or {}).items():
+        message = re.sub(rf"(?<![\w-])-o {re.escape(key)}\b",
+                         f"the deployment parameter {name} (or the overrides entry {key})", message)
     for pattern, words in _DEPLOYMENT_TERMS:
         message = re.sub(pattern, words, message)
     return message

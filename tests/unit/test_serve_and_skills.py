@@ -128,6 +128,12 @@ def test_a_deployment_run_is_told_which_parameter_to_set_never_a_command_line_op
         "parameter run_name")
     assert in_deployment_terms("set --judge-backend or --backend") == (
         "set the deployment parameter judge_backend or the deployment parameter backend")
+    from skillopt.flows.parameters import CONFIG_PARAMETERS
+
+    named = "train.epochs: Input should be greater than or equal to 1 (from -o train.epochs)"
+    assert in_deployment_terms(named, CONFIG_PARAMETERS) == (
+        "train.epochs: Input should be greater than or equal to 1 (from the deployment parameter epochs (or "
+        "the overrides entry train.epochs))")
 
 
 def test_a_bad_schedule_is_refused_with_the_expected_form():
