@@ -42,7 +42,7 @@ import yaml
 from pydantic import BaseModel
 
 from skillopt.core.atomic import atomic_write_bytes, check_writable
-from skillopt.core.config import SkillOptConfig
+from skillopt.core.config import SkillOptConfig, flatten
 from skillopt.core.error_rows import answered_rows
 from skillopt.core.errors import ConfigError, SkillOptError, StorageError, storage_error
 from skillopt.core.gate import Scores, score_rows
@@ -599,10 +599,11 @@ class RunDir:
         if not isinstance(recorded, dict):
             return []
         recorded.pop("sources", None)
-        now = redact_tree(config.model_dump(mode="json"), Redactor.from_environment())
+        before = flatten(recorded)
+        now = flatten(redact_tree(config.model_dump(mode="json"), Redactor.from_environment()))
         neutral = set(RESULT_NEUTRAL_FIELDS)
-        return [key for key in sorted(set(_flat(recorded)) | set(_flat(now)))
-                if key not in neutral and _flat(recorded).get(key) != _flat(now).get(key)]
+        return [key for key in sorted(set(before) | set(now))
+                if key not in neutral and before.get(key) != now.get(key)]
 
     # ---- layout ---------------------------------------------------------------------------
 
@@ -829,16 +830,6 @@ class RunDir:
         end, so a best skill held back during a replay is written first."""
         self._end_replay()
         return self.write_json(SUMMARY_FILE, summary_dict(summary))
-
-
-def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
-    """``{"a": {"b": 1}}`` as ``{"a.b": 1}``; a dict of no keys is a value of its own."""
-    if not isinstance(tree, dict) or not tree:
-        return {prefix: tree} if prefix else {}
-    flat: dict[str, Any] = {}
-    for key, value in tree.items():
-        flat.update(_flat(value, f"{prefix}.{key}" if prefix else str(key)))
-    return flat
 
 
 def _checked_name(name: str, what: str) -> str:
