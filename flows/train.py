@@ -68,6 +68,7 @@ from skillopt.flows.stages import (
     step_record,
 )
 from skillopt.flows.story import STORY_LOGGER, run_story
+from skillopt.llm.errors import BudgetExceeded
 from skillopt.llm.roles import CliRoleOptions
 from skillopt.llm.usage import Totals
 from skillopt.optimizer.probe import probe_record
@@ -196,16 +197,31 @@ def train(
                 run.skill_source = replace(run.skill_source, carried=promoted.carried)
 
         state = baseline(run)
-        for epoch in range(1, run.config.train.epochs + 1):
-            state = run_epoch(run, state, epoch)
-            if state.stopped_by:
-                break
+        try:
+            for epoch in range(1, run.config.train.epochs + 1):
+                state = run_epoch(run, state, epoch)
+                if state.stopped_by:
+                    break
+        except BudgetExceeded as error:  # the in-flight hard cap, inside a step the guard had let start
+            hard_budget_stop(run, state, error, epoch)
         if run.config.train.selection == "pareto":
             choose_final(run, state)
         summary = finish(run, state, wall_s=time.monotonic() - started)
         if mode == "nightly":
             summary["promotion"] = promote_if_better(run, state, registry, incumbent)
     return summary
+
+
+def hard_budget_stop(run: Run, state: TrainState, error: BudgetExceeded, epoch: int) -> None:
+    """End the run as a budget stop after a call was refused at the hard cap: the step it was in is left
+    unrecorded (its finished calls are cached) and the run ends on its best skill (the final check of another
+    skill could need calls, and every call is refused now)."""
+    state.current_skill, state.current_score = state.best_skill, state.best_score
+    message = (f"budget: {error.reason}; stopped in epoch {epoch} step {state.step}/{state.total_steps}, "
+               f"which is not recorded; {error.hint or 'raise the cap and resume'}")
+    state.stopped_by, state.stopped_message = "budget", message
+    run.dir.write_text("STOPPED", message + "\n")
+    progress.warning("%s", message)
 
 
 def baseline(run: Run) -> TrainState:

@@ -27,6 +27,7 @@ from skillopt.core.errors import SkillOptError, StorageError
 from skillopt.core.gate import Scores, score_rows
 from skillopt.core.records import ItemResult
 from skillopt.llm.chat import ChatRequest
+from skillopt.llm.errors import BudgetExceeded
 from skillopt.run.assembly import Run
 from skillopt.run.cache_keys import digest
 from skillopt.run.rollouts import JudgeVerdict, judge_call_key, roll_out, rollout_key
@@ -137,6 +138,9 @@ def run_rollouts(run: Run, skill: str, split: str, item_ids: list[str], *, train
                 errors.append(error)
                 rows.append(error_row(run.items[item_id], error))
             live.emit("item")
+    if over_budget := next((error for error in errors if isinstance(error, BudgetExceeded)), None):
+        # Every later call would be refused too: the run stops here (flows/train.py), not item by item.
+        raise over_budget
     check_infrastructure(rows, role_label=run.clients.roles.target.label())
     run.error_streak.observe(rows)
     evaluation = _scored(skill, split, rows)

@@ -125,3 +125,45 @@ def test_the_test_evaluation_is_guarded_like_a_step(prefect_settings, priced_dem
     assert "stopped before the test evaluation" in summary["stopped_message"]
     assert summary["usage"]["total"]["usd"] <= 1.00
     assert "test" not in summary["scores"]["best"] and (run_dir / "report.html").is_file()
+
+
+class _DearerAfterTheBaseline(DemoWorldServer):
+    """The demo world whose replies report 5,000 prompt tokens ($0.05 a rollout) once the baseline's 12 have
+    answered: a step that costs more than the projection the guard let it start on (long trajectories)."""
+
+    def reply(self, request):
+        with self.lock:
+            if len(self.answered) >= 12:
+                self.usage = {"prompt_tokens": 5000, "completion_tokens": 0}
+        return super().reply(request)
+
+
+def test_a_call_refused_at_the_hard_cap_inside_a_step_ends_the_run_as_a_budget_stop(prefect_settings, in_tmp):
+    """The guard lets step 1 start ($0.12 spent, a $0.20 step projected, $0.40 cap); the step's rollouts then
+    cost $0.05 each, and the call that would go past 1 x the cap is refused. The run ends as a budget stop
+    (once it ended as 'N model calls in a row failed', advising to fix an endpoint or a credential, with no
+    summary): summary, report and best skill written, the step unrecorded, the test split skipped."""
+    from skillopt.flows.train import skill_train
+
+    prices = in_tmp / "prices.yaml"
+    prices.write_text(PRICES)
+    world = _DearerAfterTheBaseline()
+    world.usage = {"prompt_tokens": 1000, "completion_tokens": 0}
+    with world.server:
+        overrides = [*role_overrides(world.server.openai_base_url), f"model.pricing_file={prices}",
+                     "budget.max_usd=0.40", "budget.hard_factor=1", "benchmark.workers=2"]
+        summary = skill_train(benchmark="demo", overrides=overrides, run_name="hard-stop")
+    run_dir = Path(summary["run_dir"])
+
+    assert summary["stopped_by"] == "budget"
+    message = summary["stopped_message"]
+    assert message.startswith("budget: hard budget stop: spent $0.4"), message
+    assert message.endswith("stopped in epoch 1 step 1/6, which is not recorded; raise budget.max_usd and "
+                            "resume"), message
+    assert (run_dir / "STOPPED").read_text().strip() == message
+    assert json.loads((run_dir / "summary.json").read_text())["stopped_by"] == "budget"
+    assert not (run_dir / "history.jsonl").exists() or not (run_dir / "history.jsonl").read_text().strip()
+    assert (run_dir / "best_skill.md").read_text() == (run_dir / "skills" / "step_0000.md").read_text()
+    assert "test" not in summary["scores"]["best"] and (run_dir / "report.html").is_file()
+    # at most the calls in flight when the cap was reached go past it: two workers, $0.05 each
+    assert summary["usage"]["total"]["usd"] <= 0.40 + 2 * 0.05 + 1e-9
