@@ -40,6 +40,8 @@ class RunRow:
     link: str
     #: For a Late run nobody serves: the command that would run it.
     unserved_fix: str | None = None
+    #: For a Failed or Crashed run: why, as its final state says (the first line).
+    reason: str | None = None
 
 
 def ui_url() -> str | None:
@@ -146,11 +148,22 @@ def recent_runs(client: Any, *, limit: int = 10, now: datetime | None = None) ->
         if deployment is not None and state == "Late" and not _served(deployment, now):
             benchmark = str((deployment.parameters or {}).get("benchmark") or deployment.name)
             fix = serve_command(benchmark, deployment.parameters or {})
+        reason = None
+        if run.state is not None and run.state.type.value in ("FAILED", "CRASHED") and run.state.message:
+            reason = run.state.message.strip().splitlines()[0]
         rows.append(RunRow(id=str(run.id), name=run.name, flow=flow,
                            deployment=f"{flow}/{deployment.name}" if deployment is not None else None,
                            state=state, best=bests.get(str(run.id)), link=run_link(str(run.id), base),
-                           unserved_fix=fix))
+                           unserved_fix=fix, reason=reason))
     return rows
+
+
+#: How much of a failed run's reason ``skillopt runs`` shows (``skillopt runs logs`` has all of it).
+REASON_CHARS = 200
+
+
+def _shortened(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[:limit - 1].rstrip() + "…"
 
 
 def format_runs(rows: list[RunRow]) -> list[str]:
@@ -165,6 +178,8 @@ def format_runs(rows: list[RunRow]) -> list[str]:
         late = "  ← nothing serves it" if row.unserved_fix else ""
         lines.append(f"{row.state:<10} {row.name:<44} {best:<10} {row.deployment or 'command line':<26} "
                      f"{row.link}{late}")
+        if row.reason:
+            lines.append(f"{'':<10} why: {_shortened(row.reason, REASON_CHARS)}")
     fixes: dict[str, tuple[str, list[str]]] = {}
     for row in rows:
         if row.unserved_fix and row.deployment:
