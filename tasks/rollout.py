@@ -119,7 +119,8 @@ def run_rollouts(run: Run, skill: str, split: str, item_ids: list[str], *, train
     workers = max(1, int(getattr(run.bench_cfg, "workers", 4)))
     rollout = bound(run, rollout_item)
     rows: list[ItemResult] = []
-    live.emit("stage", name=f"rollout {split}", total=len(item_ids))
+    stage = object()  # this evaluation's own key: others may run beside it
+    live.emit("stage", name=f"rollout {split}", total=len(item_ids), key=stage)
     with pool_for(run, "rollouts", workers) as runner:
         jobs = _rollout_jobs(run, skill, item_ids, training=training, probe_instruction=probe_instruction,
                              epoch=epoch, samples=samples, view_seed=view_seed)
@@ -137,7 +138,7 @@ def run_rollouts(run: Run, skill: str, split: str, item_ids: list[str], *, train
             except Exception as error:  # noqa: BLE001 - recorded as an error row, never as a score
                 errors.append(error)
                 rows.append(error_row(run.items[item_id], error))
-            live.emit("item")
+            live.emit("item", key=stage)
     if over_budget := next((error for error in errors if isinstance(error, BudgetExceeded)), None):
         # Every later call would be refused too: the run stops here (flows/train.py), not item by item.
         raise over_budget

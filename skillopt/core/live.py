@@ -22,6 +22,7 @@ _live = logging.getLogger(LIVE_LOGGER)
 
 def emit(kind: str, **fields: Any) -> None:
     """Report one event to whoever displays progress: ``step`` (epoch, step, total_steps), ``stage`` (name,
-    total items), ``item`` (one finished), ``call`` (record: the ``UsageRecord`` of one model call)."""
+    total items, a key its items name), ``item`` (one finished, with its stage's key), ``call`` (record: the
+    ``UsageRecord`` of one model call)."""
     if _live.isEnabledFor(logging.DEBUG):
         _live.debug(kind, extra={EVENT_ATTRIBUTE: {"kind": kind, **fields}})

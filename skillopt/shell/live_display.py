@@ -34,8 +34,9 @@ class LiveState:
     step: int = 0
     total_steps: int = 0
     stage: str = WAITING
-    items_done: int = 0
-    items_total: int = 0
+    #: The rollout stages running now, by the key their events carry: [name, items done, items total].
+    #: Evaluations run side by side (a slow update's, the final checks), so several can be open at once.
+    item_stages: dict[Any, list[Any]] = field(default_factory=dict)
     totals: Totals = field(default_factory=Totals)
     clock: Callable[[], float] = time.monotonic
     #: When the first step this display saw began (and its number), and when the current one began.
@@ -51,15 +52,27 @@ class LiveState:
             if self.first_step is None:
                 self.first_step = (self.step, now)
         elif kind == "stage":
-            self.stage, self.items_done, self.items_total = event["name"], 0, event.get("total", 0)
+            self.item_stages = {key: stage for key, stage in self.item_stages.items() if stage[1] < stage[2]}
+            self.item_stages[event.get("key")] = [event["name"], 0, event.get("total", 0)]
+            self.stage = event["name"]
         elif kind == "item":
-            self.items_done += 1
+            if (stage := self.item_stages.get(event.get("key"))) is not None:
+                stage[1] += 1
         elif kind == "call":
             record: UsageRecord = event["record"]
             self.totals.add(record)
             if not record.cache_hit and record.stage not in _ITEM_STAGES:
                 # An optimizer stage has no items: its calls say where the run is.
-                self.stage, self.items_done, self.items_total = record.stage, 0, 0
+                self.stage, self.item_stages = record.stage, {}
+
+    @property
+    def items(self) -> tuple[str, int, int] | None:
+        """The rollout stages running now as one: their names joined, items done and in all."""
+        if not self.item_stages:
+            return None
+        names = list(dict.fromkeys(name for name, _, _ in self.item_stages.values()))
+        return (" + ".join(names), sum(done for _, done, _ in self.item_stages.values()),
+                sum(total for _, _, total in self.item_stages.values()))
 
     def eta_s(self) -> float | None:
         """Seconds until the last step ends, from the plan (steps left) and the measured time per step so far
@@ -80,8 +93,8 @@ class LiveState:
         if eta is not None:
             parts.append(f"~{_duration(eta)} left in the steps")
         stage = self.stage
-        if self.items_total:
-            stage += f" {self.items_done}/{self.items_total} items"
+        if (items := self.items) is not None and items[2]:
+            stage = f"{items[0]} {items[1]}/{items[2]} items"
         elif stage == WAITING and totals.calls:
             stage += " (the baseline's calls have started)"
         parts.append(stage)

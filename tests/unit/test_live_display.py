@@ -38,6 +38,23 @@ def test_events_fold_into_epoch_step_stage_items_calls_tokens_and_cost():
                             "$0.0050 + 1 unpriced")
 
 
+def test_evaluations_side_by_side_count_their_items_together_never_past_their_total():
+    """A slow update scores two skills on the same 20 items at once: 38 items done read 38/40, not 38/20 (each
+    evaluation's stage event once reset the total while the other's items went on counting)."""
+    state = LiveState()
+    state.apply({"kind": "stage", "name": "rollout train", "total": 20, "key": "before"})
+    state.apply({"kind": "stage", "name": "rollout train", "total": 20, "key": "after"})
+    for index in range(38):
+        state.apply({"kind": "item", "key": "before" if index % 2 else "after"})
+    assert state.line().startswith("rollout train 38/40 items · ")
+    state.apply({"kind": "stage", "name": "rollout val", "total": 12, "key": "gate"})
+    assert state.line().startswith("rollout train + rollout val 38/52 items · ")  # the first two still run
+    for key in ("before", "after"):
+        state.apply({"kind": "item", "key": key})
+    state.apply({"kind": "stage", "name": "rollout test", "total": 8, "key": "test"})  # the train ones ended
+    assert state.line().startswith("rollout val + rollout test 0/20 items · ")
+
+
 def test_the_eta_comes_from_the_steps_left_and_the_measured_time_per_step():
     now = [100.0]
     state = LiveState(clock=lambda: now[0])
