@@ -28,7 +28,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from skillopt.core.data import read_records
+from skillopt.core.data import at_line, read_records
 from skillopt.core.errors import DataError
 
 __all__ = [
@@ -68,11 +68,14 @@ def read_table(path: str | Path, *, list_columns: Sequence[str] = ()) -> list[di
         raise DataError(f"{path}: not valid UTF-8 at byte offset {exc.start}; data files must be UTF-8"
                         ) from None
     rows: list[dict[str, Any]] = []
-    for index, raw in enumerate(csv.DictReader(io.StringIO(text, newline="")), start=1):
+    reader = csv.DictReader(io.StringIO(text, newline=""))
+    for raw in reader:
+        # The reader has just read the row's last line; a row whose cells hold line breaks started earlier.
+        line = reader.line_num - sum(cell.count("\n") for cell in raw.values() if isinstance(cell, str))
         if None in raw:
-            raise DataError(f"{path}: row {index}: more cells than the header has columns")
-        rows.append({key: _json_list(cell) if key in list_columns else cell
-                     for key, cell in raw.items() if cell not in (None, "")})
+            raise DataError(f"{path}: line {line}: more cells than the header has columns")
+        rows.append(at_line({key: _json_list(cell) if key in list_columns else cell
+                             for key, cell in raw.items() if cell not in (None, "")}, line))
     return rows
 
 

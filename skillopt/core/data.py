@@ -242,15 +242,32 @@ def _read_text(path: Path) -> str:
         ) from None
 
 
+class SourceRow(dict[str, Any]):
+    """A row as a reader found it, with the line of its file where it starts, so that an error about the row
+    names the line an editor shows (a JSONL file with blank lines, a CSV file's header)."""
+
+    line: int | None = None
+
+
+def at_line(row: dict[str, Any], line: int) -> SourceRow:
+    """``row`` as a :class:`SourceRow` that starts on ``line``."""
+    located = SourceRow(row)
+    located.line = line
+    return located
+
+
 def _parse_jsonl(path: Path, text: str) -> list[Any]:
     rows: list[Any] = []
     for lineno, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
         try:
-            rows.append(json.loads(line))
+            row = json.loads(line)
         except json.JSONDecodeError as exc:
             raise DataError(f"{path}: line {lineno}: malformed JSON ({_json_problem(exc)})") from None
+        if not isinstance(row, dict):
+            raise DataError(f"{path}: line {lineno}: expected a JSON object, got {type(row).__name__}")
+        rows.append(at_line(row, lineno))
     return rows
 
 
@@ -464,7 +481,8 @@ class _Row:
     @property
     def where(self) -> str:
         split = f"{self.split} split, " if self.split else ""
-        return f"{split}{self.file} row {self.index}"
+        line = getattr(self.data, "line", None)
+        return f"{split}{self.file} " + (f"line {line}" if line else f"row {self.index}")
 
 
 def default_split_output_dir(run_dir: Path | str, benchmark: str, split_ratio: str, split_seed: int) -> Path:

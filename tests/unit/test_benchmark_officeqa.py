@@ -201,7 +201,7 @@ def test_a_row_without_an_answer_is_an_error_naming_the_file_and_row(tmp_path):
     source = tmp_path / "rows.csv"
     source.write_text("uid,question,answer\nA,Q1?,1\nB,Q2?,\nC,Q3?,3\n", encoding="utf-8")
     config = OfficeQAConfig(split_mode="ratio", data_path=str(source), split_output_dir=str(tmp_path / "out"))
-    with pytest.raises(DataError, match=r"rows.csv.*row 2: missing field 'ground_truth'"):
+    with pytest.raises(DataError, match=r"rows.csv line 3: missing field 'ground_truth'"):
         OfficeQABenchmark(env={}).load_split(config, "train", run_dir=tmp_path)
 
 

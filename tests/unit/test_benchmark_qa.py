@@ -136,7 +136,8 @@ def test_renamed_question_field_loads_rows_that_carry_prompt(tmp_path):
 
 def test_a_row_without_the_question_field_names_the_file_the_row_and_the_field(tmp_path):
     source = tmp_path / "rows.jsonl"
-    source.write_text('{"prompt": "Q1?", "answer": "a"}\n{"question": "Q2?", "answer": "b"}\n')
+    # a blank line between the rows: the message names the line an editor shows (3), not the record (2)
+    source.write_text('{"prompt": "Q1?", "answer": "a"}\n\n{"question": "Q2?", "answer": "b"}\n')
     config = QAConfig(
         split_mode="ratio",
         data_path=str(source),
@@ -145,9 +146,8 @@ def test_a_row_without_the_question_field_names_the_file_the_row_and_the_field(t
     )
     with pytest.raises(DataError) as caught:
         plugin.load_split(config, "train", run_dir=tmp_path)
-    assert (
-        str(source) in str(caught.value) and "row 2" in str(caught.value) and "'prompt'" in str(caught.value)
-    )
+    message = str(caught.value)
+    assert str(source) in message and "rows.jsonl line 3:" in message and "'prompt'" in message
 
 
 def test_a_row_without_an_answer_is_an_error_with_no_drop_rule(tmp_path):

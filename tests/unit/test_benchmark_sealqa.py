@@ -215,7 +215,7 @@ def test_a_bracketed_cell_that_is_no_list_literal_is_an_error_naming_the_file_ro
     for split, urls in (("train", "['ok']"), ("val", "[not, a list"), ("test", "")):
         (root / split).mkdir(parents=True)
         (root / split / "rows.csv").write_text(header + f'Q {split}?,A,"{urls}"\n', encoding="utf-8")
-    with pytest.raises(DataError, match=r"val/rows.csv row 1: field 'urls' is not a JSON or Python list"):
+    with pytest.raises(DataError, match=r"val/rows.csv line 2: field 'urls' is not a JSON or Python list"):
         plugin.load_split(SealQAConfig(split_dir=str(root)), "train", run_dir=tmp_path)
 
 
@@ -223,7 +223,7 @@ def test_a_row_without_an_answer_is_an_error_with_no_drop_rule(tmp_path):
     source = tmp_path / "rows.csv"
     source.write_text("question,answer\nQ1?,a\nQ2?,\nQ3?,c\n", encoding="utf-8")
     config = SealQAConfig(split_mode="ratio", data_path=str(source), split_output_dir=str(tmp_path / "out"))
-    with pytest.raises(DataError, match=r"row 2: missing field 'answer'"):
+    with pytest.raises(DataError, match=r"rows.csv line 3: missing field 'answer'"):
         plugin.load_split(config, "train", run_dir=tmp_path)
 
 

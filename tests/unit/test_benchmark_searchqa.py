@@ -99,7 +99,7 @@ def test_a_row_without_answers_names_the_file_the_row_and_the_field(tmp_path):
     del rows[1]["answers"]
     source.write_text("".join(json.dumps(row) + "\n" for row in rows))
     config = SearchQAConfig(split_mode="ratio", data_path=str(source), split_output_dir=str(tmp_path / "out"))
-    with pytest.raises(DataError, match=r"rows.jsonl row 2: missing field 'answers'"):
+    with pytest.raises(DataError, match=r"rows.jsonl line 2: missing field 'answers'"):
         plugin.load_split(config, "train", run_dir=tmp_path)
 
 
