@@ -13,7 +13,7 @@ from pydantic import BaseModel
 from skillopt.benchmarks.base import Benchmark, benchmark_config, load_benchmark
 from skillopt.benchmarks.item_limit import item_limit_s
 from skillopt.core.config import LoadedConfig, SkillOptConfig
-from skillopt.core.errors import ConfigError
+from skillopt.core.errors import BenchmarkSetupError, ConfigError
 from skillopt.llm.base import BackendRegistry
 from skillopt.llm.roles import CliRoleOptions, resolve_roles
 from skillopt.skill.folder import LoadedSkill, load_skill
@@ -38,7 +38,20 @@ def resolve_benchmark(loaded: LoadedConfig, *, cli: CliRoleOptions | None, env: 
                          config.model.retry, exec_target=kind == "exec")
     bench_cfg = bench_cfg.model_copy(update={"item_timeout_s": limit})
     benchmark.preflight(bench_cfg)
+    check_prompts_dir(benchmark)
     return benchmark, bench_cfg, roles
+
+
+def check_prompts_dir(benchmark: Benchmark[Any]) -> None:
+    """A plug-in's prompt files are each optional, but their folder is not: without it the run would start
+    from a blank skill and its analysts would get no guidance, without a word (a package installed without
+    its ``prompts/*.md``, or ``prompts_dir`` not overridden)."""
+    folder = benchmark.prompts_dir
+    if not folder.is_dir():
+        raise BenchmarkSetupError(
+            f"benchmark {benchmark.id}: its prompts folder {folder} does not exist (Benchmark.prompts_dir). "
+            "Ship initial_skill.md, analyst_error.md and analyst_success.md there (declare them as package "
+            "data, or a non-editable install leaves them out), or point prompts_dir at an existing folder")
 
 
 def bind_target(benchmark: Benchmark[Any], bench_cfg: BaseModel, backend: str, kind: str) -> BaseModel:

@@ -24,6 +24,7 @@ from skillopt.core.config import LoadedConfig
 from skillopt.core.data import check_train_size, resolve_split
 from skillopt.core.errors import ConfigError
 from skillopt.llm.base import BackendRegistry, EnvSecrets
+from skillopt.llm.chat import Message
 from skillopt.llm.clients import ModelClients
 from skillopt.llm.roles import CliRoleOptions
 
@@ -96,15 +97,24 @@ def check_gold_stays_out(benchmark: Benchmark, bench_cfg: Any, item: Any) -> Non
     sentinel, the prompt must not contain it (the optimizer learns from a gold that only the evaluation
     event shows; a target that reads it scores nothing real). A prompt that cannot be built that way says
     nothing here."""
-    fields = [field for field in benchmark.GOLD_FIELDS if field in item]
-    if not fields:
+    if not benchmark.GOLD_FIELDS:
         return
+    fields = [field for field in benchmark.GOLD_FIELDS if field in item]
+    if not fields:  # a misspelt name would turn the check off without a word
+        declared, found = ", ".join(benchmark.GOLD_FIELDS), ", ".join(sorted(item))
+        raise BenchmarkSetupError(
+            f"benchmark {benchmark.id}: GOLD_FIELDS ({declared}) names no field of its items (item {item.id} "
+            f"has {found}); name the fields that hold the gold answer")
     marked = type(item)({**item, **{field: GOLD_SENTINEL for field in fields}})
     try:
         messages = benchmark.build_messages(marked, "", bench_cfg)
     except Exception:  # noqa: BLE001 - a builder that needs the real value fails here; the run finds out
         return
-    if any(GOLD_SENTINEL in message.text() for message in messages):
+    if not isinstance(messages, list) or not all(isinstance(message, Message) for message in messages):
+        raise BenchmarkSetupError(f"benchmark {benchmark.id}: build_messages returned "
+                                  f"{type(messages).__name__}, not a list of skillopt.llm.chat.Message")
+    # Upper-cased or lower-cased, the gold is still shown.
+    if any(GOLD_SENTINEL in message.text().lower() for message in messages):
         raise BenchmarkSetupError(f"benchmark {benchmark.id}: its prompt shows a gold field of the item "
                                   f"({', '.join(fields)}, GOLD_FIELDS): build_messages must not read them")
 

@@ -1,5 +1,6 @@
-"""The benchmark template in docs/ is a working plug-in: copy it, register it like an installed
-package (a dist-info folder with an entry point), list it and train on it with the scripted backend."""
+"""The benchmark template in docs/ is a working plug-in: copy it, build it into a wheel with its own
+pyproject.toml and install that (its prompt files must travel as package data), list it and train on it
+with the scripted backend."""
 
 from __future__ import annotations
 
@@ -17,13 +18,20 @@ pytestmark = pytest.mark.slow
 TEMPLATE = Path(__file__).resolve().parents[2] / "docs" / "benchmark-template"
 
 
+def pip(arguments: list[str]) -> None:
+    done = subprocess.run([sys.executable, "-m", "pip", "--disable-pip-version-check", *arguments],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+
+
 def test_the_template_is_registered_listed_and_trained_on(prefect_api, tmp_path):
-    site = tmp_path / "site"
-    shutil.copytree(TEMPLATE / "skillopt_mybench", site / "skillopt_mybench")
-    dist_info = site / "skillopt_mybench-0.1.0.dist-info"
-    dist_info.mkdir()
-    (dist_info / "METADATA").write_text("Metadata-Version: 2.1\nName: skillopt-mybench\nVersion: 0.1.0\n")
-    (dist_info / "entry_points.txt").write_text('[skillopt.benchmarks]\nmybench = skillopt_mybench:plugin\n')
+    package, wheels, site = tmp_path / "mybench", tmp_path / "wheels", tmp_path / "site"
+    shutil.copytree(TEMPLATE, package)
+    # Offline: the environment's own hatchling builds it, and skillopt is already installed.
+    pip(["wheel", "--no-deps", "--no-build-isolation", "--wheel-dir", str(wheels), str(package)])
+    pip(["install", "--no-deps", "--target", str(site), *map(str, wheels.glob("*.whl"))])
+    assert sorted(p.name for p in (site / "skillopt_mybench" / "prompts").iterdir()) == [
+        "analyst_error.md", "analyst_success.md", "initial_skill.md"]
     work = tmp_path / "work"
     work.mkdir()
     env = {

@@ -181,3 +181,64 @@ def test_a_benchmark_whose_prompt_shows_the_gold_is_refused_before_the_run(monke
                                                    r"\(answers, GOLD_FIELDS\): build_messages must not "
                                                    r"read them"):
         check_run(loaded, cli=CliRoleOptions(backend="scripted"), env={}, probe=False)
+
+
+def _qa_checked(monkeypatch, **patches):
+    """``check_run`` on the shipped QA data with the QA plug-in's attributes replaced by ``patches``."""
+    from skillopt.benchmarks.qa import QABenchmark
+    from skillopt.core.config import load_config
+    from skillopt.core.data import data_overrides
+    from skillopt.llm.roles import CliRoleOptions
+    from skillopt.run.run_checks import check_run
+
+    for name, value in patches.items():
+        monkeypatch.setattr(QABenchmark, name, value)
+    loaded = load_config("qa", overrides=data_overrides(str(QA_DATA)), env={})
+    check_run(loaded, cli=CliRoleOptions(backend="scripted"), env={}, probe=False)
+
+
+def test_a_gold_shown_upper_cased_is_still_a_gold_shown(monkeypatch):
+    from skillopt.benchmarks.base import BenchmarkSetupError
+    from skillopt.benchmarks.qa import QABenchmark
+    from skillopt.llm.chat import user
+
+    original = QABenchmark.build_messages
+
+    def hinting(self, item, skill, cfg):
+        return [*original(self, item, skill, cfg), user(f"(hint: {str(item.get('answers')).upper()})")]
+
+    with pytest.raises(BenchmarkSetupError, match=r"its prompt shows a gold field of the item \(answers"):
+        _qa_checked(monkeypatch, build_messages=hinting)
+
+
+def test_gold_fields_that_name_no_field_of_the_items_are_refused_not_skipped(monkeypatch):
+    """A misspelt GOLD_FIELDS once turned the gold check off without a word."""
+    from skillopt.benchmarks.base import BenchmarkSetupError
+
+    with pytest.raises(BenchmarkSetupError, match=r"benchmark qa: GOLD_FIELDS \(answer\) names no field "
+                                                   r"of its items \(item \S+ has .*answers.*\); name the"):
+        _qa_checked(monkeypatch, GOLD_FIELDS=("answer",))
+
+
+def test_build_messages_that_returns_no_list_of_messages_is_named_before_the_run(monkeypatch):
+    from skillopt.benchmarks.base import BenchmarkSetupError
+
+    def text_only(self, item, skill, cfg):
+        return f"{skill}\n{item['question']}"
+
+    with pytest.raises(BenchmarkSetupError, match=r"benchmark qa: build_messages returned str, not a list of "
+                                                   r"skillopt.llm.chat.Message"):
+        _qa_checked(monkeypatch, build_messages=text_only)
+
+
+def test_a_plug_in_whose_prompts_folder_is_missing_is_refused_before_the_run(monkeypatch, tmp_path):
+    """Without its folder a run started from a blank skill with no analyst guidance, without a word (a
+    non-editable install that left the prompt files out)."""
+    from skillopt.benchmarks.base import BenchmarkSetupError
+
+    missing = tmp_path / "site-packages" / "mybench" / "prompts"
+    with pytest.raises(BenchmarkSetupError, match=r"benchmark qa: its prompts folder .*prompts does not "
+                                                   r"exist \(Benchmark.prompts_dir\)\. Ship initial_skill"):
+        _qa_checked(monkeypatch, prompts_dir=property(lambda self: missing))
+    missing.mkdir(parents=True)  # an empty folder is a choice: a blank skill, no guidance
+    _qa_checked(monkeypatch, prompts_dir=property(lambda self: missing))
