@@ -683,10 +683,12 @@ def finish(run: Run, state: TrainState, *, wall_s: float) -> dict[str, Any]:
         answer_formats=answer_format_counts(
             [*final_selection.rows, *(row for evaluation in tests.values() for row in evaluation.rows)]),
     )
+    if not state.stopped_by:  # a budget-stopped run resumed with a higher cap, and now finished
+        (run.dir.path / "STOPPED").unlink(missing_ok=True)
     run.dir.write_summary(summary)
     publish_progress(run, state.step, state.total_steps, state.history[-1].epoch if state.history else 0,
                      cfg.train.epochs, gate_value(run, final_selection.scores),
-                     gate_value(run, best_selection.scores), finished=True,
+                     gate_value(run, best_selection.scores), finished=True, stopped=state.stopped_message,
                      last_step=next((r for r in reversed(state.history) if r.kind == "step"), None),
                      totals=signal_counts(state.history))
     story.info("%s", summary_line(summary_dict(summary)))

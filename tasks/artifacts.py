@@ -217,15 +217,16 @@ def published(ctx: Run) -> Iterator[None]:
 
 
 def publish_progress(ctx: Run, step: int, total_steps: int, epoch: int, epochs: int, current: float,
-                     best: float, *, finished: bool = False, last_step: StepRecord | None = None,
-                     totals: Mapping[str, Any] | None = None) -> None:
+                     best: float, *, finished: bool = False, stopped: str | None = None,
+                     last_step: StepRecord | None = None, totals: Mapping[str, Any] | None = None) -> None:
     """Prefect's progress artifact of the run, created once and then updated in place: the share of
     steps done, with the epoch, step and current/best gate scores as its description (``finished``:
-    the run's final figures), and the last step's optimizer replies and error rows."""
+    the run's final figures; ``stopped``: why it ended early), and the last step's optimizer replies and
+    error rows."""
     spent = ctx.clients.ledger.totals()
     usd = f", ${spent.usd:,.4f}" if spent.usd else ""
     description = progress_markdown(epoch, epochs, step, total_steps, current, best, finished=finished,
-                                    last_step=last_step, totals=totals,
+                                    stopped=stopped, last_step=last_step, totals=totals,
                                     spend=f"{spent.calls:,} model calls, {spent.tokens:,} tokens{usd}")
     _publisher(ctx).send_progress(progress_percent(step, total_steps), description, _key(ctx, PROGRESS))
 

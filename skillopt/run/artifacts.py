@@ -76,6 +76,7 @@ def progress_markdown(
     *,
     last_step: StepRecord | None = None,
     finished: bool = False,
+    stopped: str | None = None,
     totals: Mapping[str, Any] | None = None,
     spend: str | None = None,
     redactor: Redactor | None = None,
@@ -84,14 +85,16 @@ def progress_markdown(
     two-row table of the current and best gate scores (``–`` before the baseline is known), then
     what ``last_step`` was made of: its optimizer replies (parsed / fallback) and error rows, with
     a warning when most replies were unusable. ``finished``: the run's final figures (after the last
-    epoch boundary and the final check), headed ``**Finished · …**``; ``totals`` (``runs.signal_counts``):
+    epoch boundary and the final check), headed ``**Finished · …**``, or ``**Stopped · …**`` and why when
+    ``stopped`` holds the message of a run that stopped early (a budget); ``totals`` (``runs.signal_counts``):
     the run's optimizer replies and error rows so far; ``spend``: what the run's model calls have cost so far
     (the ``cost`` artifact has it by stage once the run ends)."""
     done = progress_percent(step, total_steps)
     position = f"Epoch {epoch}/{epochs} · step {step}/{total_steps} ({done:.1f}%)"
+    heading = ("Stopped · " if stopped else "Finished · ") if finished else ""
     text = (
-        f"**{'Finished · ' if finished else ''}{position}**\n\n"
-        "| skill | gate score |\n|---|---|\n"
+        f"**{heading}{position}**\n\n" + (f"{stopped}\n\n" if finished and stopped else "")
+        + "| skill | gate score |\n|---|---|\n"
         f"| current | {_score(current)} |\n| best | {_score(best)} |\n"
     )
     if last_step is not None:

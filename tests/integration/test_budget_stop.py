@@ -106,11 +106,12 @@ def test_a_budget_stopped_run_resumes_where_it_stopped_and_a_raised_cap_takes_it
     assert (run_dir / "best_skill.md").read_text() == best
     assert again["scores"]["best"]["selection"] == first["scores"]["best"]["selection"]
 
-    further = skill_train(benchmark="demo", overrides=[*priced_demo, "budget.max_usd=0.60"],
-                          run_name="resumed")
+    assert (run_dir / "STOPPED").is_file()
+    further = skill_train(benchmark="demo", overrides=[*priced_demo, "budget.max_usd=5"], run_name="resumed")
+    assert further["stopped_by"] is None and not (run_dir / "STOPPED").exists()  # it once stayed, stale
     history = [json.loads(line) for line in (run_dir / "history.jsonl").read_text().splitlines()]
     assert len([r for r in history if r["kind"] == "step"]) > 1
-    assert further["usage"]["total"]["usd"] <= 0.60
+    assert further["usage"]["total"]["usd"] <= 5
 
 
 def test_the_test_evaluation_is_guarded_like_a_step(prefect_settings, priced_demo):

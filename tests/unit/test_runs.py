@@ -371,6 +371,9 @@ def test_progress_markdown_shows_position_and_scores() -> None:
     assert "| current | – |" in artifacts.progress_markdown(1, 4, 0, 16, None, None)
     final = artifacts.progress_markdown(4, 4, 16, 16, 0.75, 1.0, finished=True)
     assert final.startswith("**Finished · Epoch 4/4 · step 16/16 (100.0%)**") and "| best | 1.000 |" in final
+    why = "budget reached: 55 of 60 calls; stopped before epoch 1 step 3/6; raise budget.max_calls and resume"
+    stopped = artifacts.progress_markdown(1, 2, 2, 6, 0.75, 0.75, finished=True, stopped=why)
+    assert stopped.startswith(f"**Stopped · Epoch 1/2 · step 2/6 (33.3%)**\n\n{why}\n\n")  # not Finished
     spend = "120 model calls, 45,000 tokens, $0.0310"
     spent = artifacts.progress_markdown(2, 4, 7, 16, 0.625, 0.7, spend=spend)
     assert spent.rstrip().endswith(f"Spend so far: {spend}")
