@@ -8,6 +8,7 @@ even if one slipped into a skill, an edit or a model name.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -52,8 +53,12 @@ def artifact_key(benchmark: str, run: str, kind: str) -> str:
 
     A run name that already starts with the benchmark (every default name does) is not repeated:
     run ``demo-20261201-101500-3fa9c1`` gives ``demo-20261201-101500-3fa9c1-progress``, not ``demo-demo-…``.
+    A name the slug changes gets six hex digits of its own hash after it, so that two runs whose names differ
+    only where the slug does (``Exp_1``, ``exp.1``) do not share their artifacts: ``demo-exp-1-5c3b1e-…``.
     """
     bench, run_slug = slug(benchmark), slug(run)
+    if run_slug != run:
+        run_slug += "-" + hashlib.sha256(run.encode("utf-8")).hexdigest()[:6]
     if run_slug == bench or run_slug.startswith(f"{bench}-"):
         return f"{run_slug}-{slug(kind)}"
     return f"{bench}-{run_slug}-{slug(kind)}"

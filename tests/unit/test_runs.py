@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from datetime import datetime
 from pathlib import Path
 
@@ -353,8 +354,10 @@ def test_summary_omits_test_scores_only_when_eval_test_is_off() -> None:
 
 
 def test_artifact_keys_contain_only_what_prefect_accepts() -> None:
-    assert artifacts.artifact_key("SearchQA", "My_Run.2", "gates") == "searchqa-my-run-2-gates"
-    assert artifacts.artifact_key("demo", "run 1/é", artifacts.SKILL_DIFF) == "demo-run-1---skill-diff"
+    assert re.fullmatch(r"searchqa-my-run-2-[0-9a-f]{6}-gates",
+                        artifacts.artifact_key("SearchQA", "My_Run.2", "gates"))
+    assert re.fullmatch(r"demo-run-1---[0-9a-f]{6}-skill-diff",
+                        artifacts.artifact_key("demo", "run 1/é", artifacts.SKILL_DIFF))
 
 
 def test_artifact_keys_do_not_repeat_the_benchmark_a_run_name_starts_with() -> None:
@@ -362,6 +365,14 @@ def test_artifact_keys_do_not_repeat_the_benchmark_a_run_name_starts_with() -> N
         "demo-20261201-101500-3fa9c1-progress"
     assert artifacts.artifact_key("SearchQA", "searchqa", "cost") == "searchqa-cost"
     assert artifacts.artifact_key("qa", "qax-1", "cost") == "qa-qax-1-cost"  # only a whole-word prefix
+
+
+def test_run_names_that_slug_alike_get_keys_of_their_own() -> None:
+    """``Exp_1`` and ``exp.1`` once both published ``demo-exp-1-report``: the UI showed one run's report under
+    the other's key."""
+    keys = {artifacts.artifact_key("demo", name, "report") for name in ("Exp_1", "exp.1", "exp-1", "EXP-1")}
+    assert len(keys) == 4 and "demo-exp-1-report" in keys  # a name the slug keeps is keyed as it is
+    assert all(re.fullmatch(r"demo-exp-1(-[0-9a-f]{6})?-report", key) for key in keys)
 
 
 def test_progress_markdown_shows_position_and_scores() -> None:
