@@ -149,6 +149,9 @@ def test_the_server_uses_postgres_and_the_trainer_uses_the_server(compose):
     assert services["trainer"]["environment"]["PREFECT_API_URL"] == f"http://prefect-server:{port}/api"
     assert services["trainer"]["env_file"] == ".env"  # provider keys
     assert env["PREFECT_UI_API_URL"].startswith("http://127.0.0.1:")
+    # The run links the trainer prints open where the browser reaches the UI, not at the service's name.
+    trainer = services["trainer"]["environment"]
+    assert trainer["PREFECT_UI_URL"] == env["PREFECT_UI_API_URL"].removesuffix("/api")
 
 
 def test_volumes_hold_runs_cache_and_the_skill_registry_where_the_trainer_looks(compose):
