@@ -36,11 +36,12 @@ from pydantic import BaseModel
 
 from skillopt.core.config import LoadedConfig, SkillOptConfig
 from skillopt.core.data import Item, plan_epoch
+from skillopt.core.errors import ConfigError
 from skillopt.core.prompts import optimizer_prompt
 from skillopt.llm.chat import ROLE_OF_STAGE, STAGES, ChatRequest, Stage, Usage, user
 from skillopt.llm.pricing import PriceTable
 from skillopt.llm.scripted import Answer, EstimateRules
-from skillopt.llm.usage import BudgetVerdict, RoleSpend, Totals, check_budget
+from skillopt.llm.usage import BudgetVerdict, RoleSpend, Totals, check_budget, check_startable
 from skillopt.optimizer.update_modes import update_mode_for
 
 #: The share of steps on which a branch that depends on the models' answers is expected to run
@@ -111,6 +112,8 @@ class RunEstimate(BaseModel):
     #: The step the budget guard is expected to stop before (1 = the first), None when every step fits.
     stops_before_step: int | None = None
     unpriced_roles: list[str] = []
+    #: Why training would refuse to start with this config (``budget.max_usd`` and a model with no price).
+    refused: str | None = None
 
 
 # --------------------------------------------------------------------------------------------
@@ -385,6 +388,11 @@ def estimate_run(
         usd_high=_sum_usd(s.usd_high for s in stages), per_step=per_step, unpriced_roles=unpriced,
     )
     budget = config.budget
+    try:  # the check training makes before it starts, over the roles it would use
+        check_startable(budget, prices, {role: model for role, model in roles.items()
+                                         if role != "judge" or needs_judge})
+    except ConfigError as error:
+        estimate.refused = str(error)
     if budget.max_usd is not None or budget.max_tokens is not None or budget.max_calls is not None:
         whole = Totals(
             calls=estimate.calls,
@@ -454,7 +462,9 @@ def format_estimate(estimate: RunEstimate) -> list[str]:
         lines.append(f"no price known for the model of: {', '.join(estimate.unpriced_roles)}; its cost is "
                      "unknown (add it to a pricing file, model.pricing_file)")
     verdict = estimate.budget
-    if verdict is not None:
+    if estimate.refused:
+        lines.append(f"budget: training would not start: {estimate.refused}")
+    elif verdict is not None:
         stop = estimate.stops_before_step
         if not verdict.stop:
             lines.append("budget: the expected run fits within the caps")

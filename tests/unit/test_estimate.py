@@ -151,3 +151,18 @@ def test_an_episode_benchmark_counts_its_steps_as_target_calls(tmp_path, monkeyp
         return stage(dry_run(loaded, env=os.environ), "rollout")
 
     assert rollouts(10).calls_high == 5 * rollouts(2).calls_high  # 10 steps an item against 2
+
+
+def test_a_usd_cap_over_an_unpriced_model_is_said_to_refuse_the_run_not_to_fit(tmp_path, monkeypatch, capsys):
+    """Training refuses to start under budget.max_usd when a model has no price; the dry run once said that
+    the run fits within the caps."""
+    monkeypatch.chdir(tmp_path)
+    unpriced = ["model.target.backend=openai_compatible", "model.target.base_url=http://127.0.0.1:9/v1",
+                "model.target.model=my-unknown-model", "budget.max_usd=0.01"]
+    result = estimate(*unpriced)
+    assert result.refused is not None and "no price is known for target" in result.refused
+    assert estimate(*unpriced, "budget.allow_unpriced=true").refused is None
+    assert main(["train", "demo", "--dry-run", *[f"-o{o}" for o in unpriced]]) == 0
+    out = capsys.readouterr().out
+    assert "budget: training would not start: budget.max_usd is set but no price is known for target" in out
+    assert "fits within the caps" not in out
