@@ -583,7 +583,8 @@ def epoch_boundary(run: Run, state: TrainState, epoch: int, epoch_start_skill: s
     run.dir.write_json(f"epochs/{epoch:02d}/slow_update.json", {"reply": reply})
     if reply is None or not reply.guidance.strip():
         return
-    candidate = replace_block(state.current_skill, SLOW_UPDATE, reply.guidance)
+    before = state.current_skill
+    candidate = replace_block(before, SLOW_UPDATE, reply.guidance)
     state.guidance = reply.guidance
     gate = None
     decision: str
@@ -599,6 +600,8 @@ def epoch_boundary(run: Run, state: TrainState, epoch: int, epoch_start_skill: s
     else:
         rescore(run, state, candidate)
         decision = "slow_update"
+    if skill_hash(state.current_skill) != skill_hash(before):  # the report's diff of the boundary's change
+        run.dir.write_skill_snapshot(state.step, state.current_skill, after="slow_update")
     progress.info("epoch %d boundary: slow update -> %s; current %.3f, best %.3f", epoch, decision,
                   state.current_score, state.best_score)
     record = StepRecord(step=state.step, epoch=epoch, step_in_epoch=0, budget=0, kind="slow_update",

@@ -36,7 +36,7 @@ REPORT_FILE = "report.html"
 MAX_SERIES_POINTS = 300
 
 _log = logging.getLogger(__name__)
-_SNAPSHOT = re.compile(r"step_(\d{4,})\.md")
+_SNAPSHOT = re.compile(r"step_(\d{4,})(?:_(slow_update))?\.md")
 _ACCEPTED = frozenset({"accept", "accept_new_best", "force_accept"})
 _COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf", "#7f7f7f")
 _CSP = ("default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; img-src data:; "
@@ -59,6 +59,8 @@ class RunData:
     summary: dict[str, Any] | None
     skills: dict[int, str]
     usage: list[dict[str, Any]] = field(default_factory=list)
+    #: The skill after the epoch boundary that followed a step, where the slow update changed it, by step.
+    boundaries: dict[int, str] = field(default_factory=dict)
 
     @property
     def steps(self) -> list[StepRecord]:
@@ -88,12 +90,14 @@ def load_run(path: Path | str) -> RunData:
             summary = json.loads(run.summary_path.read_text(encoding="utf-8"))
         except ValueError as error:
             raise ReportError(f"{run.summary_path}: not valid JSON ({error})") from None
-    skills = {}
+    skills: dict[int, str] = {}
+    boundaries: dict[int, str] = {}
     if (folder / "skills").is_dir():
         for snapshot in sorted((folder / "skills").iterdir()):
             match = _SNAPSHOT.fullmatch(snapshot.name)
             if match:
-                skills[int(match.group(1))] = snapshot.read_text(encoding="utf-8", errors="replace")
+                into = boundaries if match.group(2) else skills
+                into[int(match.group(1))] = snapshot.read_text(encoding="utf-8", errors="replace")
     usage = []
     if run.usage_path.is_file():
         for number, line in enumerate(
@@ -107,7 +111,8 @@ def load_run(path: Path | str) -> RunData:
                 _log.warning("%s:%d: not a JSON line (a write cut short?); left out of the report",
                              run.usage_path, number)
     name = str(summary.get("run_name")) if summary and summary.get("run_name") else folder.name
-    return RunData(path=folder, name=name, history=history, summary=summary, skills=skills, usage=usage)
+    return RunData(path=folder, name=name, history=history, summary=summary, skills=skills, usage=usage,
+                   boundaries=boundaries)
 
 
 # --------------------------------------------------------------------------------------------
@@ -321,34 +326,42 @@ def _thin(points: list[tuple[float, float]], limit: int = MAX_SERIES_POINTS) -> 
 
 
 def diff_viewer(run: RunData) -> str:
-    """One panel per skill snapshot: the unified diff from the previous snapshot, lines marked as
-    added or removed; a step picker shows one panel at a time: the latest accepted change by default (else
-    the latest change, else the last snapshot)."""
-    snapshots = sorted(run.skills.items())
+    """One panel per skill snapshot (each step's, and the epoch boundary's after a step where the slow update
+    changed the skill): the unified diff from the previous snapshot, lines marked as added or removed; a
+    picker shows one panel at a time: the latest accepted change by default (else the latest change, else
+    the last snapshot)."""
     decisions = {r.step: r.decision for r in run.steps}
-    panels, options = [], []
-    changed = [
-        step for (step, text), (_, before) in zip(snapshots[1:], snapshots, strict=False) if text != before
-    ]
-    accepted = [step for step in changed if decisions.get(step) in _ACCEPTED]
+    boundary_decisions = {r.step: r.decision for r in run.history if r.kind == "slow_update"}
+    # (panel id, label, what it is called in a diff header, text, accepted)
+    snapshots: list[tuple[str, str, str, str, bool]] = []
+    for step in sorted({*run.skills, *run.boundaries}):
+        if step in run.skills:
+            label = f"step {step}" + (f" ({decisions[step]})" if step in decisions else
+                                      " (initial skill)" if step == 0 else "")
+            snapshots.append((str(step), label, f"step {step}", run.skills[step],
+                              decisions.get(step) in _ACCEPTED))
+        if step in run.boundaries:
+            decision = boundary_decisions.get(step, "slow_update")
+            snapshots.append((f"{step}-slow-update", f"after step {step}: epoch boundary, slow update "
+                              f"({decision})", f"step {step} + slow update", run.boundaries[step],
+                              decision in _ACCEPTED))
+    changed = [current[0] for current, previous in zip(snapshots[1:], snapshots, strict=False)
+               if current[3] != previous[3]]
+    accepted = [key for key, _, _, _, ok in snapshots if ok and key in changed]
     latest = [snapshots[-1][0]] if snapshots else []
-    shown: int | None = next(iter(reversed(accepted or changed or latest)), None)
-    # What else changed the skill at a step's snapshot: the epoch boundary (slow update) or the final stage.
-    also = {r.step: r.kind.replace("_", " ") for r in run.history if r.kind != "step"}
-    for (step, text), previous in zip(snapshots, [None, *snapshots], strict=False):
-        before = previous[1] if previous else ""
-        label = f"step {step}" + (
-            f" ({decisions[step]})" if step in decisions else " (initial skill)" if step == 0 else ""
-        ) + (f" + {also[step]}" if step in also and step in changed else "")
-        old_name = f"step {previous[0]}" if previous else "(empty)"
+    shown = next(iter(reversed(accepted or changed or latest)), None)
+    panels, options = [], []
+    for (key, label, name, text, _), previous in zip(snapshots, [None, *snapshots], strict=False):
+        before = previous[3] if previous else ""
+        old_name = previous[2] if previous else "(empty)"
         if len(skill_file_texts(before)) > 1 or len(skill_file_texts(text)) > 1:
             # A skill folder: one diff per changed file, each headed by the file's path.
-            per_file = file_diffs(before, text, old_label=old_name, new_label=f"step {step}")
+            per_file = file_diffs(before, text, old_label=old_name, new_label=name)
             diff = "".join(per_file.values())
             if per_file:
                 label += " — files changed: " + ", ".join(per_file)
         else:
-            diff = unified_diff(before, text, old_name=old_name, new_name=f"step {step}")
+            diff = unified_diff(before, text, old_name=old_name, new_name=name)
         lines = []
         for line in diff.splitlines():
             kind = ("add" if line.startswith("+") and not line.startswith("+++") else
@@ -356,11 +369,11 @@ def diff_viewer(run: RunData) -> str:
                     "hunk" if line.startswith("@@") else "meta" if line.startswith(("+++", "---")) else "ctx")
             lines.append(f'<span class="line {kind}">{_esc(line)}</span>')
         body = "".join(lines) if lines else '<span class="line ctx">(no change)</span>'
-        hidden = "" if step == shown else " hidden"
-        panels.append(f'<section class="diff-panel" data-step="{step}"{hidden}><h3>{_esc(label)}</h3><pre '
-                      f'class="diff">{body}</pre><details><summary>full skill after step '
-                      f'{step}</summary><pre class="skill">{_esc(text)}</pre></details></section>')
-        options.append(f'<option value="{step}"{" selected" if step == shown else ""}>{_esc(label)}</option>')
+        hidden = "" if key == shown else " hidden"
+        panels.append(f'<section class="diff-panel" data-step="{key}"{hidden}><h3>{_esc(label)}</h3><pre '
+                      f'class="diff">{body}</pre><details><summary>full skill after {_esc(name)}</summary>'
+                      f'<pre class="skill">{_esc(text)}</pre></details></section>')
+        options.append(f'<option value="{key}"{" selected" if key == shown else ""}>{_esc(label)}</option>')
     if not panels:
         return '<p class="empty">no skill snapshots (skills/step_NNNN.md) yet</p>'
     picker = (f'<label>Show the change made by <select id="diff-step">{"".join(options)}</select></label>')

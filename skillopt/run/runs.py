@@ -648,8 +648,10 @@ class RunDir:
     def splits_dir(self) -> Path:
         return self.path / "splits"
 
-    def skill_snapshot_path(self, step: int) -> Path:
-        return self.path / "skills" / f"step_{step:04d}.md"
+    def skill_snapshot_path(self, step: int, after: str | None = None) -> Path:
+        """``skills/step_NNNN.md``, or with ``after`` (``slow_update``) ``skills/step_NNNN_slow_update.md``:
+        the skill once the epoch boundary that followed step NNNN changed it."""
+        return self.path / "skills" / (f"step_{step:04d}_{after}.md" if after else f"step_{step:04d}.md")
 
     def step_dir(self, step: int) -> Path:
         return self.path / "steps" / f"{step:04d}"
@@ -693,13 +695,14 @@ class RunDir:
 
     # ---- skills ---------------------------------------------------------------------------
 
-    def write_skill_snapshot(self, step: int, text: str) -> Path:
-        """Write ``skills/step_NNNN.md``, the current skill after global step ``step`` (0 = initial).
+    def write_skill_snapshot(self, step: int, text: str, *, after: str | None = None) -> Path:
+        """Write ``skills/step_NNNN.md``, the current skill after global step ``step`` (0 = initial), or
+        with ``after`` the skill after what followed that step (``skill_snapshot_path``).
 
         Writing the same content again is a no-op (a resumed run); different content for an
         existing step is a ``RunDirError``: snapshots are never overwritten.
         """
-        path = self.skill_snapshot_path(step)
+        path = self.skill_snapshot_path(step, after)
         data = _encode_text(text)
         if path.exists():
             if path.read_bytes() == data:

@@ -206,17 +206,25 @@ def test_step_axes_have_whole_number_ticks_and_the_score_chart_draws_the_baselin
     assert "baseline (selection)" in scores
 
 
-def test_the_diff_viewer_opens_on_the_latest_accepted_change(tmp_path):
-    """A later snapshot changed by the epoch boundary at a rejected step does not take the default."""
+def test_the_slow_update_has_a_panel_of_its_own_after_its_step(tmp_path):
+    """The epoch boundary's change once showed in the next step's panel (a rejected step that seemed to change
+    the skill) or, after the last epoch, nowhere; it is its own panel now, and an ungated slow update does
+    not take the default from the latest accepted step."""
     folder = make_run(tmp_path)
     run = RunDir(folder)
-    (folder / "skills" / "step_0003.md").write_text("# Skill\n- be brief\n- guidance from the slow update\n")
-    run.record_step(StepRecord(step=3, epoch=2, step_in_epoch=1, budget=0, decision="slow_update",
+    step_three = (folder / "skills" / "step_0003.md").read_text()
+    run.write_skill_snapshot(3, step_three + "- guidance from the slow update\n", after="slow_update")
+    run.record_step(StepRecord(step=3, epoch=2, step_in_epoch=0, budget=0, decision="slow_update",
                                kind="slow_update", current_score=0.75, best_score=0.75))
     page = render_report(load_run(folder))
-    panels = re.findall(r'<section class="diff-panel" data-step="(\d+)"( hidden)?>', page)
-    assert [step for step, hidden in panels if not hidden] == ["1"]
-    assert "step 3 (skip_no_patches) + slow update" in page
+    panels = re.findall(r'<section class="diff-panel" data-step="([\w-]+)"( hidden)?>', page)
+    assert [key for key, _ in panels] == ["0", "1", "2", "3", "3-slow-update"]
+    assert [key for key, hidden in panels if not hidden] == ["1"]
+    boundary = page[page.index('data-step="3-slow-update"'):]
+    assert "after step 3: epoch boundary, slow update (slow_update)" in boundary
+    assert '<span class="line add">+- guidance from the slow update</span>' in boundary
+    step_panel = page[page.index('data-step="3"'):page.index('data-step="3-slow-update"')]
+    assert "guidance from the slow update" not in step_panel
 
 
 def test_the_markdown_report_carries_the_tables_and_the_plots_as_inline_images(tmp_path):
