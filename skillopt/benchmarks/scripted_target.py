@@ -46,6 +46,7 @@ def target_rules(benchmark_id: str, bench_cfg: BaseModel) -> tuple[dict[str, Any
         import yaml
 
         from skillopt.core.errors import ConfigError
+        from skillopt.llm.scripted import parse_rules
 
         try:
             rules = yaml.safe_load(found.read_text(encoding="utf-8")) or []
@@ -53,5 +54,9 @@ def target_rules(benchmark_id: str, bench_cfg: BaseModel) -> tuple[dict[str, Any
             raise ConfigError(f"{found}: cannot read the scripted rules: {exc}") from None
         if not isinstance(rules, list):
             raise ConfigError(f"{found}: scripted rules must be a YAML list of rules")
+        if not rules:
+            raise ConfigError(f"{found}: holds no scripted rules, so the scripted target has no reply for "
+                              "any item; write its rules (docs/new-benchmark.md) or delete the file")
+        parse_rules(rules, where=str(found))  # a bad rule is named now, with its file, not item by item
         return tuple(rules)
     return BUILTIN_TARGET_RULES.get(benchmark_id, ())

@@ -438,3 +438,21 @@ def test_scripted_rules_are_valid_rules():
     assert len(parse_rules(list(fixture_rules(plugin)), where="qa scripted_rules")) == len(
         fixture_rules(plugin)
     )
+
+
+def test_a_bad_or_empty_rules_file_beside_the_data_is_named_with_its_file_before_any_rollout(tmp_path):
+    """A misspelt key once failed every rollout ("none of 2 items got a model answer", no file named) and an
+    empty file was called missing."""
+    from skillopt.benchmarks.scripted_target import target_rules
+    from skillopt.core.errors import ConfigError
+
+    data = tmp_path / "items.jsonl"
+    data.write_text('{"question": "Q?", "answer": "a"}\n')
+    rules = tmp_path / "scripted_rules.yaml"
+    config = QAConfig(split_mode="ratio", data_path=str(data), split_output_dir=str(tmp_path / "out"))
+    rules.write_text("- questoin: Q?\n  reply: <answer>a</answer>\n")
+    with pytest.raises(ConfigError, match=r"scripted_rules.yaml\[0\]\.questoin: unknown key"):
+        target_rules("qa", config)
+    rules.write_text("")
+    with pytest.raises(ConfigError, match=r"scripted_rules.yaml: holds no scripted rules"):
+        target_rules("qa", config)
