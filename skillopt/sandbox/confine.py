@@ -75,6 +75,9 @@ MAX_OPEN_FILES = 256
 #: Processes (threads included) of one exec-target run, counted inside its own user namespace.
 MAX_PROCESSES = 256
 REFUSED = "sandbox refused"
+#: How each refusal of the audit hook below ends.
+REFUSAL_ENDINGS = (": outside the item's workspace", ": outside the sandbox directory",
+                   ": starting processes is not allowed", ": network access is not allowed")
 #: How much of each output stream is kept while reading (head and tail each).
 _KEEP_BYTES = 1024 * 1024
 
@@ -664,7 +667,11 @@ class SandboxResult:
             return self.kill.reason + (f" at {where}" if where else "")
         refused = next((line.strip() for line in reversed(self.stderr.splitlines()) if REFUSED in line), "")
         if refused:
-            return refused[refused.find(REFUSED):]
+            # From the refusal to the end of its own message: code that wraps it (urllib's "<urlopen error
+            # …>", a quoted repr) leaves its characters after it.
+            refused = refused[refused.find(REFUSED):]
+            ending = next((end for end in REFUSAL_ENDINGS if end in refused), None)
+            return refused[:refused.find(ending) + len(ending)] if ending else refused
         if self.exit_code == 0:
             return ""
         last = _last_line(self.stderr)

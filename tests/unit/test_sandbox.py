@@ -137,7 +137,8 @@ def test_a_flood_of_output_is_killed_at_the_output_limit_not_the_time_limit(work
 def test_opening_a_network_connection_is_refused(workspace, code):
     result = run(code, workspace)
     assert not result.ok and not result.timed_out
-    assert "sandbox refused socket." in result.reason and "network access is not allowed" in result.reason
+    assert result.reason.startswith("sandbox refused socket.")
+    assert result.reason.endswith(": network access is not allowed")  # urllib once left its ">" after it
 
 
 def test_writing_outside_the_sandbox_is_refused_and_nothing_outside_changes(workspace, tmp_path):
