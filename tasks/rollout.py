@@ -7,7 +7,8 @@ A rollout's body and key are in the library (``skillopt.run.rollouts``: ``roll_o
 skill costs one cached task, never one per item. Inside it, each item is its own cached ``rollout_item``
 task, so a crash mid-evaluation repeats only the items that had not finished. An item whose call failed
 becomes an error row and keeps the evaluation from being cached (it raises ``PartialEvaluation`` carrying
-the rows), so a re-run retries exactly the failed items.
+the rows), so a re-run retries exactly the failed items. A failure of the benchmark plug-in's own code
+(``BenchmarkPluginError``) is no error row: it stops the run once the items in flight have finished.
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from skillopt.benchmarks.runner import check_infrastructure, error_row
 from skillopt.core import live
 from skillopt.core.data import Item
 from skillopt.core.error_rows import answered_rows
-from skillopt.core.errors import SkillOptError, StorageError
+from skillopt.core.errors import BenchmarkPluginError, SkillOptError, StorageError
 from skillopt.core.gate import Scores, score_rows
 from skillopt.core.records import ItemResult
 from skillopt.llm.chat import ChatRequest
@@ -142,6 +143,10 @@ def run_rollouts(run: Run, skill: str, split: str, item_ids: list[str], *, train
     if over_budget := next((error for error in errors if isinstance(error, BudgetExceeded)), None):
         # Every later call would be refused too: the run stops here (flows/train.py), not item by item.
         raise over_budget
+    if plugin_bug := next((error for error in errors if isinstance(error, BenchmarkPluginError)), None):
+        # The benchmark's own code failed: an error row would leave the item out of the scores and blame the
+        # model. The run stops once the items in flight have finished (their calls are kept for the re-run).
+        raise plugin_bug
     check_infrastructure(rows, role_label=run.clients.roles.target.label())
     run.error_streak.observe(rows)
     evaluation = _scored(skill, split, rows)

@@ -4,14 +4,17 @@
 ``skill_render.render_inline``: empty protected blocks left out), calls the ``target`` role, runs
 self-check turns, records the trajectory, scores the reply, appends the evaluation event (the only
 way gold reaches the optimizer) and returns the ``ItemResult``. A model-call error propagates (the
-Prefect task then fails and nothing is cached); a bad answer is a scored row. ``check_infrastructure`` turns a
-rollout in which no item got any answer into ``RolloutInfrastructureError`` instead of a zero score.
+Prefect task then fails and nothing is cached); a bad answer is a scored row. Anything else the plug-in's
+own code raises is a ``BenchmarkPluginError`` that stops the run (``plugin_call``).
+``check_infrastructure`` turns a rollout in which no item got any answer into
+``RolloutInfrastructureError`` instead of a zero score.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from pydantic import BaseModel
@@ -21,9 +24,11 @@ from skillopt.benchmarks.episode import EpisodeContext
 from skillopt.benchmarks.item_limit import item_limit_s
 from skillopt.core.config import RetryPolicy
 from skillopt.core.data import Item
+from skillopt.core.errors import BenchmarkPluginError, SkillOptError, StorageError
 from skillopt.core.records import ItemResult
 from skillopt.llm.chat import ChatRequest, Message, TextPart, assistant, user
 from skillopt.llm.clients import RoleClient
+from skillopt.llm.errors import BackendError
 from skillopt.llm.roles import ResolvedRole
 from skillopt.skill.document import target_text
 from skillopt.skill.render import render_inline
@@ -67,7 +72,8 @@ def run_item(
 
     context = EpisodeContext(target=target, messages=messages, cfg=cfg, record=trajectory.append,
                              deadline=started + deadline, tags=call_tags)
-    episode = benchmark.run_episode(item, render_inline(skill), context)
+    with plugin_call(benchmark, "run_episode", item.id):
+        episode = benchmark.run_episode(item, render_inline(skill), context)
     if episode is not None:  # multi-step items drive the target themselves
         text, turn, answered = episode.response_text, episode.n_turns, episode.answered
     elif _is_exec(target):  # an agentic CLI: one run in a per-item workspace
@@ -81,7 +87,8 @@ def run_item(
     if time.monotonic() - started > deadline:
         return _timeout_row(item, deadline, trajectory, turn, answered, text)
 
-    score = benchmark.score(item, text, judge)
+    with plugin_call(benchmark, "score", item.id):
+        score = benchmark.score(item, text, judge)
     trajectory.append({"type": "evaluation", "content": evaluation_event(item, score)})
     return ItemResult(
         id=item.id,
@@ -118,8 +125,43 @@ def first_messages(benchmark: Benchmark[Any], item: Item, skill: str, cfg: BaseM
     """The messages of a rollout's first request: the benchmark's prompt with ``skill`` as the target sees
     it (empty protected blocks left out) and the probe's training readout, if any. Rollout cache keys hash
     them."""
-    messages = list(benchmark.build_messages(item, render_inline(skill), cfg))
+    with plugin_call(benchmark, "build_messages", item.id):
+        messages = list(benchmark.build_messages(item, render_inline(skill), cfg))
     return _with_readout(messages, probe_instruction) if probe_instruction else messages
+
+
+#: How every stop for a plug-in's own code ends: after the fix, the run's finished calls are reused.
+PLUGIN_FIX = "fix it and re-run the same command (finished calls are reused)"
+
+
+@contextmanager
+def plugin_call(benchmark: Benchmark[Any], method: str, item_id: str) -> Iterator[None]:
+    """Around a call of the plug-in's own code for one item. A model-call error (``BackendError``: an error
+    row once its retries are spent) and skillopt's own stops pass unchanged; anything else the plug-in
+    raises stops the run as a ``BenchmarkPluginError`` naming the benchmark, the method and the item (an
+    error row would leave the item out of the scores and blame the model)."""
+    try:
+        yield
+    except (BackendError, StorageError, BenchmarkPluginError):
+        raise
+    except SkillOptError as error:  # raised on purpose (a missing requirement): its message says what's wrong
+        raise BenchmarkPluginError(f"benchmark {benchmark.id}: {method}() stopped on item {item_id}: "
+                                   f"{error}; {PLUGIN_FIX}") from error
+    except Exception as error:
+        raise plugin_bug(benchmark, method, f"raised {type(error).__name__} on item {item_id}: "
+                                            f"{_one_line(error)}") from error
+
+
+def plugin_bug(benchmark: Benchmark[Any], method: str, what: str) -> BenchmarkPluginError:
+    """The stop for a bug in ``benchmark``'s ``method``: ``what`` says what it did and on which item."""
+    return BenchmarkPluginError(f"benchmark {benchmark.id}: {method}() {what} — a bug in the plug-in, not a "
+                                f"model failure; {PLUGIN_FIX}")
+
+
+def _one_line(error: BaseException) -> str:
+    """``error``'s message on one line (a pydantic error spans several), at most 300 characters."""
+    text = " ".join(str(error).split())
+    return text if len(text) <= 300 else text[:299] + "…"
 
 
 def _turns(benchmark: Benchmark[Any], target: RoleClient, messages: list[Message],
@@ -143,7 +185,8 @@ def _turns(benchmark: Benchmark[Any], target: RoleClient, messages: list[Message
         trajectory.append({"type": "message", "role": "assistant", "turn": turn, "content": text})
         if turn == max_turns:
             break
-        answer = benchmark.extract_answer(text)
+        with plugin_call(benchmark, "extract_answer", tags["item_id"]):
+            answer = benchmark.extract_answer(text)
         if answer is not None and answer == previous:
             break
         previous = answer
@@ -185,7 +228,7 @@ def evaluation_event(item: Item, score: Score) -> str:
 
 
 def error_row(item: Item, error: BaseException) -> ItemResult:
-    """The row recorded for an item whose task ended Failed (model-call error or plug-in bug)."""
+    """The row recorded for an item whose model call failed after its retries (its task ended Failed)."""
     message = str(error).splitlines()[0] if str(error) else ""
     return ItemResult(
         id=item.id, task_type=str(item.get("task_type") or "default"), hard=0.0, soft=0.0,

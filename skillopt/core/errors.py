@@ -47,6 +47,12 @@ class BenchmarkSetupError(SkillOptError):
     how to fix it."""
 
 
+class BenchmarkPluginError(SkillOptError):
+    """A benchmark plug-in's own code failed or broke its contract: it cannot be loaded, or one of its
+    methods raised or returned what the runner cannot use. The run stops; the message names the
+    benchmark, the method and the item."""
+
+
 #: Command-line options as error messages name them, and what a deployment run calls the same setting
 #: (its parameters), in the order they are tried: a run started from the Prefect UI or `prefect deployment
 #: run` has no command line to pass an option to.

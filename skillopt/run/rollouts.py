@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from pydantic import BaseModel
 
 from skillopt.benchmarks.base import Judge
-from skillopt.benchmarks.runner import first_messages, run_item
+from skillopt.benchmarks.runner import first_messages, plugin_call, run_item
 from skillopt.core.data import BatchPlan, Item
 from skillopt.core.records import ItemResult
 from skillopt.llm.chat import ChatRequest
@@ -134,10 +134,17 @@ def rollout_key(run: Run, item: Item, skill: str, *, training: bool, probe_instr
         "settings": run.bench_cfg.model_dump(mode="json", exclude={"workers"}),
         # The plug-in's declared scoring version: its author bumps it when score() changes.
         "scoring": run.benchmark.version,
-        "judge": judge_call_key(run, run.benchmark.judge_request(item, _OPEN_PREDICTION)) if judge else None,
+        "judge": _open_judge_key(run, item) if judge else None,
         "training": training, "epoch": epoch, "sample": sample,
     }
     return f"skillopt-rollout-{digest(parts)}"
+
+
+def _open_judge_key(run: Run, item: Item) -> str:
+    """The key of the judge's request for ``item`` with the prediction left open."""
+    with plugin_call(run.benchmark, "judge_request", item.id):
+        request = run.benchmark.judge_request(item, _OPEN_PREDICTION)
+    return judge_call_key(run, request)
 
 
 def roll_out(run: Run, item: Item, skill: str, *, training: bool, judge: Judge | None,
@@ -183,7 +190,8 @@ def direct_judge(run: Run) -> Judge:
 def viewed(run: Run, item: Item, view_seed: int | None, training: bool) -> Item:
     if view_seed is None:
         return item
-    return run.benchmark.batch_view(item, run.bench_cfg, seed=view_seed, training=training)
+    with plugin_call(run.benchmark, "batch_view", item.id):
+        return run.benchmark.batch_view(item, run.bench_cfg, seed=view_seed, training=training)
 
 
 def draw_seed(run: Run, epoch: int, sample: int) -> int:

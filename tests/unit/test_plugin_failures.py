@@ -1,0 +1,102 @@
+"""A third-party benchmark plug-in's own bugs (``tests/fakes/broken_plugins.py``) stop the run with one line
+naming the benchmark, the method, the item and the cause. They are never error rows (those are for model
+calls that failed after their retries, and item timeouts) and never scores."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from skillopt.benchmarks.base import Benchmark
+from skillopt.benchmarks.runner import run_item
+from skillopt.core.data import Item
+from skillopt.core.error_rows import ErrorStreak
+from skillopt.core.errors import BenchmarkPluginError
+from skillopt.core.records import ItemResult
+from skillopt.llm.errors import ServerError
+from tests.fakes import broken_plugins as plugins
+from tests.fakes.benchmark_target import RecordingScriptedTarget
+
+PERU = Item({"id": "pe", "question": "Capital of Peru?", "answer": "Lima", "task_type": "default"})
+ITALY = Item({"id": "it", "question": "Capital of Italy?", "answer": "Rome", "task_type": "default"})
+#: The end of every stop for a bug in a plug-in's rollout code.
+BUG = ("— a bug in the plug-in, not a model failure; fix it and re-run the same command (finished calls are "
+       "reused)")
+
+
+def rolled(benchmark: Benchmark[Any], item: Item = PERU, judge: Any = None) -> ItemResult:
+    target = RecordingScriptedTarget([{"stage": "rollout", "text": "<answer>Lima</answer>"}])
+    return run_item(benchmark, item, "", benchmark.Config(), target=target, judge=judge)
+
+
+# ------------------------------------------------------------------------------------------ rollouts
+
+
+def test_a_crash_in_score_stops_the_run_naming_the_benchmark_method_item_and_exception():
+    assert rolled(plugins.DividesByZero(), ITALY).phase == "done"  # the other items score as usual
+    with pytest.raises(BenchmarkPluginError) as caught:
+        rolled(plugins.DividesByZero())
+    assert str(caught.value) == f"benchmark divides_by_zero: score() raised ZeroDivisionError on item pe: " \
+                                f"division by zero {BUG}"
+    assert isinstance(caught.value.__cause__, ZeroDivisionError)
+
+
+def test_a_model_call_that_fails_inside_score_still_propagates_unchanged():
+    def judge(item: Item, prediction: str) -> tuple[bool, str]:
+        raise ServerError("HTTP 503", role="judge")
+
+    with pytest.raises(ServerError):  # the rollout task fails and the item becomes an error row
+        rolled(plugins.AsksTheJudge(), judge=judge)
+
+
+def _rollout_run(monkeypatch: pytest.MonkeyPatch, failures: dict[str, Exception]) -> tuple[Any, list[str]]:
+    """A run whose rollouts raise ``failures`` by item id, and whose other items take 0.3 s each, in a plain
+    thread pool: run_rollouts' own handling of what its items raised, without Prefect."""
+    from skillopt.tasks import rollout as tasks
+
+    finished: list[str] = []
+
+    def roll(job: dict[str, Any]) -> ItemResult:
+        item = job["item"]
+        if item.id in failures:
+            raise failures[item.id]
+        time.sleep(0.3)
+        finished.append(item.id)
+        return ItemResult(id=item.id, task_type="default", hard=1.0, soft=1.0, answered=True)
+
+    @contextmanager
+    def pool_for(run: Any, stage: str, workers: int) -> Iterator[Any]:
+        with ThreadPoolExecutor(max_workers=workers) as threads:
+            yield SimpleNamespace(submit=lambda task, parameters: threads.submit(task, parameters))
+
+    monkeypatch.setattr(tasks, "pool_for", pool_for)
+    monkeypatch.setattr(tasks, "bound", lambda run, task: roll)
+    run = SimpleNamespace(
+        bench_cfg=SimpleNamespace(workers=3),
+        items={item_id: Item(id=item_id, task_type="default") for item_id in ("a", "b", "c")},
+        prefetch=SimpleNamespace(rollouts=lambda *args, **kwargs: None), error_streak=ErrorStreak(10),
+        clients=SimpleNamespace(roles=SimpleNamespace(target=SimpleNamespace(label=lambda: "target"))))
+    return run, finished
+
+
+def test_the_rollout_pool_stops_on_a_plugin_bug_once_the_items_in_flight_have_finished(monkeypatch):
+    from skillopt.tasks.rollout import PartialEvaluation, run_rollouts
+
+    bug = BenchmarkPluginError("benchmark x: score() raised ZeroDivisionError on item a: division by zero")
+    run, finished = _rollout_run(monkeypatch, {"a": bug})
+    with pytest.raises(BenchmarkPluginError) as caught:
+        run_rollouts(run, "skill", "val", ["a", "b", "c"], training=False)
+    assert caught.value is bug and sorted(finished) == ["b", "c"]
+
+    # A model call that failed after its retries is still an error row, left out of the scores.
+    run, finished = _rollout_run(monkeypatch, {"a": ServerError("HTTP 503")})
+    with pytest.raises(PartialEvaluation) as partial:
+        run_rollouts(run, "skill", "val", ["a", "b", "c"], training=False)
+    rows = partial.value.evaluation.rows
+    assert [row.phase for row in rows] == ["error", "done", "done"] and "ServerError" in rows[0].fail_reason
