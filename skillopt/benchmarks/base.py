@@ -41,7 +41,8 @@ class RolloutInfrastructureError(SkillOptError):
 
 
 class Score(BaseModel):
-    """What ``Benchmark.score`` returns for one item."""
+    """What ``Benchmark.score`` returns for one item; ``hard`` and ``soft`` lie in [0, 1] (the runner stops
+    the run on any other value: the gate averages them over the items)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -114,9 +115,9 @@ class Benchmark(ABC, Generic[ConfigT]):
     failure) is a *scored row*, never an exception. A systemic problem raises: bad data raises
     ``DataError`` naming the file, the row and the field; a missing requirement raises
     ``BenchmarkSetupError`` with a fix; a model-call error propagates unchanged (the rollout task
-    then fails and nothing is cached). Anything else a method raises at rollout time stops the run as a
-    ``BenchmarkPluginError`` naming the method and the item
-    (``skillopt.benchmarks.runner.plugin_call``); they are never error rows.
+    then fails and nothing is cached). Anything else a method raises at rollout time, a result of the
+    wrong type, and a score outside [0, 1] stop the run as a ``BenchmarkPluginError`` naming the
+    method and the item (``skillopt.benchmarks.runner.plugin_call``); they are never error rows.
 
     **Class attributes.** ``id`` (the entry-point name); ``Config`` (the pydantic model of the
     ``benchmark:`` section, a ``BenchmarkConfig`` subclass with a default for every key);

@@ -5,9 +5,9 @@
 self-check turns, records the trajectory, scores the reply, appends the evaluation event (the only
 way gold reaches the optimizer) and returns the ``ItemResult``. A model-call error propagates (the
 Prefect task then fails and nothing is cached); a bad answer is a scored row. Anything else the plug-in's
-own code raises is a ``BenchmarkPluginError`` that stops the run (``plugin_call``).
-``check_infrastructure`` turns a rollout in which no item got any answer into
-``RolloutInfrastructureError`` instead of a zero score.
+own code raises, and a result the runner cannot use (``score`` returning no ``Score``, or a score outside
+[0, 1]), is a ``BenchmarkPluginError`` that stops the run (``plugin_call``). ``check_infrastructure`` turns a
+rollout in which no item got any answer into ``RolloutInfrastructureError`` instead of a zero score.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from skillopt.benchmarks.base import Benchmark, Judge, RolloutInfrastructureError, Score
-from skillopt.benchmarks.episode import EpisodeContext
+from skillopt.benchmarks.episode import EpisodeContext, EpisodeResult
 from skillopt.benchmarks.item_limit import item_limit_s
 from skillopt.core.config import RetryPolicy
 from skillopt.core.data import Item
@@ -74,6 +74,9 @@ def run_item(
                              deadline=started + deadline, tags=call_tags)
     with plugin_call(benchmark, "run_episode", item.id):
         episode = benchmark.run_episode(item, render_inline(skill), context)
+    if episode is not None and not isinstance(episode, EpisodeResult):
+        what = f"returned {type(episode).__name__}, not EpisodeResult or None, on item {item.id}"
+        raise plugin_bug(benchmark, "run_episode", what)
     if episode is not None:  # multi-step items drive the target themselves
         text, turn, answered = episode.response_text, episode.n_turns, episode.answered
     elif _is_exec(target):  # an agentic CLI: one run in a per-item workspace
@@ -87,8 +90,7 @@ def run_item(
     if time.monotonic() - started > deadline:
         return _timeout_row(item, deadline, trajectory, turn, answered, text)
 
-    with plugin_call(benchmark, "score", item.id):
-        score = benchmark.score(item, text, judge)
+    score = scored(benchmark, item, text, judge)
     trajectory.append({"type": "evaluation", "content": evaluation_event(item, score)})
     return ItemResult(
         id=item.id,
@@ -126,8 +128,31 @@ def first_messages(benchmark: Benchmark[Any], item: Item, skill: str, cfg: BaseM
     it (empty protected blocks left out) and the probe's training readout, if any. Rollout cache keys hash
     them."""
     with plugin_call(benchmark, "build_messages", item.id):
-        messages = list(benchmark.build_messages(item, render_inline(skill), cfg))
+        built = benchmark.build_messages(item, render_inline(skill), cfg)
+    if not isinstance(built, list | tuple) or not built:
+        shown = "an empty list" if isinstance(built, list | tuple) else type(built).__name__
+        what = f"returned {shown}, not a list of Message, on item {item.id}"
+        raise plugin_bug(benchmark, "build_messages", what)
+    if stray := next((m for m in built if not isinstance(m, Message)), None):
+        what = f"returned a list holding {type(stray).__name__}, not only Message, on item {item.id}"
+        raise plugin_bug(benchmark, "build_messages", what)
+    messages = list(built)
     return _with_readout(messages, probe_instruction) if probe_instruction else messages
+
+
+def scored(benchmark: Benchmark[Any], item: Item, text: str, judge: Judge | None) -> Score:
+    """``benchmark.score`` of ``text`` for ``item``, checked: a ``Score`` whose ``hard`` and ``soft`` lie in
+    [0, 1] (the gate averages them; a larger value would outweigh every other item)."""
+    with plugin_call(benchmark, "score", item.id):
+        score = benchmark.score(item, text, judge)
+    if not isinstance(score, Score):
+        raise plugin_bug(benchmark, "score", f"returned {type(score).__name__}, not Score, on item {item.id}")
+    for field in ("hard", "soft"):
+        value = getattr(score, field)
+        if not (isinstance(value, int | float) and 0.0 <= value <= 1.0):  # NaN fails the comparison too
+            what = f"returned {field} {value!r} on item {item.id}, outside [0, 1]"
+            raise plugin_bug(benchmark, "score", what)
+    return score
 
 
 #: How every stop for a plug-in's own code ends: after the fix, the run's finished calls are reused.

@@ -20,6 +20,7 @@ from typing import Any
 
 from skillopt.benchmarks.base import Benchmark, BenchmarkSetupError
 from skillopt.benchmarks.resolve import initial_skill, resolve_benchmark
+from skillopt.benchmarks.runner import first_messages
 from skillopt.core.config import LoadedConfig
 from skillopt.core.data import check_train_size, resolve_split
 from skillopt.core.errors import ConfigError
@@ -66,6 +67,9 @@ def check_run(loaded: LoadedConfig, *, cli: CliRoleOptions | None, env: Mapping[
     sizes = {s: len(items) for s, items in splits.items()}
     sample = next((items[0] for items in splits.values() if items), None)
     if sample is not None:
+        # One real prompt, built as a rollout builds it: a build_messages that raises or returns no list of
+        # messages stops the run here, before Prefect starts.
+        first_messages(benchmark, sample, "", bench_cfg)
         check_gold_stays_out(benchmark, bench_cfg, sample)
     if "optimizer" in wanted:
         check_train_size(config.train.train_size, sizes["train"])

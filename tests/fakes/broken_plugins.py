@@ -60,3 +60,40 @@ class AsksTheJudge(Capitals):
         assert judge is not None
         correct, reason = judge(item, last_tag(response_text, "answer") or "")
         return Score(hard=float(correct), soft=float(correct), detail=reason)
+
+
+class ScoresAFloat(Capitals):
+    """``score`` returns a bare number."""
+
+    id = "scores_a_float"
+
+    def score(self, item: Item, response_text: str, judge: Judge | None) -> Any:
+        return 1.0
+
+
+class ScoresInPercent(Capitals):
+    """``score`` reports percentages (``model_copy`` skips the model's validation)."""
+
+    id = "scores_in_percent"
+
+    def score(self, item: Item, response_text: str, judge: Judge | None) -> Score:
+        score = super().score(item, response_text, judge)
+        return score.model_copy(update={"hard": 100 * score.hard})
+
+
+class ScoresNaN(Capitals):
+    """``score`` gives a soft score of NaN."""
+
+    id = "scores_nan"
+
+    def score(self, item: Item, response_text: str, judge: Judge | None) -> Score:
+        return Score(hard=0.0, soft=float("nan"))
+
+
+class PromptIsAString(Capitals):
+    """``build_messages`` returns the user's text instead of messages."""
+
+    id = "prompt_is_a_string"
+
+    def build_messages(self, item: Item, skill: str, cfg: CapitalsConfig) -> Any:
+        return item["question"]

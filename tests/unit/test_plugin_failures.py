@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from skillopt.benchmarks.base import Benchmark
-from skillopt.benchmarks.runner import run_item
+from skillopt.benchmarks.runner import first_messages, run_item
 from skillopt.core.data import Item
 from skillopt.core.error_rows import ErrorStreak
 from skillopt.core.errors import BenchmarkPluginError
@@ -53,6 +53,26 @@ def test_a_model_call_that_fails_inside_score_still_propagates_unchanged():
 
     with pytest.raises(ServerError):  # the rollout task fails and the item becomes an error row
         rolled(plugins.AsksTheJudge(), judge=judge)
+
+
+def test_score_must_return_a_score_and_build_messages_a_list_of_messages():
+    with pytest.raises(BenchmarkPluginError) as caught:
+        rolled(plugins.ScoresAFloat())
+    assert str(caught.value) == f"benchmark scores_a_float: score() returned float, not Score, on item pe " \
+                                f"{BUG}"
+    with pytest.raises(BenchmarkPluginError) as caught:
+        first_messages(plugins.PromptIsAString(), PERU, "Be brief.", plugins.CapitalsConfig())
+    assert str(caught.value) == (f"benchmark prompt_is_a_string: build_messages() returned str, not a list "
+                                 f"of Message, on item pe {BUG}")
+
+
+@pytest.mark.parametrize(("plugin", "field", "shown"), [(plugins.ScoresInPercent(), "hard", "100.0"),
+                                                       (plugins.ScoresNaN(), "soft", "nan")])
+def test_a_score_outside_zero_to_one_is_refused_naming_the_field_and_value(plugin, field, shown):
+    with pytest.raises(BenchmarkPluginError) as caught:
+        rolled(plugin)
+    assert str(caught.value) == f"benchmark {plugin.id}: score() returned {field} {shown} on item pe, " \
+                                f"outside [0, 1] {BUG}"
 
 
 def _rollout_run(monkeypatch: pytest.MonkeyPatch, failures: dict[str, Exception]) -> tuple[Any, list[str]]:
