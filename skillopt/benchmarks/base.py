@@ -345,6 +345,11 @@ def load_benchmark(name: str) -> Benchmark[Any]:
     return benchmark
 
 
+def keys_without_default(benchmark: Benchmark[Any]) -> list[str]:
+    """The keys of ``benchmark.Config`` that have no default (the contract wants one on every key)."""
+    return [key for key, field in benchmark.Config.model_fields.items() if field.is_required()]
+
+
 def benchmark_config(benchmark: Benchmark[Any], section: BaseModel,
                      source_of: Callable[[str], str] | None = None) -> BaseModel:
     """Validate the ``benchmark:`` section (common keys plus extras) with the plug-in's own model.

@@ -701,22 +701,32 @@ def _cmd_benchmarks(args: argparse.Namespace, out: _Output) -> int:
     from skillopt.benchmarks.base import ENTRY_POINT_GROUP, load_benchmark
 
     for entry in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
+        # One broken plug-in must not hide the others: it is listed as unavailable, with the reason.
         try:
-            benchmark = load_benchmark(entry.name)
-        except Exception as error:  # noqa: BLE001 - one broken plug-in must not hide the others
-            out.print(f"{entry.name:<24} unavailable: {type(error).__name__}: {error}")
-            continue
-        summary = _one_line_summary(sys.modules[type(benchmark).__module__].__doc__ or "")
-        judge = "needs the judge role" if benchmark.needs_judge(benchmark.Config()) else "no judge"
-        extras = benchmark.extras
-        needs = "extras: " + ",".join(extras) if extras else "no extras"
-        out.print(f"{entry.name:<24} v{benchmark.version:<4} {benchmark.default_split_mode:<10} {judge:<21} "
-                  f"{needs:<24} {summary}")
+            line = _listing_line(load_benchmark(entry.name))
+        except SkillOptError as error:
+            line = f"unavailable: {error}"
+        except Exception as error:  # noqa: BLE001 - a bug in the plug-in, said on its own line
+            line = f"unavailable: {type(error).__name__}: {' '.join(str(error).split())}"
+        out.print(f"{entry.name:<24} {line}")
     out.print("\nsandbox for model-written code (spreadsheetbench, swebench's fake harness): "
               f"{_sandbox_line()}")
     out.print("an extra installs with: pip install 'skillopt[NAME]'; a judge role is set with "
               "--judge-backend or -o model.judge.backend=...")
     return EXIT_OK
+
+
+def _listing_line(benchmark: Any) -> str:
+    """What ``skillopt benchmarks`` says of one loaded plug-in after its name."""
+    from skillopt.benchmarks.base import keys_without_default
+
+    if missing := keys_without_default(benchmark):
+        return f"unavailable: its Config has no default for {', '.join(repr(key) for key in missing)}"
+    summary = _one_line_summary(sys.modules[type(benchmark).__module__].__doc__ or "")
+    judge = "needs the judge role" if benchmark.needs_judge(benchmark.Config()) else "no judge"
+    extras = benchmark.extras
+    needs = "extras: " + ",".join(extras) if extras else "no extras"
+    return f"v{benchmark.version:<4} {benchmark.default_split_mode:<10} {judge:<21} {needs:<24} {summary}"
 
 
 def _sandbox_line() -> str:

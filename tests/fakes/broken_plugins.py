@@ -97,3 +97,14 @@ class PromptIsAString(Capitals):
 
     def build_messages(self, item: Item, skill: str, cfg: CapitalsConfig) -> Any:
         return item["question"]
+
+
+class StrictConfig(BenchmarkConfig):
+    strictness: int
+
+
+class NoDefault(Capitals):
+    """Its ``Config`` has a key without a default."""
+
+    id = "no_default"
+    Config = StrictConfig  # type: ignore[assignment]

@@ -4,22 +4,27 @@ calls that failed after their retries, and item timeouts) and never scores."""
 
 from __future__ import annotations
 
+import importlib.metadata
+import io
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from importlib.metadata import EntryPoint
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from skillopt.benchmarks.base import Benchmark
+from skillopt.benchmarks import base
+from skillopt.benchmarks.base import ENTRY_POINT_GROUP, Benchmark
 from skillopt.benchmarks.runner import first_messages, run_item
 from skillopt.core.data import Item
 from skillopt.core.error_rows import ErrorStreak
 from skillopt.core.errors import BenchmarkPluginError
 from skillopt.core.records import ItemResult
 from skillopt.llm.errors import ServerError
+from skillopt.shell.cli import main
 from tests.fakes import broken_plugins as plugins
 from tests.fakes.benchmark_target import RecordingScriptedTarget
 
@@ -28,11 +33,26 @@ ITALY = Item({"id": "it", "question": "Capital of Italy?", "answer": "Rome", "ta
 #: The end of every stop for a bug in a plug-in's rollout code.
 BUG = ("— a bug in the plug-in, not a model failure; fix it and re-run the same command (finished calls are "
        "reused)")
+#: Where the entry points of the broken plug-ins point.
+FAKES = "tests.fakes.broken_plugins"
 
 
 def rolled(benchmark: Benchmark[Any], item: Item = PERU, judge: Any = None) -> ItemResult:
     target = RecordingScriptedTarget([{"stage": "rollout", "text": "<answer>Lima</answer>"}])
     return run_item(benchmark, item, "", benchmark.Config(), target=target, judge=judge)
+
+
+def registered(monkeypatch: pytest.MonkeyPatch, **plugins_by_name: str) -> None:
+    """Register ``name="module:attribute"`` entry points beside the installed plug-ins."""
+    installed = importlib.metadata.entry_points
+    extra = [EntryPoint(name=name, value=value, group=ENTRY_POINT_GROUP)
+             for name, value in plugins_by_name.items()]
+
+    def entry_points(**selection: Any) -> list[EntryPoint]:
+        return [*installed(**selection), *(e for e in extra if selection.get("group") == ENTRY_POINT_GROUP)]
+
+    monkeypatch.setattr(importlib.metadata, "entry_points", entry_points)
+    monkeypatch.setattr(base, "entry_points", entry_points)
 
 
 # ------------------------------------------------------------------------------------------ rollouts
@@ -120,3 +140,15 @@ def test_the_rollout_pool_stops_on_a_plugin_bug_once_the_items_in_flight_have_fi
         run_rollouts(run, "skill", "val", ["a", "b", "c"], training=False)
     rows = partial.value.evaluation.rows
     assert [row.phase for row in rows] == ["error", "done", "done"] and "ServerError" in rows[0].fail_reason
+
+
+# ------------------------------------------------------------------------------------------- loading
+
+
+def test_one_broken_plugin_is_listed_unavailable_with_its_reason_and_the_others_still_listed(monkeypatch):
+    registered(monkeypatch, no_default=f"{FAKES}:NoDefault", capitals=f"{FAKES}:Capitals")
+    out = io.StringIO()
+    assert main(["benchmarks"], stdout=out, stderr=io.StringIO()) == 0
+    lines = {line.split()[0]: line for line in out.getvalue().splitlines() if line.strip()}
+    assert lines["no_default"].split(None, 1)[1] == "unavailable: its Config has no default for 'strictness'"
+    assert "unavailable" not in lines["capitals"] and "unavailable" not in lines["docvqa"]
