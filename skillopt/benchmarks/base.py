@@ -30,7 +30,7 @@ from skillopt.core.data import (
     read_records,
     split_output_dir,
 )
-from skillopt.core.errors import BenchmarkSetupError, ConfigError, SkillOptError
+from skillopt.core.errors import BenchmarkPluginError, BenchmarkSetupError, ConfigError, SkillOptError
 from skillopt.llm.chat import ChatRequest, Message, system
 
 ENTRY_POINT_GROUP = "skillopt.benchmarks"
@@ -332,16 +332,47 @@ def skill_section(skill: str) -> str:
 
 
 def load_benchmark(name: str) -> Benchmark[Any]:
-    """The plug-in registered as ``name``; an unknown name lists the registered ones."""
+    """The plug-in registered as ``name``; an unknown name lists the registered ones. A plug-in that cannot
+    be imported or instantiated, or that lacks what every benchmark declares (``id``, a ``Config`` subclassing
+    ``BenchmarkConfig``), is a ``BenchmarkPluginError`` naming its entry point and the cause."""
     found = {entry.name: entry for entry in entry_points(group=ENTRY_POINT_GROUP)}
     if name not in found:
         known = ", ".join(sorted(found)) or "none (is skillopt installed?)"
         raise ConfigError(f"unknown benchmark {name!r}; registered benchmarks: {known}")
-    plugin = found[name].load()
-    benchmark = plugin() if isinstance(plugin, type) else plugin
+    entry = found[name]
+
+    def broken(cause: str) -> BenchmarkPluginError:
+        return BenchmarkPluginError(f"benchmark {name} (entry point {entry.value}) cannot be loaded: {cause}")
+
+    try:
+        plugin = entry.load()
+    except ImportError as error:
+        raise broken(f"{type(error).__name__}: {error}; install the package that provides it (and what it "
+                     "imports), or correct the entry point in that package's pyproject.toml") from error
+    except Exception as error:
+        raise broken(f"importing it raised {type(error).__name__}: {error} (a bug in the plug-in)") from error
+    if isinstance(plugin, type):
+        if missing := sorted(getattr(plugin, "__abstractmethods__", ())):
+            raise broken(f"{plugin.__name__} does not implement {', '.join(missing)}; a benchmark defines "
+                         "normalise_row, build_messages and score")
+        try:
+            benchmark = plugin()
+        except Exception as error:
+            raise broken(f"{plugin.__name__}() raised {type(error).__name__}: {error}") from error
+    else:
+        benchmark = plugin
     if not isinstance(benchmark, Benchmark):
-        raise ConfigError(f"entry point {ENTRY_POINT_GROUP}:{name} is not a "
-                          "skillopt.benchmarks.base.Benchmark")
+        raise broken(f"it is a {type(benchmark).__name__}, not a skillopt.benchmarks.base.Benchmark")
+    kind = type(benchmark).__name__
+    if not isinstance(getattr(benchmark, "id", None), str) or not benchmark.id:
+        raise broken(f"{kind} has no id; set the class attribute id = {name!r} (its entry-point name)")
+    config = getattr(benchmark, "Config", None)
+    if not (isinstance(config, type) and issubclass(config, BenchmarkConfig)):
+        what = f"{kind} has no Config" if config is None else (
+            f"its Config ({getattr(config, '__name__', repr(config))}) does not subclass "
+            "skillopt.benchmarks.base.BenchmarkConfig")
+        raise broken(f"{what}; declare the benchmark's keys in a subclass of BenchmarkConfig and set "
+                     f"{kind}.Config to it")
     return benchmark
 
 

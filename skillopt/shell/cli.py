@@ -799,14 +799,29 @@ def _cmd_backends_check(args: argparse.Namespace, out: _Output) -> int:
 
 
 def _cmd_config_show(args: argparse.Namespace, out: _Output) -> int:
-    from skillopt.core.config import DEFAULT_SOURCE, credential_status, dump_config, flatten, load_config
+    from skillopt.core.config import dump_config, load_config
+    from skillopt.core.errors import BenchmarkPluginError
 
     loaded = load_config(args.benchmark, config_file=args.config, overrides=args.override, env=os.environ)
-    _check_benchmark_section(loaded)
+    try:
+        _check_benchmark_section(loaded)
+        unloadable = None
+    except BenchmarkPluginError as error:  # the config is still shown; the command fails after it
+        unloadable = error
     data = dump_config(loaded)
     out.print(yaml.safe_dump(data, sort_keys=False, allow_unicode=True, width=100).rstrip())
-    if args.no_sources:
-        return EXIT_OK
+    if not args.no_sources:
+        _print_sources(loaded, data, out)
+    if unloadable is not None:
+        out.error(str(unloadable))
+        return EXIT_USAGE
+    return EXIT_OK
+
+
+def _print_sources(loaded: Any, data: dict[str, Any], out: _Output) -> None:
+    """``config show``'s comments: where each value came from, the credentials, the item time limit."""
+    from skillopt.core.config import DEFAULT_SOURCE, credential_status, flatten
+
     out.print()
     out.print("# where each value came from (every value not listed: default)")
     for dotted in flatten(data):
@@ -819,22 +834,27 @@ def _cmd_config_show(args: argparse.Namespace, out: _Output) -> int:
     limit = _item_limit_line(loaded)
     if limit:
         out.print(f"# {limit}")
-    return EXIT_OK
 
 
 def _check_benchmark_section(loaded: Any) -> None:
-    """The ``benchmark:`` keys of a named benchmark, checked by its plug-in as a run checks them (a
-    plug-in that cannot be loaded here is left to the run, which names what it needs)."""
-    from skillopt.benchmarks.base import benchmark_config, load_benchmark
+    """The ``benchmark:`` keys of a named benchmark, checked by its plug-in as a run checks them. A plug-in
+    that cannot be loaded cannot check them: ``BenchmarkPluginError`` says why, naming the keys only the
+    plug-in knows (an unknown benchmark is left to the run, which lists the registered ones)."""
+    from skillopt.benchmarks.base import BenchmarkConfig, benchmark_config, load_benchmark
+    from skillopt.core.errors import BenchmarkPluginError, ConfigError
 
-    name = loaded.config.benchmark.name
-    if not name:
+    section = loaded.config.benchmark
+    if not section.name:
         return
     try:
-        benchmark = load_benchmark(name)
-    except (SkillOptError, ImportError):
+        benchmark = load_benchmark(section.name)
+    except ConfigError:
         return
-    benchmark_config(benchmark, loaded.config.benchmark, loaded.source_of)
+    except BenchmarkPluginError as error:
+        own = [f"benchmark.{key}" for key in section.model_dump() if key not in BenchmarkConfig.model_fields]
+        unchecked = f"; so its own keys ({', '.join(own)}) are not checked" if own else ""
+        raise BenchmarkPluginError(f"{error}{unchecked}") from error
+    benchmark_config(benchmark, section, loaded.source_of)
 
 
 def _item_limit_line(loaded: Any) -> str | None:

@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from pydantic import BaseModel
+
 from skillopt.benchmarks.answers import last_tag
 from skillopt.benchmarks.base import Benchmark, BenchmarkConfig, Judge, Score
 from skillopt.benchmarks.rows import required_text
@@ -108,3 +110,42 @@ class NoDefault(Capitals):
 
     id = "no_default"
     Config = StrictConfig  # type: ignore[assignment]
+
+
+class NoScore(Benchmark[CapitalsConfig]):
+    """No ``score``: the class cannot be instantiated."""
+
+    id = "no_score"
+    Config = CapitalsConfig
+
+    def normalise_row(self, row: Mapping[str, Any], cfg: CapitalsConfig) -> dict[str, Any]:
+        return dict(row)
+
+    def build_messages(self, item: Item, skill: str, cfg: CapitalsConfig) -> list[Message]:
+        return [user("?")]
+
+
+class PlainConfig(BaseModel):
+    strictness: int = 1
+
+
+class PlainModelConfig(Capitals):
+    """Its ``Config`` is a pydantic model, not a ``BenchmarkConfig``."""
+
+    id = "plain_model_config"
+    Config = PlainConfig  # type: ignore[assignment]
+
+
+class NoId(Benchmark[CapitalsConfig]):
+    """No ``id`` class attribute."""
+
+    Config = CapitalsConfig
+
+    def normalise_row(self, row: Mapping[str, Any], cfg: CapitalsConfig) -> dict[str, Any]:
+        return dict(row)
+
+    def build_messages(self, item: Item, skill: str, cfg: CapitalsConfig) -> list[Message]:
+        return [user("?")]
+
+    def score(self, item: Item, response_text: str, judge: Judge | None) -> Score:
+        return Score(hard=0.0, soft=0.0)

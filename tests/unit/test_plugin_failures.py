@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from skillopt.benchmarks import base
-from skillopt.benchmarks.base import ENTRY_POINT_GROUP, Benchmark
+from skillopt.benchmarks.base import ENTRY_POINT_GROUP, Benchmark, load_benchmark
 from skillopt.benchmarks.runner import first_messages, run_item
 from skillopt.core.data import Item
 from skillopt.core.error_rows import ErrorStreak
@@ -145,10 +145,49 @@ def test_the_rollout_pool_stops_on_a_plugin_bug_once_the_items_in_flight_have_fi
 # ------------------------------------------------------------------------------------------- loading
 
 
+def test_a_plugin_that_cannot_be_loaded_is_one_line_naming_its_entry_point_and_the_cause(monkeypatch):
+    registered(monkeypatch, gone="skillopt_gone_plugin:plugin", no_score=f"{FAKES}:NoScore",
+               plain=f"{FAKES}:PlainModelConfig", no_id=f"{FAKES}:NoId")
+    expected = {
+        "gone": "benchmark gone (entry point skillopt_gone_plugin:plugin) cannot be loaded: "
+                "ModuleNotFoundError: No module named 'skillopt_gone_plugin'; install the package that "
+                "provides it",
+        "no_score": f"benchmark no_score (entry point {FAKES}:NoScore) cannot be loaded: NoScore does not "
+                    "implement score; a benchmark defines normalise_row, build_messages and score",
+        "plain": f"benchmark plain (entry point {FAKES}:PlainModelConfig) cannot be loaded: its Config "
+                 "(PlainConfig) does not subclass skillopt.benchmarks.base.BenchmarkConfig",
+        "no_id": f"benchmark no_id (entry point {FAKES}:NoId) cannot be loaded: NoId has no id; set the "
+                 "class attribute id = 'no_id' (its entry-point name)",
+    }
+    for name, message in expected.items():
+        with pytest.raises(BenchmarkPluginError) as caught:
+            load_benchmark(name)
+        assert str(caught.value).startswith(message), str(caught.value)
+
+    # A command says it in one line, before Prefect starts.
+    out, err = io.StringIO(), io.StringIO()
+    assert main(["train", "no_score", "--backend", "scripted"], stdout=out, stderr=err) == 2
+    assert err.getvalue() == f"error: {expected['no_score']}\n"
+
+
 def test_one_broken_plugin_is_listed_unavailable_with_its_reason_and_the_others_still_listed(monkeypatch):
-    registered(monkeypatch, no_default=f"{FAKES}:NoDefault", capitals=f"{FAKES}:Capitals")
+    registered(monkeypatch, no_default=f"{FAKES}:NoDefault", gone="skillopt_gone_plugin:plugin",
+               capitals=f"{FAKES}:Capitals")
     out = io.StringIO()
     assert main(["benchmarks"], stdout=out, stderr=io.StringIO()) == 0
     lines = {line.split()[0]: line for line in out.getvalue().splitlines() if line.strip()}
     assert lines["no_default"].split(None, 1)[1] == "unavailable: its Config has no default for 'strictness'"
+    assert "unavailable: benchmark gone (entry point skillopt_gone_plugin:plugin) cannot be loaded: " \
+           "ModuleNotFoundError" in lines["gone"]
     assert "unavailable" not in lines["capitals"] and "unavailable" not in lines["docvqa"]
+
+
+def test_config_show_of_a_plugin_that_cannot_be_loaded_shows_the_config_and_fails_naming_the_unchecked_key(
+        monkeypatch):
+    registered(monkeypatch, gone="skillopt_gone_plugin:plugin")
+    out, err = io.StringIO(), io.StringIO()
+    assert main(["config", "show", "gone", "-o", "benchmark.foo=1"], stdout=out, stderr=err) == 2
+    assert "name: gone" in out.getvalue()
+    assert err.getvalue().startswith("error: benchmark gone (entry point skillopt_gone_plugin:plugin) cannot "
+                                     "be loaded: ModuleNotFoundError")
+    assert err.getvalue().endswith("; so its own keys (benchmark.foo) are not checked\n")
