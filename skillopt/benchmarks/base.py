@@ -131,7 +131,8 @@ class Benchmark(ABC, Generic[ConfigT]):
     **Loading.** ``load_split(cfg, split, *, run_dir)`` returns the items of one split through the
     shared split machinery; by default it reads rows with ``read_rows`` and normalises each with
     ``normalise_row`` (idempotent; ``KeyError(field)`` / ``ValueError`` for a bad row, ``DropRow``
-    only under a drop rule of the benchmark). Paths a row names are resolved with
+    only under a drop rule of the benchmark; any other exception is a ``DataError`` naming the row and
+    the exception). Paths a row names are resolved with
     ``skillopt.benchmarks.rows.confined_path`` so they stay inside the data root.
 
     **Prompting.** ``build_messages(item, skill, cfg)`` returns ``[system, user]`` and is pure and

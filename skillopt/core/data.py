@@ -38,7 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field, GetCoreSchemaHandler, field_v
 from pydantic_core import core_schema
 
 from skillopt.core.atomic import atomic_write_bytes
-from skillopt.core.errors import ConfigError, DataError
+from skillopt.core.errors import ConfigError, DataError, SkillOptError
 
 __all__ = [
     "DEFAULT_TASK_TYPE",
@@ -591,11 +591,18 @@ def _to_item(row: _Row, normalise: Normaliser, default_task_type: str) -> Item:
         raise DataError(f"{row.where}: {absent_field(row.data, exc.args[0])}") from exc
     except ValueError as exc:
         raise DataError(f"{row.where}: {exc}") from exc
+    except (DropRow, SkillOptError):
+        raise
+    except Exception as exc:  # a bug in the normaliser: said with the row it failed on
+        raise DataError(f"{row.where}: normalise_row raised {type(exc).__name__}: {exc}") from exc
     if not isinstance(data, dict):
         raise DataError(f"{row.where}: the normaliser returned {type(data).__name__}, not a dict")
     item = Item(data)
     raw_id = item.get("id")
     if raw_id is None or raw_id == "":
+        row_id = row.data.get("id")
+        if row_id is not None and str(row_id).strip():
+            raise DataError(f"{row.where}: normalise_row returned no 'id' (the row has id {row_id!r})")
         if "id" in row.data:
             raise DataError(f"{row.where}: {absent_field(row.data, 'id')}")
         raise DataError(f"{row.where}: missing field 'id' after normalising")

@@ -101,6 +101,24 @@ class PromptIsAString(Capitals):
         return item["question"]
 
 
+class ReadsAnInt(Capitals):
+    """``normalise_row`` treats a number as text."""
+
+    id = "reads_an_int"
+
+    def normalise_row(self, row: Mapping[str, Any], cfg: CapitalsConfig) -> dict[str, Any]:
+        return {"id": row["id"], "question": row["question"].strip(), "answer": row["answer"]}
+
+
+class DropsTheId(Capitals):
+    """``normalise_row`` forgets to copy the id."""
+
+    id = "drops_the_id"
+
+    def normalise_row(self, row: Mapping[str, Any], cfg: CapitalsConfig) -> dict[str, Any]:
+        return {"question": row["question"], "answer": row["answer"]}
+
+
 class StrictConfig(BenchmarkConfig):
     strictness: int
 

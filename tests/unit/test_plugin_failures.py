@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import importlib.metadata
 import io
+import json
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from importlib.metadata import EntryPoint
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -21,7 +23,7 @@ from skillopt.benchmarks.base import ENTRY_POINT_GROUP, Benchmark, load_benchmar
 from skillopt.benchmarks.runner import first_messages, run_item
 from skillopt.core.data import Item
 from skillopt.core.error_rows import ErrorStreak
-from skillopt.core.errors import BenchmarkPluginError
+from skillopt.core.errors import BenchmarkPluginError, DataError
 from skillopt.core.records import ItemResult
 from skillopt.llm.errors import ServerError
 from skillopt.shell.cli import main
@@ -191,3 +193,34 @@ def test_config_show_of_a_plugin_that_cannot_be_loaded_shows_the_config_and_fail
     assert err.getvalue().startswith("error: benchmark gone (entry point skillopt_gone_plugin:plugin) cannot "
                                      "be loaded: ModuleNotFoundError")
     assert err.getvalue().endswith("; so its own keys (benchmark.foo) are not checked\n")
+
+
+# -------------------------------------------------------------------------------------------- data
+
+
+def _split_folder(tmp_path: Path, first_row: dict[str, Any]) -> Path:
+    rows = {"train": [first_row], "val": [{"id": "b", "question": "Capital of Peru?", "answer": "Lima"}],
+            "test": [{"id": "c", "question": "Capital of Chad?", "answer": "N'Djamena"}]}
+    for split, items in rows.items():
+        (tmp_path / split).mkdir(parents=True)
+        (tmp_path / split / "items.json").write_text(json.dumps(items))
+    return tmp_path
+
+
+def test_any_error_of_the_normaliser_names_the_row_and_the_exception(tmp_path):
+    folder = _split_folder(tmp_path / "data", {"id": "it", "question": 5, "answer": "Rome"})
+    config = plugins.CapitalsConfig(split_mode="split_dir", split_dir=str(folder))
+    with pytest.raises(DataError) as caught:
+        plugins.ReadsAnInt().load_split(config, "train", run_dir=tmp_path / "run")
+    where = f"train split, {folder / 'train' / 'items.json'} row 1"
+    assert str(caught.value) == f"{where}: normalise_row raised AttributeError: 'int' object has no " \
+                                "attribute 'strip'"
+
+
+def test_a_normaliser_that_drops_the_id_is_told_so_not_that_the_row_has_none(tmp_path):
+    folder = _split_folder(tmp_path / "data", {"id": "it", "question": "Capital of Italy?", "answer": "Rome"})
+    config = plugins.CapitalsConfig(split_mode="split_dir", split_dir=str(folder))
+    with pytest.raises(DataError) as caught:
+        plugins.DropsTheId().load_split(config, "train", run_dir=tmp_path / "run")
+    where = f"train split, {folder / 'train' / 'items.json'} row 1"
+    assert str(caught.value) == f"{where}: normalise_row returned no 'id' (the row has id 'it')"
