@@ -888,7 +888,6 @@ def load_config(
     if benchmark is not None:
         data, sources = read_config_file(find_benchmark_config(benchmark, cwd=cwd))
         layered.merge(data, sources)
-        layered.set(("benchmark", "name"), benchmark, "cli")
     if config_file is not None:
         data, sources = read_config_file(Path(config_file))
         layered.merge(data, sources)
@@ -912,6 +911,8 @@ def load_config(
         _check_no_literal_secrets(_nest(path, value), source, backends)
         layered.set(path, value, source)
 
+    if benchmark is not None:
+        _name_the_benchmark(layered, benchmark)
     _normalise_judge_block(layered)
     try:
         config = SkillOptConfig.model_validate(layered.data)
@@ -925,6 +926,20 @@ def _nest(path: Path_, value: Any) -> dict[str, Any]:
     for part in reversed(path):
         nested = {part: nested}
     return nested
+
+
+def _name_the_benchmark(layered: _Layered, benchmark: str) -> None:
+    """Set ``benchmark.name`` to the benchmark the command names. A file or override may repeat that name
+    (a saved ``config show`` reused for the same benchmark); naming another is an error."""
+    path = ("benchmark", "name")
+    named = layered.get(path)
+    if named is not None and named != benchmark:
+        source = layered.sources.get(path, "yaml")
+        fix = "drop that override" if source.startswith("-o ") else "remove benchmark.name from that file"
+        raise ConfigError(f"benchmark.name: {source} names {named!r}, but the command names {benchmark!r}; "
+                          f"{fix} or name {named} on the command line")
+    if isinstance(layered.data.get("benchmark", {}), dict):  # else the section is an error of its own
+        layered.set(path, benchmark, "cli")
 
 
 def _normalise_judge_block(layered: _Layered) -> None:

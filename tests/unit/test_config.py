@@ -252,6 +252,26 @@ def test_user_file_layers_over_the_benchmark_config(tmp_path):
     assert loaded.config.benchmark.workers == 24
 
 
+def test_a_file_or_override_naming_another_benchmark_is_an_error_naming_both(tmp_path):
+    path = write(tmp_path / "bn.yaml", "benchmark: {name: qa}\n")
+    expected = (r"^benchmark\.name: yaml:.*bn\.yaml names 'qa', but the command names 'searchqa'; "
+                r"remove benchmark\.name from that file or name qa on the command line$")
+    with pytest.raises(ConfigError, match=expected):
+        load_config("searchqa", config_file=path, env={})
+    with pytest.raises(ConfigError, match=r"^benchmark\.name: -o benchmark\.name names 'qa', but the command "
+                                          r"names 'demo'; drop that override"):
+        load_config("demo", overrides=["benchmark.name=qa"], env={})
+
+
+def test_a_saved_config_reused_for_its_own_benchmark_keeps_the_command_line_name(tmp_path):
+    saved = flatten(load_config("searchqa", env={}).config.model_dump(mode="json"))
+    path = write(tmp_path / "saved.yaml", yaml.safe_dump(
+        {"benchmark": {k.split(".", 1)[1]: v for k, v in saved.items() if k.startswith("benchmark.")}}))
+    loaded = load_config("searchqa", config_file=path, env={})
+    assert loaded.config.benchmark.name == "searchqa"
+    assert loaded.source_of("benchmark.name") == "cli"
+
+
 def test_local_configs_folder_overrides_the_shipped_file(tmp_path):
     write(tmp_path / "configs" / "searchqa.yaml", "_base_: _base_.yaml\nbenchmark: {workers: 2}\n")
     assert find_benchmark_config("searchqa", cwd=tmp_path) == tmp_path / "configs" / "searchqa.yaml"
