@@ -719,9 +719,9 @@ def _local_config_names(cwd: Path) -> set[str]:
 # Typed parsing of overrides and environment values
 
 
-def _field_annotation(path: Path_) -> Any:
-    """The annotation of the config field at ``path``, or ``None`` when it is free-form."""
-    model: Any = SkillOptConfig
+def _field_annotation(path: Path_, root: type[BaseModel] = SkillOptConfig) -> Any:
+    """The annotation of the field at ``path`` under ``root``, or ``None`` when it is free-form."""
+    model: Any = root
     annotation: Any = None
     for part in path:
         model = _unwrap_model(annotation) if annotation is not None else model
@@ -763,18 +763,40 @@ def _is_nullable(annotation: Any) -> bool:
     return type(None) in _union_members(annotation)
 
 
-def convert_text(path: Path_, text: str, *, source: str) -> Any:
+def convert_text(path: Path_, text: str, *, source: str, benchmark: Any = None) -> Any:
     """Convert the text of ``-o path=text`` (or an environment value) by the target field's type.
 
     ``null`` gives None for nullable fields; string and enum fields keep the raw text; every
-    other field parses the text with YAML 1.2 core rules.
+    other field parses the text with YAML 1.2 core rules. The keys of ``benchmark`` itself
+    (``benchmark.<key>`` beyond the shared ones) are typed by its plug-in's ``Config``.
     """
     annotation = _field_annotation(path)
+    if annotation is None and path[0] == "benchmark":
+        plugin_config = _plugin_config(benchmark)
+        if plugin_config is not None:
+            annotation = _field_annotation(path[1:], root=plugin_config)
     if annotation is not None and _is_nullable(annotation) and text.strip() in ("null", "~", "Null", "NULL"):
         return None
     if annotation is not None and _keeps_raw_text(annotation):
         return text
     return parse_yaml_text(text, source=source)
+
+
+def _plugin_config(name: Any) -> type[BaseModel] | None:
+    """The ``Config`` model of the benchmark plug-in registered as ``name``, read through its entry point
+    (core imports no plug-in by name). None when there is none or it does not import here (a missing
+    extra): its keys are then read as YAML, and the run reports what the plug-in needs."""
+    from importlib.metadata import entry_points
+
+    if not isinstance(name, str):
+        return None
+    for entry in entry_points(group="skillopt.benchmarks", name=name):
+        try:
+            model = getattr(entry.load(), "Config", None)
+        except Exception:  # noqa: BLE001 - any import failure leaves the keys to YAML, as without a plug-in
+            return None
+        return model if isinstance(model, type) and issubclass(model, BaseModel) else None
+    return None
 
 
 def parse_override(item: str) -> tuple[Path_, str]:
@@ -907,7 +929,8 @@ def load_config(
         # (a map given as text, such as an extra_body, is only a map after parsing).
         backends = {**_role_backends(layered.data), **_role_backends(_nest(path, text))}
         _check_no_literal_secrets(_nest(path, text), source, backends)
-        value = convert_text(path, text, source=source)
+        named = benchmark or layered.get(("benchmark", "name"))
+        value = convert_text(path, text, source=source, benchmark=named)
         _check_no_literal_secrets(_nest(path, value), source, backends)
         layered.set(path, value, source)
 

@@ -91,6 +91,26 @@ def test_string_field_keeps_raw_text_even_when_it_looks_like_null_free_text():
     assert cfg.run.run_name == "007"
 
 
+@pytest.mark.parametrize("benchmark,key,text", [
+    ("alfworld", "alfworld_data", "2024"), ("mathverse", "problem_version", "007"),
+    ("swebench", "hf_split", "2024"), ("qa", "data_root", "2024"), ("qa", "fields.question", "007"),
+])
+def test_a_plugin_string_key_keeps_the_raw_text_of_an_override(benchmark, key, text):
+    from skillopt.benchmarks.base import benchmark_config, load_benchmark
+
+    loaded = load_config(benchmark, overrides=[f"benchmark.{key}={text}"], env={})
+    typed = benchmark_config(load_benchmark(benchmark), loaded.config.benchmark, loaded.source_of)
+    value: object = typed
+    for part in key.split("."):
+        value = getattr(value, part)
+    assert value == text
+
+
+def test_a_plugin_number_key_is_still_read_as_a_number():
+    loaded = load_config("swebench", overrides=["benchmark.step_limit=20"], env={})
+    assert loaded.config.benchmark.model_extra["step_limit"] == 20
+
+
 def test_overrides_apply_in_order():
     cfg = load_config("qa", overrides=["train.epochs=2", "train.epochs=3"], env={}).config
     assert cfg.train.epochs == 3
