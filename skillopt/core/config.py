@@ -325,6 +325,18 @@ class BenchmarkSection(_Section):
     #: rollout when none can be made) or ``none`` (no OS sandbox, at the user's risk; warned every run).
     sandbox: Literal["bwrap", "none"] = "bwrap"
 
+    @field_validator("split_ratio")
+    @classmethod
+    def _split_ratio_parses(cls, value: str) -> str:
+        """A malformed ratio is reported when the config loads, with the message a split would give."""
+        from skillopt.core.data import parse_split_ratio
+
+        try:
+            parse_split_ratio(value)
+        except ConfigError as error:
+            raise ValueError(str(error).removeprefix("benchmark.split_ratio ")) from None
+        return value
+
 
 class RunSection(_Section):
     runs_dir: str = "runs"

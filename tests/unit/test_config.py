@@ -179,6 +179,18 @@ def test_min_learning_rate_above_learning_rate_is_an_error():
         load_config("qa", overrides=["optimizer.min_learning_rate=9"], env={})
 
 
+@pytest.mark.parametrize("ratio,message", [
+    ("banana", "must be three non-negative integers 'train:val:test' such as '2:1:7'"),
+    ("0:0:0", "has weights summing to 0"),
+])
+def test_a_malformed_split_ratio_is_an_error_when_the_config_loads(tmp_path, ratio, message):
+    path = write(tmp_path / "sr.yaml",
+                 f"benchmark: {{split_mode: ratio, data_path: x.json, split_ratio: '{ratio}'}}\n")
+    expected = rf"^benchmark\.split_ratio: .*{message}.*\(from yaml:\S*sr\.yaml\)$"
+    with pytest.raises(ConfigError, match=expected):
+        load_config_file(path, env={})
+
+
 def test_every_problem_is_reported_at_once(tmp_path):
     path = write(
         tmp_path / "bad.yaml", "train: {epochs: 0, batch_size: many}\noptimizer: {lr_scheduler: steps}\n"
