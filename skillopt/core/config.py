@@ -23,7 +23,7 @@ import difflib
 import re
 import types
 import typing
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -35,7 +35,6 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
-    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -92,6 +91,19 @@ def _normalise_backend(value: Any) -> Any:
     if isinstance(value, str):
         return BACKEND_ALIASES.get(value.strip().lower(), value.strip().lower())
     return value
+
+
+class KeyConflict(ValueError):
+    """A rule across keys, broken. ``text`` has ``{0}``, ``{1}``… for the keys it names; each of ``keys`` is
+    (dotted key, how to show it, such as ``optimizer.learning_rate 1``). The error report puts where each
+    value came from after it: the error is about the pair, not about the one key it is raised on."""
+
+    def __init__(self, text: str, *keys: tuple[str, str]) -> None:
+        self.text, self.keys = text, keys
+        super().__init__(text.format(*(shown for _, shown in keys)))
+
+    def with_sources(self, source_of: Callable[[str], str]) -> str:
+        return self.text.format(*(f"{shown} (from {source_of(key)})" for key, shown in self.keys))
 
 
 class _Section(BaseModel):
@@ -251,13 +263,14 @@ class OptimizerSection(_Section):
     #: ``[image] <name>`` references in the trajectories.
     analyst_images: Bool = False
 
-    @field_validator("min_learning_rate")
-    @classmethod
-    def _min_not_above_max(cls, value: int, info: ValidationInfo) -> int:
-        maximum = info.data.get("learning_rate")
-        if isinstance(maximum, int) and value > maximum:
-            raise ValueError("must not exceed optimizer.learning_rate (the largest edit budget)")
-        return value
+    @model_validator(mode="after")
+    def _min_not_above_max(self) -> OptimizerSection:
+        if self.min_learning_rate > self.learning_rate:
+            raise KeyConflict(
+                "{0} is below {1}: lower optimizer.min_learning_rate or raise optimizer.learning_rate",
+                ("optimizer.learning_rate", f"optimizer.learning_rate {self.learning_rate}"),
+                ("optimizer.min_learning_rate", f"optimizer.min_learning_rate {self.min_learning_rate}"))
+        return self
 
 
 #: An objective beside the score (``evaluation.objectives``), each one smaller-is-better.
@@ -842,17 +855,22 @@ def _environment_layer(env: Mapping[str, str]) -> list[tuple[Path_, str, str]]:
 
 
 def _format_validation_error(exc: ValidationError, sources: Mapping[Path_, str]) -> ConfigError:
+    def origin(loc: Path_) -> str:
+        source = _source_for(loc, sources)
+        return "built-in default" if source == DEFAULT_SOURCE else source
+
     lines = []
     for error in exc.errors(include_input=False, include_url=False):
         loc = tuple(str(p) for p in error["loc"])
-        dotted = _dotted(loc) or "(top level)"
-        source = _source_for(loc, sources)
+        conflict = error.get("ctx", {}).get("error")
+        if isinstance(conflict, KeyConflict):
+            lines.append(conflict.with_sources(lambda dotted: origin(tuple(dotted.split(".")))))
+            continue
         if error["type"] == "extra_forbidden":
             message = f"unknown key{_suggestion(loc)}"
         else:
             message = _clean_message(error["msg"])
-        origin = "built-in default" if source == DEFAULT_SOURCE else source
-        lines.append(f"{dotted}: {message} (from {origin})")
+        lines.append(f"{_dotted(loc) or '(top level)'}: {message} (from {origin(loc)})")
     header = "invalid configuration" if len(lines) > 1 else lines[0]
     body = "\n".join(f"  - {line}" for line in lines) if len(lines) > 1 else ""
     return ConfigError(f"{header}\n{body}" if body else header)

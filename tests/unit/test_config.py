@@ -172,11 +172,17 @@ def test_out_of_range_value_is_an_error_naming_the_key():
         load_config("qa", overrides=["gradient.merge_batch_size=1"], env={})
 
 
-def test_min_learning_rate_above_learning_rate_is_an_error():
-    with pytest.raises(
-        ConfigError, match=r"optimizer\.min_learning_rate: must not exceed optimizer\.learning_rate"
-    ):
+def test_min_learning_rate_above_learning_rate_names_both_keys_and_their_sources():
+    with pytest.raises(ConfigError) as info:
+        load_config("qa", overrides=["optimizer.learning_rate=1"], env={})
+    assert str(info.value) == (
+        "optimizer.learning_rate 1 (from -o optimizer.learning_rate) is below optimizer.min_learning_rate 2 "
+        "(from shipped:configs/_base_.yaml): lower optimizer.min_learning_rate or raise "
+        "optimizer.learning_rate")
+    with pytest.raises(ConfigError) as info:
         load_config("qa", overrides=["optimizer.min_learning_rate=9"], env={})
+    assert str(info.value).startswith("optimizer.learning_rate 4 (from shipped:configs/_base_.yaml) is below "
+                                      "optimizer.min_learning_rate 9 (from -o optimizer.min_learning_rate)")
 
 
 @pytest.mark.parametrize("ratio,message", [
