@@ -106,6 +106,11 @@ class KeyConflict(ValueError):
         return self.text.format(*(f"{shown} (from {source_of(key)})" for key, shown in self.keys))
 
 
+def _placeholders(first: int, count: int) -> str:
+    """``{1}, {2}`` … : the placeholders of ``count`` keys of a ``KeyConflict``, from key ``first`` on."""
+    return ", ".join(f"{{{i}}}" for i in range(first, first + count))
+
+
 class _Section(BaseModel):
     """Base of every config model: unknown keys are errors, types are not coerced loosely."""
 
@@ -388,19 +393,23 @@ class RunSection(_Section):
     @model_validator(mode="after")
     def _dask_keys_fit_the_runner(self) -> RunSection:
         local_cluster = {
-            "dask_n_workers": self.dask_n_workers,
-            "dask_threads_per_worker": self.dask_threads_per_worker,
+            "run.dask_n_workers": self.dask_n_workers,
+            "run.dask_threads_per_worker": self.dask_threads_per_worker,
         }
         if self.task_runner != "dask":
-            given = [key for key, value in {"dask_address": self.dask_address, **local_cluster}.items()
+            given = [key for key, value in {"run.dask_address": self.dask_address, **local_cluster}.items()
                      if value is not None]
             if given:
-                raise ValueError(f"{', '.join('run.' + k for k in given)} needs run.task_runner: dask")
+                raise KeyConflict("{0}: " + _placeholders(1, len(given)) + " needs run.task_runner: dask",
+                                  ("run.task_runner", f"run.task_runner is {self.task_runner}"),
+                                  *((key, key) for key in given))
         elif self.dask_address is not None:
             given = [key for key, value in local_cluster.items() if value is not None]
             if given:
-                raise ValueError(f"{', '.join('run.' + k for k in given)} sizes a local cluster; with "
-                                 "run.dask_address the cluster is the one at that address")
+                raise KeyConflict("{0}: " + _placeholders(1, len(given)) + " sizes a local cluster, but the "
+                                  "cluster is the one at that address",
+                                  ("run.dask_address", "run.dask_address is set"),
+                                  *((key, key) for key in given))
         return self
 
 

@@ -18,10 +18,13 @@ def config(*overrides: str):
 
 def test_threads_is_the_default_and_dask_keys_need_the_dask_runner():
     assert config().run.task_runner == "threads"
-    with pytest.raises(ConfigError, match=r"run.dask_address needs run.task_runner: dask"):
+    with pytest.raises(ConfigError, match=r"run.dask_address \(from -o run.dask_address\) needs "
+                                          r"run.task_runner: dask"):
         config("run.dask_address=tcp://scheduler:8786")
-    with pytest.raises(ConfigError, match=r"run.dask_n_workers needs run.task_runner: dask"):
+    with pytest.raises(ConfigError) as info:
         config("run.dask_n_workers=2")
+    assert str(info.value) == ("run.task_runner is threads (from built-in default): "
+                               "run.dask_n_workers (from -o run.dask_n_workers) needs run.task_runner: dask")
 
 
 def test_a_scheduler_address_and_a_local_cluster_size_exclude_each_other():
@@ -31,7 +34,9 @@ def test_a_scheduler_address_and_a_local_cluster_size_exclude_each_other():
         ).run.dask_n_workers
         == 2
     )
-    with pytest.raises(ConfigError, match=r"run.dask_threads_per_worker sizes a local cluster"):
+    with pytest.raises(ConfigError, match=r"^run.dask_address is set \(from -o run.dask_address\): "
+                                          r"run.dask_threads_per_worker \(from -o "
+                                          r"run.dask_threads_per_worker\) sizes a local cluster"):
         config(
             "run.task_runner=dask", "run.dask_address=tcp://scheduler:8786", "run.dask_threads_per_worker=4"
         )
