@@ -163,7 +163,7 @@ def test_the_best_skill_s_test_split_leaves_with_the_step_that_settles_it(prefec
 
     run_dir = tmp_path / "runs" / "settled"
     best_sha = skill_hash((run_dir / "best_skill.md").read_text())
-    last_skill = max(run_dir.glob("skills/step_*.md"))
+    last_skill = max(run_dir.glob("skills/step_[0-9][0-9][0-9][0-9].md"))
     assert last_skill.name != "step_0000.md" and skill_hash(last_skill.read_text()) == best_sha, \
         "the demo's last skill is not its best here: the hint does not apply"
     best_test = [json.loads(line) for line in
