@@ -313,9 +313,12 @@ def split_items(cfg: BaseModel, split: str, *, run_dir: Path, benchmark: str, de
 
 
 def check_split_folder(cfg: Any, *, benchmark: str, default_split_mode: str, fix: str) -> None:
-    """Preflight: in ``split_dir`` mode a missing split folder is a ``BenchmarkSetupError`` saying ``fix``."""
+    """Preflight: in ``split_dir`` mode a missing split folder, or none given, is a ``BenchmarkSetupError``
+    saying ``fix``."""
     split_dir_mode = (cfg.split_mode or default_split_mode) == "split_dir"
-    if split_dir_mode and cfg.split_dir and not Path(cfg.split_dir).is_dir():
+    if split_dir_mode and not cfg.split_dir:
+        raise BenchmarkSetupError(f"{benchmark}: no data given (benchmark.split_dir is not set); {fix}")
+    if split_dir_mode and not Path(cfg.split_dir).is_dir():
         raise BenchmarkSetupError(f"{benchmark}: no split folder at {cfg.split_dir}; {fix}")
 
 
@@ -334,8 +337,9 @@ def skill_section(skill: str) -> str:
 
 def load_benchmark(name: str) -> Benchmark[Any]:
     """The plug-in registered as ``name``; an unknown name lists the registered ones. A plug-in that cannot
-    be imported or instantiated, or that lacks what every benchmark declares (``id``, a ``Config`` subclassing
-    ``BenchmarkConfig``), is a ``BenchmarkPluginError`` naming its entry point and the cause."""
+    be imported or instantiated, or that lacks what every benchmark declares (an ``id`` equal to its
+    entry-point name, a ``Config`` subclassing ``BenchmarkConfig``), is a ``BenchmarkPluginError`` naming its
+    entry point and the cause."""
     found = {entry.name: entry for entry in entry_points(group=ENTRY_POINT_GROUP)}
     if name not in found:
         known = ", ".join(sorted(found)) or "none (is skillopt installed?)"
@@ -367,6 +371,9 @@ def load_benchmark(name: str) -> Benchmark[Any]:
     kind = type(benchmark).__name__
     if not isinstance(getattr(benchmark, "id", None), str) or not benchmark.id:
         raise broken(f"{kind} has no id; set the class attribute id = {name!r} (its entry-point name)")
+    if benchmark.id != name:  # the id names its prompts, artifacts and run rows: two names would disagree
+        raise broken(f"{kind}.id is {benchmark.id!r} but it is registered as {name!r}; set id = {name!r} "
+                     "or register the entry point under the id")
     config = getattr(benchmark, "Config", None)
     if not (isinstance(config, type) and issubclass(config, BenchmarkConfig)):
         what = f"{kind} has no Config" if config is None else (

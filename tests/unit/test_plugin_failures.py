@@ -23,7 +23,7 @@ from skillopt.benchmarks.base import ENTRY_POINT_GROUP, Benchmark, load_benchmar
 from skillopt.benchmarks.runner import first_messages, run_item
 from skillopt.core.data import Item
 from skillopt.core.error_rows import ErrorStreak
-from skillopt.core.errors import BenchmarkPluginError, DataError
+from skillopt.core.errors import BenchmarkPluginError, BenchmarkSetupError, DataError
 from skillopt.core.records import ItemResult
 from skillopt.llm.errors import ServerError
 from skillopt.shell.cli import main
@@ -149,17 +149,21 @@ def test_the_rollout_pool_stops_on_a_plugin_bug_once_the_items_in_flight_have_fi
 
 def test_a_plugin_that_cannot_be_loaded_is_one_line_naming_its_entry_point_and_the_cause(monkeypatch):
     registered(monkeypatch, gone="skillopt_gone_plugin:plugin", no_score=f"{FAKES}:NoScore",
-               plain=f"{FAKES}:PlainModelConfig", no_id=f"{FAKES}:NoId")
+               plain_model_config=f"{FAKES}:PlainModelConfig", no_id=f"{FAKES}:NoId",
+               renamed=f"{FAKES}:Capitals")
     expected = {
         "gone": "benchmark gone (entry point skillopt_gone_plugin:plugin) cannot be loaded: "
                 "ModuleNotFoundError: No module named 'skillopt_gone_plugin'; install the package that "
                 "provides it",
         "no_score": f"benchmark no_score (entry point {FAKES}:NoScore) cannot be loaded: NoScore does not "
                     "implement score; a benchmark defines normalise_row, build_messages and score",
-        "plain": f"benchmark plain (entry point {FAKES}:PlainModelConfig) cannot be loaded: its Config "
-                 "(PlainConfig) does not subclass skillopt.benchmarks.base.BenchmarkConfig",
+        "plain_model_config": f"benchmark plain_model_config (entry point {FAKES}:PlainModelConfig) cannot "
+                              "be loaded: its Config (PlainConfig) does not subclass "
+                              "skillopt.benchmarks.base.BenchmarkConfig",
         "no_id": f"benchmark no_id (entry point {FAKES}:NoId) cannot be loaded: NoId has no id; set the "
                  "class attribute id = 'no_id' (its entry-point name)",
+        "renamed": f"benchmark renamed (entry point {FAKES}:Capitals) cannot be loaded: Capitals.id is "
+                   "'capitals' but it is registered as 'renamed'; set id = 'renamed'",
     }
     for name, message in expected.items():
         with pytest.raises(BenchmarkPluginError) as caught:
@@ -224,3 +228,12 @@ def test_a_normaliser_that_drops_the_id_is_told_so_not_that_the_row_has_none(tmp
         plugins.DropsTheId().load_split(config, "train", run_dir=tmp_path / "run")
     where = f"train split, {folder / 'train' / 'items.json'} row 1"
     assert str(caught.value) == f"{where}: normalise_row returned no 'id' (the row has id 'it')"
+
+
+def test_a_plugin_without_a_default_split_folder_and_no_data_is_told_how_to_give_it():
+    """A third-party plug-in's Config has no split_dir default: with no --data, preflight says so with the
+    plug-in's data_hint (the loader's bare 'split_dir mode needs benchmark.split_dir' came too late)."""
+    plugin = plugins.Capitals()
+    with pytest.raises(BenchmarkSetupError) as info:
+        plugin.preflight(plugins.CapitalsConfig())
+    assert str(info.value) == f"capitals: no data given (benchmark.split_dir is not set); {plugin.data_hint}"
