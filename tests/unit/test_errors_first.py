@@ -221,13 +221,13 @@ def test_gold_fields_that_name_no_field_of_the_items_are_refused_not_skipped(mon
 
 
 def test_build_messages_that_returns_no_list_of_messages_is_named_before_the_run(monkeypatch):
-    from skillopt.benchmarks.base import BenchmarkSetupError
+    from skillopt.core.errors import BenchmarkPluginError
 
     def text_only(self, item, skill, cfg):
         return f"{skill}\n{item['question']}"
 
-    with pytest.raises(BenchmarkSetupError, match=r"benchmark qa: build_messages returned str, not a list of "
-                                                   r"skillopt.llm.chat.Message"):
+    with pytest.raises(BenchmarkPluginError, match=r"benchmark qa: build_messages\(\) returned str, not a "
+                                                    r"list of Message, on item \S+ — a bug in the plug-in"):
         _qa_checked(monkeypatch, build_messages=text_only)
 
 
