@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 import yaml
 from pydantic import (
@@ -145,6 +146,24 @@ class RoleSpec(_Section):
     #: How structured calls ask for their shape: auto | json_schema | json_object | prompt
     #: (see skillopt.llm.structured_output).
     structured_output: Literal["auto", "json_schema", "json_object", "prompt"] = "auto"
+
+    @field_validator("base_url")
+    @classmethod
+    def _an_http_url(cls, value: str | None) -> str | None:
+        """A URL the HTTP clients can call: http or https, a host, a port that parses (a typo here once
+        crashed the endpoint probe, or was retried as a connection failure for minutes)."""
+        if value is None:
+            return value
+        parsed = urlsplit(value)
+        if parsed.scheme not in ("http", "https"):
+            raise ValueError(f"{value!r} is not an http:// or https:// URL")
+        if not parsed.hostname:
+            raise ValueError(f"{value!r} names no host")
+        try:
+            parsed.port  # noqa: B018 - reading it validates it
+        except ValueError as error:
+            raise ValueError(f"{value!r}: {str(error).lower()}") from None
+        return value
 
 
 class TargetSpec(RoleSpec):

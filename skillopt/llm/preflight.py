@@ -41,9 +41,12 @@ def probe_endpoint(base_url: str, timeout_s: float = PROBE_TIMEOUT_S) -> str | N
     """None when a TCP connection to the endpoint opens, else why not."""
     parsed = urlparse(base_url)
     host = parsed.hostname
-    if not host:
-        return f"{base_url!r} is not a URL"
-    port = parsed.port or (443 if parsed.scheme == "https" else 80)
+    if parsed.scheme not in ("http", "https") or not host:
+        return f"{base_url!r} is not an http:// or https:// URL"
+    try:  # a URL from an environment variable (OPENAI_BASE_URL …) has not been through the config's check
+        port = parsed.port or (443 if parsed.scheme == "https" else 80)
+    except ValueError as error:
+        return f"{base_url!r}: {str(error).lower()}"
     try:
         with socket.create_connection((host, port), timeout=timeout_s):
             return None
@@ -68,7 +71,8 @@ def check_role(client: RoleClient, env: Mapping[str, str], *, call: bool) -> Rol
     if client.info.kind == "chat" and role.base_url and role.backend not in ("scripted", "local"):
         problem = probe_endpoint(role.base_url)
         if problem:
-            return check.fail(f"{problem}; is the server running? (model.{role.role}.base_url)")
+            hint = "is the server running?" if problem.startswith("cannot reach") else "correct the URL"
+            return check.fail(f"{problem}; {hint} (model.{role.role}.base_url)")
         check.lines.append(f"endpoint: {urlparse(role.base_url).netloc} reachable")
     try:
         backend = client.backend

@@ -54,6 +54,18 @@ def test_check_fails_clearly_when_the_server_is_down():
     assert f"cannot reach 127.0.0.1:{port}" in err and "is the server running?" in err
 
 
+def test_a_malformed_base_url_from_the_environment_is_one_line_not_a_traceback(monkeypatch):
+    """OPENAI_BASE_URL fills model.target.base_url after the config's own URL check: the endpoint probe
+    says what is wrong with it instead of raising."""
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://localhost:99999/v1")
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    code, out, err = run("backends", "check", "--role", "target", "-o", "model.target.backend=openai",
+                         "-o", "model.target.model=m")
+    assert code != 0
+    assert "error: target: 'http://localhost:99999/v1': port out of range 0-65535; correct the URL " \
+           "(model.target.base_url)" in err, err
+
+
 def test_check_fails_clearly_on_401(openai_server, monkeypatch):
     openai_server.require_key = "the-right-key"
     monkeypatch.setenv("OPENAI_COMPATIBLE_API_KEY", "sk-SENTINEL-wrongkey-123456")

@@ -172,6 +172,22 @@ def test_out_of_range_value_is_an_error_naming_the_key():
         load_config("qa", overrides=["gradient.merge_batch_size=1"], env={})
 
 
+@pytest.mark.parametrize(("url", "problem"), [
+    ("http://localhost:99999/v1", "port out of range 0-65535"),
+    ("http://localhost:abc/v1", "port could not be cast to integer value as 'abc'"),
+    ("htp://127.0.0.1:8000/v1", "is not an http:// or https:// URL"),
+    ("localhost:8000", "is not an http:// or https:// URL"),
+    ("http:///v1", "names no host"),
+])
+def test_a_base_url_that_no_http_client_can_call_is_an_error_naming_the_key(url, problem):
+    with pytest.raises(ConfigError) as info:
+        load_config("qa", overrides=[f"model.optimizer.base_url={url}"], env={})
+    assert str(info.value).startswith(f"model.optimizer.base_url: {url!r}"), str(info.value)
+    assert problem in str(info.value) and "(from -o model.optimizer.base_url)" in str(info.value)
+    assert load_config("qa", overrides=["model.optimizer.base_url=https://example.test:8443/v1"],
+                       env={}).config.model.optimizer.base_url == "https://example.test:8443/v1"
+
+
 def test_min_learning_rate_above_learning_rate_names_both_keys_and_their_sources():
     with pytest.raises(ConfigError) as info:
         load_config("qa", overrides=["optimizer.learning_rate=1"], env={})
