@@ -124,8 +124,8 @@ def token_provider(
         else:
             raise ConfigError(
                 f"[{role.role}] azure_openai/{role.model}: no credential. Fix one of: export "
-                "AZURE_OPENAI_API_KEY (or set model.<role>.api_key_env); pip install 'skillopt[azure]' for "
-                "Entra ID; or install the az CLI and run `az login`"
+                f"{role.api_key_env or 'AZURE_OPENAI_API_KEY'} (or set model.{role.role}.api_key_env); "
+                "pip install 'skillopt[azure]' for Entra ID; or install the az CLI and run `az login`"
             )
     if auth == "api_key":
         if not key:

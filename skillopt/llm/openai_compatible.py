@@ -280,7 +280,10 @@ def _adjust(values: dict[str, Any], options: BaseModel, env: Mapping[str, str]) 
     base_url = preset.base_url
     if options.preset in ("qwen", "dashscope") and options.region == "cn":
         base_url = _DASHSCOPE_CN
-    updates: dict[str, Any] = {"key_required": preset.key_required}
+    # A key the user names (api_key_env, api_key_secret) is required even where the preset needs none: a
+    # misspelt variable would otherwise send no key and fail every call with HTTP 401.
+    named = values.get("api_key_env") is not None or values.get("api_key_secret") is not None
+    updates: dict[str, Any] = {"key_required": preset.key_required or named}
     if values.get("base_url") is None and base_url is not None:
         updates["base_url"] = base_url
     if values.get("api_key_env") is None:

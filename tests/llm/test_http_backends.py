@@ -470,6 +470,12 @@ def test_azure_without_any_credential_lists_the_fixes(monkeypatch):
     monkeypatch.setattr(azure_openai, "_identity_available", lambda: False)
     with pytest.raises(ConfigError, match="AZURE_OPENAI_API_KEY.*skillopt\\[azure\\].*az login"):
         bundle.target.chat(ask())
+    # A key variable of the user's own is the one to export, named with the role's key.
+    bundle = clients("model.target.backend=azure", "model.target.base_url=https://r.openai.azure.com",
+                     "model.target.model=dep", "model.target.api_key_env=MY_AZ_KEY", env={})
+    with pytest.raises(ConfigError, match=r"Fix one of: export MY_AZ_KEY \(or set "
+                                          r"model\.target\.api_key_env\)"):
+        bundle.target.chat(ask())
 
 
 def test_az_cli_token_is_cached_and_refreshed_before_expiry():

@@ -99,6 +99,14 @@ def test_presets_give_endpoint_and_key_variable():
     assert qwen.key_required is True and qwen.api_key_env == "DASHSCOPE_API_KEY"
 
 
+def test_a_key_variable_the_user_names_is_required_even_where_the_preset_needs_no_key():
+    """A misspelt variable sent no key and failed every call with HTTP 401, after the run had started."""
+    named = roles("model.target.backend=openai_compatible", "model.target.options.preset=vllm",
+                  "model.target.api_key_env=MYKEY_TYPO").target
+    assert named.key_required is True and named.api_key_env == "MYKEY_TYPO"
+    assert credential_state(named, {}) == "missing (env:MYKEY_TYPO)"
+
+
 def test_unknown_backend_option_is_an_error_naming_its_path():
     with pytest.raises(
         ConfigError, match=r"model\.target\.options\.temprature: unknown option \(backend openai\)"
