@@ -25,6 +25,7 @@ from contextlib import contextmanager
 from prefect.concurrency.sync import concurrency, rate_limit
 
 from skillopt.core.config import ProviderLimits
+from skillopt.core.errors import ConfigError
 from skillopt.llm.limiter import Pause
 
 
@@ -32,6 +33,43 @@ def limit_name(key: str, kind: str) -> str:
     """``skillopt-<key>-<kind>`` with the key slugged to ``[a-z0-9-]``."""
     slug = re.sub(r"[^a-z0-9-]+", "-", key.lower()).strip("-")
     return f"skillopt-{slug}-{kind}"
+
+
+def create_commands(providers: Mapping[str, ProviderLimits]) -> dict[str, str]:
+    """Each Prefect limit ``providers`` needs, by name, with the ``prefect gcl create`` command that makes it:
+    an rpm or tpm limit refills its slots over a minute, a concurrency limit holds them while a call runs."""
+    commands: dict[str, str] = {}
+    for key, limits in providers.items():
+        for kind, size, decay in (("rpm", limits.rpm, True), ("tpm", limits.tpm, True),
+                                  ("conc", limits.max_concurrency, False)):
+            if size:
+                name = limit_name(key, kind)
+                refill = f" --slot-decay-per-second {size / 60:.4g}" if decay else ""
+                commands[name] = f"prefect gcl create {name} --limit {size}{refill}"
+    return commands
+
+
+def check_limits_exist(providers: Mapping[str, ProviderLimits]) -> None:
+    """Before any call: every limit ``providers`` needs exists on the Prefect server, else a ``ConfigError``
+    giving the commands that create the missing ones (each call would otherwise fail with Prefect's
+    'must be created before acquiring slots', as an error row)."""
+    from prefect.client.orchestration import get_client
+    from prefect.exceptions import ObjectNotFound
+
+    commands = create_commands(providers)
+    if not commands:
+        return
+    missing = []
+    with get_client(sync_client=True) as client:
+        for name in commands:
+            try:
+                client.read_global_concurrency_limit_by_name(name)
+            except ObjectNotFound:
+                missing.append(name)
+    if missing:
+        raise ConfigError("model.rate_limit_mode: prefect needs Prefect global concurrency limits that do "
+                          f"not exist on this server: {', '.join(missing)}; create them with: "
+                          + "; ".join(commands[name] for name in missing))
 
 
 class PrefectRateLimiter:

@@ -41,6 +41,10 @@ def start_run(spec: RunSpec, *, loaded: LoadedConfig | None = None, dask_client:
     """Build the run ``spec`` describes for a flow in this process (``loaded``: the config, already
     validated; ``dask_client``: the flow's Dask client with ``run.task_runner: dask``)."""
     loaded = loaded or spec.loaded()
+    if loaded.config.model.rate_limit_mode == "prefect":  # once per run, before any call
+        from skillopt.tasks.limits import check_limits_exist
+
+        check_limits_exist(loaded.config.model.providers)
     limiter = limiter_for(loaded.config, dask_client=dask_client)
     prepared = take_prepared(spec) if limiter is None else None
     if prepared is not None:  # built by the CLI before Prefect was loaded (skillopt.run.prefetch)

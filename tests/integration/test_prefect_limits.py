@@ -73,3 +73,25 @@ def test_keys_without_configured_limits_pass_straight_through():
 
     with PrefectRateLimiter({}).acquire("anything", tokens=1):
         pass
+
+
+def test_a_run_checks_its_limits_exist_before_any_call_and_gives_the_commands_to_create_them():
+    from skillopt.core.config import ProviderLimits
+    from skillopt.core.errors import ConfigError
+    from skillopt.tasks.limits import check_limits_exist, limit_name
+
+    key = "openai_compatible:127.0.0.1:7411"
+    providers = {key: ProviderLimits(rpm=90, max_concurrency=3), "unlimited:host": ProviderLimits()}
+    with pytest.raises(ConfigError) as info:
+        check_limits_exist(providers)
+    assert str(info.value) == (
+        "model.rate_limit_mode: prefect needs Prefect global concurrency limits that do not exist on this "
+        "server: skillopt-openai-compatible-127-0-0-1-7411-rpm, "
+        "skillopt-openai-compatible-127-0-0-1-7411-conc; create them with: prefect gcl create "
+        "skillopt-openai-compatible-127-0-0-1-7411-rpm --limit 90 --slot-decay-per-second 1.5; prefect gcl "
+        "create skillopt-openai-compatible-127-0-0-1-7411-conc --limit 3")
+    create_limit(limit_name(key, "rpm"), 90, decay=1.5)
+    with pytest.raises(ConfigError, match=r"server: skillopt-openai-compatible-127-0-0-1-7411-conc; create"):
+        check_limits_exist(providers)
+    create_limit(limit_name(key, "conc"), 3)
+    check_limits_exist(providers)  # all there: nothing to say
