@@ -78,7 +78,14 @@ def check_role(client: RoleClient, env: Mapping[str, str], *, call: bool) -> Rol
         backend = client.backend
         if client.info.kind == "exec":
             details = backend.preflight()
-            check.lines.append(f"cli: {details}")
+            check.lines.append(f"cli: {details['cli']} ({details['version']}), flags checked against its "
+                               f"--help; sandbox {details['sandbox']}, {details['home']} home, auth "
+                               f"{details['auth']}; no call made")
+            if details["auth"] == "login" and details["home"] == "private":
+                check.lines.append(
+                    f"warning: the CLI will see no login: options.auth: login uses your login only with "
+                    f"model.{role.role}.options.use_real_home: true; or set options.auth: api_key and export "
+                    f"{role.api_key_env or 'the key variable'} (every item fails to authenticate otherwise)")
             return check
         if not call:
             return check

@@ -384,6 +384,31 @@ def test_an_auth_failure_with_login_explains_how_to_log_in(tmp_path, fake_cli):
         make_backend(codex_exec.INFO, tmp_path).run(task_from_item(ITEM))
 
 
+def test_backends_check_warns_that_a_login_in_a_private_home_cannot_authenticate(fake_cli, monkeypatch):
+    """The default (auth: login, a private home) sees no login: the check said "ok" and every item of the
+    run then failed to authenticate."""
+    import io
+
+    from skillopt.shell.cli import main
+
+    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
+    fake_cli.scenario("ok")
+
+    def check(*overrides: str) -> str:
+        out, err = io.StringIO(), io.StringIO()
+        argv = ["backends", "check", "--role", "target", "--target-backend", "claude_code_exec"]
+        assert main([*argv, *(x for o in overrides for x in ("-o", o))], stdout=out, stderr=err) == 0, \
+            err.getvalue()
+        return out.getvalue()
+
+    shown = check()
+    assert "private home, auth login; no call made" in shown
+    assert ("warning: the CLI will see no login: options.auth: login uses your login only with "
+            "model.target.options.use_real_home: true; or set options.auth: api_key and export "
+            "ANTHROPIC_API_KEY") in shown, shown
+    assert "warning" not in check("model.target.options.use_real_home=true")
+
+
 @pytest.mark.parametrize("cli", ["codex", "claude"])
 def test_an_empty_answer_is_retried_then_raises(tmp_path, fake_cli, cli):
     fake_cli.scenario("empty")
