@@ -519,6 +519,15 @@ def parse_yaml_text(text: str, *, source: str) -> Any:
 DEFAULT_SOURCE = "default"
 #: The provenance of a value from a config file shipped with skillopt (``configs/``).
 SHIPPED_SOURCE_PREFIX = "shipped:"
+#: The provenance of a value from a file in the working directory's ``configs/`` folder, where a benchmark's
+#: own config is looked for before the shipped one (``find_benchmark_config``).
+LOCAL_CONFIGS_SOURCE_PREFIX = "yaml:configs/"
+
+
+def is_benchmark_config_source(source: str) -> bool:
+    """Whether ``source`` is a benchmark's own config file or a ``_base_`` of it: a shipped file, or one in
+    the working directory's ``configs/`` folder (a copy of the shipped configs that takes their place)."""
+    return source.startswith((SHIPPED_SOURCE_PREFIX, LOCAL_CONFIGS_SOURCE_PREFIX))
 
 Path_ = tuple[str, ...]
 
@@ -918,15 +927,30 @@ def _source_for(loc: Path_, sources: Mapping[Path_, str]) -> str:
 
 
 def _suggestion(loc: Path_) -> str:
-    parent = _field_annotation(loc[:-1]) if len(loc) > 1 else SkillOptConfig
-    model = _unwrap_model(parent) if parent is not SkillOptConfig else SkillOptConfig
-    if model is None:
-        return ""
-    names = list(model.model_fields)
-    close = difflib.get_close_matches(loc[-1], names, n=1, cutoff=0.6)
+    model = _model_at(loc[:-1])
+    return did_you_mean(loc[-1], list(model.model_fields)) if model is not None else ""
+
+
+def _model_at(path: Path_) -> type[BaseModel] | None:
+    """The config model at ``path`` (a section, or an entry of a mapping of models such as
+    ``model.providers.<key>``), or None when the value there is free-form."""
+    if not path:
+        return SkillOptConfig
+    model = _unwrap_model(_field_annotation(path))
+    if model is None:  # a key of a mapping: the mapping's value type
+        for member in _union_members(_field_annotation(path[:-1])):
+            if typing.get_origin(member) is dict:
+                model = _unwrap_model(typing.get_args(member)[1])
+    return model
+
+
+def did_you_mean(name: str, names: Sequence[str], *, what: str = "keys") -> str:
+    """``"; did you mean 'x'?"`` for the name in ``names`` closest to a mistyped ``name``, else
+    ``"; valid keys: …"`` listing them all: the tail of an "unknown key" error."""
+    close = difflib.get_close_matches(name, names, n=1, cutoff=0.6)
     if close:
         return f"; did you mean {close[0]!r}?"
-    return f"; valid keys: {', '.join(names)}"
+    return f"; valid {what}: {', '.join(names)}"
 
 
 # --------------------------------------------------------------------------------------------

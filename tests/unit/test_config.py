@@ -145,6 +145,18 @@ def test_typo_suggests_the_closest_key():
         load_config("searchqa", overrides=["optimizer.learnin_rate=8"], env={})
 
 
+def test_a_typo_in_an_entry_of_a_mapping_of_sections_suggests_the_closest_key(tmp_path):
+    with pytest.raises(ConfigError) as info:
+        load_config("searchqa", overrides=['model.providers={"k": {rmp: 5}}'], env={})
+    assert str(info.value) == ("model.providers.k.rmp: unknown key; did you mean 'rpm'? "
+                               "(from -o model.providers)")
+    path = write(tmp_path / "my.yaml",
+                 "_base_: searchqa.yaml\nmodel:\n  targets:\n    small: {bakend: openai}\n")
+    with pytest.raises(ConfigError, match=r"model\.targets\.small\.bakend: unknown key; did you mean "
+                                          r"'backend'\? \(from yaml:"):
+        load_config_file(path, env={})
+
+
 def test_unknown_section_suggests_the_closest_section(tmp_path):
     path = write(tmp_path / "my.yaml", "optimiser:\n  learning_rate: 3\n")
     with pytest.raises(ConfigError, match=r"optimiser: unknown key; did you mean 'optimizer'\?"):
