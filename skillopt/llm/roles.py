@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import PurePath
 from typing import Any, Literal
@@ -22,7 +22,15 @@ from urllib.parse import urlparse
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from skillopt.core.config import ROLES, SHIPPED_SOURCE_PREFIX, LoadedConfig, RoleSpec
+from skillopt.core.config import (
+    DEFAULT_SOURCE,
+    ROLES,
+    SHIPPED_SOURCE_PREFIX,
+    LoadedConfig,
+    RoleSpec,
+    did_you_mean,
+    is_benchmark_config_source,
+)
 from skillopt.core.errors import ConfigError
 from skillopt.llm.base import BackendInfo, BackendRegistry
 
@@ -218,8 +226,10 @@ def _resolve_one(
         elif values.get(name) is None and env.get(variable):
             values[name], provenance[name] = env[variable], f"env:{variable}"
 
-    options = _validate_options(role, info, _options_for(role, info, values.get("options") or {}, loaded,
-                                                         backend_source=provenance.get("backend", "")))
+    kept = _options_for(role, info, values.get("options") or {}, loaded,
+                        backend_source=provenance.get("backend", ""))
+    options = _validate_options(role, info, kept, lambda key: provenance.get(f"options.{key}")
+                                or loaded.source_of(f"model.{role}.options.{key}"))
     values["options"] = options.model_dump(exclude_none=False)
     if info.adjust is not None:
         for name, value in info.adjust(values, options, env).items():
@@ -306,15 +316,15 @@ def _options_for(role: str, info: BackendInfo, options: Mapping[str, Any], loade
     """The options to validate for ``info``'s backend.
 
     When a higher layer replaced the backend a config file named (``--backend``, ``-o``, an environment
-    variable, or the user's file over a shipped one) the options that file gave its backend (e.g. the demo's
-    scripted ``rules``) do not apply: the keys the new backend does not take are left out. It does not matter
-    whether the file is the shipped copy or a ``configs/`` folder in the working directory. Options the user
-    gave on the command line or in the environment are always kept, and checked.
+    variable, or the user's file over the benchmark's own config) the options that file gave its backend (e.g.
+    the demo's scripted ``rules``) do not apply: the keys the new backend does not take are left out. It does
+    not matter whether the benchmark's config is the shipped copy or a ``configs/`` folder in the working
+    directory. Options the user gave on the command line, in the environment or in the file that names the
+    backend are always kept, and checked.
     """
-    if _is_file_source(backend_source) and not backend_source.startswith(SHIPPED_SOURCE_PREFIX):
-        replaced_sources = _shipped_only
-    elif _is_file_source(backend_source):
-        return dict(options)
+    if _is_file_source(backend_source):
+        def replaced_sources(source: str) -> bool:
+            return source != backend_source and is_benchmark_config_source(source)
     else:
         replaced_sources = _is_file_source
     known = set(info.options_model.model_fields)
@@ -328,19 +338,24 @@ def _is_file_source(source: str) -> bool:
     return source.startswith((SHIPPED_SOURCE_PREFIX, "yaml")) or source in ("", "default")
 
 
-def _shipped_only(source: str) -> bool:
-    return source.startswith(SHIPPED_SOURCE_PREFIX)
-
-
-def _validate_options(role: str, info: BackendInfo, options: Mapping[str, Any]) -> BaseModel:
+def _validate_options(role: str, info: BackendInfo, options: Mapping[str, Any],
+                      source_of: Callable[[str], str]) -> BaseModel:
+    """``options`` checked by the backend's options model; each problem names the option, a close valid name
+    for a mistyped one, the backend and where the option was set."""
     try:
         return info.options_model.model_validate(dict(options))
     except ValidationError as exc:
         problems = []
         for error in exc.errors(include_input=False, include_url=False):
             loc = ".".join(str(p) for p in error["loc"])
-            message = "unknown option" if error["type"] == "extra_forbidden" else error["msg"]
-            problems.append(f"model.{role}.options.{loc}: {message} (backend {info.name})")
+            if error["type"] == "extra_forbidden":
+                names = list(info.options_model.model_fields)
+                message = f"unknown option{did_you_mean(loc, names, what='options')}"
+            else:
+                message = error["msg"]
+            source = source_of(str(error["loc"][0])) if error["loc"] else DEFAULT_SOURCE
+            where = "" if source == DEFAULT_SOURCE else f", from {source}"  # a missing option was set nowhere
+            problems.append(f"model.{role}.options.{loc}: {message} (backend {info.name}{where})")
         raise ConfigError("; ".join(problems)) from None
 
 

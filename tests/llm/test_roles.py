@@ -108,10 +108,24 @@ def test_a_key_variable_the_user_names_is_required_even_where_the_preset_needs_n
 
 
 def test_unknown_backend_option_is_an_error_naming_its_path():
-    with pytest.raises(
-        ConfigError, match=r"model\.target\.options\.temprature: unknown option \(backend openai\)"
-    ):
+    with pytest.raises(ConfigError) as raised:
         roles("model.target.options.temprature=1")
+    assert str(raised.value) == ("model.target.options.temprature: unknown option; valid options: api, "
+                                 "organization, project, store (backend openai, from "
+                                 "-o model.target.options.temprature)")
+
+
+def test_a_mistyped_backend_option_gets_the_closest_name_and_where_it_was_set():
+    with pytest.raises(ConfigError) as raised:
+        roles("model.target.backend=openai_compatible", "model.target.base_url=http://127.0.0.1:8000/v1",
+              "model.target.options.prest=vllm")
+    assert str(raised.value) == ("model.target.options.prest: unknown option; did you mean 'preset'? "
+                                 "(backend openai_compatible, from -o model.target.options.prest)")
+    env = {"SKILLOPT_TARGET_BACKEND": "openai_compatible", "SKILLOPT_TARGET_PREST": "vllm",
+           "OPENAI_COMPATIBLE_BASE_URL": "http://127.0.0.1:8000/v1"}
+    with pytest.raises(ConfigError, match=r"did you mean 'preset'\? \(backend openai_compatible, from "
+                                          r"env:SKILLOPT_TARGET_PREST\)"):
+        roles(env=env)
 
 
 def test_fingerprint_changes_with_what_changes_a_reply_and_never_holds_secrets():
@@ -157,6 +171,28 @@ def test_demo_with_another_backend_replaces_the_scripted_roles_and_their_rules()
     assert mixed.target.backend == "local" and mixed.target.options["model_path"] == "m.gguf"
     assert "rules" not in mixed.target.options
     assert mixed.optimizer.backend == "scripted" and mixed.optimizer.options["rules"] == "demo"  # untouched
+
+
+def test_a_users_file_naming_another_backend_drops_the_options_of_the_benchmarks_own_config(tmp_path,
+                                                                                            monkeypatch):
+    """The demo's config read from the working directory's configs/ folder, as from the shipped copy: a file
+    of the user's that names another backend drops the scripted ``rules`` it gave; the file's own options for
+    the new backend stay."""
+    import shutil
+
+    from skillopt.core.resources import shipped_dir
+
+    shutil.copytree(shipped_dir("configs"), tmp_path / "configs")
+    monkeypatch.chdir(tmp_path)
+    mine = tmp_path / "p5.yaml"
+    mine.write_text("model:\n  target: {backend: openai_compatible, base_url: http://127.0.0.1:8000/v1, "
+                    "options: {preset: vllm}}\n", encoding="utf-8")
+    loaded = load_config("demo", config_file=mine, env={})
+    assert loaded.source_of("model.target.options.rules") == "yaml:configs/demo.yaml"
+    resolved = resolve_roles(loaded, env={}, registry=BackendRegistry.default())
+    assert resolved.target.backend == "openai_compatible" and "rules" not in resolved.target.options
+    assert resolved.target.options["preset"] == "vllm"
+    assert resolved.optimizer.backend == "scripted" and resolved.optimizer.options["rules"] == "demo"
 
 
 def test_an_option_the_user_gives_a_replaced_backend_is_still_checked():

@@ -155,7 +155,35 @@ def test_another_backend_with_overrides_drops_the_demos_options(tmp_path, monkey
     # An option the person gives the new backend is still checked.
     code, _, err = run("train", "demo", "--backend", "openai_compatible",
                        "-o", "model.target.options.rulez=x", "--dry-run")
-    assert code == 2 and "model.target.options.rulez: unknown option (backend openai_compatible)" in err
+    assert code == 2 and "model.target.options.rulez: unknown option; valid options: preset, " in err
+    assert "(backend openai_compatible, from -o model.target.options.rulez)" in err
+
+
+@pytest.mark.parametrize("local_configs", [False, True], ids=["shipped configs", "configs/ in the cwd"])
+def test_a_config_file_naming_another_backend_drops_the_demos_options(tmp_path, monkeypatch, local_configs):
+    """A -c file that gives a demo role another backend drops the scripted `rules` the demo's own config gave
+    it, whether that config is the shipped one or a copy in the working directory's configs/ folder; an
+    option the file itself gives the new backend is still checked."""
+    import shutil
+
+    from skillopt.core.resources import shipped_dir
+
+    if local_configs:
+        shutil.copytree(shipped_dir("configs"), tmp_path / "configs")
+    monkeypatch.chdir(tmp_path)
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "p5.yaml").write_text("model:\n  target: {backend: openai_compatible, base_url: "
+                                  "http://127.0.0.1:8000/v1, model: demo-target}\n", encoding="utf-8")
+    code, out, err = run("train", "demo", "--dry-run", "-c", "mine/p5.yaml", "-o", "train.epochs=1")
+    assert (code, err) == (0, "")
+    assert out.startswith("dry run of demo: 1 epochs")
+    (mine / "typo.yaml").write_text("model:\n  target: {backend: openai_compatible, base_url: "
+                                    "http://127.0.0.1:8000/v1, options: {prest: vllm}}\n", encoding="utf-8")
+    code, _, err = run("train", "demo", "--dry-run", "-c", "mine/typo.yaml")
+    assert code == 2 and "model.target.options.prest: unknown option; did you mean 'preset'? (backend " \
+        "openai_compatible, from yaml:mine/typo.yaml)" in err
+    assert "rules" not in err
 
 
 @pytest.mark.parametrize(("usage", "line"), [
