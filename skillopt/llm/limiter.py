@@ -1,6 +1,6 @@
 """Provider rate limits shared by every role and thread of a run (docs/backends.md, "Reliability").
 
-One bucket per ``rate_limit_key`` (``<backend>:<host>`` by default), configured under
+One bucket per ``rate_limit_key`` (``<backend>:<host[:port]>`` by default), configured under
 ``model.providers.<key>: {rpm, tpm, max_concurrency}``. Each call reserves its start time: the
 next request slot (``60/rpm`` apart) and room for its estimated tokens (``tokens * 60/tpm``), so the
 requests a bucket lets through never exceed the configured rate in any window, however many

@@ -161,7 +161,10 @@ def resolve_roles(
 
     judge_spec = loaded.config.model.judge
     if judge_spec is None and "judge" not in cli.role_backend:
-        return ResolvedRoles(target, optimizer, None, "model.judge is null (the judge is switched off)")
+        switched_off = ResolvedRoles(target, optimizer, None,
+                                     "model.judge is null (the judge is switched off)")
+        check_providers(loaded, switched_off, env=env, registry=registry)
+        return switched_off
     has_block = any(k.startswith("model.judge.") for k in loaded.sources) or "judge" in cli.role_backend
     inherited = None if has_block else optimizer
     try:
@@ -174,7 +177,72 @@ def resolve_roles(
             f"[judge] {judge.label()}: no credential: set {judge.api_key_env} or give the judge its own "
             "model.judge block"
         )
-    return ResolvedRoles(target, optimizer, judge, problem)
+    resolved = ResolvedRoles(target, optimizer, judge, problem)
+    check_providers(loaded, resolved, env=env, registry=registry)
+    return resolved
+
+
+def check_providers(loaded: LoadedConfig, roles: ResolvedRoles, *, env: Mapping[str, str],
+                    registry: BackendRegistry) -> None:
+    """Every ``model.providers`` entry is a key some role is limited by: its ``rate_limit_key`` (by default
+    ``<backend>:<host[:port]>`` of its URL), ``exec:<backend>`` for an agentic CLI, or the key of a named
+    target (``model.targets``). Else a ``ConfigError`` naming the entry, where it was set and the keys the
+    roles have: an entry that matches no key would otherwise be ignored without a word."""
+    entries = loaded.config.model.providers
+    if not entries:
+        return
+    users: dict[str, list[str]] = {}
+    for name in ROLES:
+        role = roles.get(name)
+        if role is not None:
+            for key in _limiter_keys(role, registry):
+                users.setdefault(key, []).append(name)
+    for name, key in _named_target_keys(loaded, env, registry):
+        users.setdefault(key, []).append(f"targets.{name}")
+    unused = [key for key in entries if key not in users]
+    if not unused:
+        return
+    known = ", ".join(f"{key} ({', '.join(names)})" for key, names in users.items())
+    lines = []
+    for key in unused:
+        prefix = f"model.providers.{key}"
+        source = next((s for dotted, s in loaded.sources.items()
+                       if dotted == prefix or dotted.startswith(f"{prefix}.")), None)
+        where = f" (from {source})" if source else ""
+        lines.append(f"model.providers: {key!r}{where} limits no role; the roles' keys are {known}; a key is "
+                     "<backend>:<host[:port]> or a role's rate_limit_key")
+    raise ConfigError("\n".join(lines))
+
+
+def _limiter_keys(role: ResolvedRole, registry: BackendRegistry) -> list[str]:
+    """The keys the clients' limiter takes for ``role``'s calls."""
+    keys = [role.rate_limit_key]
+    if registry.get(role.backend).kind == "exec":
+        keys.append(f"exec:{role.backend}")
+    return keys
+
+
+def _named_target_keys(loaded: LoadedConfig, env: Mapping[str, str],
+                       registry: BackendRegistry) -> list[tuple[str, str]]:
+    """(name, key) for each ``model.targets`` entry, resolved as ``model.target`` with its backend pinned (as
+    ``skillopt transfer`` and ``compare --target`` use it); one that does not resolve here gives the keys it
+    states (its ``rate_limit_key``, or its backend and URL), and its own error when it is used."""
+    found = []
+    for name, spec in loaded.config.model.targets.items():
+        model = loaded.config.model.model_copy(update={"target": spec})
+        alone = LoadedConfig(config=loaded.config.model_copy(update={"model": model}), sources={})
+        cli = CliRoleOptions(role_backend={"target": spec.backend},
+                             role_model={"target": spec.model} if spec.model else {})
+        try:
+            role = _resolve_one("target", alone, cli, env, registry, inherited=None)
+        except ConfigError:
+            if spec.rate_limit_key:
+                found.append((name, spec.rate_limit_key))
+            elif spec.base_url:
+                found.append((name, f"{spec.backend}:{urlparse(spec.base_url).netloc}"))
+            continue
+        found.extend((name, key) for key in _limiter_keys(role, registry))
+    return found
 
 
 def _resolve_one(

@@ -199,3 +199,37 @@ def test_an_option_the_user_gives_a_replaced_backend_is_still_checked():
     loaded = load_config("demo", overrides=["model.target.options.modle_path=m.gguf"], env={})
     with pytest.raises(ConfigError, match="model.target.options.modle_path: unknown option"):
         resolve_roles(loaded, cli=CliRoleOptions(backend="local"), env={}, registry=BackendRegistry.default())
+
+
+def test_a_provider_entry_that_limits_no_role_is_an_error_naming_the_keys_the_roles_have():
+    target = ("model.target.backend=openai_compatible", "model.target.base_url=http://127.0.0.1:45481/v1",
+              "model.judge=null")
+    with pytest.raises(ConfigError) as raised:
+        roles(*target, 'model.providers={"openai_compatible:127.0.0.1": {max_concurrency: 1}}')
+    assert str(raised.value) == (
+        "model.providers: 'openai_compatible:127.0.0.1' (from -o model.providers) limits no role; the roles' "
+        "keys are openai_compatible:127.0.0.1:45481 (target), openai:api.openai.com (optimizer); a key is "
+        "<backend>:<host[:port]> or a role's rate_limit_key")
+    limited = roles(*target, 'model.providers={"openai_compatible:127.0.0.1:45481": {max_concurrency: 1}}')
+    assert limited.target.rate_limit_key == "openai_compatible:127.0.0.1:45481"
+
+
+def test_a_provider_entry_for_a_mistyped_rate_limit_key_is_an_error_and_a_matching_one_is_not(tmp_path):
+    shared = ("model.target.rate_limit_key=llama", "model.optimizer.rate_limit_key=llama")
+    assert roles(*shared, "model.providers.llama.max_concurrency=1").judge is not None
+    path = tmp_path / "mine.yaml"
+    path.write_text("model:\n  providers:\n    lama: {max_concurrency: 1}\n", encoding="utf-8")
+    loaded = load_config("qa", config_file=path, overrides=list(shared), env={})
+    with pytest.raises(ConfigError, match=r"^model\.providers: 'lama' \(from yaml:.*mine\.yaml\) limits no "
+                                          r"role; the roles' keys are llama \(target, optimizer\), "
+                                          r"openai:api\.openai\.com \(judge\);"):
+        resolve_roles(loaded, env={}, registry=REGISTRY)
+
+
+def test_a_provider_entry_for_a_named_target_is_in_use():
+    small = ("model.targets={small: {backend: openai_compatible, base_url: 'http://127.0.0.1:9000/v1', "
+             "model: s}}")
+    resolved = roles(small, "model.providers={'openai_compatible:127.0.0.1:9000': {max_concurrency: 1}}")
+    assert resolved.target.backend == "openai"
+    with pytest.raises(ConfigError, match=r"openai_compatible:127\.0\.0\.1:9000 \(targets\.small\)"):
+        roles(small, "model.providers={'openai_compatible:127.0.0.1:9001': {max_concurrency: 1}}")
