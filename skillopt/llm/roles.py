@@ -187,9 +187,12 @@ def check_providers(loaded: LoadedConfig, roles: ResolvedRoles, *, env: Mapping[
     """Every ``model.providers`` entry is a key some role is limited by: its ``rate_limit_key`` (by default
     ``<backend>:<host[:port]>`` of its URL), ``exec:<backend>`` for an agentic CLI, or the key of a named
     target (``model.targets``). Else a ``ConfigError`` naming the entry, where it was set and the keys the
-    roles have: an entry that matches no key would otherwise be ignored without a word."""
+    roles have: an entry that matches no key would otherwise be ignored without a word. Not checked when a
+    named target stands in for ``model.target`` (``skillopt.run.targets.with_target``)."""
     entries = loaded.config.model.providers
-    if not entries:
+    if not entries or loaded.source_of("model.target").startswith("model.targets."):
+        # A named target in place of model.target (transfer, compare --target): an entry may be for the
+        # configured model.target, whose key is not known here.
         return
     users: dict[str, list[str]] = {}
     for name in ROLES:

@@ -40,6 +40,8 @@ def with_target(loaded: LoadedConfig, cli_roles: Mapping[str, Any] | None,
     config = SkillOptConfig.model_validate(data)
     sources = {key: value for key, value in loaded.sources.items() if not key.startswith("model.target.")}
     origin = f"model.targets.{name}"
+    # The block as a whole, its defaults too (role resolution reads it: model.target's own key is gone here).
+    sources["model.target"] = origin
     for field in spec.model_fields_set:
         sources[f"model.target.{field}"] = loaded.sources.get(f"{origin}.{field}", origin)
     roles = {key: (dict(value) if isinstance(value, Mapping) else value)

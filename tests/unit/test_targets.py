@@ -39,3 +39,17 @@ def test_an_unknown_name_lists_the_defined_ones():
     with pytest.raises(ConfigError, match=r"unknown model config 'gpt9'; model.targets defines: scripted_a, "
                                           r"scripted_b"):
         check_targets(loaded.config, ["scripted_a", "gpt9"])
+
+
+def test_a_provider_entry_for_the_configured_target_stands_while_a_named_target_replaces_it():
+    """A limit for model.target's server is in use in the config's own runs; an evaluation on a named target
+    (transfer, compare --target) does not call that server, and is not refused for it."""
+    loaded = load_config("demo", env={}, overrides=[
+        "model.target={backend: openai_compatible, base_url: 'http://127.0.0.1:8000/v1', model: m}",
+        "model.providers={'openai_compatible:127.0.0.1:8000': {max_concurrency: 1}}"])
+    registry = BackendRegistry.default()
+    assert resolve_roles(loaded, env={}, registry=registry).target.rate_limit_key == \
+        "openai_compatible:127.0.0.1:8000"
+    named, roles = with_target(loaded, {}, "scripted_a")
+    resolved = resolve_roles(named, cli=CliRoleOptions(**roles), env={}, registry=registry)
+    assert resolved.target.backend == "scripted"
