@@ -50,7 +50,7 @@ from skillopt.llm.errors import BackendError, EmptyAnswer, ErrorContext, ExecErr
 from skillopt.llm.http_common import WarnOnce, require_key, resolve_key
 from skillopt.llm.roles import ResolvedRole
 from skillopt.sandbox.confine import SANDBOX_FIX, ProcessOutcome, limits_prefix, run_confined, sandbox_status
-from skillopt.sandbox.process_group import run_in_group
+from skillopt.sandbox.process_group import keep_at_exit, remove_at_exit, run_in_group
 
 log = logging.getLogger("skillopt.llm.exec")
 
@@ -653,6 +653,10 @@ class ExecHarness(ABC):
             home, private = Path(tempfile.mkdtemp(prefix="skillopt-home-")), True
             (home / "tmp").mkdir()
         ws = Workspace(root=folder, home=home, private_home=private)
+        # Removed when skillopt exits while the attempt still runs (Ctrl-C, an error); ``_cleanup`` forgets
+        # them. A workspace kept on purpose is left alone.
+        for path in self._removable(ws, keep=self.options.keep_workspaces):
+            remove_at_exit(path)
         try:
             return replace(ws, images=_write_workspace(folder, task, self.context.run_id, self.skills_dir))
         except BaseException:
@@ -676,14 +680,21 @@ class ExecHarness(ABC):
             env[self.credential_env] = self._credential
         return env
 
+    @staticmethod
+    def _removable(ws: Workspace, *, keep: bool) -> list[Path]:
+        """The folders of ``ws`` removed after the attempt: the workspace unless kept, a private home."""
+        return ([] if keep else [ws.root]) + ([ws.home] if ws.private_home else [])
+
     def _cleanup(self, ws: Workspace, *, keep: bool | None = None) -> None:
         keep = self.options.keep_workspaces if keep is None else keep
-        targets = ([] if keep else [ws.root]) + ([ws.home] if ws.private_home else [])
-        for path in targets:
+        for path in self._removable(ws, keep=keep):
             try:
                 shutil.rmtree(path)
+            except FileNotFoundError:  # already removed by the clean-up at exit (``end_leftovers``)
+                pass
             except OSError as exc:
                 log.warning("could not remove the exec workspace %s: %s", path, exc)
+            keep_at_exit(path)
 
     def _stderr_tail(self, stderr: str) -> str:
         return self.redactor(stderr)[-STDERR_LIMIT:]

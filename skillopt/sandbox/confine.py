@@ -60,7 +60,7 @@ from typing import IO, Literal
 
 from skillopt.core.errors import SecurityError
 from skillopt.sandbox.kills import Kill, classify, crash_site
-from skillopt.sandbox.process_group import end_group, own_group
+from skillopt.sandbox.process_group import end_group, keep_at_exit, remove_at_exit, start_in_group
 
 log = logging.getLogger("skillopt.sandbox.confine")
 
@@ -427,9 +427,9 @@ def run_confined(command: Sequence[str], *, workspace: Path, timeout_s: float, e
         argv, launch_env = list(command), dict(env)
     started = time.monotonic()
     try:
-        proc = subprocess.Popen(argv, cwd=workspace, env=launch_env, pass_fds=pass_fds, **own_group(),
-                                stdin=subprocess.DEVNULL if stdin_text is None else subprocess.PIPE,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        proc = start_in_group(argv, cwd=workspace, env=launch_env, pass_fds=pass_fds,
+                              stdin=subprocess.DEVNULL if stdin_text is None else subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     except BaseException:
         if info is not None:
             info.close()
@@ -710,6 +710,7 @@ def run_sandboxed(
     if not source.is_dir():
         raise FileNotFoundError(f"run_sandboxed: workspace {source} is not a folder")
     root = Path(tempfile.mkdtemp(prefix="skillopt-sandbox-")).resolve()
+    remove_at_exit(root)  # should skillopt exit while the code runs
     try:
         work = root / "work"
         shutil.copytree(source, work, symlinks=True)
@@ -747,6 +748,7 @@ def run_sandboxed(
         )
     finally:
         shutil.rmtree(root, ignore_errors=True)
+        keep_at_exit(root)
 
 
 def _inside(path: Path, root: Path) -> bool:

@@ -4,16 +4,37 @@ A child that starts grandchildren (a shell, a command-line agent, a test harness
 them running when it times out or is stopped. So such a child is started as the leader of a new process
 group (a new session on POSIX, ``CREATE_NEW_PROCESS_GROUP`` on Windows) and stopping it signals the whole
 group — and, because it is a different group, a Ctrl-C in the terminal does not reach it.
+
+So skillopt keeps a list of the groups it started and has not reaped yet, and of the temporary folders
+(per-item workspaces) still in use. When skillopt exits before they are done — Ctrl-C, SIGTERM, an error,
+worker threads abandoned at exit — :func:`end_leftovers` stops those groups (SIGTERM, then SIGKILL) and
+removes those folders. The command calls it on the way out; an ``atexit`` hook is the backstop.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
+import threading
+import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
+
+#: How long the groups left at exit get between SIGTERM and SIGKILL (seconds, all of them together).
+EXIT_GRACE_S = 1.0
+
+# The groups started by ``start_in_group`` and not reaped yet (by leader pid), and the folders that
+# ``remove_at_exit`` was given and ``keep_at_exit`` not. Worker threads add and remove; the lock guards both.
+_live: dict[int, subprocess.Popen[Any]] = {}
+_folders: set[Path] = set()
+_lock = threading.Lock()
+# Set once ``end_leftovers`` ran: skillopt is exiting, so a group started after that is stopped at once.
+_exiting = False
 
 
 def own_group() -> dict[str, Any]:
@@ -48,7 +69,23 @@ def end_group(process: subprocess.Popen[Any], *, grace_s: float) -> int:
         with contextlib.suppress(subprocess.TimeoutExpired):
             process.wait(timeout=grace_s)
     signal_group(process, getattr(signal, "SIGKILL", signal.SIGTERM))
-    return process.wait()
+    code = process.wait()
+    with _lock:
+        _live.pop(process.pid, None)
+    return code
+
+
+def start_in_group(argv: Sequence[str], **popen: Any) -> subprocess.Popen[Any]:
+    """``subprocess.Popen(argv, **popen)`` as the leader of a new group, which is stopped at exit if it is
+    still running then (``end_leftovers``). Stop it with ``end_group``, which also reaps it."""
+    process = subprocess.Popen(list(argv), **own_group(), **popen)
+    with _lock:
+        exiting = _exiting
+        if not exiting:
+            _live[process.pid] = process
+    if exiting:  # started by a worker thread after the exit clean-up: it must not outlive skillopt either
+        end_group(process, grace_s=0)
+    return process
 
 
 def run_in_group(argv: Sequence[str], *, timeout_s: float, grace_s: float = 5.0,
@@ -58,8 +95,7 @@ def run_in_group(argv: Sequence[str], *, timeout_s: float, grace_s: float = 5.0,
     At ``timeout_s`` the whole group is stopped (``end_group``) and ``subprocess.TimeoutExpired`` raised;
     ``subprocess.run`` alone would kill only the child and leave its children running.
     """
-    process = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               **own_group(), **popen)
+    process = start_in_group(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
     try:
         stdout, stderr = process.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
@@ -69,3 +105,45 @@ def run_in_group(argv: Sequence[str], *, timeout_s: float, grace_s: float = 5.0,
     finally:
         end_group(process, grace_s=0)
     return subprocess.CompletedProcess(list(argv), process.returncode, stdout, stderr)
+
+
+def remove_at_exit(folder: Path) -> None:
+    """Remove ``folder`` (and everything in it) if it still exists when skillopt exits."""
+    with _lock:
+        _folders.add(folder)
+
+
+def keep_at_exit(folder: Path) -> None:
+    """Forget ``folder``: its owner removed it, or keeps it on purpose."""
+    with _lock:
+        _folders.discard(folder)
+
+
+def end_leftovers(grace_s: float = EXIT_GRACE_S) -> None:
+    """Skillopt is exiting: stop every group still running and remove every folder still listed.
+
+    Every group gets SIGTERM; once all leaders exited, or after ``grace_s``, every group gets SIGKILL (so no
+    grandchild survives) and the leaders are reaped. The folders are removed after that, when nothing
+    writes in them any more. Safe to call more than once.
+    """
+    global _exiting
+    with _lock:
+        _exiting = True
+        processes = list(_live.values())
+    for process in processes:
+        if process.poll() is None:
+            signal_group(process, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while any(p.poll() is None for p in processes) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for process in processes:
+        end_group(process, grace_s=0)
+    with _lock:
+        folders = list(_folders)
+        _folders.clear()
+    for folder in folders:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+# The backstop: an exit that skipped the command's own call still stops the groups and removes the folders.
+atexit.register(end_leftovers)

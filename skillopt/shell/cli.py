@@ -23,6 +23,7 @@ import yaml
 from skillopt import __version__
 from skillopt.core.errors import SkillOptError
 from skillopt.core.redact import Redactor
+from skillopt.sandbox.process_group import end_leftovers
 from skillopt.shell.interrupt import EXIT_INTERRUPTED, INTERRUPTED_MESSAGE, RESUME_HINT, InterruptGuard
 
 if TYPE_CHECKING:
@@ -1345,6 +1346,10 @@ def main(
         parser.print_help(out.out)
         return EXIT_USAGE if args.command else EXIT_OK
     guard = InterruptGuard(out.err) if key in _RUN_COMMANDS else None
+    if guard is not None:
+        # A forced exit skips the exit handlers: stop the agent CLIs still running (they lead process groups
+        # of their own, which the terminal's Ctrl-C does not reach) and remove their workspaces first.
+        guard.add_cleanup(end_leftovers)
     try:
         with guard or nullcontext():
             out.guard = guard
@@ -1412,8 +1417,12 @@ def entry(*, hand_over: bool = True) -> NoReturn:
         handed = run_preloaded(sys.argv[1:])
         if handed is not None:
             os._exit(handed)
-    code = main()
-    atexit._run_exitfuncs()
+    try:
+        code = main()
+    except BaseException:
+        end_leftovers()  # before the traceback, and before the interpreter waits for worker threads
+        raise
+    atexit._run_exitfuncs()  # end_leftovers among them
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):

@@ -508,6 +508,12 @@ def _watch_client(conn: socket.socket) -> None:
             conn.settimeout(None)
             while conn.recv(4096):
                 pass
+        # The agent CLIs the run started lead process groups of their own, which SIGKILL would leave
+        # running: stop them (and remove the run's workspaces) first.
+        with contextlib.suppress(Exception):
+            from skillopt.sandbox.process_group import end_leftovers
+
+            end_leftovers(grace_s=0)
         os.kill(os.getpid(), signal.SIGKILL)
 
     threading.Thread(target=watch, name="skillopt-preload-watch", daemon=True).start()

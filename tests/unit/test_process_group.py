@@ -9,7 +9,16 @@ import time
 
 import pytest
 
-from skillopt.sandbox.process_group import end_group, own_group, run_in_group
+from skillopt.sandbox import process_group
+from skillopt.sandbox.process_group import (
+    end_group,
+    end_leftovers,
+    keep_at_exit,
+    own_group,
+    remove_at_exit,
+    run_in_group,
+    start_in_group,
+)
 from tests.processes import alive
 
 pytestmark = pytest.mark.skipif(os.name == "nt", reason="POSIX process groups")
@@ -51,3 +60,73 @@ def test_run_in_group_returns_the_output_and_exit_code_of_a_finished_child():
     code = "import sys; print('out'); print('err', file=sys.stderr); sys.exit(3)"
     done = run_in_group([sys.executable, "-c", code], timeout_s=30)
     assert (done.returncode, done.stdout, done.stderr) == (3, "out\n", "err\n")
+
+
+# ---- what is left when skillopt exits
+
+# Like PARENT, but leader and grandchild ignore SIGTERM, as a busy agent CLI may: only SIGKILL stops them.
+IGNORE_TERM = "import signal; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+STUBBORN = IGNORE_TERM + PARENT.replace("'import time;", f"'{IGNORE_TERM}import time;")
+
+
+@pytest.fixture
+def exit_cleanup(monkeypatch):
+    """``end_leftovers`` marks the process as exiting; undo that after the test."""
+    monkeypatch.setattr(process_group, "_exiting", False)
+    return end_leftovers
+
+
+def _start(script: str) -> tuple[subprocess.Popen, int]:
+    """A group started through the registry, and the pid of the grandchild its leader started."""
+    process = start_in_group([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    grandchild = int(process.stdout.readline())
+    process.stdout.close()
+    return process, grandchild
+
+
+def _no_such_process(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+@pytest.mark.parametrize("script", [PARENT, STUBBORN], ids=["sigterm-stops-it", "sigterm-ignored"])
+def test_end_leftovers_stops_every_live_group_with_its_grandchildren(exit_cleanup, script):
+    started = [_start(script) for _ in range(2)]
+    assert all(alive(process.pid) and alive(grandchild) for process, grandchild in started)
+    exit_cleanup(grace_s=0.2)
+    for process, grandchild in started:
+        assert process.returncode is not None  # the leader was killed and reaped
+        assert _no_such_process(process.pid)
+        # The grandchild, re-parented to init, is gone once init reaps it (until then a zombie: not running).
+        assert _gone_soon(grandchild)
+
+
+def test_a_group_reaped_by_its_owner_is_no_longer_listed(exit_cleanup):
+    process = start_in_group([sys.executable, "-c", "pass"])
+    assert process.pid in process_group._live
+    end_group(process, grace_s=0)
+    assert process.pid not in process_group._live
+    done = run_in_group([sys.executable, "-c", "print('ok')"], timeout_s=30)
+    assert done.stdout == "ok\n" and process_group._live == {}
+
+
+def test_a_group_started_after_the_exit_cleanup_is_stopped_at_once(exit_cleanup):
+    exit_cleanup(grace_s=0)
+    process = start_in_group([sys.executable, "-c", "import time; time.sleep(60)"])
+    assert process.returncode is not None and _no_such_process(process.pid)
+    assert process.pid not in process_group._live
+
+
+def test_end_leftovers_removes_listed_folders_and_keeps_forgotten_ones(exit_cleanup, tmp_path):
+    left, finished = tmp_path / "left", tmp_path / "finished"
+    for folder in (left, finished):
+        (folder / "sub").mkdir(parents=True)
+        (folder / "sub" / "SKILL.md").write_text("x")
+        remove_at_exit(folder)
+    keep_at_exit(finished)  # its owner is done with it (removed it, or keeps it on purpose)
+    exit_cleanup(grace_s=0)
+    assert not left.exists()
+    assert finished.exists()
