@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import os
 import sys
+import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -24,6 +26,8 @@ from skillopt.llm.base import BackendContext, BackendInfo, BackendRegistry, EnvS
 from skillopt.llm.errors import EmptyAnswer, ExecError, ExecTimeout
 from skillopt.llm.exec_harness import ExecHarness, ExecTask
 from skillopt.llm.roles import ResolvedRole, resolve_roles
+from skillopt.sandbox import process_group
+from tests.processes import alive
 
 REPO = Path(__file__).resolve().parents[2]
 FAKE_BIN = REPO / "tests" / "fakes" / "bin"
@@ -344,6 +348,42 @@ def test_a_timeout_kills_the_process_group_and_leaves_no_orphan(tmp_path, fake_c
     grandchild = int((fake_cli.folder / "grandchild.pid").read_text())
     assert _gone(grandchild)
     assert workspaces_left(tmp_path) == []
+
+
+def test_exiting_mid_attempt_stops_the_cli_and_removes_the_workspace(tmp_path, fake_cli, monkeypatch):
+    """Ctrl-C leaves the attempt's worker thread behind: the clean-up at exit stops its CLI's whole group
+    and removes the workspace and private home its ``finally`` would have removed."""
+    monkeypatch.setattr(process_group, "_exiting", False)  # restored after the test
+    fake_cli.scenario("sleep")
+    backend = make_backend(codex_exec.INFO, tmp_path, timeout_s=60.0)
+    backend.preflight()
+    homes_before = set(Path(tempfile.gettempdir()).glob("skillopt-home-*"))
+    failed: list[BaseException] = []
+
+    def attempt() -> None:
+        try:
+            backend.run(task_from_item(ITEM))
+        except BaseException as exc:  # noqa: BLE001 - the killed CLI's error, checked below
+            failed.append(exc)
+
+    worker = threading.Thread(target=attempt, daemon=True)
+    worker.start()
+    pid_file = fake_cli.folder / "grandchild.pid"
+    while not pid_file.exists() and worker.is_alive():
+        time.sleep(0.05)
+    grandchild = int(pid_file.read_text())
+    (leader,) = process_group._live
+    assert workspaces_left(tmp_path) and alive(leader) and alive(grandchild)
+
+    process_group.end_leftovers(grace_s=0.2)
+
+    assert workspaces_left(tmp_path) == []
+    assert set(Path(tempfile.gettempdir()).glob("skillopt-home-*")) <= homes_before
+    with pytest.raises(ProcessLookupError):
+        os.kill(leader, 0)
+    assert _gone(grandchild)
+    worker.join(timeout=30)
+    assert failed and not worker.is_alive()  # the abandoned attempt ends as a failure
 
 
 def _gone(pid: int, within_s: float = 2.0) -> bool:
