@@ -653,11 +653,11 @@ class ExecHarness(ABC):
             home, private = Path(tempfile.mkdtemp(prefix="skillopt-home-")), True
             (home / "tmp").mkdir()
         ws = Workspace(root=folder, home=home, private_home=private)
-        # Removed when skillopt exits while the attempt still runs (Ctrl-C, an error); ``_cleanup`` forgets
-        # them. A workspace kept on purpose is left alone.
-        for path in self._removable(ws, keep=self.options.keep_workspaces):
-            remove_at_exit(path)
         try:
+            # Removed when skillopt exits while the attempt still runs (Ctrl-C, an error); ``_cleanup``
+            # forgets them. A workspace kept on purpose is left alone.
+            for path in self._removable(ws, keep=self.options.keep_workspaces):
+                remove_at_exit(path)
             return replace(ws, images=_write_workspace(folder, task, self.context.run_id, self.skills_dir))
         except BaseException:
             self._cleanup(ws, keep=False)

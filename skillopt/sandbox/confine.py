@@ -60,7 +60,14 @@ from typing import IO, Literal
 
 from skillopt.core.errors import SecurityError
 from skillopt.sandbox.kills import Kill, classify, crash_site
-from skillopt.sandbox.process_group import end_group, keep_at_exit, remove_at_exit, start_in_group
+from skillopt.sandbox.process_group import (
+    Exiting,
+    end_group,
+    keep_at_exit,
+    remove_at_exit,
+    start_in_group,
+    stopped_at_exit,
+)
 
 log = logging.getLogger("skillopt.sandbox.confine")
 
@@ -464,6 +471,8 @@ def run_confined(command: Sequence[str], *, workspace: Path, timeout_s: float, e
         end_group(proc, grace_s=grace_s if timed_out else 0)
         if info is not None:
             info.end_namespace()
+    if stopped_at_exit(proc):  # skillopt is exiting: not a failure of the command
+        raise Exiting(f"skillopt is exiting: stopped {command[0]}")
     killed = timed_out or output_limited
     return ProcessOutcome(None if killed else proc.returncode, out.text(), err.text(), timed_out,
                           time.monotonic() - started, output_limited)

@@ -35,6 +35,16 @@ _folders: set[Path] = set()
 _lock = threading.Lock()
 # Set once ``end_leftovers`` ran: skillopt is exiting, so a group started after that is stopped at once.
 _exiting = False
+# The leaders ``end_leftovers`` stopped: their owners raise ``Exiting`` instead of reporting a failure.
+_stopped: set[int] = set()
+
+
+class Exiting(BaseException):
+    """Skillopt stopped this child (or refused to start it) on its way out.
+
+    Not an error of the item or the call: a ``BaseException``, so nothing records it as a failed item
+    or a failed call (re-running the command does it again), as if the worker thread had been dropped.
+    """
 
 
 def own_group() -> dict[str, Any]:
@@ -85,7 +95,14 @@ def start_in_group(argv: Sequence[str], **popen: Any) -> subprocess.Popen[Any]:
             _live[process.pid] = process
     if exiting:  # started by a worker thread after the exit clean-up: it must not outlive skillopt either
         end_group(process, grace_s=0)
+        raise Exiting(f"skillopt is exiting: stopped {argv[0]} at once")
     return process
+
+
+def stopped_at_exit(process: subprocess.Popen[Any]) -> bool:
+    """Whether ``end_leftovers`` stopped ``process`` (rather than it ending or timing out by itself)."""
+    with _lock:
+        return process.pid in _stopped
 
 
 def run_in_group(argv: Sequence[str], *, timeout_s: float, grace_s: float = 5.0,
@@ -104,12 +121,18 @@ def run_in_group(argv: Sequence[str], *, timeout_s: float, grace_s: float = 5.0,
         raise
     finally:
         end_group(process, grace_s=0)
+    if stopped_at_exit(process):
+        raise Exiting(f"skillopt is exiting: stopped {argv[0]}")
     return subprocess.CompletedProcess(list(argv), process.returncode, stdout, stderr)
 
 
 def remove_at_exit(folder: Path) -> None:
-    """Remove ``folder`` (and everything in it) if it still exists when skillopt exits."""
+    """Remove ``folder`` (and everything in it) if it still exists when skillopt exits.
+
+    Raises ``Exiting`` once that clean-up ran: the caller removes the folder and stops (it would be left)."""
     with _lock:
+        if _exiting:
+            raise Exiting(f"skillopt is exiting: {folder} is not used")
         _folders.add(folder)
 
 
@@ -130,6 +153,7 @@ def end_leftovers(grace_s: float = EXIT_GRACE_S) -> None:
     with _lock:
         _exiting = True
         processes = list(_live.values())
+        _stopped.update(process.pid for process in processes)
     for process in processes:
         if process.poll() is None:
             signal_group(process, signal.SIGTERM)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -113,11 +114,33 @@ def test_a_group_reaped_by_its_owner_is_no_longer_listed(exit_cleanup):
     assert done.stdout == "ok\n" and process_group._live == {}
 
 
-def test_a_group_started_after_the_exit_cleanup_is_stopped_at_once(exit_cleanup):
+def test_after_the_exit_cleanup_a_new_group_is_stopped_at_once_and_a_folder_refused(exit_cleanup, tmp_path):
     exit_cleanup(grace_s=0)
-    process = start_in_group([sys.executable, "-c", "import time; time.sleep(60)"])
-    assert process.returncode is not None and _no_such_process(process.pid)
-    assert process.pid not in process_group._live
+    with pytest.raises(process_group.Exiting):
+        start_in_group([sys.executable, "-c", "import time; time.sleep(60)"])
+    assert process_group._live == {}
+    with pytest.raises(process_group.Exiting):
+        remove_at_exit(tmp_path)
+
+
+def test_a_child_stopped_at_exit_is_not_reported_as_its_own_failure(exit_cleanup):
+    """The worker thread waiting on it gets ``Exiting``, not an exit status it would record as an error."""
+    caught: list[BaseException] = []
+
+    def wait_for_child() -> None:
+        try:
+            run_in_group([sys.executable, "-c", "print('started', flush=True); import time; time.sleep(60)"],
+                         timeout_s=60)
+        except BaseException as exc:  # noqa: BLE001 - checked below
+            caught.append(exc)
+
+    worker = threading.Thread(target=wait_for_child)
+    worker.start()
+    while not process_group._live and worker.is_alive():
+        time.sleep(0.01)
+    exit_cleanup(grace_s=0.2)
+    worker.join()
+    assert len(caught) == 1 and isinstance(caught[0], process_group.Exiting)
 
 
 def test_end_leftovers_removes_listed_folders_and_keeps_forgotten_ones(exit_cleanup, tmp_path):
