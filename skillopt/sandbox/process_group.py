@@ -129,7 +129,9 @@ def run_in_group(argv: Sequence[str], *, timeout_s: float, grace_s: float = 5.0,
 def remove_at_exit(folder: Path) -> None:
     """Remove ``folder`` (and everything in it) if it still exists when skillopt exits.
 
-    Raises ``Exiting`` once that clean-up ran: the caller removes the folder and stops (it would be left)."""
+    Raises ``Exiting`` once that clean-up ran (nothing would remove the folder then): the caller removes it
+    itself and stops.
+    """
     with _lock:
         if _exiting:
             raise Exiting(f"skillopt is exiting: {folder} is not used")
