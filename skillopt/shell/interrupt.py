@@ -26,6 +26,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from types import FrameType, TracebackType
 from typing import TextIO
@@ -36,6 +37,9 @@ RESUME_HINT = "re-run the same command to resume"
 INTERRUPTED_MESSAGE = f"interrupted — {RESUME_HINT}"
 #: How long the first Ctrl-C waits for an orderly exit before the process exits anyway.
 DEFAULT_GRACE_S = 1.5
+#: Two SIGINTs closer than this are one stop: ``timeout -s INT`` (without ``--foreground``) and some
+#: supervisors signal the process and then its process group. A person pressing Ctrl-C twice is slower.
+SAME_SIGNAL_S = 0.25
 
 
 class InterruptGuard:
@@ -57,6 +61,7 @@ class InterruptGuard:
         self._previous_term: object = None
         self._installed = False
         self._exit_code: int | None = None
+        self._last_signal = -SAME_SIGNAL_S
 
     # ---- context manager -----------------------------------------------------------------
 
@@ -87,9 +92,13 @@ class InterruptGuard:
     def interrupted(self) -> bool:
         return self.signals > 0
 
-    def add_cleanup(self, cleanup: Callable[[], None]) -> None:
-        """Run ``cleanup`` before a forced exit (never twice, errors ignored)."""
-        self._cleanups.append(cleanup)
+    def add_cleanup(self, cleanup: Callable[[], None], *, first: bool = False) -> None:
+        """Run ``cleanup`` before a forced exit (never twice, errors ignored); with ``first``, before the
+        cleanups added so far (one that reports to the API server before the server is stopped)."""
+        if first:
+            self._cleanups.insert(0, cleanup)
+        else:
+            self._cleanups.append(cleanup)
 
     def stop_because(self, reason: str, *, exit_code: int = 1) -> None:
         """Stop the run from another thread with ``reason`` (e.g. the API server died) and
@@ -125,6 +134,10 @@ class InterruptGuard:
         deadline.start()
 
     def _on_sigint(self, signum: int, frame: FrameType | None) -> None:
+        now = time.monotonic()
+        if self.signals and now - self._last_signal < SAME_SIGNAL_S:
+            return  # the same stop, delivered twice (to the process and to its group)
+        self._last_signal = now
         self._count_signal()
         raise KeyboardInterrupt
 

@@ -26,7 +26,7 @@ _RUN = textwrap.dedent("""
     with guard:
         try:
             with ThreadPoolExecutor(max_workers=1) as pool:  # leaving it waits for the call in flight
-                call = pool.submit(time.sleep, 60)
+                call = pool.submit(time.sleep, {work})
                 print("ready", flush=True)
                 call.result()
         except KeyboardInterrupt:
@@ -36,8 +36,9 @@ _RUN = textwrap.dedent("""
 """)
 
 
-def _start(grace: float) -> subprocess.Popen[str]:
-    process = subprocess.Popen([sys.executable, "-c", _RUN.format(grace=grace)], cwd=ROOT, text=True,
+def _start(grace: float, work: float = 60) -> subprocess.Popen[str]:
+    process = subprocess.Popen([sys.executable, "-c", _RUN.format(grace=grace, work=work)], cwd=ROOT,
+                               text=True,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert process.stdout is not None and process.stdout.readline().strip() == "ready"
@@ -64,6 +65,19 @@ def test_second_sigint_exits_at_once():
     assert process.returncode == 130
     assert "cleanup ran" in err
     assert "Traceback" not in err
+
+
+def test_one_sigint_delivered_twice_at_once_is_one_stop_not_a_forced_exit():
+    """`timeout -s INT` (without --foreground) and some supervisors signal the process, then its group: the
+    run got a second Ctrl-C a few milliseconds after the first and exited at once, its flow run unreported.
+    The call in flight ends well within the grace: the orderly path reports, the forced exit never runs."""
+    process = _start(grace=60, work=2)
+    process.send_signal(signal.SIGINT)
+    time.sleep(0.05)  # delivered apart (two signals pending at once are one), well within one keypress
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=30)
+    assert process.returncode == 130
+    assert err.splitlines() == ["reported by the main thread"], err
 
 
 def test_stop_because_reports_the_reason_and_exits_1(tmp_path: Path):
