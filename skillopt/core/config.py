@@ -150,20 +150,26 @@ class RoleSpec(_Section):
     @field_validator("base_url")
     @classmethod
     def _an_http_url(cls, value: str | None) -> str | None:
-        """A URL the HTTP clients can call: http or https, a host, a port that parses (a typo here once
-        crashed the endpoint probe, or was retried as a connection failure for minutes)."""
-        if value is None:
-            return value
-        parsed = urlsplit(value)
-        if parsed.scheme not in ("http", "https"):
-            raise ValueError(f"{value!r} is not an http:// or https:// URL")
-        if not parsed.hostname:
-            raise ValueError(f"{value!r} names no host")
-        try:
-            parsed.port  # noqa: B018 - reading it validates it
-        except ValueError as error:
-            raise ValueError(f"{value!r}: {str(error).lower()}") from None
+        """A URL the HTTP clients can call (a typo here once crashed the endpoint probe, or was retried as a
+        connection failure for minutes)."""
+        if value is not None and (problem := http_url_problem(value)):
+            raise ValueError(problem)
         return value
+
+
+def http_url_problem(url: str) -> str | None:
+    """What keeps ``url`` from being one the HTTP clients can call (http or https, a host, a port that
+    parses), or None. Also the endpoint probe's check of a URL taken from an environment variable."""
+    parsed = urlsplit(url)
+    if parsed.scheme not in ("http", "https"):
+        return f"{url!r} is not an http:// or https:// URL"
+    if not parsed.hostname:
+        return f"{url!r} names no host"
+    try:
+        parsed.port  # noqa: B018 - reading it validates it
+    except ValueError as error:
+        return f"{url!r}: {str(error).lower()}"
+    return None
 
 
 class TargetSpec(RoleSpec):

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
 
+from skillopt.core.config import http_url_problem
 from skillopt.core.errors import SkillOptError
 from skillopt.llm.chat import ChatRequest, user
 from skillopt.llm.clients import RoleClient
@@ -39,14 +40,12 @@ class RoleCheck:
 
 def probe_endpoint(base_url: str, timeout_s: float = PROBE_TIMEOUT_S) -> str | None:
     """None when a TCP connection to the endpoint opens, else why not."""
+    # A URL from an environment variable (OPENAI_BASE_URL …) has not been through the config's check.
+    if problem := http_url_problem(base_url):
+        return problem
     parsed = urlparse(base_url)
-    host = parsed.hostname
-    if parsed.scheme not in ("http", "https") or not host:
-        return f"{base_url!r} is not an http:// or https:// URL"
-    try:  # a URL from an environment variable (OPENAI_BASE_URL …) has not been through the config's check
-        port = parsed.port or (443 if parsed.scheme == "https" else 80)
-    except ValueError as error:
-        return f"{base_url!r}: {str(error).lower()}"
+    host = parsed.hostname or ""
+    port = parsed.port or (443 if parsed.scheme == "https" else 80)
     try:
         with socket.create_connection((host, port), timeout=timeout_s):
             return None
