@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -56,6 +57,45 @@ def settle_previous_flow_run(run_dir: Path) -> None:
             progress.info("the previous flow run of this run directory (%s) was still marked running: set "
                           "Crashed (%d flow run(s))", previous, settled)
     atomic_write_bytes(path, json.dumps({"flow_run_id": current}).encode("utf-8"))
+    _crash_on_forced_exit(context.flow_run.id, str(context.client.api_url), run_dir)
+
+
+#: How long a forced exit waits for the server to take the run's Crashed state (an unreachable server
+#: must not hold the exit).
+EXIT_REPORT_S = 3.0
+
+
+def _crash_on_forced_exit(flow_run_id: UUID, api_url: str, run_dir: Path) -> None:
+    """A forced exit (the first Ctrl-C's deadline while model calls are still in flight, a second Ctrl-C)
+    ends the process before Prefect reports the flow run, which the server would then show *Running* for
+    good: the active guard sets it (and its sub-flows) *Crashed* with its message on the way out.
+
+    ``api_url`` is the address the flow's own client reports to. The exiting thread has no settings of the
+    run, and Prefect's temporary server is found through no setting at all: a client made from the settings
+    there would start a new temporary server in the exiting process (which then outlives it)."""
+    from skillopt.shell.interrupt import active_guard
+
+    guard = active_guard()
+    if guard is None:
+        return
+
+    def crash() -> None:
+        from prefect.settings import PREFECT_API_URL, temporary_settings
+
+        recorded = _recorded(run_dir / FLOW_RUN_FILE)
+        subflows = [UUID(str(run_id)) for run_id in recorded.get("sub_flow_run_ids", [])]
+        try:  # a client of its own: the flow's may be closed by now
+            with temporary_settings(updates={PREFECT_API_URL: api_url}):
+                _crash_unfinished(flow_run_id, subflows, guard.message())
+        except Exception as error:  # noqa: BLE001 - exiting anyway; a resume settles the run
+            log.debug("could not set flow run %s Crashed on the way out: %s", flow_run_id, error)
+
+    def report() -> None:
+        worker = threading.Thread(target=crash, name="skillopt-report-crash", daemon=True)
+        worker.start()
+        worker.join(EXIT_REPORT_S)
+
+    guard.add_cleanup(report, first=True)
 
 
 def settle_abandoned_flow_runs(runs_dirs: Iterable[Path]) -> list[str]:

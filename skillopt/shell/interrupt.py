@@ -92,9 +92,13 @@ class InterruptGuard:
     def interrupted(self) -> bool:
         return self.signals > 0
 
-    def add_cleanup(self, cleanup: Callable[[], None]) -> None:
-        """Run ``cleanup`` before a forced exit (never twice, errors ignored)."""
-        self._cleanups.append(cleanup)
+    def add_cleanup(self, cleanup: Callable[[], None], *, first: bool = False) -> None:
+        """Run ``cleanup`` before a forced exit (never twice, errors ignored); with ``first``, before the
+        cleanups added so far (one that reports to the API server before the server is stopped)."""
+        if first:
+            self._cleanups.insert(0, cleanup)
+        else:
+            self._cleanups.append(cleanup)
 
     def stop_because(self, reason: str, *, exit_code: int = 1) -> None:
         """Stop the run from another thread with ``reason`` (e.g. the API server died) and

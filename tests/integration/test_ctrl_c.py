@@ -128,3 +128,32 @@ def test_a_dead_api_server_stops_the_run_with_a_message(tmp_path: Path):
     assert "temporary Prefect API server" in err and "re-run the same command to resume" in err
     assert "Traceback" not in out + err
 
+
+def test_ctrl_c_while_slow_calls_are_in_flight_leaves_the_flow_run_crashed_not_running(tmp_path: Path,
+                                                                                       prefect_api: str):
+    """Model calls longer than the first Ctrl-C's grace: the process exits before Prefect reports the flow
+    run, which the server showed *Running* for good. The exit sets it *Crashed* with the interrupt's line."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from tests.fakes.demo_world_http import DemoWorldServer, role_overrides
+
+    world = DemoWorldServer(latency_s=4.0)  # every reply outlasts the 1.5 s grace
+    with world.server:
+        env = {**_env(tmp_path / "prefect-home"), "PREFECT_API_URL": prefect_api}
+        options = [arg for o in role_overrides(world.server.openai_base_url) for arg in ("-o", o)]
+        process, _ = _start_and_wait_for([*_demo(tmp_path, "slowc"), *options], env, tmp_path,
+                                         "run directory")
+        deadline = time.monotonic() + 60
+        while len(world.server.requests) < 6 and time.monotonic() < deadline:  # calls in flight
+            time.sleep(0.2)
+        time.sleep(1)
+        os.kill(process.pid, signal.SIGINT)  # as `kill -INT` or a supervisor sends it
+        _, err = process.communicate(timeout=60)
+    assert process.returncode == 130, err
+    assert err.strip().splitlines()[-1] == INTERRUPTED_MESSAGE
+    with temporary_settings(updates={PREFECT_API_URL: prefect_api}), get_client(sync_client=True) as client:
+        (run,) = client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=["slowc"])))
+    assert run.state is not None and run.state.type.value == "CRASHED", run.state
+    assert run.state.message == INTERRUPTED_MESSAGE, run.state.message
