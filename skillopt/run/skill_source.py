@@ -75,6 +75,11 @@ def read_skill(reference: str, *, initial: str | None = None, skills_dir: Path |
     if not path.is_file():
         raise SkillSourceError(f"skill {reference}: no such file or folder (give a .md file, a folder with "
                                f"{SKILL_FILE}, a run directory, 'initial' or registry:<bench>@<version>)")
+    from skillopt.skill.folder import is_markdown
+
+    if not is_markdown(path):
+        raise SkillSourceError(f"skill {reference}: not a markdown file (give a .md file, a folder with "
+                               f"{SKILL_FILE}, a run directory, 'initial' or registry:<bench>@<version>)")
     text = _read(path, reference)
     if has_file_markers(text):  # a run's skill text: the files of a folder in one text
         _check_file_paths(text, reference)

@@ -38,6 +38,7 @@ __all__ = [
     "LoadedSkill",
     "SkillFolderError",
     "folder_files",
+    "is_markdown",
     "load_skill",
     "safe_relative",
     "skill_folder_files",
@@ -52,6 +53,8 @@ BINARY_SUFFIXES = frozenset({
     ".mov", ".so", ".dylib", ".dll", ".exe", ".bin", ".pyc", ".sqlite", ".db", ".parquet", ".xlsx", ".docx",
     ".pptx",
 })
+#: The suffixes of a skill given as a single file: a markdown document.
+MARKDOWN_SUFFIXES = (".md", ".markdown")
 _SKIPPED_NAMES = frozenset({".git", "__pycache__", ".DS_Store"})
 #: The folders of the Agent Skills layout beside SKILL.md.
 _FOLDER_PARTS = ("assets", "references", "scripts")
@@ -84,6 +87,9 @@ def load_skill(path: Path, *, max_file_bytes: int, train_scripts: bool = False,
         return _load_folder(path, max_file_bytes=max_file_bytes, train_scripts=train_scripts)
     if not path.is_file():
         raise SkillFolderError(f"{path}: no skill folder or file there")
+    if not is_markdown(path):
+        raise SkillFolderError(f"{path}: not a markdown file (a single-file skill is a .md file; give a "
+                               f"folder with {SKILL_MD} for a skill with other files)")
     if path.name == SKILL_MD:
         parts = sorted(d for d in _FOLDER_PARTS if (path.parent / d).is_dir())
         if parts:  # read alone, the folder's other files would silently drop out of training
@@ -104,6 +110,11 @@ def load_skill(path: Path, *, max_file_bytes: int, train_scripts: bool = False,
         raise SkillFolderError(f"{path}: front matter: {'; '.join(problems)}")
     return LoadedSkill(text=text, name=str(metadata["name"]).strip(), front_matter=True,
                        description=str(metadata["description"]).strip())
+
+
+def is_markdown(path: Path) -> bool:
+    """Whether ``path`` is named as a markdown document (``.md``, ``.markdown``; any case)."""
+    return path.suffix.lower() in MARKDOWN_SUFFIXES
 
 
 def skill_from_text(text: str, *, default_name: str) -> LoadedSkill:

@@ -126,6 +126,8 @@ def no_model_calls(monkeypatch):
 @pytest.mark.parametrize(("argv", "message"), [
     (["compare", "initial", "{broken}", "demo"], "does not parse"),
     (["compare", "initial", "{missing}", "demo"], "no such file or folder"),
+    (["compare", "initial", "{json}", "demo"], "not a markdown file"),
+    (["eval", "demo", "--skill", "{json}"], "not a markdown file"),
     (["compare", "initial", "initial", "demo", "--target", "gpt9"], "unknown model config 'gpt9'"),
     (["compare", "initial", "initial", "nosuchbench"], "unknown benchmark 'nosuchbench'"),
     (["compare", "initial", "initial", "qa", "--backend", "scripted", "-o",
@@ -144,8 +146,9 @@ def test_bad_input_is_one_line_and_exit_2_before_any_call(argv, message, tmp_pat
     monkeypatch.chdir(tmp_path)
     broken = "<!-- APPENDIX_END -->\n- a\n<!-- APPENDIX_START -->\n"
     (tmp_path / "broken.md").write_text(broken, encoding="utf-8")
+    (tmp_path / "summary.json").write_text('{"scores": {}}', encoding="utf-8")
     argv = [arg.replace("{broken}", str(tmp_path / "broken.md")).replace("{missing}", str(tmp_path / "no.md"))
-            for arg in argv]
+            .replace("{json}", str(tmp_path / "summary.json")) for arg in argv]
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ") and message in err[0], err

@@ -208,7 +208,10 @@ def bad_folders(tmp_path: Path) -> dict[str, tuple[Path, str]]:
     outside.write_text("secret", encoding="utf-8")
     linked = folder(tmp_path / "l")
     os.symlink(outside, linked / "references" / "secret.md")
+    not_markdown = tmp_path / "summary.json"
+    not_markdown.write_text('{"scores": {}}', encoding="utf-8")
     return {
+        "not markdown": (not_markdown, "not a markdown file"),
         "no SKILL.md": (no_skill, "no SKILL.md in the folder"),
         "unclosed front matter": (folder(tmp_path / "u", skill_md="---\nname: x\n# body"), "never closed"),
         "bad YAML": (folder(tmp_path / "y", skill_md="---\nname: [x\n---\nbody"), "not valid YAML"),
@@ -241,7 +244,8 @@ def test_binaries_and_scripts_are_carried_unchanged(tmp_path):
     assert "scripts/run/sh" in split_files(trained.text) and "scripts/run/sh" not in trained.carried
 
 
-@pytest.mark.parametrize("case", ["no SKILL.md", "bad YAML", "symlink out", "too large", "not UTF-8"])
+@pytest.mark.parametrize("case", ["no SKILL.md", "bad YAML", "symlink out", "too large", "not UTF-8",
+                                  "not markdown"])
 def test_the_cli_refuses_a_bad_skill_with_exit_2_and_writes_nothing(case, tmp_path, monkeypatch):
     path, expected = bad_folders(tmp_path)[case]
     work = tmp_path / "work"
