@@ -132,11 +132,15 @@ def transfer_lines(result: Mapping[str, Any]) -> list[str]:
     axes = (("skills", "skill"), ("targets", "target"), ("benchmarks", "benchmark"))
     shape = " x ".join(counted(len(result[key]), noun) for key, noun in axes)
     lines = [f"transfer matrix ({result['split']} split): {shape}"]
+    # columns as wide as their longest entry (a run directory names a skill), so the scores line up
+    width = {key: max((len(str(cell[key])) for cell in result["cells"]), default=0)
+             for key in ("benchmark", "target", "skill")}
     for cell in result["cells"]:
         usd = "cost unknown" if cell.get("usd_per_item") is None else f"${cell['usd_per_item']:.5f}/item"
         diff = (f"  vs initial {cell['difference']:+.3f} [{cell['ci_low']:+.3f}, {cell['ci_high']:+.3f}] "
                 f"p={cell['p_value']:.3f}") if cell.get("difference") is not None else ""
-        lines.append(f"  {cell['benchmark']:<12} {cell['target']:<14} {cell['skill']:<28} "
+        lines.append(f"  {cell['benchmark']:<{width['benchmark']}}  {cell['target']:<{width['target']}}  "
+                     f"{cell['skill']:<{width['skill']}}  "
                      f"{cell['score']:.3f} (n={cell['n']}){diff}  {usd}")
     folder = Path(result["run_dir"])
     lines += [f"matrix.json: {folder / 'matrix.json'}", f"heatmap: {folder / 'matrix.html'}"]

@@ -20,3 +20,10 @@ def test_one_of_each_is_singular_and_more_are_plural():
     assert len(lines) == 1 + 4 + 2 and all("cost unknown" in line for line in lines[1:5])
     assert lines[-2:] == ["matrix.json: runs/demo-transfer/matrix.json",
                           "heatmap: runs/demo-transfer/matrix.html"]
+
+
+def test_scores_line_up_whatever_the_length_of_a_skill_name():
+    long_name = "runs/demo-20261207-133536-8fd8e3"
+    lines = transfer_lines(_result(["initial", long_name], ["scripted_a", "b"], ["demo"]))[1:5]
+    assert len({line.index("0.500 (n=4)") for line in lines}) == 1, lines
+    assert all(long_name in line for line in lines[1::2])
