@@ -1146,6 +1146,8 @@ def _cmd_skills_promote(args: argparse.Namespace, out: _Output) -> int:
     import json
     from pathlib import Path
 
+    from skillopt.core.config import SkillSection
+    from skillopt.run.skill_source import read_skill
     from skillopt.skill.folder import folder_files, load_skill
 
     registry = _registry(args)
@@ -1160,7 +1162,11 @@ def _cmd_skills_promote(args: argparse.Namespace, out: _Output) -> int:
         if not path.is_file():
             raise SkillOptError(f"skills promote: no skill at {path} (give a run directory, a skill folder "
                                 "or a markdown file)")
-        text = path.read_text(encoding="utf-8")
+        if path.suffix.lower() != ".md":  # a skill is a markdown document (SKILL.md, best_skill.md)
+            raise SkillOptError(f"skills promote: {path} is not a markdown skill (a .md file); give a run "
+                                "directory, a skill folder or a .md file")
+        # Read as `skillopt eval --skill` reads it: UTF-8, no binary content, well-formed front matter.
+        text = read_skill(str(path), settings=SkillSection(max_file_bytes=args.max_file_bytes)).text
         if source.is_dir() and (source / "skill_carried").is_dir():
             carried = {relative: file.read_bytes()
                        for relative, file in folder_files(source / "skill_carried")}

@@ -202,6 +202,24 @@ def test_skills_commands_name_what_is_missing(tmp_path: Path):
     assert code == 2 and "no skill at" in err
 
 
+def test_skills_promote_refuses_a_file_that_is_not_a_markdown_skill(tmp_path: Path):
+    """A skill is a markdown document: a .py, a .json or a binary file is refused in one line naming it, and
+    so is a .md that is not UTF-8 text or holds binary content; nothing is promoted."""
+    registry = str(tmp_path / "skills")
+    files = {"helper.py": b"print('hi')\n", "skill.json": b'{"a": 1}\n', "logo.png": b"\x89PNG\r\n\x00\x01",
+             "latin.md": b"# Caf\xe9\n", "nul.md": b"# a\x00b\n"}
+    for name, data in files.items():
+        (tmp_path / name).write_bytes(data)
+        code, out, err = run_cli("skills", "promote", "demo", str(tmp_path / name), "--skills-dir", registry)
+        assert code == 2 and out == "", name
+        assert err.count("\n") == 1 and name in err and "Traceback" not in err, err
+        if not name.endswith(".md"):
+            assert "is not a markdown skill (a .md file)" in err, err
+    assert not (tmp_path / "skills").exists()
+    (tmp_path / "upper.MD").write_text("# Skill\n")
+    assert run_cli("skills", "promote", "demo", str(tmp_path / "upper.MD"), "--skills-dir", registry)[0] == 0
+
+
 def test_skills_dir_comes_from_the_config_by_default(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "s.md").write_text("# Skill\n")
