@@ -70,7 +70,7 @@ def skill_compare(benchmark: str, skill_a: str = "initial", skill_b: str = "regi
     """
     split = resolve_split(split)
     loaded = load_config(benchmark, config_file=config_file, overrides=config_overrides(data, overrides),
-                         env=os.environ)
+                         env=os.environ, cli_roles=cli_roles)
     roles = dict(cli_roles or {})
     if target:
         loaded, roles = with_target(loaded, roles, target)

@@ -48,7 +48,7 @@ def skill_eval(benchmark: str, skill_file: str = "registry:", split: str = "test
 
     split = resolve_split(split)
     loaded = load_config(benchmark, config_file=config_file, overrides=config_overrides(data, overrides),
-                         env=os.environ)
+                         env=os.environ, cli_roles=cli_roles)
     skill = read_skills(loaded, [skill_file])[0].text
     spec = RunSpec.create(loaded, cli_roles=cli_roles, run_name=run_name or flow_run.name, prefix="eval")
     with started_run(spec, loaded=loaded) as run:

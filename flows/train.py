@@ -162,7 +162,8 @@ def skill_train(benchmark: str, data: str | None = None, epochs: int | None = No
             # A deployment run had no command line to check its input: the same checks, before any rollout
             # (credentials by presence: the run's own clients are the ones that reach the endpoints).
             check_run(load_config(benchmark, config_file=config_file,
-                                  overrides=config_overrides(data, all_overrides), env=os.environ),
+                                  overrides=config_overrides(data, all_overrides), env=os.environ,
+                                  cli_roles=roles),
                       cli=CliRoleOptions(**roles), env=os.environ, probe=False)
         return train(benchmark, data=data, config_file=config_file, overrides=all_overrides,
                      run_name=run_name or flow_run.name, cli_roles=CliRoleOptions(**roles) if roles else None,
@@ -181,7 +182,7 @@ def train(
 ) -> dict[str, Any]:
     """The body of ``skill-train``: set up the run, baseline, epochs, final evaluation (and the promotion)."""
     loaded = load_config(benchmark, config_file=config_file, overrides=config_overrides(data, overrides),
-                         env=os.environ)
+                         env=os.environ, cli_roles=asdict(cli_roles) if cli_roles else None)
     registry = SkillRegistry(Path(loaded.config.run.skills_dir))
     incumbent = registry.current(benchmark) if mode == "nightly" else None
     spec = RunSpec.create(loaded, cli_roles=asdict(cli_roles) if cli_roles else None, run_name=run_name,

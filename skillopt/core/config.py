@@ -622,19 +622,36 @@ _URL_CREDENTIALS = "credentials in a URL (user:password@host) are not accepted; 
 _CREDENTIAL_FIELD = "credentials are not accepted in request bodies or headers; remove the key and"
 
 
+class _SecretRefused(ConfigError):
+    """The refusal of a secret written into config. It names the key, where it was set and the conventional
+    variable of the role's backend, never the value; ``load_config`` words it again once the backend the
+    role ends up with is known (a later layer or a command-line option may name another)."""
+
+    def __init__(self, path: Path_, source: str, backend: Any, reason: str) -> None:
+        self.path, self.source, self.backend, self.reason = path, source, backend, reason
+        self.role = path[1] if len(path) >= 2 and path[0] == "model" and path[1] in ROLES else None
+        dotted = _dotted(path)
+        if self.role is not None:
+            variable = _CONVENTIONAL_KEY_ENV.get(str(_normalise_backend(backend or "openai")),
+                                                 "OPENAI_API_KEY")
+            fix = f"export {variable} or set model.{self.role}.api_key_env"
+        else:
+            fix = ("put the secret in an environment variable and reference it by name "
+                   "(model.<role>.api_key_env)")
+        joiner = "; " if reason == _LITERAL_KEY else " "
+        super().__init__(f"{source}: {dotted}: {reason}{joiner}{fix}")
+
+    def for_backend(self, backend: Any) -> _SecretRefused:
+        """The same refusal naming the conventional variable of ``backend``."""
+        return _SecretRefused(self.path, self.source, backend, self.reason)
+
+
 def _secret_error(path: Path_, source: str, raw_backends: Mapping[str, Any], reason: str = _LITERAL_KEY,
-                  ) -> ConfigError:
-    """The refusal of a secret written into config: names the key and the variable to use, never the value."""
-    dotted = _dotted(path)
-    if len(path) >= 2 and path[0] == "model" and path[1] in ROLES:
-        role = path[1]
-        backend = _normalise_backend(raw_backends.get(role) or "openai")
-        variable = _CONVENTIONAL_KEY_ENV.get(str(backend), "OPENAI_API_KEY")
-        fix = f"export {variable} or set model.{role}.api_key_env"
-    else:
-        fix = "put the secret in an environment variable and reference it by name (model.<role>.api_key_env)"
-    joiner = "; " if reason == _LITERAL_KEY else " "
-    return ConfigError(f"{source}: {dotted}: {reason}{joiner}{fix}")
+                  ) -> _SecretRefused:
+    """The refusal of a secret written into config, naming the variable of the backend ``raw_backends`` (the
+    backends known where it was found) gives its role."""
+    role = path[1] if len(path) >= 2 and path[0] == "model" and path[1] in ROLES else None
+    return _SecretRefused(path, source, raw_backends.get(role) if role else None, reason)
 
 
 def _check_no_literal_secrets(
@@ -688,7 +705,8 @@ def source_label(path: Path) -> str:
         return f"yaml:{resolved.as_posix()}"
 
 
-def read_config_file(path: Path, *, _stack: tuple[Path, ...] = ()) -> tuple[dict[str, Any], dict[Path_, str]]:
+def read_config_file(path: Path, *, _stack: tuple[Path, ...] = (), _check_secrets: bool = True,
+                     ) -> tuple[dict[str, Any], dict[Path_, str]]:
     """Read one YAML config with its ``_base_`` chain, returning the merged dict and leaf sources.
 
     ``_base_`` (a path or a list of paths) is resolved relative to the file; a name that does not
@@ -726,12 +744,13 @@ def read_config_file(path: Path, *, _stack: tuple[Path, ...] = ()) -> tuple[dict
     elif not (isinstance(bases, list) and all(isinstance(b, str) for b in bases)):
         raise ConfigError(f"{label}: _base_ must be a file name or a list of file names")
 
-    _check_no_literal_secrets(document, label, _role_backends(document))
+    if _check_secrets:
+        _check_no_literal_secrets(document, label, _role_backends(document))
 
     layered = _Layered()
     for base in bases:
         base_path = _resolve_base(resolved, base, label)
-        data, sources = read_config_file(base_path, _stack=(*_stack, resolved))
+        data, sources = read_config_file(base_path, _stack=(*_stack, resolved), _check_secrets=_check_secrets)
         layered.merge(data, sources)
     layered.merge(document, {p: label for p, _ in _leaves(document, ())})
     return layered.data, layered.sources
@@ -987,40 +1006,24 @@ def load_config(
     overrides: Sequence[str] = (),
     env: Mapping[str, str] | None = None,
     cwd: Path | None = None,
+    cli_roles: Mapping[str, Any] | None = None,
 ) -> LoadedConfig:
     """Build and validate the config for ``benchmark`` (or for ``config_file`` alone).
 
     ``env`` supplies the ``SKILLOPT_<ROLE>_<KEY>`` layer; pass ``{}`` to ignore the environment.
+    ``cli_roles`` are the command line's role options (``CliRoleOptions`` fields as plain data, e.g.
+    ``{"role_backend": {"target": "anthropic"}}``): they are applied later, by ``resolve_roles``, but a
+    refused secret names the key variable of the backend they give its role.
     Raises ``ConfigError`` for every problem, naming the key and its source.
     """
     env = {} if env is None else env
-    layered = _Layered()
-    if benchmark is not None:
-        data, sources = read_config_file(find_benchmark_config(benchmark, cwd=cwd))
-        layered.merge(data, sources)
-    if config_file is not None:
-        data, sources = read_config_file(Path(config_file))
-        layered.merge(data, sources)
-
-    for path, text, variable in _environment_layer(env):
-        if layered.get(path) is None:
-            value = convert_text(path, text, source=f"env:{variable}")
-            # A variable is the place for a key, but not a base URL with a password or a body with a token:
-            # those would be written wherever the config is.
-            _check_no_literal_secrets(_nest(path, value), f"env:{variable}", _role_backends(layered.data))
-            layered.set(path, value, f"env:{variable}")
-
-    for item in overrides:
-        path, text = parse_override(item)
-        source = f"-o {_dotted(path)}"
-        # Refuse a literal secret on the raw text, before any parsing could quote it back, then on the value
-        # (a map given as text, such as an extra_body, is only a map after parsing).
-        backends = {**_role_backends(layered.data), **_role_backends(_nest(path, text))}
-        _check_no_literal_secrets(_nest(path, text), source, backends)
-        named = benchmark or layered.get(("benchmark", "name"))
-        value = convert_text(path, text, source=source, benchmark=named)
-        _check_no_literal_secrets(_nest(path, value), source, backends)
-        layered.set(path, value, source)
+    try:
+        layered = _layers(benchmark, config_file, overrides, env, cwd, check_secrets=True)
+    except _SecretRefused as refused:
+        if refused.role is None:
+            raise
+        raise refused.for_backend(_role_backend(refused.role, benchmark, config_file, overrides, env, cwd,
+                                                cli_roles) or refused.backend) from None
 
     if benchmark is not None:
         _name_the_benchmark(layered, benchmark)
@@ -1030,6 +1033,63 @@ def load_config(
     except ValidationError as exc:
         raise _format_validation_error(exc, layered.sources) from None
     return LoadedConfig(config=config, sources={_dotted(p): s for p, s in layered.sources.items()})
+
+
+def _layers(benchmark: str | None, config_file: str | Path | None, overrides: Sequence[str],
+            env: Mapping[str, str], cwd: Path | None, *, check_secrets: bool) -> _Layered:
+    """The config files, the environment layer and the overrides merged, lowest first; with
+    ``check_secrets``, a secret written into any of them is refused (``_SecretRefused``)."""
+    layered = _Layered()
+    if benchmark is not None:
+        data, sources = read_config_file(find_benchmark_config(benchmark, cwd=cwd),
+                                         _check_secrets=check_secrets)
+        layered.merge(data, sources)
+    if config_file is not None:
+        data, sources = read_config_file(Path(config_file), _check_secrets=check_secrets)
+        layered.merge(data, sources)
+
+    for path, text, variable in _environment_layer(env):
+        if layered.get(path) is None:
+            value = convert_text(path, text, source=f"env:{variable}")
+            # A variable is the place for a key, but not a base URL with a password or a body with a token:
+            # those would be written wherever the config is.
+            if check_secrets:
+                _check_no_literal_secrets(_nest(path, value), f"env:{variable}", _role_backends(layered.data))
+            layered.set(path, value, f"env:{variable}")
+
+    for item in overrides:
+        path, text = parse_override(item)
+        source = f"-o {_dotted(path)}"
+        # Refuse a literal secret on the raw text, before any parsing could quote it back, then on the value
+        # (a map given as text, such as an extra_body, is only a map after parsing).
+        backends = {**_role_backends(layered.data), **_role_backends(_nest(path, text))}
+        if check_secrets:
+            _check_no_literal_secrets(_nest(path, text), source, backends)
+        named = benchmark or layered.get(("benchmark", "name"))
+        value = convert_text(path, text, source=source, benchmark=named)
+        if check_secrets:
+            _check_no_literal_secrets(_nest(path, value), source, backends)
+        layered.set(path, value, source)
+    return layered
+
+
+def _role_backend(role: str, benchmark: str | None, config_file: str | Path | None, overrides: Sequence[str],
+                  env: Mapping[str, str], cwd: Path | None, cli_roles: Mapping[str, Any] | None) -> Any:
+    """The backend ``role`` ends up with, as ``resolve_roles`` picks it: its own command-line option, else
+    the command line's backend for every role unless an override names the role's, else the config's
+    layers; None when nothing names one, or when the layers cannot be read without their secret checks."""
+    cli_roles = cli_roles or {}
+    own = (cli_roles.get("role_backend") or {}).get(role)
+    if own:
+        return own
+    try:
+        layered = _layers(benchmark, config_file, overrides, env, cwd, check_secrets=False)
+    except ConfigError:
+        layered = _Layered()
+    path = ("model", role, "backend")
+    if cli_roles.get("backend") and not layered.sources.get(path, "").startswith("-o "):
+        return cli_roles["backend"]
+    return layered.get(path)
 
 
 def _nest(path: Path_, value: Any) -> dict[str, Any]:

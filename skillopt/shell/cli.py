@@ -415,8 +415,10 @@ def _resolve(args: argparse.Namespace):  # noqa: ANN202 - returns (loaded, roles
     from skillopt.llm.base import BackendRegistry
     from skillopt.llm.roles import CliRoleOptions, resolve_roles
 
-    loaded = load_config(args.benchmark, config_file=args.config, overrides=args.override, env=os.environ)
-    cli = CliRoleOptions(**_cli_roles(args))
+    roles = _cli_roles(args)
+    loaded = load_config(args.benchmark, config_file=args.config, overrides=args.override, env=os.environ,
+                         cli_roles=roles)
+    cli = CliRoleOptions(**roles)
     registry = BackendRegistry.default()
     return loaded, resolve_roles(loaded, cli=cli, env=os.environ, registry=registry), registry
 
@@ -513,10 +515,12 @@ def _check_before_prefect(
     from skillopt.llm.roles import CliRoleOptions
     from skillopt.run.run_checks import check_run
 
-    loaded = load_config(benchmark, config_file=args.config, overrides=overrides, env=os.environ)
+    roles = _cli_roles(args)
+    loaded = load_config(benchmark, config_file=args.config, overrides=overrides, env=os.environ,
+                         cli_roles=roles)
     check_run(
         loaded,
-        cli=CliRoleOptions(**_cli_roles(args)),
+        cli=CliRoleOptions(**roles),
         env=os.environ,
         roles_used=roles_used,
         split=split,
@@ -532,8 +536,10 @@ def _dry_run(args: argparse.Namespace, overrides: list[str], out: _Output) -> in
     from skillopt.llm.roles import CliRoleOptions
     from skillopt.run.estimate import dry_run, format_estimate
 
-    loaded = load_config(args.benchmark, config_file=args.config, overrides=overrides, env=os.environ)
-    estimate = dry_run(loaded, cli=CliRoleOptions(**_cli_roles(args)), env=os.environ)
+    roles = _cli_roles(args)
+    loaded = load_config(args.benchmark, config_file=args.config, overrides=overrides, env=os.environ,
+                         cli_roles=roles)
+    estimate = dry_run(loaded, cli=CliRoleOptions(**roles), env=os.environ)
     for line in format_estimate(estimate):
         out.print(line)
     return EXIT_OK

@@ -43,13 +43,14 @@ def compare_mode(items: Sequence[str], runs: Sequence[str] | None) -> CompareMod
 
 
 def _loaded(benchmark: str, *, config_file: str | None, overrides: Sequence[str],
-            env: Mapping[str, str]) -> Any:
+            env: Mapping[str, str], cli_roles: Mapping[str, Any] | None = None) -> Any:
     from skillopt.core.config import load_config
 
     if benchmark not in registered_benchmarks():
         raise ConfigError(f"unknown benchmark {benchmark!r}; registered benchmarks: "
                           f"{', '.join(registered_benchmarks())}")
-    return load_config(benchmark, config_file=config_file, overrides=list(overrides), env=env)
+    return load_config(benchmark, config_file=config_file, overrides=list(overrides), env=env,
+                       cli_roles=cli_roles)
 
 
 def _check_evaluation(loaded: Any, cli_roles: Mapping[str, Any], *, split: str, env: Mapping[str, str],
@@ -81,7 +82,7 @@ def check_compare(benchmark: str, skill_a: str, skill_b: str, *, config_file: st
     """Raise what ``skillopt compare SKILL_A SKILL_B BENCHMARK`` would stop on before its first call."""
     from skillopt.run.targets import with_target
 
-    loaded = _loaded(benchmark, config_file=config_file, overrides=overrides, env=env)
+    loaded = _loaded(benchmark, config_file=config_file, overrides=overrides, env=env, cli_roles=cli_roles)
     roles = dict(cli_roles)
     if target:
         loaded, roles = with_target(loaded, roles, target)
@@ -105,7 +106,8 @@ def check_transfer(benchmarks: Sequence[str], skills: Sequence[str], targets: Se
         if repeated:
             raise ConfigError(f"skillopt transfer: {name} names {', '.join(repeated)} more than once")
     for benchmark in benchmarks:
-        loaded = _loaded(benchmark, config_file=config_file, overrides=overrides, env=env)
+        loaded = _loaded(benchmark, config_file=config_file, overrides=overrides, env=env,
+                         cli_roles=cli_roles)
         check_targets(loaded.config, targets, where=f"--targets ({benchmark})")
         for target in targets:
             target_loaded, roles = with_target(loaded, cli_roles, target)

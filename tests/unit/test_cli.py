@@ -186,6 +186,25 @@ def test_a_config_file_naming_another_backend_drops_the_demos_options(tmp_path, 
     assert "rules" not in err
 
 
+@pytest.mark.parametrize("command", [
+    ["train", "demo", "--dry-run"], ["train", "demo"], ["demo"], ["eval", "demo", "--skill", "initial"],
+    ["compare", "initial", "initial", "demo"], ["backends", "check", "-b", "demo", "--no-call"],
+])
+def test_a_literal_key_refused_names_the_key_variable_of_the_backend_given_on_the_command_line(tmp_path,
+                                                                                                command):
+    """A key pasted into model.target.api_key_env, with --target-backend anthropic: the refusal says to
+    export ANTHROPIC_API_KEY (it said OPENAI_API_KEY: the config layer named the variable before it saw the
+    option), in one line naming the key and the file, without the key."""
+    secret = "sk-ant-api03-SENTINEL0123456789abcdefghijklmnop"
+    leak = tmp_path / "leak.yaml"
+    leak.write_text(f"model:\n  target:\n    api_key_env: {secret}\n", encoding="utf-8")
+    code, out, err = run(*command, "-c", str(leak), "--target-backend", "anthropic")
+    assert code == 2 and secret not in out + err
+    assert err.count("\n") == 1 and err.startswith("error: yaml:"), err
+    assert ("leak.yaml: model.target.api_key_env: literal keys are not accepted; export ANTHROPIC_API_KEY or "
+            "set model.target.api_key_env") in err, err
+
+
 @pytest.mark.parametrize(("usage", "line"), [
     ({"calls": 6, "usd": 0.0, "unpriced_calls": 6}, "model calls 6, cost unknown (6 unpriced calls)"),
     ({"calls": 6, "usd": 0.012, "unpriced_calls": 1},

@@ -410,6 +410,37 @@ def test_literal_key_in_yaml_is_refused_without_echoing_it(tmp_path):
     assert "leak.yaml" in message
 
 
+def test_a_refused_key_names_the_variable_of_the_backend_the_role_ends_up_with(tmp_path):
+    """The file names no backend for the target; the command line (``cli_roles``), a later override or the
+    benchmark's config does, and the refusal names that backend's key variable, not the default's."""
+    path = write(tmp_path / "leak.yaml", f"model:\n  target:\n    api_key_env: {SENTINEL}\n")
+
+    def refusal(benchmark="qa", **kwargs) -> str:
+        with pytest.raises(ConfigError) as info:
+            load_config(benchmark, config_file=path, env={}, **kwargs)
+        message = str(info.value)
+        assert SENTINEL not in message and message.count("\n") == 0
+        assert message.startswith("yaml:") and "leak.yaml: model.target.api_key_env: literal keys" in message
+        return message
+
+    assert "export OPENAI_API_KEY" in refusal()
+    assert "export ANTHROPIC_API_KEY" in refusal(cli_roles={"role_backend": {"target": "anthropic"}})
+    assert "export ANTHROPIC_API_KEY" in refusal(cli_roles={"role_backend": {"target": "claude"}})  # an alias
+    assert "export ANTHROPIC_API_KEY" in refusal(cli_roles={"backend": "anthropic"})
+    assert "export ANTHROPIC_API_KEY" in refusal(overrides=["model.target.backend=anthropic"])
+    # the backend for every role does not override a role's backend given with -o, as in resolve_roles
+    assert "export OPENAI_API_KEY" in refusal(overrides=["model.target.backend=openai"],
+                                              cli_roles={"backend": "anthropic"})
+    assert "export AZURE_OPENAI_API_KEY" in refusal(overrides=["model.target.backend=openai"],
+                                                    cli_roles={"backend": "anthropic",
+                                                               "role_backend": {"target": "azure"}})
+    base = write(tmp_path / "base.yaml", "model:\n  target:\n    backend: anthropic\n")
+    write(tmp_path / "child.yaml", f"_base_: {base.name}\n")
+    path = write(tmp_path / "leak.yaml",
+                 f"_base_: child.yaml\nmodel:\n  target:\n    api_key_env: {SENTINEL}\n")
+    assert "export ANTHROPIC_API_KEY" in refusal()  # a base file of the file names it
+
+
 def test_a_plain_key_named_key_outside_model_is_an_unknown_key_not_a_secret():
     with pytest.raises(ConfigError, match=r"evaluation.key: unknown key; valid keys: use_gate"):
         load_config("demo", overrides=["evaluation.key=1"], env={})
