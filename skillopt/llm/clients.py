@@ -145,8 +145,9 @@ class RoleClient:
         self.role = role
         self.modes = modes or StructuredModes()
         self.windows = windows or ContextWindows()
-        # Deterministic, free backends gain nothing from storing replies.
-        self.replies = replies if role.backend != "scripted" else None
+        # Every backend's replies are stored, the free and deterministic scripted one's too: a resumed run
+        # takes the calls it already made from the store, so they count once against budget.max_calls.
+        self.replies = replies
         self.info = info
         self.secrets = secrets
         self.context = context

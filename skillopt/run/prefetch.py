@@ -24,13 +24,12 @@ concurrency of its own.
 builds the run in the library, hints its start, and the flow adopts that same run (``take_prepared``)
 instead of building its own, so the first calls leave while Prefect imports and creates the flow run.
 
-It does nothing where it cannot help: without a reply store (the ``scripted`` backend answers instantly), when
-the tasks run in other processes (``run.task_runner: dask``), when the provider limits are Prefect's
-(``model.rate_limit_mode: prefect``: they need the flow's Prefect context, which the layer's threads do not
-have), or with a budget cap (a cap must be able to
-stop the run before anything it did not decide to spend is spent). A hinted rollout whose result is already in
-the task cache is skipped (its task would never ask). A prefetched call that fails is left to its task,
-which makes it again with its retries.
+It does nothing where it cannot help: without a reply store, for the ``scripted`` backend (it answers
+instantly), when the tasks run in other processes (``run.task_runner: dask``), when the provider limits are
+Prefect's (``model.rate_limit_mode: prefect``: they need the flow's Prefect context, which the layer's threads
+do not have), or with a budget cap (a cap must be able to stop the run before anything it did not decide
+to spend is spent). A hinted rollout whose result is already in the task cache is skipped (its task would
+never ask). A prefetched call that fails is left to its task, which makes it again with its retries.
 """
 
 from __future__ import annotations
@@ -56,8 +55,13 @@ log = logging.getLogger(__name__)
 def applies(run: Run) -> bool:
     """Whether prefetching can help ``run`` (see the module's docstring)."""
     config = run.config
-    return (run.clients.target.replies is not None and config.run.task_runner == "threads"
+    return (worth_prefetching(run.clients.target) and config.run.task_runner == "threads"
             and config.model.rate_limit_mode == "local" and not config.budget.capped)
+
+
+def worth_prefetching(client: Any) -> bool:
+    """Whether a role's calls are worth making ahead: they go through a reply store and take time."""
+    return client.replies is not None and client.role.backend != "scripted"
 
 
 class NotPrefetched(Exception):
@@ -173,7 +177,7 @@ class Prefetcher:
 
     def _start_calls(self, fn: Callable[..., Any],
                      arguments: Sequence[Mapping[str, Any]]) -> list[Future[Any]] | None:
-        if not self.enabled or self.run.clients.optimizer.replies is None:
+        if not self.enabled or not worth_prefetching(self.run.clients.optimizer):
             return None
         with self._lock:
             if self._closed:
