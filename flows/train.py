@@ -197,7 +197,10 @@ def train(
                                       train_scripts=run.config.skill.train_scripts)
                 run.skill_source = replace(run.skill_source, carried=promoted.carried)
 
-        state = baseline(run)
+        try:
+            state = baseline(run)
+        except BudgetExceeded as error:  # the in-flight hard cap, before the starting skill was scored
+            return baseline_budget_stop(run, error, wall_s=time.monotonic() - started)
         try:
             for epoch in range(1, run.config.train.epochs + 1):
                 state = run_epoch(run, state, epoch)
@@ -225,6 +228,44 @@ def hard_budget_stop(run: Run, state: TrainState, error: BudgetExceeded, epoch: 
     progress.warning("%s", message)
 
 
+def baseline_budget_stop(run: Run, error: BudgetExceeded, *, wall_s: float) -> dict[str, Any]:
+    """End the run as a budget stop after a call of the baseline evaluation was refused at the hard cap, as
+    ``hard_budget_stop`` ends one inside a step: ``STOPPED`` and ``summary.json`` say why, the best skill is
+    the starting skill, and a resume with a raised cap takes the finished calls from the cache. Nothing was
+    scored, so the summary has no scores, nothing is evaluated on test and a nightly run decides nothing."""
+    from skillopt.run.report import write_report
+    from skillopt.run.runs import build_summary, summary_dict, summary_line
+
+    message = (f"budget: {error.reason}; stopped in the baseline evaluation, which is not recorded; "
+               f"{error.hint or 'raise the cap and resume'}")
+    write_starting_skill(run, run.starting_skill())
+    run.dir.write_text("STOPPED", message + "\n")
+    progress.warning("%s", message)
+    summary = build_summary(
+        run_name=run.run_name, benchmark=run.benchmark.id, baseline_selection=None, best_selection=None,
+        final_selection=None, usage=run.clients.ledger.summary(), wall_s=wall_s, stopped_by="budget",
+        stopped_message=message, best_skill_sha=skill_hash(run.starting_skill()), config=run.config,
+        context_windows=run.clients.windows.learned())
+    run.dir.write_summary(summary)
+    story.info("%s", summary_line(summary_dict(summary)))
+    progress.info("wrote %s", run.dir.summary_path)
+    publish_cost(run)
+    report = write_report(run.dir.path)
+    publish_report_link(run, report)
+    progress.info("report: %s", report)
+    return {**summary_dict(summary), "run_dir": str(run.dir.path)}
+
+
+def write_starting_skill(run: Run, skill: str) -> None:
+    """The starting skill as step 0's snapshot and as the best skill so far, with what an export needs."""
+    run.dir.write_skill_snapshot(0, skill)
+    run.dir.write_best_skill(skill)
+    source = run.skill_source
+    run.dir.write_skill_source(
+        name=source.name, front_matter=source.front_matter, carried=source.carried,
+        description=source.description or f"How to solve {run.benchmark.id} tasks (trained by skillopt).")
+
+
 def baseline(run: Run) -> TrainState:
     """Score the initial skill on the selection split: it is both the current and the best skill."""
     cfg = run.config
@@ -235,12 +276,7 @@ def baseline(run: Run) -> TrainState:
     hint_step_one(run, skill, total_steps)
     evaluation = evaluate(run, skill, "val")
     score = gate_value(run, evaluation.scores)
-    run.dir.write_skill_snapshot(0, skill)
-    run.dir.write_best_skill(skill)
-    source = run.skill_source
-    run.dir.write_skill_source(
-        name=source.name, front_matter=source.front_matter, carried=source.carried,
-        description=source.description or f"How to solve {run.benchmark.id} tasks (trained by skillopt).")
+    write_starting_skill(run, skill)
     run.dir.write_evaluation("baseline_selection", evaluation.rows, split="val",
                              skill_sha=evaluation.skill_sha, scores=evaluation.scores)
     state = TrainState(initial_skill=skill, current_skill=skill, current_score=score, best_skill=skill,

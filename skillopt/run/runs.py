@@ -168,9 +168,9 @@ def build_summary(
     run_name: str,
     benchmark: str,
     config: SkillOptConfig,
-    baseline_selection: ScoreLike,
-    best_selection: ScoreLike,
-    final_selection: ScoreLike,
+    baseline_selection: ScoreLike | None,
+    best_selection: ScoreLike | None,
+    final_selection: ScoreLike | None,
     baseline_test: ScoreLike | None = None,
     best_test: ScoreLike | None = None,
     history: Sequence[StepRecord] = (),
@@ -189,7 +189,8 @@ def build_summary(
     {"selection"}}``, each a ``{"hard", "soft"}`` pair of finite numbers. Test scores are required
     when ``evaluation.eval_test`` is on (except for a run stopped early, ``stopped_by`` set, which
     skips the test evaluation) and refused when it is off (then the ``test`` keys are absent). Score arguments
-    may be ``gate.Scores``, ``SplitScores`` or ``{"hard", "soft"}`` mappings.
+    may be ``gate.Scores``, ``SplitScores`` or ``{"hard", "soft"}`` mappings. A run the budget stopped
+    during its baseline evaluation scored nothing: its selection scores are None and ``scores`` is empty.
 
     ``counts`` tallies ``history`` (the last record per (kind, step) wins):
     ``{"total": tally, "per_epoch": {"<epoch>": tally}, "slow_updates": tally}`` where a tally is
@@ -203,11 +204,16 @@ def build_summary(
     Raises ValueError for a missing, surplus or non-finite score.
     """
     eval_test = config.evaluation.eval_test
+    if stopped_by is None and None in (baseline_selection, best_selection, final_selection):
+        raise ValueError("selection scores are required for a run that was not stopped")
     for label, value in (("baseline_test", baseline_test), ("best_test", best_test)):
         if eval_test and value is None and stopped_by is None:
             raise ValueError(f"{label} scores are required when evaluation.eval_test is true")
         if not eval_test and value is not None:
             raise ValueError(f"{label} scores were given but evaluation.eval_test is false")
+
+    phases = {"baseline": (baseline_selection, baseline_test), "best": (best_selection, best_test),
+              "final": (final_selection, None)}
 
     def phase(selection: ScoreLike, test: ScoreLike | None, label: str) -> PhaseScores:
         return PhaseScores(
@@ -219,11 +225,8 @@ def build_summary(
     return RunSummary(
         run_name=run_name,
         benchmark=benchmark,
-        scores={
-            "baseline": phase(baseline_selection, baseline_test, "baseline"),
-            "best": phase(best_selection, best_test, "best"),
-            "final": phase(final_selection, None, "final"),
-        },
+        scores={label: phase(selection, test, label) for label, (selection, test) in phases.items()
+                if selection is not None},
         counts={**decision_counts(history), **signal_counts(history),
                 **({"answer_formats": dict(answer_formats)} if answer_formats is not None else {})},
         usage=dict(usage or {}),
@@ -302,7 +305,7 @@ def summary_line(summary: Mapping[str, Any]) -> str:
             f"{'selection' if split == 'val' else split} hard {v['hard']:.3f} soft {v['soft']:.3f}"
             for split, v in (("val", splits.get("selection")), ("test", splits.get("test")))
             if v
-        )
+        ) or "not scored"
 
     total = summary.get("counts", {}).get("total", {})
     steps = total.get("n", 0)

@@ -634,8 +634,9 @@ def _print_summary(summary: dict, out: _Output, *, started: str | None = None) -
     if summary.get("stopped_message"):
         out.print(f"  {summary['stopped_message']}; best_skill.md holds the best skill so far")
     for phase in ("baseline", "best"):
-        parts = [f"{split} hard {v['hard']:.3f} soft {v['soft']:.3f}" for split, v in scores[phase].items()]
-        out.print(f"  {phase:<9} " + "; ".join(parts))
+        parts = [f"{split} hard {v['hard']:.3f} soft {v['soft']:.3f}"
+                 for split, v in (scores.get(phase) or {}).items()]
+        out.print(f"  {phase:<9} " + ("; ".join(parts) or "not scored"))
     note = best_after_the_last_step(summary)
     if note:
         out.print(f"  {note}")

@@ -168,3 +168,48 @@ def test_a_call_refused_at_the_hard_cap_inside_a_step_ends_the_run_as_a_budget_s
     assert "test" not in summary["scores"]["best"] and (run_dir / "report.html").is_file()
     # at most the calls in flight when the cap was reached go past it: two workers, $0.05 each
     assert summary["usage"]["total"]["usd"] <= 0.40 + 2 * 0.05 + 1e-9
+
+
+
+def test_a_call_refused_at_the_hard_cap_in_the_baseline_ends_the_run_as_a_budget_stop(prefect_settings,
+                                                                                       in_tmp):
+    """The scripted demo's baseline makes 12 calls; under budget.max_calls 5 a call is refused once 6 are
+    spent (1.2 x 5). The command ends as a stop inside a step does (it once ended with an `error:` line, exit
+    status 2, no STOPPED and no summary): exit status 0, STOPPED and summary.json name the budget and where,
+    nothing scored, best_skill.md the starting skill. Re-run with a raised cap, the run goes on and makes as
+    many calls in all as an uninterrupted run (the baseline's finished calls come from the reply store)."""
+    import re
+    from io import StringIO
+
+    from skillopt.shell.cli import main
+
+    def demo(*overrides: str, run_name: str = "baseline-stop") -> tuple[int, str, str]:
+        out, err = StringIO(), StringIO()
+        argv = ["demo", "--run-name", run_name, "-o", "train.epochs=1"]
+        code = main([*argv, *(part for o in overrides for part in ("-o", o))], stdout=out, stderr=err)
+        return code, out.getvalue(), err.getvalue()
+
+    code, out, err = demo("budget.max_calls=5")
+    assert code == 0 and "error:" not in err, err
+    run_dir = in_tmp / "runs" / "baseline-stop"
+    message = (run_dir / "STOPPED").read_text().strip()
+    assert re.fullmatch(r"budget: hard budget stop: spent \d+ calls, past 1\.2 × budget\.max_calls 5 calls "
+                        r"= 6 calls; no further calls are made; stopped in the baseline evaluation, which is "
+                        r"not recorded; raise budget\.max_calls and resume", message), message
+    assert "run baseline-stop finished (stopped by budget)" in out and message in out
+    assert "  baseline  not scored\n  best      not scored\n" in out
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert (summary["stopped_by"], summary["stopped_message"], summary["scores"]) == ("budget", message, {})
+    assert 6 <= summary["usage"]["total"]["calls"] < 12
+    assert (run_dir / "best_skill.md").read_text() == (run_dir / "skills" / "step_0000.md").read_text()
+    assert (run_dir / "report.html").is_file()
+
+    code, out, err = demo("budget.max_calls=1000")
+    assert code == 0, err
+    resumed = json.loads((run_dir / "summary.json").read_text())
+    assert resumed["stopped_by"] is None and not (run_dir / "STOPPED").exists()
+    code, _, err = demo("run.cache_dir=other-cache", "run.runs_dir=other-runs", run_name="whole")
+    assert code == 0, err
+    whole = json.loads((in_tmp / "other-runs" / "whole" / "summary.json").read_text())
+    assert resumed["usage"]["total"]["calls"] == whole["usage"]["total"]["calls"]
+    assert resumed["scores"] == whole["scores"]

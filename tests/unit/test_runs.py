@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import re
@@ -348,6 +349,28 @@ def test_summary_omits_test_scores_only_when_eval_test_is_off() -> None:
     with pytest.raises(ValueError, match="finite number"):
         build_summary(config=make_config(evaluation={"eval_test": False}),
                       **{**common, "final_selection": {"hard": float("nan"), "soft": 0.0}})
+
+
+def test_a_run_stopped_in_its_baseline_has_a_summary_without_scores() -> None:
+    """The budget stopped the run before the starting skill was scored: no phase has scores, and the run's
+    log line and the command's summary say so instead of failing on the missing scores."""
+    from skillopt.core.redact import Redactor
+    from skillopt.shell.cli import _Output, _print_summary
+
+    summary = build_summary(run_name="r", benchmark="demo", config=make_config(), baseline_selection=None,
+                            best_selection=None, final_selection=None, stopped_by="budget",
+                            stopped_message="budget: hard budget stop: …; stopped in the baseline evaluation")
+    data = summary_dict(summary)
+    assert data["scores"] == {} and data["stopped_by"] == "budget"
+    assert summary_line(data).startswith("finished r (stopped by budget): best not scored (baseline: not "
+                                         "scored); 0 steps")
+    printed = io.StringIO()
+    _print_summary({**data, "run_dir": "runs/r"},
+                   _Output(Redactor.from_environment(), printed, io.StringIO()))
+    assert "  baseline  not scored\n  best      not scored\n" in printed.getvalue()
+    with pytest.raises(ValueError, match="selection scores are required for a run that was not stopped"):
+        build_summary(run_name="r", benchmark="demo", config=make_config(), baseline_selection=None,
+                      best_selection=None, final_selection=None)
 
 
 # --- artifacts -------------------------------------------------------------------------------------
