@@ -1169,10 +1169,8 @@ def _cmd_skills_promote(args: argparse.Namespace, out: _Output) -> int:
         if not path.is_file():
             raise SkillOptError(f"skills promote: no skill at {path} (give a run directory, a skill folder "
                                 "or a markdown file)")
-        if path.suffix.lower() != ".md":  # a skill is a markdown document (SKILL.md, best_skill.md)
-            raise SkillOptError(f"skills promote: {path} is not a markdown skill (a .md file); give a run "
-                                "directory, a skill folder or a .md file")
-        # Read as `skillopt eval --skill` reads it: UTF-8, no binary content, well-formed front matter.
+        # Read as `skillopt eval --skill` reads it: a markdown file, UTF-8, no binary content, well-formed
+        # front matter.
         text = read_skill(str(path), settings=SkillSection(max_file_bytes=args.max_file_bytes)).text
         if source.is_dir() and (source / "skill_carried").is_dir():
             carried = {relative: file.read_bytes()
