@@ -125,6 +125,19 @@ class _UserErrorsWithoutTraceback(logging.Filter):
         return True
 
 
+class _BudgetStopSaidOnce(logging.Filter):
+    """Drop Prefect's ERROR lines of the tasks and flows a hard budget stop ends (the exception, then each
+    run's failed state): the stop is the run's planned end, and the progress log and the summary say it once,
+    with how to resume."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from skillopt.llm.errors import BudgetExceeded
+
+        if record.exc_info and isinstance(record.exc_info[1], BudgetExceeded):
+            return False
+        return BudgetExceeded.__name__ not in record.getMessage()
+
+
 class _QuietAfterInterrupt(logging.Filter):
     """After Ctrl-C, or once the run is being stopped for a reason (a dead API server, a lost Dask cluster),
     drop Prefect's "Crash detected" lines of every run and task (and of its engine): the CLI says it once."""
@@ -230,7 +243,7 @@ def run_flow(kind: str, out: _Printer, guard: InterruptGuard | None = None, *,
     progress.addHandler(handler)
     progress.setLevel(logging.INFO)
     progress.propagate = False
-    filters: list[logging.Filter] = [_UserErrorsWithoutTraceback()]
+    filters: list[logging.Filter] = [_UserErrorsWithoutTraceback(), _BudgetStopSaidOnce()]
     if guard is not None:
         filters.append(_QuietAfterInterrupt(guard))
     # A run's engine logs on prefect.engine until the run's own logger exists (an interrupt while a subflow

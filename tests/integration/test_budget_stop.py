@@ -172,7 +172,7 @@ def test_a_call_refused_at_the_hard_cap_inside_a_step_ends_the_run_as_a_budget_s
 
 
 def test_a_call_refused_at_the_hard_cap_in_the_baseline_ends_the_run_as_a_budget_stop(prefect_settings,
-                                                                                       in_tmp):
+                                                                                       in_tmp, capfd):
     """The scripted demo's baseline makes 12 calls; under budget.max_calls 5 a call is refused once 6 are
     spent (1.2 x 5). The command ends as a stop inside a step does (it once ended with an `error:` line, exit
     status 2, no STOPPED and no summary): exit status 0, STOPPED and summary.json name the budget and where,
@@ -191,6 +191,9 @@ def test_a_call_refused_at_the_hard_cap_in_the_baseline_ends_the_run_as_a_budget
 
     code, out, err = demo("budget.max_calls=5")
     assert code == 0 and "error:" not in err, err
+    # The planned stop is said once, not as Prefect's ERROR lines of every task and flow it ended.
+    terminal = capfd.readouterr()
+    assert "BudgetExceeded" not in terminal.out + terminal.err, terminal.err
     run_dir = in_tmp / "runs" / "baseline-stop"
     message = (run_dir / "STOPPED").read_text().strip()
     assert re.fullmatch(r"budget: hard budget stop: spent \d+ calls, past 1\.2 × budget\.max_calls 5 calls "
