@@ -50,7 +50,7 @@ from skillopt.llm.errors import BackendError, EmptyAnswer, ErrorContext, ExecErr
 from skillopt.llm.http_common import WarnOnce, require_key, resolve_key
 from skillopt.llm.roles import ResolvedRole
 from skillopt.sandbox.confine import SANDBOX_FIX, ProcessOutcome, limits_prefix, run_confined, sandbox_status
-from skillopt.sandbox.process_group import keep_at_exit, remove_at_exit, run_in_group
+from skillopt.sandbox.process_group import Exiting, exiting, keep_at_exit, run_in_group, temp_folder
 
 log = logging.getLogger("skillopt.llm.exec")
 
@@ -646,21 +646,21 @@ class ExecHarness(ABC):
         )
         root.mkdir(parents=True, exist_ok=True)
         prefix = f"skillopt-{_slug(self.context.run_id, 8)}-{_slug(task.item_id, 40)}-"
-        folder = Path(tempfile.mkdtemp(prefix=prefix, dir=root))
-        if self.options.use_real_home:
-            home, private = Path(os.environ.get("HOME") or Path.home()), False
-        else:
-            home, private = Path(tempfile.mkdtemp(prefix="skillopt-home-")), True
-            (home / "tmp").mkdir()
-        ws = Workspace(root=folder, home=home, private_home=private)
+        # Removed when skillopt exits while the attempt still runs (Ctrl-C, an error): created through the
+        # clean-up's list, so an exit while they are being made leaves none behind; ``_cleanup`` forgets
+        # them. A workspace kept on purpose is left alone.
+        keep = self.options.keep_workspaces
+        folder = Path(tempfile.mkdtemp(prefix=prefix, dir=root)) if keep else temp_folder(prefix, dir=root)
+        ws = Workspace(root=folder, home=Path(os.environ.get("HOME") or Path.home()), private_home=False)
         try:
-            # Removed when skillopt exits while the attempt still runs (Ctrl-C, an error); ``_cleanup``
-            # forgets them. A workspace kept on purpose is left alone.
-            for path in self._removable(ws, keep=self.options.keep_workspaces):
-                remove_at_exit(path)
+            if not self.options.use_real_home:
+                ws = replace(ws, home=temp_folder("skillopt-home-"), private_home=True)
+                ws.tmp.mkdir()
             return replace(ws, images=_write_workspace(folder, task, self.context.run_id, self.skills_dir))
-        except BaseException:
+        except BaseException as error:
             self._cleanup(ws, keep=False)
+            if exiting() and not isinstance(error, Exiting):  # the clean-up at exit removed the folders
+                raise Exiting(f"skillopt is exiting: item {task.item_id} is not started") from error
             raise
 
     def _child_env(self, ws: Workspace) -> dict[str, str]:

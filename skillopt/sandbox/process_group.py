@@ -19,6 +19,7 @@ import os
 import shutil
 import signal
 import subprocess
+import tempfile
 import threading
 import time
 from collections.abc import Sequence
@@ -88,15 +89,26 @@ def end_group(process: subprocess.Popen[Any], *, grace_s: float) -> int:
 def start_in_group(argv: Sequence[str], **popen: Any) -> subprocess.Popen[Any]:
     """``subprocess.Popen(argv, **popen)`` as the leader of a new group, which is stopped at exit if it is
     still running then (``end_leftovers``). Stop it with ``end_group``, which also reaps it."""
-    process = subprocess.Popen(list(argv), **own_group(), **popen)
+    try:
+        process = subprocess.Popen(list(argv), **own_group(), **popen)
+    except OSError as error:
+        if exiting():  # e.g. its working folder was removed by the clean-up at exit meanwhile
+            raise Exiting(f"skillopt is exiting: {argv[0]} is not started") from error
+        raise
     with _lock:
-        exiting = _exiting
-        if not exiting:
+        late = _exiting
+        if not late:
             _live[process.pid] = process
-    if exiting:  # started by a worker thread after the exit clean-up: it must not outlive skillopt either
+    if late:  # started by a worker thread after the exit clean-up: it must not outlive skillopt either
         end_group(process, grace_s=0)
         raise Exiting(f"skillopt is exiting: stopped {argv[0]} at once")
     return process
+
+
+def exiting() -> bool:
+    """Whether the clean-up at exit ran (``end_leftovers``): skillopt is on its way out."""
+    with _lock:
+        return _exiting
 
 
 def stopped_at_exit(process: subprocess.Popen[Any]) -> bool:
@@ -124,6 +136,23 @@ def run_in_group(argv: Sequence[str], *, timeout_s: float, grace_s: float = 5.0,
     if stopped_at_exit(process):
         raise Exiting(f"skillopt is exiting: stopped {argv[0]}")
     return subprocess.CompletedProcess(list(argv), process.returncode, stdout, stderr)
+
+
+def temp_folder(prefix: str, *, dir: Path | None = None) -> Path:
+    """A new temporary folder (``tempfile.mkdtemp(prefix=prefix, dir=dir)``) that is removed at exit like
+    one given to ``remove_at_exit``; its owner removes it and calls ``keep_at_exit`` when done with it.
+
+    Created and listed in one step, which the clean-up at exit waits for: a worker thread creating a folder
+    while skillopt exits leaves nothing behind (a folder created first and listed after could be created
+    just before the clean-up and listed never, the process having exited in between). Raises ``Exiting``
+    once that clean-up ran, creating nothing.
+    """
+    with _lock:
+        if _exiting:
+            raise Exiting(f"skillopt is exiting: no folder {prefix}* is made")
+        folder = Path(tempfile.mkdtemp(prefix=prefix, dir=dir))
+        _folders.add(folder)
+    return folder
 
 
 def remove_at_exit(folder: Path) -> None:
@@ -168,7 +197,16 @@ def end_leftovers(grace_s: float = EXIT_GRACE_S) -> None:
         folders = list(_folders)
         _folders.clear()
     for folder in folders:
+        _remove(folder)
+
+
+def _remove(folder: Path, *, tries: int = 5) -> None:
+    """Remove ``folder``. A worker thread still filling it can add an entry while it is being removed, which
+    leaves it in place: try again (that thread fails on its first write once the folder is gone)."""
+    for _ in range(tries):
         shutil.rmtree(folder, ignore_errors=True)
+        if not os.path.lexists(folder):
+            return
 
 
 # The backstop: an exit that skipped the command's own call still stops the groups and removes the folders.

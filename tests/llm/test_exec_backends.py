@@ -387,6 +387,56 @@ def test_exiting_mid_attempt_stops_the_cli_and_removes_the_workspace(tmp_path, f
     assert len(failed) == 1 and isinstance(failed[0], process_group.Exiting)
 
 
+def test_an_exit_while_a_workspace_is_being_made_leaves_no_folder(tmp_path, fake_cli, monkeypatch):
+    """The clean-up at exit runs while a worker thread is making an attempt's folders. A forced exit ends
+    the process the moment that clean-up returns (``os._exit``), so whatever exists then stays for good:
+    the workspace and the private home must be listed for removal as they are made, not after."""
+    monkeypatch.setattr(process_group, "_exiting", False)  # restored after the test
+    temp = tmp_path / "tmp"  # where private homes go
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    backend = make_backend(codex_exec.INFO, tmp_path)
+    backend.preflight()
+    made, go = threading.Event(), threading.Event()
+    mkdtemp = tempfile.mkdtemp
+
+    def slow_mkdtemp(*args: Any, **kwargs: Any) -> str:
+        folder = mkdtemp(*args, **kwargs)
+        if Path(folder).name.startswith("skillopt-home-"):
+            made.set()  # the worker thread loses the processor right after making the home
+            go.wait(10)
+        return folder
+
+    monkeypatch.setattr(tempfile, "mkdtemp", slow_mkdtemp)
+    failed: list[BaseException] = []
+
+    def attempt() -> None:
+        try:
+            backend.run(task_from_item(ITEM))
+        except BaseException as exc:  # noqa: BLE001 - checked below
+            failed.append(exc)
+
+    worker = threading.Thread(target=attempt, daemon=True)
+    worker.start()
+    assert made.wait(30)
+    left_at_exit: list[Path] = []
+
+    def exit_cleanup() -> None:
+        process_group.end_leftovers(grace_s=0.2)
+        left_at_exit.extend([*workspaces_left(tmp_path), *temp.glob("skillopt-*")])  # what os._exit leaves
+
+    ender = threading.Thread(target=exit_cleanup)
+    ender.start()
+    ender.join(0.5)
+    go.set()
+    ender.join(10)
+    worker.join(30)
+    assert left_at_exit == []
+    assert workspaces_left(tmp_path) == [] and list(temp.glob("skillopt-*")) == []
+    # The abandoned attempt ends, but not as a failure of the item.
+    assert len(failed) == 1 and isinstance(failed[0], process_group.Exiting), failed
+
+
 def _gone(pid: int, within_s: float = 2.0) -> bool:
     """True once ``pid`` no longer runs (a zombie waiting for init to reap it counts as gone)."""
     deadline = time.monotonic() + within_s

@@ -19,6 +19,7 @@ from skillopt.sandbox.process_group import (
     remove_at_exit,
     run_in_group,
     start_in_group,
+    temp_folder,
 )
 from tests.processes import alive
 
@@ -121,6 +122,20 @@ def test_after_the_exit_cleanup_a_new_group_is_stopped_at_once_and_a_folder_refu
     assert process_group._live == {}
     with pytest.raises(process_group.Exiting):
         remove_at_exit(tmp_path)
+
+
+def test_a_temp_folder_is_removed_at_exit_and_none_is_made_after(exit_cleanup, tmp_path):
+    """A worker thread still going after the exit clean-up neither leaves a folder nor reports a failure of
+    its own: its workspace was removed under it (a child cannot start there) or is not made at all."""
+    folder = temp_folder("skillopt-x-", dir=tmp_path)
+    assert folder.parent == tmp_path and folder.is_dir()
+    exit_cleanup(grace_s=0)
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(process_group.Exiting):
+        temp_folder("skillopt-x-", dir=tmp_path)
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(process_group.Exiting):
+        start_in_group([sys.executable, "-c", "pass"], cwd=folder)
 
 
 def test_a_child_stopped_at_exit_is_not_reported_as_its_own_failure(exit_cleanup):
