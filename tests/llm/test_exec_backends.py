@@ -27,7 +27,7 @@ from skillopt.llm.errors import EmptyAnswer, ExecError, ExecTimeout
 from skillopt.llm.exec_harness import ExecHarness, ExecTask
 from skillopt.llm.roles import ResolvedRole, resolve_roles
 from skillopt.sandbox import process_group
-from tests.processes import alive
+from tests.processes import alive, exit_while_making
 
 REPO = Path(__file__).resolve().parents[2]
 FAKE_BIN = REPO / "tests" / "fakes" / "bin"
@@ -354,10 +354,12 @@ def test_exiting_mid_attempt_stops_the_cli_and_removes_the_workspace(tmp_path, f
     """Ctrl-C leaves the attempt's worker thread behind: the clean-up at exit stops its CLI's whole group
     and removes the workspace and private home its ``finally`` would have removed."""
     monkeypatch.setattr(process_group, "_exiting", False)  # restored after the test
+    temp = tmp_path / "tmp"  # where private homes go: not the shared temp folder other processes use
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
     fake_cli.scenario("sleep")
     backend = make_backend(codex_exec.INFO, tmp_path, timeout_s=60.0)
     backend.preflight()
-    homes_before = set(Path(tempfile.gettempdir()).glob("skillopt-home-*"))
     failed: list[BaseException] = []
 
     def attempt() -> None:
@@ -373,12 +375,13 @@ def test_exiting_mid_attempt_stops_the_cli_and_removes_the_workspace(tmp_path, f
         time.sleep(0.05)
     grandchild = int(pid_file.read_text())
     (leader,) = process_group._live
-    assert workspaces_left(tmp_path) and alive(leader) and alive(grandchild)
+    assert workspaces_left(tmp_path) and list(temp.glob("skillopt-home-*"))
+    assert alive(leader) and alive(grandchild)
 
     process_group.end_leftovers(grace_s=0.2)
 
     assert workspaces_left(tmp_path) == []
-    assert set(Path(tempfile.gettempdir()).glob("skillopt-home-*")) <= homes_before
+    assert list(temp.glob("skillopt-home-*")) == []
     with pytest.raises(ProcessLookupError):
         os.kill(leader, 0)
     assert _gone(grandchild)
@@ -397,44 +400,15 @@ def test_an_exit_while_a_workspace_is_being_made_leaves_no_folder(tmp_path, fake
     monkeypatch.setattr(tempfile, "tempdir", str(temp))
     backend = make_backend(codex_exec.INFO, tmp_path)
     backend.preflight()
-    made, go = threading.Event(), threading.Event()
-    mkdtemp = tempfile.mkdtemp
 
-    def slow_mkdtemp(*args: Any, **kwargs: Any) -> str:
-        folder = mkdtemp(*args, **kwargs)
-        if Path(folder).name.startswith("skillopt-home-"):
-            made.set()  # the worker thread loses the processor right after making the home
-            go.wait(10)
-        return folder
+    def folders() -> list[Path]:
+        return [*workspaces_left(tmp_path), *temp.glob("skillopt-*")]
 
-    monkeypatch.setattr(tempfile, "mkdtemp", slow_mkdtemp)
-    failed: list[BaseException] = []
-
-    def attempt() -> None:
-        try:
-            backend.run(task_from_item(ITEM))
-        except BaseException as exc:  # noqa: BLE001 - checked below
-            failed.append(exc)
-
-    worker = threading.Thread(target=attempt, daemon=True)
-    worker.start()
-    assert made.wait(30)
-    left_at_exit: list[Path] = []
-
-    def exit_cleanup() -> None:
-        process_group.end_leftovers(grace_s=0.2)
-        left_at_exit.extend([*workspaces_left(tmp_path), *temp.glob("skillopt-*")])  # what os._exit leaves
-
-    ender = threading.Thread(target=exit_cleanup)
-    ender.start()
-    ender.join(0.5)
-    go.set()
-    ender.join(10)
-    worker.join(30)
-    assert left_at_exit == []
-    assert workspaces_left(tmp_path) == [] and list(temp.glob("skillopt-*")) == []
+    left, raised = exit_while_making(monkeypatch, "skillopt-home-", lambda: backend.run(task_from_item(ITEM)),
+                                     folders)
+    assert left == [] and folders() == []
     # The abandoned attempt ends, but not as a failure of the item.
-    assert len(failed) == 1 and isinstance(failed[0], process_group.Exiting), failed
+    assert len(raised) == 1 and isinstance(raised[0], process_group.Exiting), raised
 
 
 def _gone(pid: int, within_s: float = 2.0) -> bool:
