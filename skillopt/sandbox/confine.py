@@ -50,7 +50,6 @@ import struct
 import subprocess
 import sys
 import sysconfig
-import tempfile
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -64,9 +63,9 @@ from skillopt.sandbox.process_group import (
     Exiting,
     end_group,
     keep_at_exit,
-    remove_at_exit,
     start_in_group,
     stopped_at_exit,
+    temp_folder,
 )
 
 log = logging.getLogger("skillopt.sandbox.confine")
@@ -718,8 +717,8 @@ def run_sandboxed(
     source = Path(cwd)
     if not source.is_dir():
         raise FileNotFoundError(f"run_sandboxed: workspace {source} is not a folder")
-    root = Path(tempfile.mkdtemp(prefix="skillopt-sandbox-")).resolve()
-    remove_at_exit(root)  # should skillopt exit while the code runs
+    made = temp_folder("skillopt-sandbox-")  # removed should skillopt exit while the code runs
+    root = made.resolve()
     try:
         work = root / "work"
         shutil.copytree(source, work, symlinks=True)
@@ -757,7 +756,7 @@ def run_sandboxed(
         )
     finally:
         shutil.rmtree(root, ignore_errors=True)
-        keep_at_exit(root)
+        keep_at_exit(made)
 
 
 def _inside(path: Path, root: Path) -> bool:

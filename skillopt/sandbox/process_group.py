@@ -32,7 +32,7 @@ EXIT_GRACE_S = 1.0
 # The groups started by ``start_in_group`` and not reaped yet (by leader pid), and the folders that
 # ``remove_at_exit`` was given and ``keep_at_exit`` not. Worker threads add and remove; the lock guards both.
 _live: dict[int, subprocess.Popen[Any]] = {}
-_folders: set[Path] = set()
+_folders: dict[Path, None] = {}  # in the order listed: a folder made from another one is removed after it
 _lock = threading.Lock()
 # Set once ``end_leftovers`` ran: skillopt is exiting, so a group started after that is stopped at once.
 _exiting = False
@@ -151,7 +151,7 @@ def temp_folder(prefix: str, *, dir: Path | None = None) -> Path:
         if _exiting:
             raise Exiting(f"skillopt is exiting: no folder {prefix}* is made")
         folder = Path(tempfile.mkdtemp(prefix=prefix, dir=dir))
-        _folders.add(folder)
+        _folders[folder] = None
     return folder
 
 
@@ -164,13 +164,13 @@ def remove_at_exit(folder: Path) -> None:
     with _lock:
         if _exiting:
             raise Exiting(f"skillopt is exiting: {folder} is not used")
-        _folders.add(folder)
+        _folders[folder] = None
 
 
 def keep_at_exit(folder: Path) -> None:
     """Forget ``folder``: its owner removed it, or keeps it on purpose."""
     with _lock:
-        _folders.discard(folder)
+        _folders.pop(folder, None)
 
 
 def end_leftovers(grace_s: float = EXIT_GRACE_S) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -38,7 +39,9 @@ from skillopt.core.data import Item
 from skillopt.llm.errors import ServerError
 from skillopt.llm.scripted import parse_rules
 from skillopt.optimizer.trajectory import format_trajectory
+from skillopt.sandbox import process_group
 from tests.fakes.benchmark_target import PluginScriptedTarget, fixture_config_of, fixture_rules, items_by_id
+from tests.processes import exit_while_making
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "spreadsheetbench"
 ORDERS, SORT, COUNT = "59001", "59002", "59003-1"
@@ -323,6 +326,28 @@ def test_the_workspace_holds_only_the_case_input_and_golden_files_are_unreachabl
     climb = execute("import os; print(os.listdir(os.path.dirname(os.path.realpath(INPUT_PATH)) + '/..'))",
                     case.input_path, timeout_s=30, mem_mb=1024, deny_read=item["deny_read"])
     assert "golden" not in climb.stdout
+
+
+def test_an_exit_while_the_code_is_about_to_run_leaves_no_folder(tmp_path, monkeypatch):
+    """Skillopt exits (Ctrl-C, SIGTERM, an error) while a rollout's workbook copy is made and the sandbox's
+    own folder is being made: the clean-up at exit removes both, and a forced exit (``os._exit`` the moment
+    that clean-up returns) leaves neither behind. The rollout stops without failing its item."""
+    monkeypatch.setattr(process_group, "_exiting", False)  # restored after the test
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    item = fixture_items(tmp_path)[ORDERS]
+    case = find_test_cases(Path(item["task_dir"]))[0]
+
+    def run() -> None:
+        execute("print('ran')", case.input_path, timeout_s=30, mem_mb=1024, deny_read=item["deny_read"])
+
+    def folders() -> list[Path]:
+        return sorted(temp.glob("skillopt-*"))
+
+    left, raised = exit_while_making(monkeypatch, "skillopt-sandbox-", run, folders)
+    assert left == [] and folders() == []
+    assert len(raised) == 1 and isinstance(raised[0], process_group.Exiting), raised
 
 
 # -------------------------------------------------------------------------------------- scoring

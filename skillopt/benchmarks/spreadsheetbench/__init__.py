@@ -19,7 +19,6 @@ from __future__ import annotations
 import ast
 import re
 import shutil
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -49,6 +48,7 @@ from skillopt.sandbox.confine import (
     require_sandbox,
     run_sandboxed,
 )
+from skillopt.sandbox.process_group import Exiting, exiting, keep_at_exit, temp_folder
 
 BENCHMARK_ID = "spreadsheetbench"
 TASK_TYPES = {"Cell-Level Manipulation": "cell_level", "Sheet-Level Manipulation": "sheet_level"}
@@ -173,15 +173,23 @@ def prepare_script(code: str) -> str:
 
 def execute(code: str, input_path: Path, *, timeout_s: float, mem_mb: int,
             deny_read: Sequence[str], sandbox: SandboxMode = "bwrap") -> SandboxResult:
-    """Run the target's ``code`` on a temp copy of ``input_path`` through the sandbox."""
-    workspace = Path(tempfile.mkdtemp(prefix="skillopt-sheet-"))
+    """Run the target's ``code`` on a temp copy of ``input_path`` through the sandbox.
+
+    The copy's folder is removed when skillopt exits while the code runs (Ctrl-C, SIGTERM, an error), like
+    an exec target's workspace."""
+    workspace = temp_folder("skillopt-sheet-")
     try:
         shutil.copyfile(input_path, workspace / INPUT_NAME)
         (workspace / SCRIPT_NAME).write_text(prepare_script(code), encoding="utf-8")
         return run_sandboxed([SCRIPT_NAME], workspace, timeout_s, mem_mb, collect=[OUTPUT_NAME],
                              deny_read=deny_read, mode=sandbox)
+    except OSError as error:
+        if exiting():  # the clean-up at exit removed the folder under it: not a failure of the item
+            raise Exiting("skillopt is exiting: the code is not run") from error
+        raise
     finally:
         shutil.rmtree(workspace, ignore_errors=True)
+        keep_at_exit(workspace)
 
 
 def exec_failure(run: SandboxResult) -> str:
