@@ -27,6 +27,7 @@ from prefect.task_runners import TaskRunner, ThreadPoolTaskRunner
 from skillopt.core.config import RunSection
 from skillopt.core.errors import ConfigError
 from skillopt.run.assembly import Run
+from skillopt.sandbox.process_group import end_with_leftovers
 from skillopt.shell.interrupt import terminate_promptly
 from skillopt.tasks.dask_wait import BoundedFuture, ClusterWatch
 
@@ -54,9 +55,11 @@ def dask_task_runner(run: RunSection) -> Any:
 
     if run.dask_address:
         return DaskTaskRunner(address=run.dask_address)
+    from skillopt.tasks.dask_workers import EndLeftovers
+
     # The scheduler runs in this process: keep its INFO lines (every client, worker and stream) off the run's
-    # output; problems still show as errors.
-    cluster: dict[str, Any] = {"processes": True, "silence_logs": logging.ERROR}
+    # output; problems still show as errors. Each worker process stops its agent CLIs when the run stops.
+    cluster: dict[str, Any] = {"processes": True, "silence_logs": logging.ERROR, "plugins": (EndLeftovers(),)}
     if run.dask_n_workers is not None:
         cluster["n_workers"] = run.dask_n_workers
     if run.dask_threads_per_worker is not None:
@@ -70,6 +73,7 @@ class TaskPools:
     def __init__(self, run: RunSection) -> None:
         self.settings = run
         self._dask: Any = None  # the started DaskTaskRunner
+        self._cluster: Any = None  # the local cluster it started, if any
         self._watch: ClusterWatch | None = None
         self._stack = contextlib.ExitStack()
 
@@ -79,9 +83,16 @@ class TaskPools:
             runner = dask_task_runner(self.settings)
             self._stack.enter_context(terminate_promptly())
             self._stack.enter_context(_api_the_workers_reach())
+            if not self.settings.dask_address:
+                # The exit clean-up has the local cluster's workers stop their agent CLIs
+                # (tasks/dask_workers.py); listed until the cluster is closed.
+                from skillopt.tasks.dask_workers import worker_processes
+
+                self._stack.callback(end_with_leftovers(lambda: worker_processes(self._cluster)))
             self._stack.enter_context(runner)
             runner.client  # noqa: B018 - start the cluster (or connect) now, not in whichever thread submits first
             self._dask = runner
+            self._cluster = getattr(runner.client, "cluster", None)
             self._watch = ClusterWatch(runner.client, self.settings.dask_timeout_s)
         return self
 

@@ -9,6 +9,10 @@ So skillopt keeps a list of the groups it started and has not reaped yet, and of
 (per-item workspaces) still in use. When skillopt exits before they are done — Ctrl-C, SIGTERM, an error,
 worker threads abandoned at exit — :func:`end_leftovers` stops those groups (SIGTERM, then SIGKILL) and
 removes those folders. The command calls it on the way out; an ``atexit`` hook is the backstop.
+
+Processes of skillopt's own that start such groups too (a local Dask cluster's workers) are listed with
+:func:`end_with_leftovers`: at exit each gets SIGTERM, on which it ends its own leftovers and exits, and the
+exit waits for that within the same grace.
 """
 
 from __future__ import annotations
@@ -22,22 +26,36 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 #: How long the groups left at exit get between SIGTERM and SIGKILL (seconds, all of them together).
 EXIT_GRACE_S = 1.0
+#: The same for a process listed with ``end_with_leftovers``, asked to end its own groups: less, so that it is
+#: done within the grace of the process that asks (which waits for it).
+HELPER_GRACE_S = EXIT_GRACE_S / 2
 
 # The groups started by ``start_in_group`` and not reaped yet (by leader pid), and the folders that
 # ``remove_at_exit`` was given and ``keep_at_exit`` not. Worker threads add and remove; the lock guards both.
 _live: dict[int, subprocess.Popen[Any]] = {}
 _folders: dict[Path, None] = {}  # in the order listed: a folder made from another one is removed after it
 _lock = threading.Lock()
+# What lists the processes of skillopt's own that end their own leftovers on SIGTERM (``end_with_leftovers``).
+_helpers: list[Callable[[], Iterable[Helper]]] = []
 # Set once ``end_leftovers`` ran: skillopt is exiting, so a group started after that is stopped at once.
 _exiting = False
 # The leaders ``end_leftovers`` stopped: their owners raise ``Exiting`` instead of reporting a failure.
 _stopped: set[int] = set()
+
+
+class Helper(Protocol):
+    """A process of skillopt's own, as ``multiprocessing.Process`` (or Dask's ``AsyncProcess``) shows it."""
+
+    @property
+    def pid(self) -> int | None: ...
+
+    def is_alive(self) -> bool: ...
 
 
 class Exiting(BaseException):
@@ -185,11 +203,17 @@ def end_leftovers(grace_s: float = EXIT_GRACE_S) -> None:
         _exiting = True
         processes = list(_live.values())
         _stopped.update(process.pid for process in processes)
+        listers = list(_helpers)
+    helpers = [(pid, helper) for helper in _listed(listers) if (pid := helper.pid) and helper.is_alive()]
+    for pid, _ in helpers:  # each ends its own groups (within HELPER_GRACE_S) and exits
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGTERM)
     for process in processes:
         if process.poll() is None:
             signal_group(process, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
-    while any(p.poll() is None for p in processes) and time.monotonic() < deadline:
+    while ((any(p.poll() is None for p in processes) or any(h.is_alive() for _, h in helpers))
+           and time.monotonic() < deadline):
         time.sleep(0.05)
     for process in processes:
         end_group(process, grace_s=0)
@@ -198,6 +222,30 @@ def end_leftovers(grace_s: float = EXIT_GRACE_S) -> None:
         _folders.clear()
     for folder in folders:
         _remove(folder)
+
+
+def end_with_leftovers(processes: Callable[[], Iterable[Helper]]) -> Callable[[], None]:
+    """List processes of skillopt's own that start groups and folders of their own (a local Dask cluster's
+    workers): at exit ``end_leftovers`` sends SIGTERM to each one ``processes()`` then lists as running and
+    waits for it to exit within its grace. Such a process ends its own leftovers on SIGTERM (within
+    ``HELPER_GRACE_S``) before it exits. Returns the call that takes ``processes`` off the list again."""
+    with _lock:
+        _helpers.append(processes)
+
+    def forget() -> None:
+        with _lock:
+            if processes in _helpers:
+                _helpers.remove(processes)
+
+    return forget
+
+
+def _listed(listers: list[Callable[[], Iterable[Helper]]]) -> list[Helper]:
+    found: list[Helper] = []
+    for lister in listers:
+        with contextlib.suppress(Exception):  # exiting: a lister that fails lists nothing
+            found.extend(lister())
+    return found
 
 
 def _remove(folder: Path, *, tries: int = 5) -> None:

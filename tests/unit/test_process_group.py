@@ -7,6 +7,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -14,6 +15,7 @@ from skillopt.sandbox import process_group
 from skillopt.sandbox.process_group import (
     end_group,
     end_leftovers,
+    end_with_leftovers,
     keep_at_exit,
     own_group,
     remove_at_exit,
@@ -168,3 +170,48 @@ def test_end_leftovers_removes_listed_folders_and_keeps_forgotten_ones(exit_clea
     exit_cleanup(grace_s=0)
     assert not left.exists()
     assert finished.exists()
+
+
+# A process that ends its own leftovers on SIGTERM (a moment's work, then a note of it) and exits.
+HELPER = ("import pathlib, signal, sys, time\n"
+          "def end(*_):\n"
+          "    time.sleep(0.3)\n"
+          "    pathlib.Path(sys.argv[1]).write_text('ended')\n"
+          "    sys.exit(0)\n"
+          "signal.signal(signal.SIGTERM, end)\n"
+          "print('ready', flush=True)\n"
+          "time.sleep(60)\n")
+
+
+class _Helper:
+    """A child as ``end_with_leftovers`` lists it: ``pid`` and ``is_alive()``."""
+
+    def __init__(self, note: Path) -> None:
+        self.popen = subprocess.Popen([sys.executable, "-c", HELPER, str(note)], stdout=subprocess.PIPE,
+                                      text=True)
+        assert self.popen.stdout is not None and self.popen.stdout.readline() == "ready\n"
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def is_alive(self) -> bool:
+        return self.popen.poll() is None
+
+
+def test_end_leftovers_has_listed_processes_end_their_own_and_waits_for_them(exit_cleanup, tmp_path,
+                                                                            monkeypatch):
+    monkeypatch.setattr(process_group, "_helpers", [])  # this test's only
+    listed, forgotten = _Helper(tmp_path / "listed"), _Helper(tmp_path / "forgotten")
+    end_with_leftovers(lambda: [listed])
+    forget = end_with_leftovers(lambda: [forgotten])
+    forget()  # e.g. a local cluster closed before the exit
+    try:
+        exit_cleanup(grace_s=5)
+        assert (tmp_path / "listed").read_text() == "ended"  # done by the time the exit goes on
+        assert not listed.is_alive()
+        assert forgotten.is_alive() and not (tmp_path / "forgotten").exists()
+    finally:
+        for helper in (listed, forgotten):
+            helper.popen.kill()
+            helper.popen.wait()
