@@ -78,10 +78,12 @@ class TaskPools:
         self._stack = contextlib.ExitStack()
 
     def __enter__(self) -> TaskPools:
-        if self.settings.task_runner == "dask":
-            # first: a missing extra stops the run before anything starts
-            runner = dask_task_runner(self.settings)
-            self._stack.enter_context(terminate_promptly())
+        # first: a missing extra stops the run before anything starts
+        runner = dask_task_runner(self.settings) if self.settings.task_runner == "dask" else None
+        # A SIGTERM arms the run's exit deadline before Prefect's handler (which crashes the flow run) runs:
+        # the orderly exit would otherwise wait for every rollout in flight.
+        self._stack.enter_context(terminate_promptly())
+        if runner is not None:
             self._stack.enter_context(_api_the_workers_reach())
             if not self.settings.dask_address:
                 # The exit clean-up has the local cluster's workers stop their agent CLIs

@@ -157,3 +157,33 @@ def test_ctrl_c_while_slow_calls_are_in_flight_leaves_the_flow_run_crashed_not_r
         (run,) = client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=["slowc"])))
     assert run.state is not None and run.state.type.value == "CRASHED", run.state
     assert run.state.message == INTERRUPTED_MESSAGE, run.state.message
+
+
+def test_sigterm_while_slow_calls_are_in_flight_exits_143_with_one_line(tmp_path: Path, prefect_api: str):
+    """SIGTERM (``timeout``, a container stop) in the middle of a run on threads: exit 143 with the resume
+    line only. The guard's handler runs before Prefect's, so Prefect's "Crash detected" ERROR lines of each
+    run and task are not printed under it (they were, when the guard stood in front only on Dask)."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from tests.fakes.demo_world_http import DemoWorldServer, role_overrides
+
+    world = DemoWorldServer(latency_s=4.0)
+    with world.server:
+        env = {**_env(tmp_path / "prefect-home"), "PREFECT_API_URL": prefect_api}
+        options = [arg for o in role_overrides(world.server.openai_base_url) for arg in ("-o", o)]
+        process, _ = _start_and_wait_for([*_demo(tmp_path, "slowt"), *options], env, tmp_path,
+                                         "run directory")
+        deadline = time.monotonic() + 60
+        while len(world.server.requests) < 6 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(1)
+        os.kill(process.pid, signal.SIGTERM)
+        _, err = process.communicate(timeout=60)
+    assert process.returncode == 143, err
+    assert err.strip().splitlines()[-1] == INTERRUPTED_MESSAGE
+    assert "Crash detected" not in err and "ERROR" not in err, err
+    with temporary_settings(updates={PREFECT_API_URL: prefect_api}), get_client(sync_client=True) as client:
+        (run,) = client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=["slowt"])))
+    assert run.state is not None and run.state.type.value == "CRASHED", run.state
