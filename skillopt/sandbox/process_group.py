@@ -36,8 +36,8 @@ EXIT_GRACE_S = 1.0
 #: done within the grace of the process that asks (which waits for it).
 HELPER_GRACE_S = EXIT_GRACE_S / 2
 
-# The groups started by ``start_in_group`` and not reaped yet (by leader pid), and the folders that
-# ``remove_at_exit`` was given and ``keep_at_exit`` not. Worker threads add and remove; the lock guards both.
+# The groups started by ``start_in_group`` and not reaped yet (by leader pid), and the folders made by
+# ``temp_folder`` and not given to ``keep_at_exit``. Worker threads add and remove; the lock guards both.
 _live: dict[int, subprocess.Popen[Any]] = {}
 _folders: dict[Path, None] = {}  # in the order listed: a folder made from another one is removed after it
 _lock = threading.Lock()
@@ -157,8 +157,8 @@ def run_in_group(argv: Sequence[str], *, timeout_s: float, grace_s: float = 5.0,
 
 
 def temp_folder(prefix: str, *, dir: Path | None = None) -> Path:
-    """A new temporary folder (``tempfile.mkdtemp(prefix=prefix, dir=dir)``) that is removed at exit like
-    one given to ``remove_at_exit``; its owner removes it and calls ``keep_at_exit`` when done with it.
+    """A new temporary folder (``tempfile.mkdtemp(prefix=prefix, dir=dir)``) that ``end_leftovers`` removes
+    if it still exists when skillopt exits; its owner removes it and calls ``keep_at_exit`` when done with it.
 
     Created and listed in one step, which the clean-up at exit waits for: a worker thread creating a folder
     while skillopt exits leaves nothing behind (a folder created first and listed after could be created
@@ -171,18 +171,6 @@ def temp_folder(prefix: str, *, dir: Path | None = None) -> Path:
         folder = Path(tempfile.mkdtemp(prefix=prefix, dir=dir))
         _folders[folder] = None
     return folder
-
-
-def remove_at_exit(folder: Path) -> None:
-    """Remove ``folder`` (and everything in it) if it still exists when skillopt exits.
-
-    Raises ``Exiting`` once that clean-up ran (nothing would remove the folder then): the caller removes it
-    itself and stops.
-    """
-    with _lock:
-        if _exiting:
-            raise Exiting(f"skillopt is exiting: {folder} is not used")
-        _folders[folder] = None
 
 
 def keep_at_exit(folder: Path) -> None:

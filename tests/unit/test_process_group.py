@@ -18,7 +18,6 @@ from skillopt.sandbox.process_group import (
     end_with_leftovers,
     keep_at_exit,
     own_group,
-    remove_at_exit,
     run_in_group,
     start_in_group,
     temp_folder,
@@ -123,7 +122,7 @@ def test_after_the_exit_cleanup_a_new_group_is_stopped_at_once_and_a_folder_refu
         start_in_group([sys.executable, "-c", "import time; time.sleep(60)"])
     assert process_group._live == {}
     with pytest.raises(process_group.Exiting):
-        remove_at_exit(tmp_path)
+        temp_folder("skillopt-x-", dir=tmp_path)
 
 
 def test_a_temp_folder_is_removed_at_exit_and_none_is_made_after(exit_cleanup, tmp_path):
@@ -161,11 +160,10 @@ def test_a_child_stopped_at_exit_is_not_reported_as_its_own_failure(exit_cleanup
 
 
 def test_end_leftovers_removes_listed_folders_and_keeps_forgotten_ones(exit_cleanup, tmp_path):
-    left, finished = tmp_path / "left", tmp_path / "finished"
+    left, finished = temp_folder("left-", dir=tmp_path), temp_folder("finished-", dir=tmp_path)
     for folder in (left, finished):
         (folder / "sub").mkdir(parents=True)
         (folder / "sub" / "SKILL.md").write_text("x")
-        remove_at_exit(folder)
     keep_at_exit(finished)  # its owner is done with it (removed it, or keeps it on purpose)
     exit_cleanup(grace_s=0)
     assert not left.exists()
