@@ -16,7 +16,7 @@ and their workspaces outlived the run. So, for a local cluster:
 The workers of a cluster the run only connects to (``run.dask_address``) are not the run's: nothing changes
 for them.
 
-Imported only with ``run.task_runner: dask`` (it needs the ``dask`` extra).
+Used only with ``run.task_runner: dask`` (the ``dask`` extra); without the extra it imports and does nothing.
 """
 
 from __future__ import annotations
@@ -26,9 +26,15 @@ import contextlib
 import logging
 import os
 import signal
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from distributed.diagnostics.plugin import WorkerPlugin
+if TYPE_CHECKING:
+    from distributed.diagnostics.plugin import WorkerPlugin
+else:
+    try:
+        from distributed.diagnostics.plugin import WorkerPlugin
+    except ImportError:  # no dask extra: runs are on threads and nothing here is used, but the module imports
+        WorkerPlugin = object
 
 from skillopt.sandbox.process_group import HELPER_GRACE_S, end_leftovers
 
