@@ -19,7 +19,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from prefect import flow
 from prefect.runtime import deployment, flow_run
@@ -95,6 +95,9 @@ from skillopt.tasks.optimize import deep_probe, merge_patches, reflect_minibatch
 from skillopt.tasks.rollout import Evaluation, evaluate, evaluate_many
 from skillopt.tasks.run import started_run
 from skillopt.tasks.stale_runs import record_sub_flow_run
+
+if TYPE_CHECKING:
+    from skillopt.run.runs import RunSummary
 
 progress = logging.getLogger(PROGRESS_LOGGER)
 story = logging.getLogger(STORY_LOGGER)
@@ -233,8 +236,7 @@ def baseline_budget_stop(run: Run, error: BudgetExceeded, *, wall_s: float) -> d
     ``hard_budget_stop`` ends one inside a step: ``STOPPED`` and ``summary.json`` say why, the best skill is
     the starting skill, and a resume with a raised cap takes the finished calls from the cache. Nothing was
     scored, so the summary has no scores, nothing is evaluated on test and a nightly run decides nothing."""
-    from skillopt.run.report import write_report
-    from skillopt.run.runs import build_summary, summary_dict, summary_line
+    from skillopt.run.runs import build_summary
 
     message = (f"budget: {error.reason}; stopped in the baseline evaluation, which is not recorded; "
                f"{error.hint or 'raise the cap and resume'}")
@@ -247,13 +249,7 @@ def baseline_budget_stop(run: Run, error: BudgetExceeded, *, wall_s: float) -> d
         stopped_message=message, best_skill_sha=skill_hash(run.starting_skill()), config=run.config,
         context_windows=run.clients.windows.learned())
     run.dir.write_summary(summary)
-    story.info("%s", summary_line(summary_dict(summary)))
-    progress.info("wrote %s", run.dir.summary_path)
-    publish_cost(run)
-    report = write_report(run.dir.path)
-    publish_report_link(run, report)
-    progress.info("report: %s", report)
-    return {**summary_dict(summary), "run_dir": str(run.dir.path)}
+    return end_of_run(run, summary)
 
 
 def write_starting_skill(run: Run, skill: str) -> None:
@@ -655,14 +651,7 @@ def epoch_boundary(run: Run, state: TrainState, epoch: int, epoch_start_skill: s
 
 def finish(run: Run, state: TrainState, *, wall_s: float) -> dict[str, Any]:
     """Promote the last skill if it beats the best, evaluate on test, write ``summary.json``."""
-    from skillopt.run.report import write_report
-    from skillopt.run.runs import (
-        answer_format_counts,
-        build_summary,
-        signal_counts,
-        summary_dict,
-        summary_line,
-    )
+    from skillopt.run.runs import answer_format_counts, build_summary, signal_counts
 
     cfg = run.config
     with_test = cfg.evaluation.eval_test and state.stopped_by != "budget"
@@ -731,6 +720,15 @@ def finish(run: Run, state: TrainState, *, wall_s: float) -> dict[str, Any]:
                      gate_value(run, best_selection.scores), finished=True, stopped=state.stopped_message,
                      last_step=next((r for r in reversed(state.history) if r.kind == "step"), None),
                      totals=signal_counts(state.history))
+    return end_of_run(run, summary)
+
+
+def end_of_run(run: Run, summary: RunSummary) -> dict[str, Any]:
+    """The end of every run, finished or stopped, once its summary is written: the summary line in the story,
+    the cost and the report published; the flow's result."""
+    from skillopt.run.report import write_report
+    from skillopt.run.runs import summary_dict, summary_line
+
     story.info("%s", summary_line(summary_dict(summary)))
     progress.info("wrote %s", run.dir.summary_path)
     publish_cost(run)

@@ -129,6 +129,27 @@ def test_a_dead_api_server_stops_the_run_with_a_message(tmp_path: Path):
     assert "Traceback" not in out + err
 
 
+def _signal_while_slow_calls_are_in_flight(tmp_path: Path, prefect_api: str, run_name: str, signum: int,
+                                           ) -> tuple[subprocess.Popen[str], str]:
+    """A demo run against a model whose every reply outlasts the 1.5 s grace, sent ``signum`` once six calls
+    are in flight; returns the ended process and its stderr."""
+    from tests.fakes.demo_world_http import DemoWorldServer, role_overrides
+
+    world = DemoWorldServer(latency_s=4.0)
+    with world.server:
+        env = {**_env(tmp_path / "prefect-home"), "PREFECT_API_URL": prefect_api}
+        options = [arg for o in role_overrides(world.server.openai_base_url) for arg in ("-o", o)]
+        process, _ = _start_and_wait_for([*_demo(tmp_path, run_name), *options], env, tmp_path,
+                                         "run directory")
+        deadline = time.monotonic() + 60
+        while len(world.server.requests) < 6 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(1)
+        os.kill(process.pid, signum)
+        _, err = process.communicate(timeout=60)
+    return process, err
+
+
 def test_ctrl_c_while_slow_calls_are_in_flight_leaves_the_flow_run_crashed_not_running(tmp_path: Path,
                                                                                        prefect_api: str):
     """Model calls longer than the first Ctrl-C's grace: the process exits before Prefect reports the flow
@@ -137,20 +158,8 @@ def test_ctrl_c_while_slow_calls_are_in_flight_leaves_the_flow_run_crashed_not_r
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    from tests.fakes.demo_world_http import DemoWorldServer, role_overrides
-
-    world = DemoWorldServer(latency_s=4.0)  # every reply outlasts the 1.5 s grace
-    with world.server:
-        env = {**_env(tmp_path / "prefect-home"), "PREFECT_API_URL": prefect_api}
-        options = [arg for o in role_overrides(world.server.openai_base_url) for arg in ("-o", o)]
-        process, _ = _start_and_wait_for([*_demo(tmp_path, "slowc"), *options], env, tmp_path,
-                                         "run directory")
-        deadline = time.monotonic() + 60
-        while len(world.server.requests) < 6 and time.monotonic() < deadline:  # calls in flight
-            time.sleep(0.2)
-        time.sleep(1)
-        os.kill(process.pid, signal.SIGINT)  # as `kill -INT` or a supervisor sends it
-        _, err = process.communicate(timeout=60)
+    # as `kill -INT` or a supervisor sends it
+    process, err = _signal_while_slow_calls_are_in_flight(tmp_path, prefect_api, "slowc", signal.SIGINT)
     assert process.returncode == 130, err
     assert err.strip().splitlines()[-1] == INTERRUPTED_MESSAGE
     with temporary_settings(updates={PREFECT_API_URL: prefect_api}), get_client(sync_client=True) as client:
@@ -167,20 +176,7 @@ def test_sigterm_while_slow_calls_are_in_flight_exits_143_with_one_line(tmp_path
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    from tests.fakes.demo_world_http import DemoWorldServer, role_overrides
-
-    world = DemoWorldServer(latency_s=4.0)
-    with world.server:
-        env = {**_env(tmp_path / "prefect-home"), "PREFECT_API_URL": prefect_api}
-        options = [arg for o in role_overrides(world.server.openai_base_url) for arg in ("-o", o)]
-        process, _ = _start_and_wait_for([*_demo(tmp_path, "slowt"), *options], env, tmp_path,
-                                         "run directory")
-        deadline = time.monotonic() + 60
-        while len(world.server.requests) < 6 and time.monotonic() < deadline:
-            time.sleep(0.2)
-        time.sleep(1)
-        os.kill(process.pid, signal.SIGTERM)
-        _, err = process.communicate(timeout=60)
+    process, err = _signal_while_slow_calls_are_in_flight(tmp_path, prefect_api, "slowt", signal.SIGTERM)
     assert process.returncode == 143, err
     assert err.strip().splitlines()[-1] == INTERRUPTED_MESSAGE
     assert "Crash detected" not in err and "ERROR" not in err, err
