@@ -624,34 +624,28 @@ _CREDENTIAL_FIELD = "credentials are not accepted in request bodies or headers; 
 
 class _SecretRefused(ConfigError):
     """The refusal of a secret written into config. It names the key, where it was set and the conventional
-    variable of the role's backend, never the value; ``load_config`` words it again once the backend the
-    role ends up with is known (a later layer or a command-line option may name another)."""
+    variable of the backend ``raw_backends`` (the backends known where it was found) gives its role, never the
+    value; ``load_config`` words it again once the backend the role ends up with is known (a later layer or a
+    command-line option may name another)."""
 
-    def __init__(self, path: Path_, source: str, backend: Any, reason: str) -> None:
-        self.path, self.source, self.backend, self.reason = path, source, backend, reason
+    def __init__(self, path: Path_, source: str, raw_backends: Mapping[str, Any],
+                 reason: str = _LITERAL_KEY) -> None:
+        self.path, self.source, self.reason = path, source, reason
         self.role = path[1] if len(path) >= 2 and path[0] == "model" and path[1] in ROLES else None
-        dotted = _dotted(path)
+        self.backend = raw_backends.get(self.role) if self.role else None
         if self.role is not None:
-            variable = _CONVENTIONAL_KEY_ENV.get(str(_normalise_backend(backend or "openai")),
+            variable = _CONVENTIONAL_KEY_ENV.get(str(_normalise_backend(self.backend or "openai")),
                                                  "OPENAI_API_KEY")
             fix = f"export {variable} or set model.{self.role}.api_key_env"
         else:
             fix = ("put the secret in an environment variable and reference it by name "
                    "(model.<role>.api_key_env)")
         joiner = "; " if reason == _LITERAL_KEY else " "
-        super().__init__(f"{source}: {dotted}: {reason}{joiner}{fix}")
+        super().__init__(f"{source}: {_dotted(path)}: {reason}{joiner}{fix}")
 
     def for_backend(self, backend: Any) -> _SecretRefused:
         """The same refusal naming the conventional variable of ``backend``."""
-        return _SecretRefused(self.path, self.source, backend, self.reason)
-
-
-def _secret_error(path: Path_, source: str, raw_backends: Mapping[str, Any], reason: str = _LITERAL_KEY,
-                  ) -> _SecretRefused:
-    """The refusal of a secret written into config, naming the variable of the backend ``raw_backends`` (the
-    backends known where it was found) gives its role."""
-    role = path[1] if len(path) >= 2 and path[0] == "model" and path[1] in ROLES else None
-    return _SecretRefused(path, source, raw_backends.get(role) if role else None, reason)
+        return _SecretRefused(self.path, self.source, {str(self.role): backend}, self.reason)
 
 
 def _check_no_literal_secrets(
@@ -664,20 +658,20 @@ def _check_no_literal_secrets(
         name = path[-1].lower().replace("-", "_")
         secret_name = name in _SECRET_KEY_NAMES and (name not in _PLAIN_SECRET_NAMES or path[0] == "model")
         if secret_name and value not in (None, ""):
-            raise _secret_error(path, source, raw_backends)
+            raise _SecretRefused(path, source, raw_backends)
         if isinstance(value, str) and looks_like_secret(value):
-            raise _secret_error(path, source, raw_backends)
+            raise _SecretRefused(path, source, raw_backends)
         if isinstance(value, list) and any(isinstance(v, str) and looks_like_secret(v) for v in value):
-            raise _secret_error(path, source, raw_backends)
+            raise _SecretRefused(path, source, raw_backends)
         strings = value if isinstance(value, list) else [value]
         if any(isinstance(v, str) and url_has_credentials(v) for v in strings):
-            raise _secret_error(path, source, raw_backends, _URL_CREDENTIALS)
+            raise _SecretRefused(path, source, raw_backends, _URL_CREDENTIALS)
         if (
             any(is_free_form(part) for part in path[:-1])
             and names_credential(path[-1])
             and value not in (None, "")
         ):
-            raise _secret_error(path, source, raw_backends, _CREDENTIAL_FIELD)
+            raise _SecretRefused(path, source, raw_backends, _CREDENTIAL_FIELD)
 
 
 def _role_backends(data: Mapping[str, Any]) -> dict[str, Any]:
