@@ -50,7 +50,14 @@ from skillopt.llm.errors import BackendError, EmptyAnswer, ErrorContext, ExecErr
 from skillopt.llm.http_common import WarnOnce, require_key, resolve_key
 from skillopt.llm.roles import ResolvedRole
 from skillopt.sandbox.confine import SANDBOX_FIX, ProcessOutcome, limits_prefix, run_confined, sandbox_status
-from skillopt.sandbox.process_group import Exiting, exiting, keep_at_exit, run_in_group, temp_folder
+from skillopt.sandbox.process_group import (
+    Exiting,
+    exiting,
+    keep_at_exit,
+    run_in_group,
+    scratch_folder,
+    temp_folder,
+)
 
 log = logging.getLogger("skillopt.llm.exec")
 
@@ -483,7 +490,7 @@ class ExecHarness(ABC):
 
     def _probe(self, args: list[str]) -> str:
         assert self._executable is not None
-        with tempfile.TemporaryDirectory(prefix="skillopt-home-") as home:
+        with scratch_folder("skillopt-home-") as home:
             argv = [self._executable, *args]
             try:  # in its own process group: a CLI that hangs leaves no child of its own behind
                 proc = run_in_group(

@@ -26,7 +26,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -171,6 +171,19 @@ def temp_folder(prefix: str, *, dir: Path | None = None) -> Path:
         folder = Path(tempfile.mkdtemp(prefix=prefix, dir=dir))
         _folders[folder] = None
     return folder
+
+
+@contextlib.contextmanager
+def scratch_folder(prefix: str, *, dir: Path | None = None) -> Iterator[Path]:
+    """A ``temp_folder`` for the length of a ``with`` block: removed at the block's end, or by the clean-up
+    at exit if skillopt exits first (where ``tempfile.TemporaryDirectory`` would leave it behind: a worker
+    thread abandoned at exit never reaches its clean-up)."""
+    folder = temp_folder(prefix, dir=dir)
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+        keep_at_exit(folder)
 
 
 def keep_at_exit(folder: Path) -> None:

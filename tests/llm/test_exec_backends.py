@@ -411,6 +411,23 @@ def test_an_exit_while_a_workspace_is_being_made_leaves_no_folder(tmp_path, fake
     assert len(raised) == 1 and isinstance(raised[0], process_group.Exiting), raised
 
 
+def test_an_exit_while_the_preflight_asks_the_cli_leaves_no_folder(tmp_path, fake_cli, monkeypatch):
+    """The preflight asks the CLI for its version and flags from a private home of its own; skillopt exits
+    while that home is being made: the clean-up at exit removes it, and the preflight stops."""
+    monkeypatch.setattr(process_group, "_exiting", False)  # restored after the test
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    backend = make_backend(codex_exec.INFO, tmp_path)
+
+    def folders() -> list[Path]:
+        return sorted(temp.glob("skillopt-*"))
+
+    left, raised = exit_while_making(monkeypatch, "skillopt-home-", backend.preflight, folders)
+    assert left == [] and folders() == []
+    assert len(raised) == 1, raised
+
+
 def _gone(pid: int, within_s: float = 2.0) -> bool:
     """True once ``pid`` no longer runs (a zombie waiting for init to reap it counts as gone)."""
     deadline = time.monotonic() + within_s

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -43,7 +44,9 @@ from skillopt.llm.base import BackendContext, BackendRegistry
 from skillopt.llm.chat import ChatResponse
 from skillopt.llm.clients import ModelClients
 from skillopt.llm.scripted import parse_rules
+from skillopt.sandbox import process_group
 from tests.fakes.benchmark_target import PluginScriptedTarget, fixture_config_of, fixture_rules, items_by_id
+from tests.processes import exit_while_making
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "swebench"
 RESIZE, REPR, UNITS = "acme__widgets-101", "acme__widgets-102", "acme__widgets-103"
@@ -257,6 +260,28 @@ def test_without_a_repository_snapshot_the_fake_harness_compares_with_the_gold_p
     assert read_report(gold) == {RESIZE}
     other, _ = harness.evaluate(item, "diff --git a/x b/x\n", tmp_path, "r2")
     assert read_report(other) == set()
+
+
+def test_an_exit_while_the_harness_copies_the_repository_leaves_no_folder(tmp_path, monkeypatch):
+    """Skillopt exits (Ctrl-C, SIGTERM, an error) while a rollout's patch is being scored: the scoring
+    folder is made and the repository copy is about to be. The clean-up at exit removes every folder, and a
+    forced exit (``os._exit`` the moment that clean-up returns) leaves none behind. The scoring stops
+    without scoring the item."""
+    monkeypatch.setattr(process_group, "_exiting", False)  # restored after the test
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    item = fixture_items(tmp_path)[RESIZE]
+
+    def folders() -> list[Path]:
+        return sorted(temp.glob("skillopt-*"))
+
+    def score() -> None:
+        plugin.score(item, episode(item["patch"]), judge=None)
+
+    left, raised = exit_while_making(monkeypatch, "skillopt-swebench-", score, folders)
+    assert left == [] and folders() == []
+    assert len(raised) == 1 and isinstance(raised[0], process_group.Exiting), raised
 
 
 def test_an_injected_harness_resolves_exactly_its_ids(tmp_path):

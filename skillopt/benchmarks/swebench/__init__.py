@@ -18,7 +18,6 @@ import json
 import random
 import re
 import shutil
-import tempfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -48,6 +47,7 @@ from skillopt.core.data import Item, SplitSpec, parse_split_ratio, read_records
 from skillopt.core.errors import BenchmarkSetupError
 from skillopt.llm.chat import Message, user
 from skillopt.sandbox.confine import SandboxUnavailable, require_sandbox
+from skillopt.sandbox.process_group import scratch_folder
 
 BENCHMARK_ID = "swebench"
 _REPO_NAME = re.compile(r"(?!\.+/)[\w.-]+/(?!\.+$)[\w.-]+")
@@ -293,8 +293,7 @@ class SwebenchBenchmark(Benchmark[SwebenchConfig]):
         if not patch.strip():
             return Score(hard=0.0, soft=0.0, fail_reason=EMPTY_PATCH, extras=extras, expected=expected,
                          detail="the agent submitted no diff; the harness was not run")
-        with tempfile.TemporaryDirectory(prefix="skillopt-swebench-eval-") as scratch:
-            work = Path(scratch)
+        with scratch_folder("skillopt-swebench-eval-") as work:
             run_id = f"skillopt_{time.strftime('%Y%m%d_%H%M%S')}"
             report, detail = self.harness(item).evaluate(item, patch, work, run_id)
             resolved = str(item["instance_id"]) in read_report(report)

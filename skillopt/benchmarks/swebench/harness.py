@@ -21,14 +21,13 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
 from skillopt.core.errors import SkillOptError
 from skillopt.sandbox.confine import SandboxMode, run_sandboxed
-from skillopt.sandbox.process_group import run_in_group
+from skillopt.sandbox.process_group import run_in_group, scratch_folder
 
 MODEL_NAME = "skillopt"
 #: The harness ``--dataset_name`` for each ``benchmark.dataset``.
@@ -223,8 +222,8 @@ class FakeHarness:
         return _write_report(work_dir, run_id, instance_id, resolved), detail
 
     def _run_tests(self, instance: Mapping[str, Any], patch: str, snapshot: Path) -> tuple[bool, str]:
-        with tempfile.TemporaryDirectory(prefix="skillopt-swebench-") as scratch:
-            repo = Path(scratch) / "repo"
+        with scratch_folder("skillopt-swebench-") as scratch:
+            repo = scratch / "repo"
             shutil.copytree(snapshot, repo)
             _git(repo, "init", "-q")
             _git(repo, "add", "-A")
