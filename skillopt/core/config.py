@@ -617,6 +617,9 @@ _CONVENTIONAL_KEY_ENV = {
 }
 
 
+#: Backends that send no key anywhere: a key written for their role is only removed.
+_KEYLESS_BACKENDS = frozenset({"scripted", "local"})
+
 _LITERAL_KEY = "literal keys are not accepted"
 _URL_CREDENTIALS = "credentials in a URL (user:password@host) are not accepted; remove them from the URL and"
 _CREDENTIAL_FIELD = "credentials are not accepted in request bodies or headers; remove the key and"
@@ -633,9 +636,13 @@ class _SecretRefused(ConfigError):
         self.path, self.source, self.reason = path, source, reason
         self.role = path[1] if len(path) >= 2 and path[0] == "model" and path[1] in ROLES else None
         self.backend = raw_backends.get(self.role) if self.role else None
+        backend = str(_normalise_backend(self.backend or "openai"))
+        if self.role is not None and backend in _KEYLESS_BACKENDS:
+            super().__init__(f"{source}: {_dotted(path)}: secrets are not accepted in config, and the "
+                             f"{backend} backend needs no key: remove it")
+            return
         if self.role is not None:
-            variable = _CONVENTIONAL_KEY_ENV.get(str(_normalise_backend(self.backend or "openai")),
-                                                 "OPENAI_API_KEY")
+            variable = _CONVENTIONAL_KEY_ENV.get(backend, "OPENAI_API_KEY")
             fix = f"export {variable} or set model.{self.role}.api_key_env"
         else:
             fix = ("put the secret in an environment variable and reference it by name "

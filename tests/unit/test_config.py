@@ -441,10 +441,26 @@ def test_a_refused_key_names_the_variable_of_the_backend_the_role_ends_up_with(t
     assert "export ANTHROPIC_API_KEY" in refusal()  # a base file of the file names it
 
 
+@pytest.mark.parametrize("backend", ["scripted", "local"])
+def test_a_key_written_for_a_backend_that_needs_none_is_refused_saying_so(tmp_path, backend):
+    """A key pasted into the config of a role whose backend sends no key anywhere: the refusal says to remove
+    it, not to export a provider's variable the backend never reads (it said export OPENAI_API_KEY)."""
+    text = f"model:\n  target:\n    backend: {backend}\n    api_key_env: {SENTINEL}\n"
+    path = write(tmp_path / "leak.yaml", text)
+    with pytest.raises(ConfigError) as info:
+        load_config("qa", config_file=path, env={})
+    message = str(info.value)
+    assert SENTINEL not in message and "export" not in message
+    assert message.endswith(f"leak.yaml: model.target.api_key_env: secrets are not accepted in config, and "
+                            f"the {backend} backend needs no key: remove it"), message
+    with pytest.raises(ConfigError, match="export OPENAI_API_KEY"):  # a role given a keyed backend after all
+        load_config("qa", config_file=path, env={}, cli_roles={"role_backend": {"target": "openai"}})
+
+
 def test_a_plain_key_named_key_outside_model_is_an_unknown_key_not_a_secret():
     with pytest.raises(ConfigError, match=r"evaluation.key: unknown key; valid keys: use_gate"):
         load_config("demo", overrides=["evaluation.key=1"], env={})
-    with pytest.raises(ConfigError, match=r"model.target.key: literal keys are not accepted"):
+    with pytest.raises(ConfigError, match=r"model.target.key: secrets are not accepted in config"):
         load_config("demo", overrides=["model.target.key=1"], env={})
     with pytest.raises(ConfigError, match=r"evaluation.key: literal keys are not accepted") as info:
         load_config("demo", overrides=[f"evaluation.key={SENTINEL}"], env={})  # a key-shaped value still is
