@@ -22,6 +22,7 @@ whose orderly exit waits on work that will never finish still ends.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import sys
@@ -148,7 +149,10 @@ class InterruptGuard:
     def force_exit(self) -> None:
         """Print the message (unless already printed), run the cleanups and end the process now.
 
-        Worker threads still waiting on a model call are dropped; their finished calls are cached."""
+        Worker threads still waiting on a model call are dropped; their finished calls are cached. From
+        here on only errors are logged: the interrupt's line stays the last thing the user reads, although a
+        call may still answer (and warn, say about its price) while the clean-ups run."""
+        logging.disable(logging.WARNING)
         if self.report_once():
             try:
                 self.err.write(f"error: {self.message()}\n" if self.reason else f"{self.message()}\n")

@@ -161,8 +161,8 @@ def test_ctrl_c_while_slow_calls_are_in_flight_leaves_the_flow_run_crashed_not_r
     # as `kill -INT` or a supervisor sends it
     process, err = _signal_while_slow_calls_are_in_flight(tmp_path, prefect_api, "slowc", signal.SIGINT)
     assert process.returncode == 130, err
-    # a reply arriving within the grace may still log its warning after the line (on a loaded machine)
-    assert INTERRUPTED_MESSAGE in err.splitlines(), err
+    # the last line, although a reply arriving while the exit cleans up may warn (about its price) then
+    assert err.strip().splitlines()[-1] == INTERRUPTED_MESSAGE, err
     with temporary_settings(updates={PREFECT_API_URL: prefect_api}), get_client(sync_client=True) as client:
         (run,) = client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=["slowc"])))
     assert run.state is not None and run.state.type.value == "CRASHED", run.state
@@ -179,7 +179,7 @@ def test_sigterm_while_slow_calls_are_in_flight_exits_143_with_one_line(tmp_path
 
     process, err = _signal_while_slow_calls_are_in_flight(tmp_path, prefect_api, "slowt", signal.SIGTERM)
     assert process.returncode == 143, err
-    assert INTERRUPTED_MESSAGE in err.splitlines(), err
+    assert err.strip().splitlines()[-1] == INTERRUPTED_MESSAGE, err
     assert "Crash detected" not in err and "ERROR" not in err, err
     with temporary_settings(updates={PREFECT_API_URL: prefect_api}), get_client(sync_client=True) as client:
         (run,) = client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=["slowt"])))

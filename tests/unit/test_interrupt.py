@@ -56,6 +56,39 @@ def test_first_sigint_exits_130_after_the_grace_period_although_a_worker_is_stil
     assert err.splitlines() == [INTERRUPTED_MESSAGE, "cleanup ran"]
 
 
+def test_a_reply_that_lands_while_the_exit_cleans_up_logs_nothing_after_the_resume_line():
+    """After the interrupt's line the exit still runs its clean-ups (a report to the API server can take a
+    while); a model call that answers meanwhile must not log its warning below that line, which is the last
+    thing the user reads."""
+    script = textwrap.dedent("""
+        import logging, sys, threading, time
+        from skillopt.shell.interrupt import InterruptGuard
+
+        logging.basicConfig(stream=sys.stderr, format="%(levelname)s %(message)s")
+
+        def late_reply():
+            time.sleep(0.8)
+            logging.getLogger("skillopt.llm").warning("no price known for the model's reply")
+
+        guard = InterruptGuard(sys.stderr, grace_s=0.2)
+        guard.add_cleanup(lambda: (time.sleep(1.5), sys.stderr.write("cleanup ran\\n")))
+        with guard:
+            threading.Thread(target=late_reply, daemon=True).start()
+            try:
+                print("ready", flush=True)
+                time.sleep(60)
+            except KeyboardInterrupt:
+                time.sleep(60)  # an orderly exit that never ends: the deadline reports and exits
+    """)
+    process = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, text=True, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert process.stdout is not None and process.stdout.readline().strip() == "ready"
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=30)
+    assert process.returncode == 130
+    assert err.splitlines() == [INTERRUPTED_MESSAGE, "cleanup ran"], err
+
+
 def test_second_sigint_exits_at_once():
     process = _start(grace=60)  # the deadline alone would keep it for a minute
     process.send_signal(signal.SIGINT)
