@@ -53,12 +53,15 @@ def dask_task_runner(run: RunSection) -> Any:
     check_dask_installed()
     from prefect_dask import DaskTaskRunner
 
+    # distributed logs every client, worker and stream it opens or closes at INFO, and its records reach the
+    # terminal through the root handler of Prefect's logging set-up (a local cluster's ``silence_logs`` quiets
+    # only handlers of distributed's own): keep them off the run's output; problems still show as errors.
+    logging.getLogger("distributed").setLevel(logging.ERROR)
     if run.dask_address:
         return DaskTaskRunner(address=run.dask_address)
     from skillopt.tasks.dask_workers import EndLeftovers
 
-    # The scheduler runs in this process: keep its INFO lines (every client, worker and stream) off the run's
-    # output; problems still show as errors. Each worker process stops its agent CLIs when the run stops.
+    # Each worker process stops its agent CLIs when the run stops.
     cluster: dict[str, Any] = {"processes": True, "silence_logs": logging.ERROR, "plugins": (EndLeftovers(),)}
     if run.dask_n_workers is not None:
         cluster["n_workers"] = run.dask_n_workers
