@@ -51,6 +51,7 @@ def dask_task_runner(run: RunSection) -> Any:
     """A (not yet started) ``DaskTaskRunner`` for ``run.dask_address`` or a local cluster sized by ``run``
     (typed ``Any``: prefect-dask is an optional extra, absent where the types are checked)."""
     check_dask_installed()
+    from prefect.settings import PREFECT_LOGGING_LEVEL
     from prefect_dask import DaskTaskRunner
 
     # distributed logs every client, worker and stream it opens or closes at INFO, and its records reach the
@@ -61,8 +62,14 @@ def dask_task_runner(run: RunSection) -> Any:
         return DaskTaskRunner(address=run.dask_address)
     from skillopt.tasks.dask_workers import EndLeftovers
 
-    # Each worker process stops its agent CLIs when the run stops.
-    cluster: dict[str, Any] = {"processes": True, "silence_logs": logging.ERROR, "plugins": (EndLeftovers(),)}
+    # Each worker process stops its agent CLIs when the run stops, and logs its task runs at the level this
+    # process does: a worker reads Prefect's settings from its environment when it starts, not the settings
+    # this run has in place (the command line's WARNING unless the user set a level), and would print three
+    # INFO lines for every task run.
+    cluster: dict[str, Any] = {
+        "processes": True, "silence_logs": logging.ERROR, "plugins": (EndLeftovers(),),
+        "env": {"PREFECT_LOGGING_LEVEL": str(PREFECT_LOGGING_LEVEL.value())},
+    }
     if run.dask_n_workers is not None:
         cluster["n_workers"] = run.dask_n_workers
     if run.dask_threads_per_worker is not None:
