@@ -177,10 +177,17 @@ def temp_folder(prefix: str, *, dir: Path | None = None) -> Path:
 def scratch_folder(prefix: str, *, dir: Path | None = None) -> Iterator[Path]:
     """A ``temp_folder`` for the length of a ``with`` block: removed at the block's end, or by the clean-up
     at exit if skillopt exits first (where ``tempfile.TemporaryDirectory`` would leave it behind: a worker
-    thread abandoned at exit never reaches its clean-up)."""
+    thread abandoned at exit never reaches its clean-up).
+
+    An error in the block once that clean-up ran (it removed the folder under the block's work) is raised as
+    ``Exiting``: not a failure of the item."""
     folder = temp_folder(prefix, dir=dir)
     try:
         yield folder
+    except Exception as error:
+        if exiting():
+            raise Exiting(f"skillopt is exiting: {folder.name} was removed") from error
+        raise
     finally:
         shutil.rmtree(folder, ignore_errors=True)
         keep_at_exit(folder)

@@ -19,6 +19,7 @@ from skillopt.sandbox.process_group import (
     keep_at_exit,
     own_group,
     run_in_group,
+    scratch_folder,
     start_in_group,
     temp_folder,
 )
@@ -137,6 +138,22 @@ def test_a_temp_folder_is_removed_at_exit_and_none_is_made_after(exit_cleanup, t
     assert list(tmp_path.iterdir()) == []
     with pytest.raises(process_group.Exiting):
         start_in_group([sys.executable, "-c", "pass"], cwd=folder)
+
+
+def test_a_scratch_folder_is_removed_after_its_block_and_at_exit_during_it(exit_cleanup, tmp_path):
+    """The block's work fails because the exit clean-up removed the folder under it (a copy into it, a git
+    command in it): that is ``Exiting``, not a failure of the item. The same error before the exit is the
+    block's own."""
+    with scratch_folder("skillopt-x-", dir=tmp_path) as folder:
+        assert folder.is_dir()
+    assert list(tmp_path.iterdir()) == [] and folder not in process_group._folders
+    with pytest.raises(FileNotFoundError), scratch_folder("skillopt-x-", dir=tmp_path) as folder:
+        (folder / "missing" / "file").write_text("x")
+    with pytest.raises(process_group.Exiting) as stopped, scratch_folder("skillopt-x-", dir=tmp_path) as late:
+        exit_cleanup(grace_s=0)
+        (late / "file").write_text("x")
+    assert isinstance(stopped.value.__cause__, FileNotFoundError)
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_a_child_stopped_at_exit_is_not_reported_as_its_own_failure(exit_cleanup):

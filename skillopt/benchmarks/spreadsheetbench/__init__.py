@@ -48,7 +48,7 @@ from skillopt.sandbox.confine import (
     require_sandbox,
     run_sandboxed,
 )
-from skillopt.sandbox.process_group import Exiting, exiting, scratch_folder
+from skillopt.sandbox.process_group import scratch_folder
 
 BENCHMARK_ID = "spreadsheetbench"
 TASK_TYPES = {"Cell-Level Manipulation": "cell_level", "Sheet-Level Manipulation": "sheet_level"}
@@ -178,15 +178,10 @@ def execute(code: str, input_path: Path, *, timeout_s: float, mem_mb: int,
     The copy's folder is removed when skillopt exits while the code runs (Ctrl-C, SIGTERM, an error), like
     an exec target's workspace."""
     with scratch_folder("skillopt-sheet-") as workspace:
-        try:
-            shutil.copyfile(input_path, workspace / INPUT_NAME)
-            (workspace / SCRIPT_NAME).write_text(prepare_script(code), encoding="utf-8")
-            return run_sandboxed([SCRIPT_NAME], workspace, timeout_s, mem_mb, collect=[OUTPUT_NAME],
-                                 deny_read=deny_read, mode=sandbox)
-        except OSError as error:
-            if exiting():  # the clean-up at exit removed the folder under it: not a failure of the item
-                raise Exiting("skillopt is exiting: the code is not run") from error
-            raise
+        shutil.copyfile(input_path, workspace / INPUT_NAME)
+        (workspace / SCRIPT_NAME).write_text(prepare_script(code), encoding="utf-8")
+        return run_sandboxed([SCRIPT_NAME], workspace, timeout_s, mem_mb, collect=[OUTPUT_NAME],
+                             deny_read=deny_read, mode=sandbox)
 
 
 def exec_failure(run: SandboxResult) -> str:
