@@ -1014,10 +1014,12 @@ def _prefect_api(command: str) -> Iterator[Any]:
 
 
 def _cmd_runs(args: argparse.Namespace, out: _Output) -> int:
-    from skillopt.shell.prefect_runs import format_runs, recent_runs
+    from skillopt.shell.prefect_runs import Upcoming, format_runs, recent_runs
 
     with _prefect_api("skillopt runs") as client:
-        for line in format_runs(recent_runs(client, limit=args.limit)):
+        upcoming: list[Upcoming] = []
+        rows = recent_runs(client, limit=args.limit, upcoming=upcoming)
+        for line in format_runs(rows, upcoming):
             out.print(line)
     return EXIT_OK
 

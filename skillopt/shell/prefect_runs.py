@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -105,29 +105,61 @@ def _pages(read: Callable[[int, int], list[Any]], limit: int) -> list[Any]:
     return rows
 
 
-def recent_runs(client: Any, *, limit: int = 10, now: datetime | None = None) -> list[RunRow]:
-    """The ``limit`` most recent top-level runs of skillopt's flows, newest first (``client``: a sync
-    Prefect client)."""
+@dataclass(frozen=True)
+class Upcoming:
+    """A deployment's runs scheduled to start later (its schedule's next ones, or runs given a delay)."""
+
+    deployment: str
+    next_start: datetime
+    count: int
+
+
+def _top_level_runs(client: Any, limit: int, *, scheduled: bool) -> list[Any]:
+    """Up to ``limit`` top-level runs of skillopt's flows, latest expected start first: those in a Scheduled
+    state (Late ones included) with ``scheduled``, the others without."""
     from prefect.client.schemas.filters import (
-        ArtifactFilter,
-        ArtifactFilterFlowRunId,
-        ArtifactFilterType,
         FlowFilter,
         FlowFilterName,
         FlowRunFilter,
         FlowRunFilterParentTaskRunId,
+        FlowRunFilterState,
+        FlowRunFilterStateType,
     )
+    from prefect.client.schemas.objects import StateType
     from prefect.client.schemas.sorting import FlowRunSort
 
-    now = now or datetime.now(UTC)
-    runs = _pages(lambda offset, count: client.read_flow_runs(
+    types = (FlowRunFilterStateType(any_=[StateType.SCHEDULED]) if scheduled
+             else FlowRunFilterStateType(not_any_=[StateType.SCHEDULED]))
+    return _pages(lambda offset, count: client.read_flow_runs(
         flow_filter=FlowFilter(name=FlowFilterName(any_=list(FLOWS))),
-        flow_run_filter=FlowRunFilter(parent_task_run_id=FlowRunFilterParentTaskRunId(is_null_=True)),
+        flow_run_filter=FlowRunFilter(parent_task_run_id=FlowRunFilterParentTaskRunId(is_null_=True),
+                                      state=FlowRunFilterState(type=types)),
         sort=FlowRunSort.EXPECTED_START_TIME_DESC, offset=offset, limit=count), limit)
+
+
+def _expected_start(run: Any) -> datetime:
+    return run.expected_start_time or run.start_time or run.created or datetime.min.replace(tzinfo=UTC)
+
+
+def recent_runs(client: Any, *, limit: int = 10, now: datetime | None = None,
+                upcoming: list[Upcoming] | None = None) -> list[RunRow]:
+    """The ``limit`` most recent top-level runs of skillopt's flows, newest first (``client``: a sync
+    Prefect client). Runs scheduled to start later are not among them (a served deployment's schedule
+    keeps its next few runs waiting): they are summed up per deployment into ``upcoming``, if given."""
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, ArtifactFilterType
+
+    now = now or datetime.now(UTC)
+    waiting = _top_level_runs(client, PAGE, scheduled=True)
+    later = [run for run in waiting if _expected_start(run) > now]
+    due = [run for run in waiting if _expected_start(run) <= now]  # about to run, or Late
+    runs = [*_top_level_runs(client, limit, scheduled=False), *due]
+    runs = sorted(runs, key=_expected_start, reverse=True)[:limit]
     deployments = {str(d.id): d for d in (client.read_deployment(run.deployment_id)
-                                          for run in {r.deployment_id: r for r in runs
+                                          for run in {r.deployment_id: r for r in [*runs, *later]
                                                       if r.deployment_id}.values())}
-    flows = {str(f.id): f.name for f in (client.read_flow(i) for i in {r.flow_id for r in runs})}
+    flows = {str(f.id): f.name for f in (client.read_flow(i) for i in {r.flow_id for r in [*runs, *later]})}
+    if upcoming is not None:
+        upcoming.extend(_upcoming(later, deployments, flows))
     bests: dict[str, float | None] = {}
     for first in range(0, len(runs), PAGE):
         # Only the progress artifacts (one per run): a run's other artifacts, a new version of some every
@@ -158,6 +190,17 @@ def recent_runs(client: Any, *, limit: int = 10, now: datetime | None = None) ->
     return rows
 
 
+def _upcoming(later: list[Any], deployments: Mapping[str, Any], flows: Mapping[str, str]) -> list[Upcoming]:
+    by_deployment: dict[str, list[datetime]] = {}
+    for run in later:
+        deployment = deployments.get(str(run.deployment_id)) if run.deployment_id else None
+        name = (f"{flows.get(str(run.flow_id), '?')}/{deployment.name}" if deployment is not None
+                else flows.get(str(run.flow_id), "?"))
+        by_deployment.setdefault(name, []).append(_expected_start(run))
+    return [Upcoming(deployment=name, next_start=min(starts), count=len(starts))
+            for name, starts in sorted(by_deployment.items(), key=lambda item: min(item[1]))]
+
+
 #: How much of a failed run's reason ``skillopt runs`` shows (``skillopt runs logs`` has all of it).
 REASON_CHARS = 200
 
@@ -166,12 +209,14 @@ def _shortened(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[:limit - 1].rstrip() + "…"
 
 
-def format_runs(rows: list[RunRow]) -> list[str]:
+def format_runs(rows: list[RunRow], upcoming: Sequence[Upcoming] = ()) -> list[str]:
     """The lines of ``skillopt runs``: one per run, then one note per deployment with Late runs nobody
-    serves."""
+    serves, then one line per deployment with runs scheduled to start later."""
+    later = [f"next: {item.deployment} at {item.next_start.astimezone(UTC):%Y-%m-%d %H:%M} UTC"
+             + (f" ({item.count} runs scheduled)" if item.count > 1 else "") for item in upcoming]
     if not rows:
         return ["no skillopt runs on this Prefect server yet (skillopt demo, skillopt train, or "
-                "prefect deployment run skill-train/<benchmark> with skillopt serve running)"]
+                "prefect deployment run skill-train/<benchmark> with skillopt serve running)", *later]
     lines = []
     for row in rows:
         best = f"best {row.best:.3f}" if row.best is not None else "best –"
@@ -188,7 +233,7 @@ def format_runs(rows: list[RunRow]) -> list[str]:
     for deployment, (command, names) in fixes.items():
         lines.append(f"Late: {', '.join(names)} of {deployment} will wait until a process serves the "
                      f"deployment (nothing has polled it in the last {within} s); run: {command}")
-    return lines
+    return [*lines, *later]
 
 
 def flow_run_id_of(client: Any, reference: str) -> str:
