@@ -173,8 +173,7 @@ def recent_runs(client: Any, *, limit: int = 10, now: datetime | None = None,
     base = ui_url()
     rows = []
     for run in runs:
-        deployment = deployments.get(str(run.deployment_id)) if run.deployment_id else None
-        flow = flows.get(str(run.flow_id), "?")
+        deployment, flow = _deployment_of(run, deployments), flows.get(str(run.flow_id), "?")
         state = run.state.name if run.state else "?"
         fix = None
         if deployment is not None and state == "Late" and not _served(deployment, now):
@@ -184,18 +183,26 @@ def recent_runs(client: Any, *, limit: int = 10, now: datetime | None = None,
         if run.state is not None and run.state.type.value in ("FAILED", "CRASHED") and run.state.message:
             reason = run.state.message.strip().splitlines()[0]
         rows.append(RunRow(id=str(run.id), name=run.name, flow=flow,
-                           deployment=f"{flow}/{deployment.name}" if deployment is not None else None,
+                           deployment=_label(flow, deployment),
                            state=state, best=bests.get(str(run.id)), link=run_link(str(run.id), base),
                            unserved_fix=fix, reason=reason))
     return rows
 
 
+def _deployment_of(run: Any, deployments: Mapping[str, Any]) -> Any:
+    return deployments.get(str(run.deployment_id)) if run.deployment_id else None
+
+
+def _label(flow: str, deployment: Any) -> str | None:
+    """A deployment as ``skillopt runs`` names it (``skill-train/demo``); None for a run without one."""
+    return f"{flow}/{deployment.name}" if deployment is not None else None
+
+
 def _upcoming(later: list[Any], deployments: Mapping[str, Any], flows: Mapping[str, str]) -> list[Upcoming]:
     by_deployment: dict[str, list[datetime]] = {}
     for run in later:
-        deployment = deployments.get(str(run.deployment_id)) if run.deployment_id else None
-        name = (f"{flows.get(str(run.flow_id), '?')}/{deployment.name}" if deployment is not None
-                else flows.get(str(run.flow_id), "?"))
+        flow = flows.get(str(run.flow_id), "?")
+        name = _label(flow, _deployment_of(run, deployments)) or flow
         by_deployment.setdefault(name, []).append(_expected_start(run))
     return [Upcoming(deployment=name, next_start=min(starts), count=len(starts))
             for name, starts in sorted(by_deployment.items(), key=lambda item: min(item[1]))]
