@@ -66,6 +66,15 @@ def flow_runs(port: int) -> list[tuple[str, str]]:
         return [(run["name"], run["state_type"]) for run in json.load(response)]
 
 
+def killed_runs_temp(tmp_path: Path) -> str:
+    """A temporary folder for the runs a test kills: a process killed with SIGKILL cannot remove its
+    scratch folders (a rollout's sandbox, a spreadsheet copy): they stay under the test's own folder, not
+    in /tmp."""
+    folder = tmp_path / "tmp"
+    folder.mkdir(exist_ok=True)
+    return str(folder)
+
+
 def train_command(run_name: str) -> list[str]:
     """Three epochs of one-item steps on the spreadsheetbench fixtures, offline: long enough to cut short."""
     return [sys.executable, "-m", "skillopt.shell.cli", "train", "spreadsheetbench", "--data", str(FIXTURES),
@@ -77,6 +86,7 @@ def test_a_run_outlives_its_api_server_dying_and_coming_back_or_stops_resumably(
     home, port = tmp_path / "prefect-home", free_port()
     server = start_server(home, port)
     env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_API_URL": f"http://127.0.0.1:{port}/api",
+           "TMPDIR": killed_runs_temp(tmp_path),
            "PREFECT_LOGGING_LEVEL": "WARNING"}
     command = train_command("outage")
 
@@ -126,7 +136,7 @@ def test_the_run_that_resumes_a_killed_run_settles_its_flow_run_left_running(tmp
     home, port = tmp_path / "prefect-home", free_port()
     server = start_server(home, port)
     env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_API_URL": f"http://127.0.0.1:{port}/api",
-           "PREFECT_LOGGING_LEVEL": "WARNING"}
+           "PREFECT_LOGGING_LEVEL": "WARNING", "TMPDIR": killed_runs_temp(tmp_path)}
     command = train_command("killed")
     run = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                            text=True, start_new_session=True)
@@ -202,7 +212,8 @@ def test_a_deployment_slot_held_by_a_run_that_died_with_its_server_comes_back_wh
     that run leaves no slot taken either."""
     home, port = tmp_path / "prefect-home", free_port()
     server = start_server(home, port)
-    env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_API_URL": f"http://127.0.0.1:{port}/api"}
+    env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_API_URL": f"http://127.0.0.1:{port}/api",
+           "TMPDIR": killed_runs_temp(tmp_path)}
     log = tmp_path / "serve.log"
 
     def serve() -> subprocess.Popen:

@@ -173,9 +173,11 @@ def test_a_worker_killed_mid_run_costs_only_its_in_flight_calls(prefect_api, dat
     pytest.importorskip("prefect_dask")
     from tests.fakes.http_fakes import FakeOpenAIServer
 
+    # The killed worker cannot remove its rollout's scratch folders: they stay under the test's folder.
+    (worker_temp := tmp_path / "worker-tmp").mkdir()
     with FakeOpenAIServer() as server, \
             distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                                     dashboard_address=None) as cluster, \
+                                     dashboard_address=None, env={"TMPDIR": str(worker_temp)}) as cluster, \
             distributed.Client(cluster) as client:
         fixture_target_server(server)
         process = start(tmp_path, prefect_api, data, "-o", "run.task_runner=dask",
