@@ -246,7 +246,7 @@ def baseline_budget_stop(run: Run, error: BudgetExceeded, *, wall_s: float) -> d
     summary = build_summary(
         run_name=run.run_name, benchmark=run.benchmark.id, baseline_selection=None, best_selection=None,
         final_selection=None, usage=run.clients.ledger.summary(), wall_s=wall_s, stopped_by="budget",
-        stopped_message=message, best_skill_sha=skill_hash(run.starting_skill()), config=run.config,
+        stopped_message=message, best_skill_sha=skill_hash(run.starting_skill()), config=run.recorded_config,
         context_windows=run.clients.windows.learned())
     run.dir.write_summary(summary)
     return end_of_run(run, summary)
@@ -707,7 +707,8 @@ def finish(run: Run, state: TrainState, *, wall_s: float) -> dict[str, Any]:
         baseline_test=tests["baseline"].scores if tests else None, best_selection=best_selection.scores,
         best_test=tests["best"].scores if tests else None, final_selection=final_selection.scores,
         history=state.history, usage=run.clients.ledger.summary(), wall_s=wall_s, stopped_by=state.stopped_by,
-        stopped_message=state.stopped_message, best_skill_sha=skill_hash(state.best_skill), config=run.config,
+        stopped_message=state.stopped_message, best_skill_sha=skill_hash(state.best_skill),
+        config=run.recorded_config,
         context_windows=run.clients.windows.learned(),
         answer_formats=answer_format_counts(
             [*final_selection.rows, *(row for evaluation in tests.values() for row in evaluation.rows)]),

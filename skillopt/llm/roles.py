@@ -182,6 +182,37 @@ def resolve_roles(
     return resolved
 
 
+#: Where a role's value came from when no config layer holds it: a named CLI option, or an endpoint taken from
+#: the backend's environment variable (``OPENAI_BASE_URL``, …).
+_CHOSEN_OUTSIDE_CONFIG = ("cli", "env:")
+
+
+def recorded_config(loaded: LoadedConfig, roles: ResolvedRoles) -> LoadedConfig:
+    """The config as the run uses it, for its run directory to record and hash: each role's values chosen on
+    the command line (``--backend``, ``--target-backend``, ``--model``, ``--effort``, …) or taken from the
+    backend's environment variables (its endpoint) written into ``model.<role>``, and the options the role
+    left out (a replaced backend's, e.g. the demo's scripted ``rules``) removed, with their sources.
+
+    Without it ``config.yaml`` named the config file's backend for a run that called another one, and a
+    resume with another ``--model`` hashed the same as the run it continued: one run, two models."""
+    data = loaded.config.model_dump()
+    sources = dict(loaded.sources)
+    for name in ROLES:
+        role, spec = roles.get(name), data["model"].get(name)
+        if role is None or spec is None:
+            continue
+        for field_name, source in role.provenance.items():
+            if field_name in spec and field_name != "options" and source.startswith(_CHOSEN_OUTSIDE_CONFIG):
+                spec[field_name] = getattr(role, field_name)
+                sources[f"model.{name}.{field_name}"] = source
+        for key in [key for key in spec["options"] if key not in role.options]:
+            del spec["options"][key]
+            sources.pop(f"model.{name}.options.{key}", None)
+    if data == loaded.config.model_dump():
+        return loaded
+    return LoadedConfig(config=type(loaded.config).model_validate(data), sources=sources)
+
+
 def check_providers(loaded: LoadedConfig, roles: ResolvedRoles, *, env: Mapping[str, str],
                     registry: BackendRegistry) -> None:
     """Every ``model.providers`` entry is a key some role is limited by: its ``rate_limit_key`` (by default

@@ -37,7 +37,7 @@ from skillopt.llm.clients import ModelClients
 from skillopt.llm.context_windows import WINDOWS_FILE, ContextWindows
 from skillopt.llm.limiter import RateLimiter
 from skillopt.llm.reply_store import ReplyStore
-from skillopt.llm.roles import CliRoleOptions
+from skillopt.llm.roles import CliRoleOptions, recorded_config
 from skillopt.llm.usage import check_startable
 from skillopt.optimizer.update_modes import UpdateMode, update_mode_for
 from skillopt.run.prefetch import Prefetcher
@@ -128,6 +128,9 @@ class Run:
         #: The plug-in's analyst guidance, by kind (``error`` for failure analysts, ``success``).
         self.benchmark_guidance = benchmark_guidance
         self.update_mode: UpdateMode = update_mode_for(loaded.config.optimizer)
+        #: The config with the models the run calls, as ``config.yaml`` and ``summary.json`` record it
+        #: (``skillopt.llm.roles.recorded_config``: the command line's model choices written in).
+        self.recorded_config: SkillOptConfig = loaded.config
         #: Error rows in a row across the run's rollouts; ``model.failfast_n`` of them stop the run.
         self.error_streak = ErrorStreak(loaded.config.model.failfast_n)
         #: How another process picks the clients' provider limiter when it rebuilds this run (a module-level
@@ -229,6 +232,7 @@ class Run:
         benchmark, bench_cfg, roles = resolve_benchmark(loaded, cli=CliRoleOptions(**spec.cli_roles), env=env,
                                                         registry=registry, command="skillopt train BENCHMARK")
         name = benchmark.id
+        recorded = recorded_config(loaded, roles)  # the models the run calls, as its directory records them
         if benchmark.needs_judge(bench_cfg) and roles.judge_problem:
             raise BenchmarkSetupError(f"benchmark {name} needs the judge role: {roles.judge_problem}")
         check_image_support(name, benchmark, roles, registry, analyst_images=config.optimizer.analyst_images)
@@ -238,8 +242,8 @@ class Run:
         if joining:
             run_dir = RunDir.join(spec.path(config.run.runs_dir), spec.run_name)
         else:
-            run_dir = RunDir.open(spec.path(config.run.runs_dir), spec.run_name, config,
-                                  config_hash=config_hash(config), provenance=loaded.sources)
+            run_dir = RunDir.open(spec.path(config.run.runs_dir), spec.run_name, recorded.config,
+                                  config_hash=config_hash(recorded.config), provenance=recorded.sources)
         items: dict[str, Item] = {}
         split_ids: dict[str, list[str]] = {}
         for split in SPLITS:
@@ -279,6 +283,7 @@ class Run:
                   dir=run_dir, items=items, split_ids=split_ids, initial_skill=initial.text,
                   benchmark_guidance=guidance)
         run.skill_source = initial
+        run.recorded_config = recorded.config
         shared = getattr(limiter, "rollout_slots", None)
         if shared is not None:  # a limiter of several processes (a Dask cluster) bounds their rollouts
             run.rollout_slots = shared(f"{spec.run_name}-{spec.key()[:12]}", run.rollout_slots.size)

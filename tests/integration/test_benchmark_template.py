@@ -55,4 +55,6 @@ def test_the_template_is_registered_listed_and_trained_on(prefect_api, tmp_path)
     assert trained.returncode == 0, trained.stdout[-2000:] + trained.stderr[-2000:]
     summary = json.loads((work / "runs" / "template" / "summary.json").read_text())
     assert summary["benchmark"] == "mybench"
+    # The models the run called, as --backend chose them (no config names one: openai by default).
+    assert {summary["config"]["model"][role]["backend"] for role in ("target", "optimizer")} == {"scripted"}
     assert summary["scores"]["baseline"]["test"]["hard"] == pytest.approx(0.5)  # Rome solved, Cairo missed
