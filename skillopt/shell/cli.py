@@ -545,15 +545,19 @@ def _dry_run(args: argparse.Namespace, overrides: list[str], out: _Output) -> in
     return EXIT_OK
 
 
-def _demo_banner(loaded: LoadedConfig, args: argparse.Namespace) -> list[str]:
-    """What the demo says of itself: a simulation when every role is scripted, else which roles are real."""
+def _demo_real_roles(loaded: LoadedConfig, args: argparse.Namespace) -> list[str]:
+    """The demo's roles that call a real model (``target local/…``); none when the run is a simulation."""
     from skillopt.llm.base import BackendRegistry
     from skillopt.llm.roles import CliRoleOptions, resolve_roles
 
     roles = resolve_roles(loaded, cli=CliRoleOptions(**_cli_roles(args)), env=os.environ,
                           registry=BackendRegistry.default())
     chosen = (("target", roles.target), ("optimizer", roles.optimizer))
-    real = [f"{name} {role.label()}" for name, role in chosen if role.backend != "scripted"]
+    return [f"{name} {role.label()}" for name, role in chosen if role.backend != "scripted"]
+
+
+def _demo_banner(real: list[str]) -> list[str]:
+    """What the demo says of itself: a simulation when every role is scripted, else which roles are real."""
     if not real:
         return ["skillopt demo: a simulated run on the built-in demo benchmark with the deterministic "
                 "`scripted`", "backend (no model, no key, no network). Every number below comes from that "
@@ -563,11 +567,26 @@ def _demo_banner(loaded: LoadedConfig, args: argparse.Namespace) -> list[str]:
             "models'."]
 
 
+def _demo_next_steps(real: list[str]) -> list[str]:
+    """Where to go after the demo: your own data with a real model; after the simulation, also this demo with
+    a local model as the target."""
+    lines = ["Next: train on your own data with a real model, for example",
+             "  export OPENAI_API_KEY=...            # or ANTHROPIC_API_KEY, or a local server "
+             "(docs/backends.md)",
+             "  skillopt backends check              # check the credential and endpoint first",
+             "  skillopt train qa --data examples/qa/my_items.jsonl --backend openai --model gpt-4.1-mini"]
+    if not real:
+        lines.append("Or run this demo with a local GGUF model as the target: skillopt demo --target-backend "
+                     "local -o model.target.options.model_path=PATH.gguf")
+    return lines
+
+
 def _cmd_demo(args: argparse.Namespace, out: _Output) -> int:
     overrides = [*_skill_overrides(args), *args.override,
                  *(["run.refresh_cache=true"] if args.no_cache else [])]
     loaded = _check_before_prefect("demo", args, overrides)
-    for line in _demo_banner(loaded, args):
+    real = _demo_real_roles(loaded, args)
+    for line in _demo_banner(real):
         out.print(line)
     started = _now_iso()
     summary = _run_flow("train", out, prefect_server=_prefect_server(loaded, args), benchmark="demo",
@@ -575,13 +594,8 @@ def _cmd_demo(args: argparse.Namespace, out: _Output) -> int:
                         cli_roles=_cli_roles(args))
     _print_summary(summary, out, started=started)
     out.print()
-    out.print("Next: train on your own data with a real model, for example")
-    out.print("  export OPENAI_API_KEY=...            # or ANTHROPIC_API_KEY, or a local server "
-              "(docs/backends.md)")
-    out.print("  skillopt backends check              # check the credential and endpoint first")
-    out.print("  skillopt train qa --data examples/qa/my_items.jsonl --backend openai --model gpt-4.1-mini")
-    out.print("Or run this demo with a local GGUF model as the target: skillopt demo --target-backend local "
-              "-o model.target.options.model_path=PATH.gguf")
+    for line in _demo_next_steps(real):
+        out.print(line)
     return EXIT_OK
 
 

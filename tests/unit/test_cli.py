@@ -340,16 +340,32 @@ def test_server_start_refuses_a_port_that_is_not_one(given, message, capsys):
     assert f"argument --port: {message}" in capsys.readouterr().err
 
 
-def test_the_demo_says_it_is_a_simulation_only_when_every_role_is_scripted():
+def _demo_roles(*argv: str) -> list[str]:
     from skillopt.core.config import load_config
-    from skillopt.shell.cli import _build_parser, _demo_banner
+    from skillopt.shell.cli import _build_parser, _demo_real_roles
 
-    def banner(*argv: str) -> str:
-        args = _build_parser().parse_args(["demo", *argv])
-        return " ".join(_demo_banner(load_config("demo", overrides=args.override, env={}), args))
+    args = _build_parser().parse_args(["demo", *argv])
+    return _demo_real_roles(load_config("demo", overrides=args.override, env={}), args)
 
-    assert "a simulated run" in banner() and "no model, no key" in banner()
-    real = banner("--target-backend", "openai_compatible", "-o", "model.target.base_url=http://127.0.0.1:9/v1",
-                  "-o", "model.target.model=m")
+
+REAL_TARGET = ("--target-backend", "openai_compatible", "-o", "model.target.base_url=http://127.0.0.1:9/v1",
+               "-o", "model.target.model=m")
+
+
+def test_the_demo_says_it_is_a_simulation_only_when_every_role_is_scripted():
+    from skillopt.shell.cli import _demo_banner
+
+    simulated = " ".join(_demo_banner(_demo_roles()))
+    assert "a simulated run" in simulated and "no model, no key" in simulated
+    real = " ".join(_demo_banner(_demo_roles(*REAL_TARGET)))
     assert "simulated" not in real and "no model" not in real
     assert "a real model as target openai_compatible/m" in real, real
+
+
+def test_only_the_simulated_demo_suggests_running_it_with_a_local_model():
+    from skillopt.shell.cli import _demo_next_steps
+
+    assert any("skillopt demo --target-backend local" in line for line in _demo_next_steps(_demo_roles()))
+    after_real = _demo_next_steps(_demo_roles(*REAL_TARGET))
+    assert not any("skillopt demo --target-backend" in line for line in after_real)
+    assert "skillopt train qa --data examples/qa/my_items.jsonl" in after_real[-1]
