@@ -18,7 +18,8 @@ import json
 import logging
 import math
 import re
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -389,6 +390,26 @@ document.getElementById('diff-step')?.addEventListener('change', function (event
 """
 
 
+def models_used(usage: Sequence[Mapping[str, Any]]) -> str:
+    """The models that answered each role's calls, from ``usage.jsonl`` (``target local/SmolLM2-….gguf;
+    optimizer scripted/scripted``); a role answered by several models gets each one's number of calls."""
+    by_role: dict[str, Counter[str]] = {}
+    for row in usage:
+        if row.get("role"):
+            model = row.get("model_served") or row.get("model_requested") or "?"
+            by_role.setdefault(str(row["role"]), Counter())[f"{row.get('backend')}/{model}"] += 1
+    order = {role: n for n, role in enumerate(("target", "optimizer", "judge"))}
+    parts = []
+    for role in sorted(by_role, key=lambda role: (order.get(role, len(order)), role)):
+        models = by_role[role]
+        if len(models) == 1:
+            parts.append(f"{role} {next(iter(models))}")
+        else:
+            calls = (f"{model} ({n} call{'s' if n != 1 else ''})" for model, n in models.most_common())
+            parts.append(f"{role} {', '.join(calls)}")
+    return "; ".join(parts)
+
+
 def summary_section(run: RunData) -> str:
     summary = run.summary
     if summary is None:
@@ -422,6 +443,8 @@ def summary_section(run: RunData) -> str:
                                           "unusable (stage fallback)"))
     facts.insert(3, ("error rows", f"{errors.get('rollout', 0)} training rollouts, {errors.get('gate', 0)} "
                                    "gate items (left out of reflection and gates)"))
+    if models := models_used(run.usage):
+        facts.insert(1, ("models", models))
     dl = "".join(f"<dt>{_esc(k)}</dt><dd>{_esc(v)}</dd>" for k, v in facts)
     warnings = "".join(f"<p class='warning'><strong>Warning:</strong> {_esc(w)}</p>"
                        for w in summary.get("warnings") or [])

@@ -14,7 +14,14 @@ import re
 from typing import Any
 
 from skillopt.core.redact import Redactor
-from skillopt.run.report import RunData, budget_chart, cost_chart, score_chart, skill_length_chart
+from skillopt.run.report import (
+    RunData,
+    budget_chart,
+    cost_chart,
+    models_used,
+    score_chart,
+    skill_length_chart,
+)
 
 #: The report page's chart styles, carried inside each SVG image (an image does not see the page's CSS).
 _SVG_STYLE = (
@@ -45,6 +52,8 @@ def report_markdown(run: RunData, *, html_report: str | None = None) -> str:
     """The report of ``run`` as markdown: summary scores, the plots, one row per step. ``html_report``: where
     the HTML report is (a URL or a path), named at the end."""
     lines = [f"# skillopt run {_cell(run.name)}", ""]
+    if models := models_used(run.usage):
+        lines += [f"Models: {_cell(models)}.", ""]
     summary = run.summary or {}
     scores = summary.get("scores") or {}
     if scores:

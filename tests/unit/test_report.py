@@ -147,6 +147,22 @@ def test_summary_section_lists_scores_and_cost(tmp_path):
     assert "1 accepted, 1 rejected, 1 skipped" in page and "$0.0050" in page
 
 
+def test_the_summary_names_the_models_that_answered_each_role(tmp_path):
+    folder = make_run(tmp_path)
+    calls = [("target", "local", "SmolLM2-135M-Instruct.Q4_1.gguf")] * 3 + [("optimizer", "scripted", None)]
+    calls += [("judge", "openai", "gpt-4.1-mini")] + [("judge", "openai", "gpt-4o")] * 2
+    (folder / "usage.jsonl").write_text("".join(
+        json.dumps({"role": role, "backend": backend, "model_requested": model or "scripted",
+                    "model_served": model, "stage": "rollout", "cache_hit": False}) + "\n"
+        for role, backend, model in calls))
+    from skillopt.run.report_markdown import report_markdown
+
+    models = ("target local/SmolLM2-135M-Instruct.Q4_1.gguf; optimizer scripted/scripted; "
+              "judge openai/gpt-4o (2 calls), openai/gpt-4.1-mini (1 call)")
+    assert f"<dt>models</dt><dd>{models}</dd>" in render_report(load_run(folder))
+    assert f"Models: {models}." in report_markdown(load_run(folder))  # the report the Prefect UI shows
+
+
 def test_an_unfinished_run_still_gets_a_report(tmp_path):
     folder = make_run(tmp_path)
     (folder / "summary.json").unlink()
