@@ -539,7 +539,7 @@ def render_compare(runs: Sequence[RunData]) -> str:
     costs = line_chart("chart-compare-cost", "Cumulative tokens over the run's model calls",
                        [Series(run.name, _thin(_cumulative_tokens(run))) for run in runs],
                        x_label="model call", y_label="tokens")
-    header = ("<tr><th>run</th><th>benchmark</th><th>baseline selection</th><th>best "
+    header = ("<tr><th>run</th><th>benchmark</th><th>models</th><th>baseline selection</th><th>best "
               "selection</th><th>baseline test</th><th>best "
               "test</th><th>steps</th><th>calls</th><th>tokens</th><th>USD</th><th>stopped by</th></tr>")
     rows = []
@@ -552,6 +552,7 @@ def render_compare(runs: Sequence[RunData]) -> str:
             return _fmt(((scores.get(phase) or {}).get(split) or {}).get("hard"))
 
         rows.append(f"<tr><td>{_esc(run.name)}</td><td>{_esc(s.get('benchmark', ''))}</td>"
+                    f"<td>{_esc(models_used(run.usage) or '–')}</td>"
                     f"<td>{score('baseline', 'selection')}</td><td>{score('best', 'selection')}</td>"
                     f"<td>{score('baseline', 'test')}</td><td>{score('best', 'test')}</td>"
                     f"<td>{len(run.steps)}</td><td>{_esc(usage.get('calls', '–'))}</td>"

@@ -171,11 +171,15 @@ def test_an_unfinished_run_still_gets_a_report(tmp_path):
 
 
 def test_compare_puts_runs_side_by_side(tmp_path):
-    runs = [load_run(make_run(tmp_path, name)) for name in ("run-a", "run-b")]
-    page = render_compare(runs)
+    folders = [make_run(tmp_path, name) for name in ("run-a", "run-b")]
+    (folders[1] / "usage.jsonl").write_text(json.dumps({"role": "target", "backend": "openai",
+                                                         "model_served": "gpt-4.1-mini", "stage": "rollout"}))
+    page = render_compare([load_run(folder) for folder in folders])
     curves = figure(page, "chart-compare-scores")
     assert 'data-series="run-a" data-points="3"' in curves and 'data-series="run-b" data-points="3"' in curves
     assert page.count("<tr><td>run-") == 2
+    assert "<td>run-a</td><td>toy</td><td>–</td>" in page  # its usage lines name no role
+    assert "<td>run-b</td><td>toy</td><td>target openai/gpt-4.1-mini</td>" in page
 
 
 def test_report_and_compare_commands_write_files(tmp_path, capsys):
