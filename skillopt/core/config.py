@@ -1141,29 +1141,6 @@ def dump_config(loaded: LoadedConfig) -> dict[str, Any]:
     return redact_tree(loaded.config.model_dump(mode="json"), Redactor.from_environment())
 
 
-def credential_status(config: SkillOptConfig, env: Mapping[str, str]) -> dict[str, str]:
-    """Per role, whether its credential variable is set: ``set (env:VAR)`` or ``missing (env:VAR)``.
-
-    Only the variable's presence is read; its value is never returned.
-    """
-    status = {}
-    for role in ROLES:
-        spec = getattr(config.model, role)
-        if spec is None:
-            status[role] = "disabled (model.judge: null)"
-            continue
-        if spec.api_key_secret:
-            status[role] = f"from Prefect Secret block {spec.api_key_secret!r}"
-            continue
-        backend = spec.backend or config.model.optimizer.backend
-        if backend in ("scripted", "local"):
-            status[role] = "not needed"
-            continue
-        variable = spec.api_key_env or _CONVENTIONAL_KEY_ENV.get(backend, "OPENAI_API_KEY")
-        status[role] = f"{'set' if env.get(variable) else 'missing'} (env:{variable})"
-    return status
-
-
 def flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     """``{"a": {"b": 1}}`` → ``{"a.b": 1}``; empty dicts stay as leaves."""
     flat: dict[str, Any] = {}

@@ -842,7 +842,7 @@ def _cmd_config_show(args: argparse.Namespace, out: _Output) -> int:
 
 def _print_sources(loaded: Any, data: dict[str, Any], out: _Output) -> None:
     """``config show``'s comments: where each value came from, the credentials, the item time limit."""
-    from skillopt.core.config import DEFAULT_SOURCE, credential_status, flatten
+    from skillopt.core.config import DEFAULT_SOURCE, flatten
 
     out.print()
     out.print("# where each value came from (every value not listed: default)")
@@ -851,11 +851,32 @@ def _print_sources(loaded: Any, data: dict[str, Any], out: _Output) -> None:
         if source != DEFAULT_SOURCE:
             out.print(f"# {dotted}: {source}")
     out.print("# credentials (presence only; values are never read into the config)")
-    for role, status in credential_status(loaded.config, os.environ).items():
+    for role, status in _credentials(loaded).items():
         out.print(f"# model.{role}: {status}")
     limit = _item_limit_line(loaded)
     if limit:
         out.print(f"# {limit}")
+
+
+def _credentials(loaded: LoadedConfig) -> dict[str, str]:
+    """Per role, its credential as a run resolves it (``set (env:VAR)``, ``optional, missing (env:VAR)`` for a
+    local server's preset, ``not needed`` for a backend that sends no key, …); never a value."""
+    from skillopt.llm.base import BackendRegistry
+    from skillopt.llm.roles import credential_state, resolve_roles
+
+    try:
+        roles = resolve_roles(loaded, env=os.environ, registry=BackendRegistry.default())
+    except SkillOptError as error:
+        return {"target and optimizer": f"not resolved: {error}"}
+    states = {}
+    for name in ("target", "optimizer", "judge"):
+        role = roles.get(name)
+        if role is not None:
+            states[name] = credential_state(role, os.environ)
+        else:
+            states[name] = ("disabled (model.judge: null)" if loaded.config.model.judge is None
+                            else f"not resolved: {roles.judge_problem}")
+    return states
 
 
 def _check_benchmark_section(loaded: Any) -> None:

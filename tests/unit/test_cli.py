@@ -35,6 +35,19 @@ def test_config_show_reports_credential_presence_only(monkeypatch):
     assert "SENTINEL" not in out
 
 
+def test_config_show_reports_each_credential_as_the_run_resolves_it(monkeypatch):
+    monkeypatch.delenv("OPENAI_COMPATIBLE_API_KEY", raising=False)
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    code, out, _ = run("config", "show", "qa", "-o", "model.target.backend=openai_compatible",
+                       "-o", "model.target.options.preset=llamacpp", "-o", "model.target.model=m",
+                       "-o", "model.target.base_url=http://127.0.0.1:8080/v1",
+                       "-o", "model.optimizer.backend=scripted", "-o", "model.judge=null")
+    assert code == 0
+    # a local server's preset needs no key; the scripted optimizer sends none
+    assert "# model.target: optional, missing (env:OPENAI_COMPATIBLE_API_KEY)" in out
+    assert "# model.optimizer: not needed" in out and "# model.judge: disabled (model.judge: null)" in out
+
+
 @pytest.mark.parametrize(
     "override,expected",
     [
