@@ -49,7 +49,7 @@ from skillopt.llm.json_extract import extract_json, schema_instruction
 from skillopt.llm.limiter import LocalRateLimiter, NoLimits, RateLimiter
 from skillopt.llm.pricing import PriceTable
 from skillopt.llm.reply_store import PREFETCH, ReplyStore
-from skillopt.llm.retry import Retrier
+from skillopt.llm.retry import Retrier, RetryNotes
 from skillopt.llm.roles import CliRoleOptions, ResolvedRole, ResolvedRoles, is_loopback, resolve_roles
 from skillopt.llm.structured_output import StructuredModes
 from skillopt.llm.usage import UsageLedger, UsageRecord
@@ -165,6 +165,7 @@ class RoleClient:
         self._window_stated = False
         self._chars_per_token = float(CHARS_PER_TOKEN)
         self._window_lock = threading.Lock()
+        self.retry_notes = RetryNotes(role.role)
 
     @property
     def backend(self) -> Any:
@@ -231,14 +232,9 @@ class RoleClient:
             local = self.info.kind == "chat" and is_loopback(self.role.base_url)
             if isinstance(error, CallTimeout) and local:
                 self._wait_until_free(backend, timeout_s)
-            log.warning(
-                "[%s] retrying stage %s after %s (status %s) in %.1f s",
-                self.role.role,
-                request.stage,
-                type(error).__name__,
-                error.status,
-                wait,
-            )
+            line = self.retry_notes.line(error, request.stage, wait)
+            if line is not None:
+                log.warning("%s", line)
             if isinstance(error, RateLimited):
                 self.limiter.pause(self.role.rate_limit_key, max(wait, error.retry_after or 0.0))
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import email.utils
 import logging
 import random
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -120,3 +121,42 @@ class Retrier:
                 if on_retry is not None:
                     on_retry(error, wait)
                 self.sleep(wait)
+
+
+#: After a role's first retry of one kind of error, its further retries of that kind are summed up in one line
+#: at most this often.
+RETRY_SUMMARY_S = 30.0
+
+
+class RetryNotes:
+    """The retry warnings of one role. The first retry of each kind of error is a line of its own, with the
+    error's reason (it names the endpoint); the retries of that kind after it are counted, and a retry at
+    least ``every_s`` after the last line says how many there were since.
+
+    An endpoint that goes down makes every call in flight retry, each up to ``max_attempts`` times: one line
+    per retry buried the run's story under a hundred of them in a minute."""
+
+    def __init__(self, role: str, *, every_s: float = RETRY_SUMMARY_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.role = role
+        self.every_s = every_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._kinds: dict[str, tuple[float, int]] = {}  # error kind -> (its last line, retries since)
+
+    def line(self, error: BackendError, stage: str, wait: float) -> str | None:
+        """The warning to log for this retry, or None when it is counted for the next one."""
+        kind, now = type(error).__name__, self._clock()
+        with self._lock:
+            last = self._kinds.get(kind)
+            if last is not None and now - last[0] < self.every_s:
+                self._kinds[kind] = (last[0], last[1] + 1)
+                return None
+            self._kinds[kind] = (now, 0)
+        if last is None:
+            status = "" if error.status is None else f" (HTTP {error.status})"
+            return (f"[{self.role}] retrying stage {stage} after {kind}{status} in {wait:.1f} s: "
+                    f"{error.reason}; further {kind} retries of this role are summed up every "
+                    f"{self.every_s:.0f} s")
+        return (f"[{self.role}] {last[1] + 1} {kind} retries in the last {now - last[0]:.0f} s "
+                f"(stage {stage}, next in {wait:.1f} s)")

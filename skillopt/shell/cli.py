@@ -1403,6 +1403,11 @@ def main(
             out.guard = guard
             return handler(args, out)
     except SkillOptError as exc:
+        if guard is not None and getattr(exc, "retryable", False):
+            # A model endpoint that kept failing (down, overloaded, timing out) after its retries: not bad
+            # input, and every call that answered is cached.
+            out.error(f"{exc}; {RESUME_HINT} once it answers")
+            return EXIT_FAILURE
         out.error(str(exc))
         return EXIT_USAGE
     except KeyboardInterrupt:

@@ -8,9 +8,9 @@ import threading
 import pytest
 
 from skillopt.core.config import ProviderLimits, RetryPolicy
-from skillopt.llm.errors import AuthError, RateLimited, ServerError
+from skillopt.llm.errors import AuthError, ConnectionFailed, RateLimited, ServerError
 from skillopt.llm.limiter import LocalRateLimiter
-from skillopt.llm.retry import Retrier, parse_retry_after
+from skillopt.llm.retry import Retrier, RetryNotes, parse_retry_after
 
 
 class FakeClock:
@@ -184,3 +184,25 @@ def test_max_concurrency_caps_calls_in_flight():
     for t in threads:
         t.join()
     assert peak == 2
+
+
+def test_a_role_s_retries_of_one_kind_are_one_line_then_summed_up():
+    """An endpoint that goes down makes every call in flight retry: the first retry of a kind says why, the
+    next ones are counted and summed up in one line at most every ``every_s``."""
+    now = [100.0]
+    notes = RetryNotes("target", every_s=30, clock=lambda: now[0])
+    down = ConnectionFailed("cannot reach http://127.0.0.1:8080/v1: ConnectError")
+    first = notes.line(down, "rollout", 0.7)
+    assert first == ("[target] retrying stage rollout after ConnectionFailed in 0.7 s: cannot reach "
+                     "http://127.0.0.1:8080/v1: ConnectError; further ConnectionFailed retries of this role "
+                     "are summed up every 30 s")
+    for _ in range(40):
+        now[0] += 0.5
+        assert notes.line(down, "rollout", 1.0) is None
+    # another kind of error gets its own first line, with its HTTP status
+    assert notes.line(ServerError("HTTP 503 from 127.0.0.1", status=503), "analyst", 2.0).startswith(
+        "[target] retrying stage analyst after ServerError (HTTP 503) in 2.0 s: HTTP 503 from 127.0.0.1;")
+    now[0] += 12.0
+    summed = notes.line(down, "rollout", 4.5)
+    assert summed == "[target] 41 ConnectionFailed retries in the last 32 s (stage rollout, next in 4.5 s)"
+    assert notes.line(down, "rollout", 4.5) is None

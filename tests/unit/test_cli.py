@@ -382,3 +382,31 @@ def test_only_the_simulated_demo_suggests_running_it_with_a_local_model():
     after_real = _demo_next_steps(_demo_roles(*REAL_TARGET))
     assert not any("skillopt demo --target-backend" in line for line in after_real)
     assert "skillopt train qa --data examples/qa/my_items.jsonl" in after_real[-1]
+
+
+@pytest.mark.parametrize("error,code", [
+    ("unreachable", 1),  # retryable: the run stopped after its retries; it resumes once the endpoint answers
+    ("refused key", 2),  # not retryable: fix the credential first
+])
+def test_a_model_endpoint_failing_after_its_retries_ends_the_run_with_the_resume_hint(monkeypatch, error,
+                                                                                      code):
+    from skillopt.llm.errors import AuthError, ConnectionFailed
+    from skillopt.shell import cli
+
+    raised = {"unreachable": ConnectionFailed("cannot reach http://127.0.0.1:8080/v1: ConnectError",
+                                              role="optimizer", backend="openai_compatible", model="m",
+                                              stage="analyst", attempts=6),
+              "refused key": AuthError("HTTP 401 from 127.0.0.1", role="target", backend="openai", model="m")}
+
+    def stopped(args, out):
+        raise raised[error]
+
+    monkeypatch.setattr(cli, "_cmd_eval", stopped)
+    returned, _, err = run("eval", "demo", "--skill", "initial")
+    assert returned == code
+    if code == 1:
+        assert err == ("error: [optimizer] openai_compatible/m (stage analyst): cannot reach "
+                       "http://127.0.0.1:8080/v1: ConnectError after 6 attempts; re-run the same command to "
+                       "resume once it answers\n")
+    else:
+        assert err == "error: [target] openai/m: HTTP 401 from 127.0.0.1\n"
