@@ -165,6 +165,18 @@ class Totals(BaseModel):
         return Totals(**fields, by_role=by_role)
 
 
+def cost_text(usage: Mapping[str, Any]) -> str:
+    """The cost of a usage total or stage row (``usd``, ``calls``, ``unpriced_calls``) as people read it:
+    ``$0.0123``; ``unknown (3 unpriced calls)`` when none of its calls has a price; ``$0.0123 + unknown (1
+    unpriced call)`` when only some have. Calls without a price are never shown as costing $0."""
+    calls, unpriced = int(usage.get("calls") or 0), int(usage.get("unpriced_calls") or 0)
+    usd = float(usage.get("usd") or 0.0)
+    if not unpriced:
+        return f"${usd:.4f}"
+    noun = f"{unpriced} unpriced call{'s' if unpriced != 1 else ''}"
+    return f"unknown ({noun})" if calls and unpriced >= calls else f"${usd:.4f} + unknown ({noun})"
+
+
 def _role_order(role: str) -> tuple[int, str]:
     return (ROLES.index(role) if role in ROLES else len(ROLES), role)
 

@@ -27,6 +27,7 @@ from typing import Any
 from skillopt.core.errors import SkillOptError
 from skillopt.core.records import StepRecord, unusable_replies_warning
 from skillopt.core.redact import Redactor
+from skillopt.llm.usage import cost_text
 from skillopt.run.runs import HISTORY_FILE, SUMMARY_FILE, RunDir
 from skillopt.skill.diff import file_diffs, skill_file_texts
 from skillopt.skill.document import unified_diff
@@ -430,7 +431,7 @@ def summary_section(run: RunData) -> str:
                   f"rejected, {total.get('skips', 0)} skipped"),
         ("model calls", usage.get("calls", 0)),
         ("tokens", f"{usage.get('tokens', 0):,}" if isinstance(usage.get("tokens"), int) else ""),
-        ("cost", "n/a" if usage.get("usd") is None else f"${usage.get('usd', 0):.4f}"),
+        ("cost", "n/a" if usage.get("usd") is None else cost_text(usage)),
         ("wall time", f"{summary.get('wall_s', 0):.0f} s"),
         ("stopped by", summary.get("stopped_by") or "— (ran to the end)"),
         ("best skill sha256", summary.get("best_skill_sha", "")),
@@ -451,7 +452,7 @@ def summary_section(run: RunData) -> str:
     stages = (summary.get("usage") or {}).get("by_stage") or []
     cost_rows = "".join(
         f"<tr><td>{_esc(r.get('stage'))}</td><td>{_esc(r.get('calls'))}</td><td>{_esc(r.get('tokens'))}</td>"
-        f"<td>{_fmt(r.get('usd'), 4)}</td></tr>" for r in stages)
+        f"<td>{_esc(_usd(r))}</td></tr>" for r in stages)
     cost = ("<table class='cost'><tr><th>stage</th><th>calls</th><th>tokens</th><th>USD</th></tr>"
             + cost_rows + "</table>") if stages else ""
     return f'<div id="summary">{warnings}{scores}<dl>{dl}</dl>{cost}{steps_table(run)}</div>'
@@ -474,6 +475,11 @@ def steps_table(run: RunData) -> str:
         + "".join(rows)
         + "</table>"
     )
+
+
+def _usd(usage: Mapping[str, Any]) -> str:
+    """A USD table cell: the cost without its dollar sign (``unknown`` parts included), ``–`` for none."""
+    return "–" if usage.get("usd") is None else cost_text(usage).removeprefix("$")
 
 
 def _fmt(value: Any, places: int = 3) -> str:
@@ -556,7 +562,7 @@ def render_compare(runs: Sequence[RunData]) -> str:
                     f"<td>{score('baseline', 'selection')}</td><td>{score('best', 'selection')}</td>"
                     f"<td>{score('baseline', 'test')}</td><td>{score('best', 'test')}</td>"
                     f"<td>{len(run.steps)}</td><td>{_esc(usage.get('calls', '–'))}</td>"
-                    f"<td>{_esc(usage.get('tokens', '–'))}</td><td>{_fmt(usage.get('usd'), 4)}</td>"
+                    f"<td>{_esc(usage.get('tokens', '–'))}</td><td>{_esc(_usd(usage))}</td>"
                     f"<td>{_esc(s.get('stopped_by') or '–' if s else 'unfinished')}</td></tr>")
     table = f"<table id='compare-table'>{header}{''.join(rows)}</table>"
     body = (f"<h1>skillopt: {len(runs)} runs compared</h1><h2>Final scores and cost (hard scores)</h2>{table}"

@@ -14,6 +14,7 @@ import re
 from typing import Any
 
 from skillopt.core.redact import Redactor
+from skillopt.llm.usage import cost_text
 from skillopt.run.report import (
     RunData,
     budget_chart,
@@ -65,7 +66,7 @@ def report_markdown(run: RunData, *, html_report: str | None = None) -> str:
                                  f"{_fmt(value.get('soft'))} |")
         usage = (summary.get("usage") or {}).get("total") or {}
         lines += ["", f"Model calls {usage.get('calls', 0)}, tokens {usage.get('tokens', 0):,}"
-                  + ("" if usage.get("usd") is None else f", cost ${usage['usd']:.4f}")
+                  + ("" if usage.get("usd") is None else f", cost {cost_text(usage)}")
                   + f"; stopped by: {summary.get('stopped_by') or 'nothing (ran to the end)'}.", ""]
     else:
         lines += ["_The run has not finished: no summary yet._", ""]

@@ -702,16 +702,10 @@ def best_after_the_last_step(summary: dict) -> str | None:
 def usage_line(usage: dict) -> str:
     """``model calls N, cost $X`` from a usage total, saying plainly when the cost is not known or calls came
     from the cache (a summary's ``usage.total``)."""
-    calls, unpriced = usage.get("calls", 0), usage.get("unpriced_calls", 0)
+    from skillopt.llm.usage import cost_text
+
     cached = usage.get("cache_hits", 0)
-    usd = usage.get("usd") or 0.0
-    if calls and unpriced >= calls:
-        cost = f"cost unknown ({unpriced} unpriced call{'s' if unpriced != 1 else ''})"
-    elif unpriced:
-        cost = f"cost ${usd:.4f} + unknown ({unpriced} unpriced call{'s' if unpriced != 1 else ''})"
-    else:
-        cost = f"cost ${usd:.4f}"
-    line = f"model calls {calls}, {cost}"
+    line = f"model calls {usage.get('calls', 0)}, cost {cost_text(usage)}"
     if cached:
         line += f"; {cached} call{'s' if cached != 1 else ''} served from cache"
     return line

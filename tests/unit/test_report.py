@@ -163,6 +163,29 @@ def test_the_summary_names_the_models_that_answered_each_role(tmp_path):
     assert f"Models: {models}." in report_markdown(load_run(folder))  # the report the Prefect UI shows
 
 
+def test_calls_without_a_price_are_never_shown_as_costing_nothing(tmp_path):
+    """A model missing from the price table (a new model name, a local server): the summary's usd is 0.0 with
+    ``unpriced_calls``; the reports say the cost is unknown, as the command line's last lines do."""
+    from skillopt.run.report_markdown import report_markdown
+
+    folder = make_run(tmp_path)
+    summary = json.loads((folder / "summary.json").read_text())
+    summary["usage"] = {"total": {"calls": 31, "tokens": 1909, "usd": 0.0, "unpriced_calls": 31},
+                        "by_stage": [{"stage": "rollout", "calls": 28, "tokens": 1909, "usd": 0.0,
+                                      "unpriced_calls": 28},
+                                     {"stage": "merge", "calls": 3, "tokens": 0, "usd": 0.002,
+                                      "unpriced_calls": 1}]}
+    (folder / "summary.json").write_text(json.dumps(summary))
+    run = load_run(folder)
+    page = render_report(run)
+    assert "<dt>cost</dt><dd>unknown (31 unpriced calls)</dd>" in page
+    assert "<td>rollout</td><td>28</td><td>1909</td><td>unknown (28 unpriced calls)</td>" in page
+    assert "<td>merge</td><td>3</td><td>0</td><td>0.0020 + unknown (1 unpriced call)</td>" in page
+    assert "cost unknown (31 unpriced calls);" in report_markdown(run)
+    assert "<td>unknown (31 unpriced calls)</td>" in render_compare([run])
+    assert "0.0000" not in page + report_markdown(run) + render_compare([run])
+
+
 def test_an_unfinished_run_still_gets_a_report(tmp_path):
     folder = make_run(tmp_path)
     (folder / "summary.json").unlink()
