@@ -10,7 +10,9 @@ The key is ``ChatRequest.cache_key``: the role's fingerprint (backend, model, ef
 parameters), the messages (every prompt text; images by content hash), the response schema, the per-call
 overrides and the tags (item id, turn, epoch, sample index ...). The task layer's Prefect keys come from the
 same function, so a model-calling task's key names the reply file of its first call.
-``refresh=True`` skips reads (``run.refresh_cache``).
+``refresh=True`` (``run.refresh_cache``, ``--no-cache``) reads only the replies stored since ``since`` (the
+run's first start): a run asked to recompute calls again what earlier runs stored, and when it is resumed it
+still takes the replies its own interrupted attempts paid for.
 
 A reply is written before its usage line (``RoleClient.chat``), so a kill between the two costs at
 most an unrecorded cache hit, never a second payment. A kill in the middle of a write leaves a
@@ -41,9 +43,11 @@ PREFETCH = contextvars.ContextVar("skillopt_prefetch", default=False)
 
 
 class ReplyStore:
-    def __init__(self, folder: Path, *, refresh: bool = False) -> None:
+    def __init__(self, folder: Path, *, refresh: bool = False, since: float | None = None) -> None:
         self.folder = folder
         self.refresh = refresh
+        #: With ``refresh``: the first moment whose replies are read (a file modification time); None: none.
+        self.since = since
         self._guard = threading.Lock()
         self._claims: dict[str, tuple[threading.Lock, list[int]]] = {}
         self._prefetched: dict[str, ChatResponse] = {}
@@ -86,10 +90,10 @@ class ReplyStore:
         return self.folder / key[:2] / f"{key}.json"
 
     def get(self, key: str) -> ChatResponse | None:
-        if self.refresh:
-            return None
         path = self._path(key)
         try:
+            if self.refresh and (self.since is None or path.stat().st_mtime < self.since):
+                return None  # stored before this run: recompute it
             return ChatResponse.model_validate_json(path.read_bytes())
         except FileNotFoundError:
             return None

@@ -264,7 +264,10 @@ class Run:
             protected_paths=tuple(p for p in (Path(spec.workdir), run_dir.path) if p.exists()),
             scripted_target_rules=target_rules(benchmark.id, bench_cfg),
         )
-        replies = ReplyStore(cache_dir / "replies", refresh=config.run.refresh_cache)
+        # --no-cache recomputes what earlier runs stored, not what this run's own earlier attempts paid for:
+        # config.yaml was written when the run first started, and a resume keeps it.
+        started = run_dir.config_path.stat().st_mtime if run_dir.config_path.is_file() else None
+        replies = ReplyStore(cache_dir / "replies", refresh=config.run.refresh_cache, since=started)
         clients = ModelClients.build(roles, loaded=loaded, registry=registry, secrets=EnvSecrets(env),
                                      context=context, usage_path=run_dir.path / "usage.jsonl",
                                      limiter=limiter, replies=replies,

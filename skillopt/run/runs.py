@@ -501,10 +501,9 @@ class RunDir:
             history = run.read_history()  # a damaged record stops the resume now, before anything is written
             run._replaying_through = max((r.step for r in history if r.kind == "step"), default=0)
             run._recorded_usage = {r.step: r.usage for r in history if r.kind == "step"}
-            if config.run.refresh_cache:
-                _progress.info("resuming %s: every call made again (--no-cache)", name)
-            else:
-                _progress.info("resuming %s: %d calls from the cache", name, run.paid_calls())
+            own = (", its own (--no-cache calls again only what earlier runs stored)"
+                   if config.run.refresh_cache else "")
+            _progress.info("resuming %s: %d calls from the cache%s", name, run.paid_calls(), own)
             return run
         if run.config_path.is_file():
             # A run that stopped before its first step (a set-up error, a failed baseline) has no result to

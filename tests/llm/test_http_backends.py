@@ -529,6 +529,35 @@ def test_a_reply_is_stored_the_moment_it_arrives_and_never_paid_for_twice(openai
     assert openai_server.calls(CHAT) == 3
 
 
+def test_no_cache_calls_again_what_earlier_runs_stored_not_what_this_run_paid_for(openai_server, tmp_path):
+    """``--no-cache`` (``refresh``) reads only the replies stored since the run first started: a resumed
+    ``--no-cache`` run takes the calls its interrupted attempt paid for, and pays again only for older
+    ones."""
+    import os
+
+    from skillopt.llm.reply_store import ReplyStore
+
+    def bundle(**store) -> ModelClients:
+        env = {"OPENAI_API_KEY": KEY}
+        loaded = load_config(None, overrides=[f"model.target.base_url={openai_server.openai_base_url}",
+                                              "model.target.options.api=chat_completions"], env=env)
+        return ModelClients.from_config(loaded, env=env, registry=REGISTRY,
+                                        replies=ReplyStore(tmp_path / "replies", **store))
+
+    openai_server.plan(CHAT, ok(text="an earlier run's"), ok(text="this run's"), ok(text="this run's too"))
+    assert bundle().target.chat(ask("old")).text == "an earlier run's"
+    (old,) = (tmp_path / "replies").glob("*/*.json")
+    os.utime(old, (1000.0, 1000.0))  # stored long before this run started
+    started = 2000.0
+    first_attempt = bundle(refresh=True, since=started)
+    assert first_attempt.target.chat(ask("old")).text == "this run's"  # recomputed
+    assert first_attempt.target.chat(ask("new")).text == "this run's too"
+    assert openai_server.calls(CHAT) == 3
+    resumed = bundle(refresh=True, since=started)  # the same --no-cache command again, after a Ctrl-C
+    assert [resumed.target.chat(ask(q)).text for q in ("old", "new")] == ["this run's", "this run's too"]
+    assert openai_server.calls(CHAT) == 3 and resumed.ledger.totals().calls == 0
+
+
 def test_a_reply_is_in_the_store_before_its_usage_line_so_a_kill_between_them_pays_nothing(
     openai_server, tmp_path
 ):
