@@ -99,11 +99,12 @@ class CompatibleWire(OpenAIWire):
                 f"send the server's own field with model.{role.role}.extra_body"
             )
         if self.thinking == "server_default":
+            # Worded for any role, so that roles sharing a model get one note, not one each.
             if self.preset.thinking_wire == "none":
                 pin = (f"the {options.preset} preset has no on/off switch: pin it where the server is "
-                       f"launched or with its own field in model.{role.role}.extra_body")
+                       "launched or with its own field in model.<role>.extra_body")
             else:
-                pin = f"set model.{role.role}.options.thinking: on|off to pin it"
+                pin = "set model.<role>.options.thinking: on|off to pin it"
             SERVER_NOTES(f"{role.short_label()}: thinking is the server's default; results depend on how the "
                          f"server was launched ({pin})")
 

@@ -382,11 +382,21 @@ def test_generic_server_needs_no_key_and_server_default_sends_no_thinking_field(
     assert "thinking is the server's default" in caplog.text
 
 
-def test_a_preset_without_a_thinking_switch_says_where_to_pin_it_instead(openai_server, caplog):
-    compat(openai_server, "model.target.options.preset=llamacpp").target.chat(ask())
+def test_a_preset_without_a_thinking_switch_says_where_to_pin_it_instead(openai_server, caplog, monkeypatch):
+    from skillopt.llm.http_common import SERVER_NOTES
+
+    monkeypatch.setattr(SERVER_NOTES, "_seen", set())  # said once per process: as if this one were new
+    settings = (("backend", "openai_compatible"), ("base_url", openai_server.openai_base_url),
+                ("model", "Qwen/Qwen3-8B"), ("options.preset", "llamacpp"))
+    same_model = [f"model.{role}.{key}={value}" for role in ("target", "optimizer")
+                  for key, value in settings]
+    both = compat(openai_server, *same_model)
+    both.target.chat(ask())
+    both.optimizer.chat(ask())
+    # one note for the two roles that share the model
     (note,) = [line for line in caplog.text.splitlines() if "thinking is the server's default" in line]
     assert "the llamacpp preset has no on/off switch: pin it where the server is launched or with its own " \
-           "field in model.target.extra_body" in note
+           "field in model.<role>.extra_body" in note
     assert "options.thinking" not in note  # setting it is refused for this preset
 
 
