@@ -197,18 +197,21 @@ def recorded_config(loaded: LoadedConfig, roles: ResolvedRoles) -> LoadedConfig:
     resume with another ``--model`` hashed the same as the run it continued: one run, two models."""
     data = loaded.config.model_dump()
     sources = dict(loaded.sources)
+    changed = False
     for name in ROLES:
         role, spec = roles.get(name), data["model"].get(name)
         if role is None or spec is None:
             continue
         for field_name, source in role.provenance.items():
             if field_name in spec and field_name != "options" and source.startswith(_CHOSEN_OUTSIDE_CONFIG):
+                changed |= spec[field_name] != getattr(role, field_name)
                 spec[field_name] = getattr(role, field_name)
                 sources[f"model.{name}.{field_name}"] = source
         for key in [key for key in spec["options"] if key not in role.options]:
+            changed = True
             del spec["options"][key]
             sources.pop(f"model.{name}.options.{key}", None)
-    if data == loaded.config.model_dump():
+    if not changed:
         return loaded
     return LoadedConfig(config=type(loaded.config).model_validate(data), sources=sources)
 

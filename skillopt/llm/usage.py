@@ -142,7 +142,7 @@ class Totals(BaseModel):
                 values = [getattr(item, name) for item in items]
                 fields[name] = count(values) if info.annotation is int else mean_of(values)
         by_role = {}
-        for role in sorted({role for item in items for role in item.by_role}, key=_role_order):
+        for role in sorted({role for item in items for role in item.by_role}, key=role_order):
             spends = [item.by_role.get(role, RoleSpend()) for item in items]
             by_role[role] = RoleSpend(
                 calls=count([s.calls for s in spends]),
@@ -177,7 +177,8 @@ def cost_text(usage: Mapping[str, Any]) -> str:
     return f"unknown ({noun})" if calls and unpriced >= calls else f"${usd:.4f} + unknown ({noun})"
 
 
-def _role_order(role: str) -> tuple[int, str]:
+def role_order(role: str) -> tuple[int, str]:
+    """A sort key: target, optimizer, judge, then any other role by name."""
     return (ROLES.index(role) if role in ROLES else len(ROLES), role)
 
 
@@ -385,7 +386,7 @@ class UsageLedger:
             by_model.setdefault((record.backend, record.model_requested or ""), []).append(record)
         return {
             "by_stage": [{"stage": s, **_row(by_stage[s])} for s in STAGES if s in by_stage],
-            "by_role": [{"role": r, **_row(by_role[r])} for r in sorted(by_role, key=_role_order)],
+            "by_role": [{"role": r, **_row(by_role[r])} for r in sorted(by_role, key=role_order)],
             "by_model": [{"backend": b, "model": m, **_row(by_model[(b, m)])} for b, m in sorted(by_model)],
             "total": _row(records),
         }
@@ -483,7 +484,7 @@ def _role_shares(cap: _Cap, spent: Totals) -> str:
     if total <= 0:
         return ""
     parts = []
-    for role in sorted((r for r in shares if shares[r] > 0), key=lambda r: (-shares[r], _role_order(r))):
+    for role in sorted((r for r in shares if shares[r] > 0), key=lambda r: (-shares[r], role_order(r))):
         percent = 100 * shares[role] / total
         parts.append(f"{role} {'<1' if percent < 0.5 else round(percent)}%")
     return ", ".join(parts)
@@ -540,7 +541,7 @@ def check_startable(
     unpriced = [
         f"{role} ({backend}/{price_model or '<no model>'})"
         for role, (backend, price_model) in sorted(
-            roles_price_models.items(), key=lambda item: _role_order(item[0])
+            roles_price_models.items(), key=lambda item: role_order(item[0])
         )
         if not prices.is_priced(backend, price_model)
     ]

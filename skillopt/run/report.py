@@ -27,7 +27,7 @@ from typing import Any
 from skillopt.core.errors import SkillOptError
 from skillopt.core.records import StepRecord, unusable_replies_warning
 from skillopt.core.redact import Redactor
-from skillopt.llm.usage import cost_text
+from skillopt.llm.usage import cost_text, role_order
 from skillopt.run.runs import HISTORY_FILE, SUMMARY_FILE, RunDir
 from skillopt.skill.diff import file_diffs, skill_file_texts
 from skillopt.skill.document import unified_diff
@@ -399,9 +399,8 @@ def models_used(usage: Sequence[Mapping[str, Any]]) -> str:
         if row.get("role"):
             model = row.get("model_served") or row.get("model_requested") or "?"
             by_role.setdefault(str(row["role"]), Counter())[f"{row.get('backend')}/{model}"] += 1
-    order = {role: n for n, role in enumerate(("target", "optimizer", "judge"))}
     parts = []
-    for role in sorted(by_role, key=lambda role: (order.get(role, len(order)), role)):
+    for role in sorted(by_role, key=role_order):
         models = by_role[role]
         if len(models) == 1:
             parts.append(f"{role} {next(iter(models))}")

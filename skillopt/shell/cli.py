@@ -855,6 +855,7 @@ def _print_sources(loaded: Any, data: dict[str, Any], out: _Output) -> None:
 def _credentials(loaded: LoadedConfig) -> dict[str, str]:
     """Per role, its credential as a run resolves it (``set (env:VAR)``, ``optional, missing (env:VAR)`` for a
     local server's preset, ``not needed`` for a backend that sends no key, …); never a value."""
+    from skillopt.core.config import ROLES
     from skillopt.llm.base import BackendRegistry
     from skillopt.llm.roles import credential_state, resolve_roles
 
@@ -863,7 +864,7 @@ def _credentials(loaded: LoadedConfig) -> dict[str, str]:
     except SkillOptError as error:
         return {"target and optimizer": f"not resolved: {error}"}
     states = {}
-    for name in ("target", "optimizer", "judge"):
+    for name in ROLES:
         role = roles.get(name)
         if role is not None:
             states[name] = credential_state(role, os.environ)
